@@ -1,0 +1,176 @@
+"""How fast the hub admits rollouts: 64 websocket peers on loopback, 256-token rollouts.
+
+The hub side is the real network shell (`hub.server.Hub` behind aiohttp: session validation,
+lease book, staleness check, re-scoring with the task verifier, buffer, acks); a drain task
+stands in for the learner and discards batches, so this measures ingest alone. The peers run in
+a second process (one event loop, N connections) so the hub gets a core of its own.
+
+Phase 1 (saturation): every peer submits as soon as it holds a lease -> admitted rollouts/s.
+Phase 2 (half load): peers pace submissions to half that rate -> p99 submit-to-ack latency.
+
+    python bench/ingest.py [--peers 64] [--seconds 8] [--tokens 256] [--group-size 8]
+
+Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "p99_ack_ms": ...}.
+A rollout is one completion; a submission carries a group of G of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from echo2p2p import messages as m  # noqa: E402
+from echo2p2p.session import Session, Side  # noqa: E402
+from echo2p2p.tasks import AdditionTask  # noqa: E402
+from hub.config import HubConfig  # noqa: E402
+from hub.server import Hub, TokenizedProblem  # noqa: E402
+
+
+# --- peers (second process) ------------------------------------------------------------------
+
+
+async def peer(url: str, args: argparse.Namespace, rate: float, until: float, lat: list[float],
+               counts: list[int]) -> None:
+    rng = random.Random()
+    samples = [m.Sample(m.pack_ids([rng.randrange(100) for _ in range(args.tokens)]),
+                        m.pack_logprobs([-rng.random() for _ in range(args.tokens)]),
+                        "123", 0.0, "length") for _ in range(args.group_size)]
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
+        session = Session(Side.PEER, 0.0)
+        await ws.send_bytes(session.send(m.Hello("bench", "none", "cpu")))
+        session.receive((await ws.receive()).data, 0.0)
+        await ws.send_bytes(session.send(m.LeaseRequest(4)))
+        sent_at: dict[str, float] = {}
+        leases: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
+
+        async def submit() -> None:  # a task of its own, so acks are read while it waits
+            next_send = time.perf_counter() + (rng.random() / rate if rate else 0.0)
+            while (lease := await leases.get()) is not None:
+                if rate:  # paced: a fixed schedule, so queueing delay is not hidden
+                    await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
+                    next_send = max(next_send + 1.0 / rate, time.perf_counter())
+                sent_at[lease.lease_id] = time.perf_counter()
+                await ws.send_bytes(session.send(m.RolloutSubmission(lease.lease_id, 0, samples)))
+                await ws.send_bytes(session.send(m.LeaseRequest(1)))
+
+        submitter = asyncio.create_task(submit())
+        async for frame in ws:
+            msg = session.receive(frame.data, 0.0)
+            now = time.perf_counter()
+            if isinstance(msg, m.Ack):
+                lat.append(now - sent_at.pop(msg.lease_id))
+                counts[0] += 1
+            elif isinstance(msg, m.LeaseGrant):
+                leases.put_nowait(None if now >= until else msg)
+                if now >= until:
+                    break
+        await submitter
+
+
+async def peers_main(args: argparse.Namespace) -> None:
+    lat: list[float] = []
+    counts = [0]
+    start = time.perf_counter()
+    until = start + args.seconds
+    rate = args.rate / args.peers if args.rate else 0.0
+    await asyncio.gather(*(peer(args.url, args, rate, until, lat, counts) for _ in range(args.peers)))
+    lat.sort()
+    print(json.dumps({"acks": counts[0], "seconds": time.perf_counter() - start,
+                      "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
+                      "p99_ms": 1e3 * lat[int(len(lat) * 0.99)] if lat else None}))
+
+
+# --- hub (this process) ----------------------------------------------------------------------
+
+
+async def phase(hub: Hub, url: str, args: argparse.Namespace, rate: float) -> dict:
+    before = hub.counters.admitted_samples
+    t0 = time.perf_counter()
+    cpu0, kids0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--peers-process", "--url", url, "--peers", str(args.peers),
+        "--seconds", str(args.seconds), "--tokens", str(args.tokens),
+        "--group-size", str(args.group_size), "--rate", str(rate), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    elapsed = time.perf_counter() - t0
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    result["rollouts_per_s"] = (hub.counters.admitted_samples - before) / result["seconds"]
+    result["elapsed_s"] = elapsed
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result["hub_cpu"] = (time.process_time() - cpu0) / elapsed
+    result["peers_cpu"] = (kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) / elapsed
+    return result
+
+
+async def drain(hub: Hub) -> None:
+    """Stands in for the learner: takes every batch at once."""
+    while True:
+        await hub.wait_batch()
+
+
+async def hub_main(args: argparse.Namespace) -> None:
+    cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
+                    max_new_tokens=args.tokens, max_lag=1)
+    task = AdditionTask(seed=0)
+    problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
+    hub = Hub(cfg, "bench", task, problems)
+    app = web.Application()
+    app.router.add_get("/ws", hub.handle_ws)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    async with asyncio.TaskGroup() as tg:
+        drainer = tg.create_task(drain(hub))
+        full = await phase(hub, url, args, rate=0.0)
+        half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
+        half = await phase(hub, url, args, rate=half_rate_groups)
+        drainer.cancel()
+    await runner.cleanup()
+    print(f"{'phase':<12}{'rollouts/s':>12}{'groups/s':>10}{'p50 ack ms':>12}{'p99 ack ms':>12}"
+          f"{'hub CPU':>9}{'peers CPU':>11}")
+    for name, r in (("saturation", full), ("half load", half)):
+        print(f"{name:<12}{r['rollouts_per_s']:>12.0f}{r['rollouts_per_s'] / args.group_size:>10.0f}"
+              f"{r['p50_ms']:>12.2f}{r['p99_ms']:>12.2f}{r['hub_cpu']:>9.2f}{r['peers_cpu']:>11.2f}")
+    print(f"({args.peers} peers, {args.tokens}-token rollouts with logprobs, G={args.group_size}, "
+          f"{args.seconds:.0f} s per phase, uvloop={'uvloop' in sys.modules})")
+    print(json.dumps({"bench": "ingest", "rollouts_per_s": round(full["rollouts_per_s"]),
+                      "p99_ack_ms": round(half["p99_ms"], 2), "peers": args.peers,
+                      "tokens": args.tokens, "group_size": args.group_size,
+                      "groups_per_s": round(full["rollouts_per_s"] / args.group_size),
+                      "half_load_rollouts_per_s": round(half["rollouts_per_s"])}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peers", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--peers-process", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(peers_main(args) if args.peers_process else hub_main(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Admitted rollout groups waiting for the learner, and batch formation.
+
+Pure: the hub feeds admitted groups in and asks for a batch at learner step t. A group is
+re-checked against the staleness rule when it is taken (it may have aged in the queue); groups
+too old by then are dropped and counted. Batches hold only complete groups (G samples each).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .messages import Sample
+from .staleness import Verdict, judge
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """One lease's G completions as the learner sees them."""
+
+    lease_id: str
+    problem_id: str
+    prompt_ids: list[int]
+    version: int  # behaviour policy version x that generated every sample
+    samples: list[Sample]  # token ids / logprobs packed as on the wire
+    rewards: list[float]  # the hub's own scores, one per sample
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    queued: int
+    admitted_total: int
+    dropped_stale_total: int  # aged out in the queue before a batch took them
+
+
+class RolloutBuffer:
+    """FIFO of admitted groups; hands out batches of fresh, complete groups."""
+
+    def __init__(self, max_lag: int):
+        self._max_lag = max_lag
+        self._queue: deque[ScoredGroup] = deque()
+        self._admitted = 0
+        self._dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, group: ScoredGroup) -> None:
+        self._queue.append(group)
+        self._admitted += 1
+
+    def drop_stale(self, step: int) -> list[ScoredGroup]:
+        """Remove and return every queued group too old for `step`."""
+        fresh, stale = deque(), []
+        for group in self._queue:
+            (fresh if judge(step, group.version, self._max_lag) is Verdict.FRESH else stale).append(group)
+        self._queue = fresh
+        self._dropped += len(stale)
+        return stale
+
+    def take_batch(self, step: int, n_groups: int) -> list[ScoredGroup] | None:
+        """`n_groups` fresh groups for `step`, oldest first, or None (nothing taken) if short."""
+        self.drop_stale(step)
+        if len(self._queue) < n_groups:
+            return None
+        return [self._queue.popleft() for _ in range(n_groups)]
+
+    def statistics(self) -> BufferStats:
+        return BufferStats(len(self._queue), self._admitted, self._dropped)

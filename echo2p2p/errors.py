@@ -1,0 +1,52 @@
+"""The one exception tree of echo2p2p.
+
+    Echo2Error
+    ├── ConfigError            a config field is missing or out of range (names the field)
+    ├── ProtocolError          a frame or message broke the wire protocol
+    │   ├── LocalProtocolError   we broke it: a bug on our side
+    │   └── RemoteProtocolError  the other side broke it: close that one connection
+    └── SnapshotError          a weight snapshot or chunk failed verification
+
+Outcomes of policy (a stale rollout, an unknown lease) are values, not exceptions:
+see `echo2p2p.staleness.Verdict` and the `Reject` message.
+"""
+
+from __future__ import annotations
+
+
+class Echo2Error(Exception):
+    """Base of every error echo2p2p raises on purpose."""
+
+
+class ConfigError(Echo2Error, ValueError):
+    """A configuration value is invalid; `field` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"config field {field!r}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class ProtocolError(Echo2Error):
+    """A frame or message broke the wire protocol.
+
+    `code` is the websocket close code to send, `reason` a short text that is safe to show the
+    other side (no internal details).
+    """
+
+    def __init__(self, reason: str, code: int = 1002) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to send something the protocol forbids: a bug on our side."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The other side sent something the protocol forbids: close its connection."""
+
+
+class SnapshotError(Echo2Error):
+    """A snapshot, manifest or chunk did not verify (hash, size or layout mismatch)."""

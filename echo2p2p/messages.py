@@ -1,0 +1,350 @@
+"""Wire messages between hub and peers, and their msgpack codec.
+
+Every websocket frame is one binary frame holding one msgpack map:
+``{"p": PROTOCOL_VERSION, "t": <type tag>, <field>: <value>, ...}``. Fields are the dataclass
+fields below, by name; unknown extra keys are ignored so that a newer peer can talk to an older
+hub. Token ids and logprobs travel packed (little-endian uint32 / float32), which keeps a
+256-token rollout near 2 KiB and lets the hub validate it without touching every element.
+
+This module knows nothing about sockets, sessions or the clock; `docs/PROTOCOL.md` is the
+human-readable form of it. `decode` raises `RemoteProtocolError` with a close code and a reason
+that is safe to send back; it never raises anything else on any input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+import msgpack
+
+from .errors import LocalProtocolError, RemoteProtocolError
+
+PROTOCOL_VERSION = 1
+
+# Close codes: RFC 6455 ones where they fit, 4000-4999 (application range) for the rest.
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_TOO_BIG = 1009
+CLOSE_BAD_PROTOCOL_VERSION = 4000
+CLOSE_UNKNOWN_TYPE = 4001
+CLOSE_UNEXPECTED_MESSAGE = 4002
+CLOSE_TIMEOUT = 4003
+
+FINISH_REASONS = ("stop", "length")
+
+
+# --- peer -> hub ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First frame a peer sends: who it is and what it runs."""
+
+    TYPE: ClassVar[str] = "hello"
+    name: str
+    engine: str  # "transformers" | "vllm"
+    device: str  # "cpu", "cuda", "cuda:1", ...
+    price_per_hour: float = 0.0
+    listen_addr: str | None = None  # host:port of the peer's chunk server, if it accepts inbound
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Keep-alive, either direction."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """The peer asks for `n` more prompt leases (credits, not a total)."""
+
+    TYPE: ClassVar[str] = "lease_request"
+    n: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion: packed token ids (<u4) and per-token behaviour logprobs (<f4)."""
+
+    token_ids: bytes
+    logprobs: bytes
+    text: str
+    reward: float  # the peer's claim; the hub re-scores
+    finish_reason: str  # one of FINISH_REASONS
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids) // 4
+
+
+@dataclass(frozen=True)
+class RolloutSubmission:
+    """The G completions of one lease, all generated with policy `version`."""
+
+    TYPE: ClassVar[str] = "rollout"
+    lease_id: str
+    version: int
+    samples: list[Sample]
+
+
+@dataclass(frozen=True)
+class VersionHeld:
+    """The peer has every chunk of `version` verified and swapped in."""
+
+    TYPE: ClassVar[str] = "version_held"
+    version: int
+
+
+# --- hub -> peer ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The hub's answer to Hello: the run, the model, the sampling settings."""
+
+    TYPE: ClassVar[str] = "welcome"
+    peer_id: str
+    run_id: str
+    model: str  # built-in name, HF hub id or a path valid on the peer
+    task: str  # task kind, selects the reward function on the peer
+    version: int  # newest published version; its chunks follow
+    max_lag: int  # S
+    group_size: int  # G
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int  # this peer's sampling seed: peers must not sample identical completions
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """One prompt x G samples to generate before `deadline_s` from now, with version >= min_version."""
+
+    TYPE: ClassVar[str] = "lease"
+    lease_id: str
+    problem_id: str
+    prompt: str
+    prompt_ids: list[int]
+    answer: str  # reference answer, so the peer can score without the dataset
+    group_size: int
+    deadline_s: float
+    min_version: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A rollout submission was taken (or had been taken already: `duplicate`)."""
+
+    TYPE: ClassVar[str] = "ack"
+    lease_id: str
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A rollout submission was not taken; `reason` is a short word (stale, unknown_lease, ...)."""
+
+    TYPE: ClassVar[str] = "reject"
+    lease_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives in a snapshot's flat byte stream."""
+
+    name: str
+    dtype: str  # "bfloat16", "float32", ...
+    shape: list[int]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One chunk: raw (uncompressed) size, size on the wire, hash of the wire bytes."""
+
+    raw_bytes: int
+    wire_bytes: int
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything needed to fetch, verify and rebuild one policy version."""
+
+    version: int
+    base_version: int | None  # set when the chunks are a delta against that version
+    codec: str  # "zstd"
+    hash_algo: str  # "blake2b-256"
+    chunk_bytes: int  # raw bytes per chunk (the last may be shorter)
+    total_bytes: int
+    tensors: list[TensorEntry]
+    chunks: list[ChunkEntry]
+    digest: bytes = b""  # hash over the raw stream; reserved for signatures
+
+
+@dataclass(frozen=True)
+class VersionAnnouncement:
+    """A new version exists; its chunks follow as `ChunkData` frames."""
+
+    TYPE: ClassVar[str] = "version"
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class ChunkData:
+    """Chunk `index` of `version`, exactly the bytes the manifest hashed."""
+
+    TYPE: ClassVar[str] = "chunk"
+    version: int
+    index: int
+    data: bytes
+
+
+# --- either way ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """Sent just before closing on purpose, with the same code and reason as the close."""
+
+    TYPE: ClassVar[str] = "goodbye"
+    code: int
+    reason: str
+
+
+Message = Union[
+    Hello, Heartbeat, LeaseRequest, RolloutSubmission, VersionHeld,
+    Welcome, LeaseGrant, Ack, Reject, VersionAnnouncement, ChunkData, Goodbye,
+]
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in typing.get_args(Message)}
+
+
+# --- codec ---------------------------------------------------------------------------------
+
+
+def encode(msg: Message) -> bytes:
+    """One frame for `msg`. Raises LocalProtocolError if `msg` is not a wire message."""
+    cls = type(msg)
+    if MESSAGE_TYPES.get(getattr(cls, "TYPE", None)) is not cls:
+        raise LocalProtocolError(f"not a wire message: {cls.__name__}")
+    frame = {"p": PROTOCOL_VERSION, "t": cls.TYPE}
+    frame.update(_to_wire(msg))
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    """The message in one frame; RemoteProtocolError (with close code) if it is not valid."""
+    try:
+        frame = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception:  # msgpack raises many types for garbage; all mean the same here
+        raise RemoteProtocolError("malformed frame: not msgpack", CLOSE_PROTOCOL_ERROR) from None
+    if not isinstance(frame, dict):
+        raise RemoteProtocolError("malformed frame: not a map", CLOSE_PROTOCOL_ERROR)
+    proto = frame.get("p")
+    if proto != PROTOCOL_VERSION or type(proto) is not int:
+        raise RemoteProtocolError(
+            f"unsupported protocol version {_short(proto)}, this side speaks {PROTOCOL_VERSION}",
+            CLOSE_BAD_PROTOCOL_VERSION,
+        )
+    tag = frame.get("t")
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise RemoteProtocolError(f"unknown message type {_short(tag)}", CLOSE_UNKNOWN_TYPE)
+    return _from_wire(cls, frame, cls.TYPE)
+
+
+def _short(value: Any) -> str:
+    """A value safe to echo in a close reason: short scalars only, never a deep structure."""
+    if type(value) in (int, str):
+        return repr(value)[:40]
+    return f"of type {type(value).__name__}"
+
+
+def _to_wire(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_wire(v) for v in obj]
+    return obj
+
+
+_HINTS: dict[type, list[tuple[str, Any, bool]]] = {}
+
+
+def _fields(cls: type) -> list[tuple[str, Any, bool]]:
+    """(name, type, required) per field, cached: decode runs on every frame."""
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = [
+            (f.name, hints[f.name],
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)
+        ]
+    return _HINTS[cls]
+
+
+def _from_wire(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise RemoteProtocolError(f"bad field {where}: expected a map", CLOSE_PROTOCOL_ERROR)
+    kwargs = {}
+    for name, typ, required in _fields(cls):
+        if name not in raw:
+            if required:
+                raise RemoteProtocolError(f"missing field {where}.{name}", CLOSE_PROTOCOL_ERROR)
+            continue
+        kwargs[name] = _check(raw[name], typ, f"{where}.{name}")
+    return cls(**kwargs)
+
+
+_SCALARS = (int, float, str, bytes, bool)
+
+
+def _check(value: Any, typ: Any, where: str) -> Any:
+    if typ in _SCALARS:
+        if not (type(value) is typ or (typ is float and type(value) is int)):
+            raise RemoteProtocolError(
+                f"bad field {where}: expected {typ.__name__}", CLOSE_PROTOCOL_ERROR)
+        return float(value) if typ is float else value
+    origin = typing.get_origin(typ)
+    if origin in (Union, types.UnionType):  # only `X | None` is used
+        if value is None:
+            return None
+        (inner,) = [t for t in typing.get_args(typ) if t is not type(None)]
+        return _check(value, inner, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise RemoteProtocolError(f"bad field {where}: expected a list", CLOSE_PROTOCOL_ERROR)
+        (inner,) = typing.get_args(typ)
+        return [_check(v, inner, where) for v in value]
+    if dataclasses.is_dataclass(typ):
+        return _from_wire(typ, value, where)
+    raise LocalProtocolError(f"unsupported field type {typ!r} at {where}")
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    """Token ids as little-endian uint32."""
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(data) // 4}I", data))
+
+
+def pack_logprobs(values: list[float]) -> bytes:
+    """Logprobs as little-endian float32."""
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def unpack_logprobs(data: bytes) -> list[float]:
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+

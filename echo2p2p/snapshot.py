@@ -1,0 +1,329 @@
+"""Weight snapshots: one policy version as a manifest plus compressed, hashed chunks.
+
+Theory of operation. The tensors of a version are laid back to back, in the order given, into
+one flat byte stream (each `TensorEntry` says where its bytes sit). The stream is cut into
+pieces of `chunk_bytes` raw bytes (the last may be shorter); each piece becomes one independent
+zstd frame, and the chunk's digest is blake2b-256 of those compressed bytes, so a relay can
+check a chunk without decompressing it and forwards it unchanged. `Manifest.digest` is
+blake2b-256 over the whole raw stream: the last word once every chunk is in.
+
+This module knows no torch, sockets, files or clocks: tensors come in and go out as
+(name, dtype name, shape, raw little-endian bytes). Building keeps at most one chunk of raw
+bytes beyond its output; assembling writes each verified chunk straight into one buffer of
+`total_bytes`. python-zstandard releases the GIL, so shells may call `ChunkAssembler.add` from
+several threads at once for different chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Sequence
+
+import zstandard
+
+from .errors import LocalProtocolError, SnapshotError
+from .messages import ChunkEntry, Manifest, TensorEntry
+
+HASH_ALGO = "blake2b-256"
+DIGEST_BYTES = 32
+CODEC = "zstd"
+DEFAULT_CHUNK_BYTES = 1 << 20
+MAX_TENSOR_RANK = 32  # a sanity bound on manifests; real checkpoints stay below 8
+
+# Item size of every dtype a snapshot may carry; names are torch's, without the "torch." prefix.
+DTYPE_BYTES: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+}
+
+TensorBytes = tuple[str, str, Sequence[int], bytes | memoryview]
+
+
+def chunk_digest(data: bytes | memoryview) -> bytes:
+    """blake2b-256 of `data`: the digest of a chunk's wire bytes, or of a whole raw stream."""
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
+
+
+def _is_count(value: object) -> bool:
+    """A non-negative int, and not a bool (True == 1 would slip through otherwise)."""
+    return type(value) is int and value >= 0
+
+
+def _expected_nbytes(dtype: object, shape: object) -> int | None:
+    """prod(shape) * itemsize, or None if the dtype or shape is not acceptable."""
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        return None
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_TENSOR_RANK:
+        return None
+    if not all(_is_count(d) for d in shape):
+        return None
+    return math.prod(shape) * DTYPE_BYTES[dtype]
+
+
+def _raw_chunk_sizes(total_bytes: int, chunk_bytes: int) -> list[int]:
+    full, rest = divmod(total_bytes, chunk_bytes)
+    return [chunk_bytes] * full + ([rest] if rest else [])
+
+
+def _max_wire_bytes(raw_bytes: int) -> int:
+    """ZSTD_compressBound (zstd.h) plus slack for frame headers: no honest chunk is larger."""
+    small = (128 * 1024 - raw_bytes) >> 11 if raw_bytes < 128 * 1024 else 0
+    return raw_bytes + (raw_bytes >> 8) + small + 64
+
+
+def _as_bytes_view(data: bytes | memoryview, name: str) -> memoryview:
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise LocalProtocolError(f"tensor {name!r}: bytes are not contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+# --- building ------------------------------------------------------------------------------
+
+
+def build_snapshot(
+    version: int,
+    tensors: Sequence[TensorBytes],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    zstd_level: int = 3,
+) -> tuple[Manifest, list[bytes]]:
+    """The manifest and the compressed chunks of `tensors` as policy `version`.
+
+    Raises LocalProtocolError if a tensor's byte count does not match its dtype and shape, a
+    name repeats, or `version`/`chunk_bytes` are out of range.
+    """
+    if not _is_count(version):
+        raise LocalProtocolError(f"version must be an int >= 0, got {version!r}")
+    if not _is_count(chunk_bytes) or chunk_bytes == 0:
+        raise LocalProtocolError(f"chunk_bytes must be an int > 0, got {chunk_bytes!r}")
+
+    entries: list[TensorEntry] = []
+    views: list[memoryview] = []
+    seen: set[str] = set()
+    offset = 0
+    for name, dtype, shape, data in tensors:
+        if not isinstance(name, str) or not name or name in seen:
+            raise LocalProtocolError(f"tensor name {name!r} is empty or repeated")
+        seen.add(name)
+        shape_list = list(shape)
+        view = _as_bytes_view(data, name)
+        expected = _expected_nbytes(dtype, shape_list)
+        if expected is None:
+            raise LocalProtocolError(f"tensor {name!r}: bad dtype {dtype!r} or shape {shape_list}")
+        if view.nbytes != expected:
+            raise LocalProtocolError(
+                f"tensor {name!r}: {view.nbytes} bytes, {dtype}{shape_list} needs {expected}")
+        entries.append(TensorEntry(name, dtype, shape_list, offset, view.nbytes))
+        views.append(view)
+        offset += view.nbytes
+
+    compressor = zstandard.ZstdCompressor(level=zstd_level)
+    stream_hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    chunk_entries: list[ChunkEntry] = []
+    chunks: list[bytes] = []
+
+    def emit(raw: bytes | memoryview) -> None:
+        wire = compressor.compress(raw)
+        chunks.append(wire)
+        chunk_entries.append(ChunkEntry(len(raw), len(wire), chunk_digest(wire)))
+
+    # `pending` gathers pieces that straddle tensor boundaries; whole chunks inside one tensor
+    # go to the compressor straight from the caller's memory, without a copy.
+    pending = bytearray()
+    for view in views:
+        stream_hash.update(view)
+        pos = 0
+        while pos < view.nbytes:
+            if not pending and view.nbytes - pos >= chunk_bytes:
+                emit(view[pos:pos + chunk_bytes])
+                pos += chunk_bytes
+                continue
+            take = min(chunk_bytes - len(pending), view.nbytes - pos)
+            pending += view[pos:pos + take]
+            pos += take
+            if len(pending) == chunk_bytes:
+                emit(pending)
+                pending.clear()
+    if pending:
+        emit(pending)
+
+    manifest = Manifest(
+        version=version,
+        base_version=None,
+        codec=CODEC,
+        hash_algo=HASH_ALGO,
+        chunk_bytes=chunk_bytes,
+        total_bytes=offset,
+        tensors=entries,
+        chunks=chunk_entries,
+        digest=stream_hash.digest(),
+    )
+    return manifest, chunks
+
+
+# --- assembling ----------------------------------------------------------------------------
+
+
+def validate_manifest(manifest: Manifest) -> None:
+    """Raise SnapshotError unless the manifest's layout is self-consistent and supported."""
+    m = manifest
+    if not isinstance(m, Manifest):
+        raise SnapshotError("not a manifest")
+    if not _is_count(m.version):
+        raise SnapshotError(f"bad manifest version {m.version!r}")
+    if m.base_version is not None and not (_is_count(m.base_version) and m.base_version < m.version):
+        raise SnapshotError(f"bad base version {m.base_version!r} for version {m.version}")
+    if m.codec != CODEC:
+        raise SnapshotError(f"unknown codec {str(m.codec)[:40]!r}")
+    if m.hash_algo != HASH_ALGO:
+        raise SnapshotError(f"unknown hash algorithm {str(m.hash_algo)[:40]!r}")
+    if not _is_count(m.chunk_bytes) or m.chunk_bytes == 0 or not _is_count(m.total_bytes):
+        raise SnapshotError("bad chunk_bytes or total_bytes")
+    if not isinstance(m.digest, bytes) or len(m.digest) != DIGEST_BYTES:
+        raise SnapshotError("manifest digest is not a blake2b-256 digest")
+
+    offset = 0
+    names: set[str] = set()
+    for t in m.tensors:
+        if not isinstance(t.name, str) or not t.name or t.name in names:
+            raise SnapshotError(f"tensor name {str(t.name)[:80]!r} is empty or repeated")
+        names.add(t.name)
+        expected = _expected_nbytes(t.dtype, t.shape)
+        if expected is None:
+            raise SnapshotError(f"tensor {t.name[:80]!r}: bad dtype or shape")
+        if t.nbytes != expected:
+            raise SnapshotError(f"tensor {t.name[:80]!r}: nbytes does not match dtype and shape")
+        if t.offset != offset:
+            raise SnapshotError(f"tensor {t.name[:80]!r}: offset leaves a gap or overlaps")
+        offset += t.nbytes
+    if offset != m.total_bytes:
+        raise SnapshotError("tensors do not cover total_bytes exactly")
+
+    sizes = _raw_chunk_sizes(m.total_bytes, m.chunk_bytes)
+    if len(m.chunks) != len(sizes):
+        raise SnapshotError(f"{len(m.chunks)} chunks listed, the layout needs {len(sizes)}")
+    for i, (c, raw) in enumerate(zip(m.chunks, sizes)):
+        if c.raw_bytes != raw:
+            raise SnapshotError(f"chunk {i}: raw_bytes does not match chunk_bytes layout")
+        if not _is_count(c.wire_bytes) or not 0 < c.wire_bytes <= _max_wire_bytes(raw):
+            raise SnapshotError(f"chunk {i}: implausible wire_bytes")
+        if not isinstance(c.digest, bytes) or len(c.digest) != DIGEST_BYTES:
+            raise SnapshotError(f"chunk {i}: digest is not a blake2b-256 digest")
+
+
+class ChunkAssembler:
+    """Rebuilds one version from its chunks, in any order, verifying each one.
+
+    For a delta manifest (`base_version` set) the rebuilt stream is the encoded delta; applying
+    it to the base is the delta codec's business, not this class's.
+    """
+
+    def __init__(self, manifest: Manifest, *, max_total_bytes: int | None = None) -> None:
+        validate_manifest(manifest)
+        if max_total_bytes is not None and manifest.total_bytes > max_total_bytes:
+            raise SnapshotError(
+                f"snapshot of {manifest.total_bytes} bytes exceeds the {max_total_bytes} allowed")
+        self.manifest = manifest
+        self._buffer = bytearray(manifest.total_bytes)
+        self._have: set[int] = set()
+        self._claimed: set[int] = set()  # being written by some thread right now
+        self._received_bytes = 0
+        self._lock = threading.Lock()
+        self._stream_verified = False
+
+    @property
+    def missing(self) -> list[int]:
+        """Indices of the chunks not yet in, ascending."""
+        with self._lock:
+            return [i for i in range(len(self.manifest.chunks)) if i not in self._have]
+
+    @property
+    def complete(self) -> bool:
+        return len(self._have) == len(self.manifest.chunks)
+
+    @property
+    def received_bytes(self) -> int:
+        """Wire bytes of the verified chunks taken so far (duplicates not counted)."""
+        return self._received_bytes
+
+    def add(self, index: int, data: bytes | memoryview) -> bool:
+        """Verify chunk `index` and write it in; True once every chunk is in.
+
+        Raises SnapshotError for a bad index, size, hash or payload; the assembler is unchanged
+        then and still takes the right bytes later. A chunk already in is ignored unchecked.
+        """
+        chunks = self.manifest.chunks
+        if type(index) is not int or not 0 <= index < len(chunks):
+            raise SnapshotError(f"chunk index {str(index)[:20]} out of range 0..{len(chunks) - 1}")
+        with self._lock:
+            if index in self._have or index in self._claimed:
+                return self.complete
+        entry = chunks[index]
+        nbytes = memoryview(data).nbytes
+        if nbytes != entry.wire_bytes:
+            raise SnapshotError(f"chunk {index}: {nbytes} bytes, manifest says {entry.wire_bytes}")
+        if chunk_digest(data) != entry.digest:
+            raise SnapshotError(f"chunk {index}: digest mismatch")
+        raw = _decompress_exactly(data, entry.raw_bytes, index)
+
+        start = index * self.manifest.chunk_bytes
+        with self._lock:
+            if index in self._have or index in self._claimed:
+                return self.complete
+            self._claimed.add(index)
+        # Chunks own disjoint slices of the buffer, so the copy needs no lock.
+        self._buffer[start:start + entry.raw_bytes] = raw
+        with self._lock:
+            self._claimed.discard(index)
+            self._have.add(index)
+            self._received_bytes += entry.wire_bytes
+            return self.complete
+
+    def tensors(self) -> list[tuple[str, str, list[int], memoryview]]:
+        """(name, dtype, shape, raw bytes) per tensor, views into the assembled stream.
+
+        Raises SnapshotError if chunks are missing or the stream fails the manifest digest.
+        """
+        if not self.complete:
+            raise SnapshotError(f"{len(self.missing)} chunks still missing")
+        if not self._stream_verified:
+            if chunk_digest(self._buffer) != self.manifest.digest:
+                raise SnapshotError("assembled stream does not match the manifest digest")
+            self._stream_verified = True
+        view = memoryview(self._buffer)
+        return [(t.name, t.dtype, list(t.shape), view[t.offset:t.offset + t.nbytes])
+                for t in self.manifest.tensors]
+
+
+def _decompress_exactly(data: bytes | memoryview, raw_bytes: int, index: int) -> bytes:
+    """One zstd frame that must inflate to exactly `raw_bytes`.
+
+    python-zstandard trusts a frame's declared content size over `max_output_size`, so the
+    header is checked first: a forged header cannot make us allocate more than the manifest says.
+    """
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared not in (-1, raw_bytes):  # -1: size not written in the header
+            raise SnapshotError(f"chunk {index}: frame declares {declared} bytes, not {raw_bytes}")
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_bytes)
+    except zstandard.ZstdError:
+        raise SnapshotError(f"chunk {index}: not a valid zstd frame") from None
+    if len(raw) != raw_bytes:
+        raise SnapshotError(f"chunk {index}: inflates to {len(raw)} bytes, not {raw_bytes}")
+    return raw

@@ -1,0 +1,49 @@
+"""The task contract: a problem set with held-out splits and a reward function.
+
+A task is pure data plus a pure scoring function. The hub holds the task and leases its problems;
+a peer only ever learns the task's `kind` and picks the reward function by that name
+(`echo2p2p.tasks.reward_fn`), so a reward must depend on nothing but (answer, completion).
+
+Invariants every task keeps:
+- `problems(split)` is deterministic given the task's seed, and "eval" is disjoint from "train";
+- `reward(answer, completion)` lies in [0, 1] and never raises on any completion text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt and its reference answer; `id` is unique within the task."""
+
+    id: str
+    prompt: str
+    answer: str
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the hub needs from a task."""
+
+    kind: str  # "addition" | "math": sent to peers, selects the reward function
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        """The problems of `split` ("train" or "eval"), in a fixed order."""
+        ...
+
+    def reward(self, answer: str, completion: str) -> float:
+        """Score of `completion` (the generated text after the prompt) against `answer`."""
+        ...
+
+
+def check_split(split: str) -> str:
+    """`split` itself, or ValueError naming the valid splits."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    return split

@@ -1,0 +1,132 @@
+"""Math word problems from JSONL rows {"question": ..., "answer": ...}, scored by final answer.
+
+The task never opens files: the caller hands it lines (an open file is an iterable of lines).
+Rows are shuffled with the seed and the first `eval_size` are held out. A GSM8K-style answer
+("reasoning ... #### 72") keeps only the part after the last "####".
+
+Reward: `math_verify` when it is installed (gold first; both timeouts off, because its
+signal-based timeout breaks outside the main thread and peers score in worker threads), else a
+normalised exact match of the last number-like token (or of the whole text when neither side has
+one). Either way the text inside the last <answer>...</answer> is scored, if there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable, Sequence
+
+from .base import Problem, check_split
+
+KIND = "math"
+PROMPT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}.\n"
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+try:  # optional dependency: pip install echo2p2p[math]
+    from math_verify import parse as _mv_parse
+    from math_verify import verify as _mv_verify
+except ImportError:  # pragma: no cover - depends on the environment
+    _mv_parse = _mv_verify = None
+
+
+def _answer_part(text: str) -> str:
+    tagged = _ANSWER_TAG.findall(text)
+    return tagged[-1] if tagged else text
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...}, braces balanced; None if there is none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None
+
+
+def normalize_answer(text: str) -> str:
+    """The comparable core of an answer: boxed content, last number, no $ or commas or ".0"."""
+    text = _answer_part(text)
+    boxed = _last_boxed(text)
+    text = (boxed if boxed is not None else text).replace("$", "").replace(",", "").strip()
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        text = numbers[-1]
+        if "." in text and "/" not in text:
+            text = text.rstrip("0").rstrip(".")
+        if text in ("-0", ""):
+            text = "0"
+    return text
+
+
+def math_reward(answer: str, completion: str) -> float:
+    """1.0 if the completion's final answer equals `answer` mathematically, else 0.0."""
+    pred = _answer_part(completion)
+    if _mv_verify is not None:
+        gold_parsed = _mv_parse(answer, parsing_timeout=None)
+        pred_parsed = _mv_parse(pred, parsing_timeout=None)
+        return 1.0 if _mv_verify(gold_parsed, pred_parsed, timeout_seconds=None) else 0.0
+    return 1.0 if normalize_answer(answer) == normalize_answer(pred) and pred.strip() else 0.0
+
+
+def _row(line: str, lineno: int) -> tuple[str, str, str | None]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"line {lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"line {lineno}: expected a JSON object, got {type(row).__name__}")
+    question, answer = row.get("question"), row.get("answer")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"line {lineno}: missing or empty string field 'question'")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise ValueError(f"line {lineno}: missing field 'answer' (a string or a number)")
+    answer = str(answer).rsplit("####", 1)[-1].strip()
+    if not answer:
+        raise ValueError(f"line {lineno}: empty 'answer'")
+    row_id = row.get("id")
+    return question, answer, None if row_id is None else str(row_id)
+
+
+class MathTask:
+    """Question/answer pairs with a seeded held-out split."""
+
+    kind = KIND
+
+    def __init__(self, problems: Sequence[Problem], *, eval_size: int = 200, seed: int = 0):
+        ids = [p.id for p in problems]
+        if len(set(ids)) != len(ids):
+            raise ValueError("problem ids must be unique")
+        order = list(problems)
+        random.Random(f"math/{seed}").shuffle(order)
+        held = min(eval_size, len(order) // 2)  # never leave train with fewer than eval
+        self._splits = {"eval": tuple(order[:held]), "train": tuple(order[held:])}
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str], *, eval_size: int = 200, seed: int = 0,
+                   template: str = PROMPT_TEMPLATE) -> MathTask:
+        """Parse JSONL `lines` (blank ones skipped); a bad row raises ValueError naming its line."""
+        problems = []
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            question, answer, row_id = _row(line, lineno)
+            problems.append(Problem(id=row_id or f"math-{lineno}",
+                                    prompt=template.format(question=question.strip()),
+                                    answer=answer))
+        if not problems:
+            raise ValueError("no problems: every line was blank")
+        return cls(problems, eval_size=eval_size, seed=seed)
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        """The problems of `split`; the same tuple on every call."""
+        return self._splits[check_split(split)]
+
+    def reward(self, answer: str, completion: str) -> float:
+        return math_reward(answer, completion)

@@ -1,0 +1,78 @@
+"""`echo2-hub`: serve a training run, or run the whole demo (hub + local peers) in one command.
+
+Heavy imports (torch, transformers) happen after argument parsing, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tomllib
+from pathlib import Path
+
+from echo2p2p.config import add_arguments, resolve
+from echo2p2p.errors import ConfigError
+
+from .config import HubConfig
+
+log = logging.getLogger(__name__)
+
+DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echo2-hub", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
+    demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
+    demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
+    for p in (serve, demo):
+        p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
+        p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
+        add_arguments(p, HubConfig)
+    demo.epilog = "demo defaults differ from serve: " + ", ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
+    return parser
+
+
+def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
+    table = dict(defaults or {})
+    if args.config is not None:
+        data = tomllib.loads(args.config.read_text())
+        table.update(data.get("hub", data))
+    return resolve(HubConfig, table, vars(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
+    except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
+        print(f"echo2-hub: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "demo" and args.peers < 1:
+        print("echo2-hub: --peers must be >= 1", file=sys.stderr)
+        return 2
+    from .demo import run_demo, run_serve
+
+    coro = run_demo(cfg, args.peers) if args.command == "demo" else run_serve(cfg)
+    try:
+        return _run(coro)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

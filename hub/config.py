@@ -1,0 +1,100 @@
+"""The hub's configuration: every knob of `echo2-hub serve`, with its help text.
+
+Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU, offline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo2p2p.errors import ConfigError
+from echo2p2p.staleness import check_schedule, default_publish_every
+
+DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0 to accept peers from other machines)."""
+    port: int = DEFAULT_PORT
+    """TCP port for the peer websocket (ws://HOST:PORT/ws); 0 picks a free one."""
+    model: str = "tiny"
+    """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory."""
+    task: str = "addition"
+    """Task: "addition" (built-in) or a path to a JSONL file with question/answer fields."""
+    max_lag: int = 2
+    """S, the staleness bound: step t trains on version x only if t - x <= S. Higher S: more
+    overlap of generation and training, more off-policy noise. 0 = synchronous."""
+    publish_every: int = 0
+    """kappa, steps between published versions; 0 means max(1, S - 1). Must be <= S + 1."""
+    group_size: int = 8
+    """G, completions sampled per prompt (a GRPO group)."""
+    prompts_per_step: int = 8
+    """Prompt groups in one learner batch."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    clip_eps: float = 0.2
+    """PPO-style clip range of the importance ratio pi_theta / pi_behaviour."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the initial policy (0 = off, no reference model kept)."""
+    temperature: float = 1.0
+    """Sampling temperature on peers; the learner scores logprobs at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling on peers. Below 1 the behaviour logprobs no longer match the policy."""
+    max_new_tokens: int = 8
+    """Cap on completion length, in tokens."""
+    seed: int = 0
+    """Seed for prompt order, task generation and per-peer sampling seeds."""
+    max_steps: int = 0
+    """Stop after this many learner steps (0 = run until interrupted)."""
+    eval_every: int = 10
+    """Held-out greedy accuracy every this many steps (0 = never)."""
+    eval_problems: int = 256
+    """Held-out problems per evaluation."""
+    lease_timeout_s: float = 60.0
+    """A lease not answered within this many seconds is re-issued to another peer."""
+    weights_dtype: str = "bfloat16"
+    """dtype of published versions: bfloat16 (half the bytes) or float32."""
+    chunk_bytes: int = 1 << 20
+    """Raw bytes per snapshot chunk; each chunk is compressed and hashed on its own."""
+    zstd_level: int = 3
+    """zstd level for snapshot chunks."""
+    device: str = "cpu"
+    """Where the learner runs: cpu, cuda, cuda:1."""
+    torch_threads: int = 0
+    """Threads for torch on the hub (0 = torch's default)."""
+    heartbeat_s: float = 10.0
+    """Seconds between heartbeats to each peer."""
+    peer_timeout_s: float = 30.0
+    """A peer silent this long is disconnected and its leases re-issued."""
+    max_frame_bytes: int = 4 << 20
+    """Largest websocket frame accepted from a peer."""
+    run_dir: str = ""
+    """Where metrics.jsonl and config.json go ('' = runs/<run id>)."""
+
+    def __post_init__(self) -> None:
+        positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
+                    "chunk_bytes", "max_frame_bytes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError("group_size", "GRPO needs at least 2 samples per group")
+        for name in ("lr", "temperature", "lease_timeout_s", "heartbeat_s", "peer_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port", f"not a TCP port: {self.port}")
+        if self.weights_dtype not in ("bfloat16", "float32"):
+            raise ConfigError("weights_dtype", f"bfloat16 or float32, got {self.weights_dtype!r}")
+        if self.max_steps < 0 or self.eval_every < 0 or self.publish_every < 0:
+            raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
+        check_schedule(self.max_lag, self.kappa)
+
+    @property
+    def kappa(self) -> int:
+        """The publication period actually used."""
+        return self.publish_every or default_publish_every(self.max_lag)

@@ -1,0 +1,53 @@
+"""The run log: one JSON line per learner step in <run_dir>/metrics.jsonl, plus a live line.
+
+Knows nothing about training; it formats and writes what the hub hands it. Keys follow
+`area/name` (train/..., rollout/..., hub/..., eval/...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
+
+
+class RunLog:
+    """Appends step records and prints the live line."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], stream: TextIO | None = sys.stdout):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self._stream = stream
+        self.staleness = Counter()  # lag in versions -> groups trained on, over the whole run
+
+    def step(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        if self._stream is not None:
+            print(live_line(record), file=self._stream, flush=True)
+
+    def event(self, record: dict[str, Any], text: str) -> None:
+        """A record that is not a learner step (a base evaluation, a publication)."""
+        self._file.write(json.dumps(record) + "\n")
+        if self._stream is not None:
+            print(text, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def live_line(r: dict[str, Any]) -> str:
+    """`step   12 v  12 reward 0.41 eval 0.38 lag 0/1/0 rollouts/s 96.2 busy 0.71`."""
+    acc = r.get("eval/accuracy")
+    hist = r.get("rollout/staleness_hist", {})
+    lag = "/".join(str(hist.get(str(k), 0)) for k in range(max((int(k) for k in hist), default=0) + 1))
+    return (f"step {r['step']:5d}  v{r['version']:<5d} reward {r['train/reward_mean']:.3f}  "
+            f"eval {'  -  ' if acc is None else f'{acc:.3f}'}  lag {lag or '-':<8s} "
+            f"rollouts/s {r['rollout/per_s']:7.1f}  busy {r['hub/learner_busy_frac']:.2f}  "
+            f"peers {r['hub/peers']}")

@@ -1,0 +1,196 @@
+"""The hub's lifecycle: load policy and task, serve peers, run the learner loop, publish versions.
+
+`start_hub(cfg)` is an async context manager: on entry the server listens and version 0 is
+published; the learner loop then takes a batch of fresh groups, steps (in a worker thread, so
+the event loop keeps serving peers), publishes every kappa steps, evaluates every
+`eval_every` steps and logs one record per step. It stops after `max_steps` (0: never).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from echo2p2p import snapshot as snap
+from echo2p2p.config import as_dict
+from echo2p2p.staleness import is_publish_version, lag_versions
+from echo2p2p.tasks import AdditionTask, MathTask
+
+from .config import HubConfig
+from .runlog import RunLog
+from .server import Hub, Snapshot, TokenizedProblem
+
+log = logging.getLogger(__name__)
+
+
+def open_task(spec: str, seed: int) -> Any:
+    """The built-in task by name, or a JSONL math task from a path."""
+    if spec == "addition":
+        return AdditionTask(seed=seed)
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--task {spec!r}: not 'addition' and not a JSONL file")
+    with path.open(encoding="utf-8") as lines:
+        return MathTask.from_lines(lines, seed=seed)
+
+
+class HubRun:
+    """A running hub: the server, the learner and the run log."""
+
+    def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog):
+        self.cfg = cfg
+        self.hub = hub
+        self.learner = learner
+        self.tokenizer = tokenizer
+        self.runlog = runlog
+        self.port = 0
+        self.records: list[dict[str, Any]] = []
+        self.finished = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.cfg.host}:{self.port}/ws"
+
+    async def publish(self) -> None:
+        version = self.learner.version
+        dtype = self.cfg.weights_dtype
+        built = await asyncio.to_thread(self._build_snapshot, version, dtype)
+        await self.hub.publish(built)
+        log.info("published v%d: %d bytes in %d chunks", version, built.manifest.total_bytes,
+                 len(built.chunks))
+
+    def _build_snapshot(self, version: int, dtype: str) -> Snapshot:
+        import torch
+
+        from peer.weights import state_to_tensors
+
+        weights = self.learner.export_weights(getattr(torch, dtype))
+        manifest, chunks = snap.build_snapshot(
+            version, state_to_tensors(weights, getattr(torch, dtype)),
+            chunk_bytes=self.cfg.chunk_bytes, zstd_level=self.cfg.zstd_level)
+        return Snapshot(manifest, chunks)
+
+    async def evaluate(self) -> float:
+        problems = self.hub.task.problems("eval")[: self.cfg.eval_problems]
+        return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems,
+                                       self.hub.task.reward, max_new_tokens=self.cfg.max_new_tokens)
+
+    async def train(self) -> None:
+        """The learner loop; returns after max_steps steps (never if 0)."""
+        cfg, hub = self.cfg, self.hub
+        if cfg.eval_every:
+            acc = await self.evaluate()
+            record = {"event": "eval", "version": 0, "eval/accuracy": acc}
+            self.records.append(record)
+            self.runlog.event(record, f"base policy v0: held-out accuracy {acc:.3f}")
+        start = last = time.perf_counter()
+        busy_s = 0.0
+        last_samples = 0
+        while not cfg.max_steps or hub.step < cfg.max_steps:
+            batch = await self.hub.wait_batch()
+            step = hub.step
+            lags = Counter(lag_versions(step, g.version) for g in batch)
+            self.runlog.staleness.update(lags)
+            stats = await asyncio.to_thread(self.learner.step, batch)
+            busy_s += stats.step_s
+            hub.step = self.learner.version
+            await hub.dispatch()
+            if is_publish_version(hub.step, cfg.kappa):
+                await self.publish()
+            now = time.perf_counter()
+            c = hub.counters
+            record = {
+                "step": step, "version": hub.step, "time_s": round(now - start, 3),
+                **stats.metrics(),
+                "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+                "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(batch),
+                "rollout/per_s": (c.admitted_samples - last_samples) / max(now - last, 1e-9),
+                "rollout/admitted_groups_total": c.admitted_groups,
+                "rollout/stale_on_arrival_total": c.stale_on_arrival,
+                "rollout/stale_in_queue_total": hub.buffer.statistics().dropped_stale_total,
+                "rollout/rejected_total": c.rejected,
+                "hub/learner_busy_frac": busy_s / max(now - start, 1e-9),
+                "hub/peers": len(hub.peers),
+                "hub/closed_for_protocol_total": c.closed_for_protocol,
+                "train/tokens_per_s": stats.tokens / max(now - last, 1e-9),
+            }
+            last, last_samples = now, c.admitted_samples
+            if cfg.eval_every and hub.step % cfg.eval_every == 0:
+                record["eval/accuracy"] = await self.evaluate()
+            self.records.append(record)
+            self.runlog.step(record)
+        self.finished.set()
+
+
+@contextlib.asynccontextmanager
+async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubRun]:
+    """Load, bind, publish version 0 and train in the background; stop on exit."""
+    import torch
+
+    from peer.model import load_policy
+
+    from .learner import Learner
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    run_id = uuid.uuid4().hex[:12]
+    run_dir = Path(cfg.run_dir or f"runs/{run_id}")
+    runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
+    task = open_task(cfg.task, cfg.seed)
+    model, tokenizer = await asyncio.to_thread(load_policy, cfg.model, device=cfg.device)
+    learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
+                      temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
+    problems = [TokenizedProblem(p, tokenizer.encode(p.prompt, add_special_tokens=False))
+                for p in task.problems("train")]
+    hub = Hub(cfg, run_id, task, problems)
+    run = HubRun(cfg, hub, learner, tokenizer, runlog)
+    await run.publish()
+
+    app = web.Application()
+    app.router.add_get("/ws", hub.handle_ws)
+    async def handle_status(request: web.Request) -> web.Response:
+        return web.json_response(status(run))
+
+    app.router.add_get("/status", handle_status)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    await site.start()
+    run.port = runner.addresses[0][1]
+    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d); run dir %s",
+             run_id, run.url, cfg.model, task.kind, cfg.max_lag, cfg.kappa, run_dir)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
+            try:
+                yield run
+            finally:
+                for task_ in tasks:
+                    task_.cancel()
+    finally:
+        await hub.close_all()
+        await runner.cleanup()
+        runlog.close()
+
+
+def status(run: HubRun) -> dict[str, Any]:
+    """What /status answers: a quick look at a live hub."""
+    hub = run.hub
+    return {
+        "run_id": hub.run_id, "step": hub.step,
+        "published_version": hub.snapshot.manifest.version if hub.snapshot else None,
+        "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
+                              "held_version": p.held_version} for p in hub.peers.values()},
+        "queued_groups": len(hub.buffer), "open_leases": hub.leases.open_count,
+        "last": run.records[-1] if run.records else None,
+    }

@@ -1,0 +1,60 @@
+"""`echo2-peer join <hub-url>`: lend this machine's CPU or GPU to a training run.
+
+Heavy imports (torch, transformers, vllm) happen after argument parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from echo2p2p.config import add_arguments, resolve
+from echo2p2p.errors import ConfigError
+
+from .config import PeerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echo2-peer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    join = sub.add_parser("join", help="join a hub and generate rollouts until stopped")
+    join.add_argument("hub_url", help="the hub: ws://HOST:PORT/ws, http://HOST:PORT or HOST:PORT")
+    join.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
+    add_arguments(join, PeerConfig, skip=("hub_url",))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        cfg = resolve(PeerConfig, None, vars(args))
+    except ConfigError as exc:
+        print(f"echo2-peer: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    return runner(_join(cfg))
+
+
+async def _join(cfg: PeerConfig) -> int:
+    from .client import PeerClient
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await PeerClient(cfg).run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The peer's network shell: join a hub, hold the newest version, turn leases into rollouts.
+
+One connection runs four tasks: the reader (frames through the core `Session`; versions are
+assembled and verified chunk by chunk), the swapper (loads a complete version into the engine
+between two generations: the swap is atomic, generation goes on with the old weights while a
+download is under way), the worker (lease -> generate with the engine's current version ->
+score -> submit, tagged with the version actually used) and the heartbeat. When the hub goes
+away the peer reconnects with capped exponential backoff and keeps its engine.
+
+The engine is only ever touched under `_engine_lock` (a thread lock: generation and loading
+run in worker threads so the event loop keeps reading the socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from echo2p2p import messages as m
+from echo2p2p.errors import ProtocolError, RemoteProtocolError, SnapshotError
+from echo2p2p.session import Session, Side
+from echo2p2p.snapshot import ChunkAssembler
+from echo2p2p.tasks import reward_fn
+
+from .config import PeerConfig, normalize_url
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerStats:
+    connections: int
+    versions_loaded: int
+    version: int | None
+    submitted: int
+    acked: int
+    rejected: dict[str, int]
+
+
+class PeerClient:
+    """A rollout worker. `engine` may be given (tests, wrappers); else it is built on welcome."""
+
+    def __init__(self, cfg: PeerConfig, engine: Any = None):
+        self.cfg = cfg
+        self.url = normalize_url(cfg.hub_url)
+        self.engine = engine
+        self.version: int | None = None  # what the engine holds now
+        self.welcome: m.Welcome | None = None
+        self._engine_lock = threading.Lock()
+        self._staged: tuple[int, dict] | None = None
+        self._staged_event = asyncio.Event()
+        self._loaded_event = asyncio.Event()
+        self._connections = self._loaded = self._submitted = self._acked = 0
+        self._rejected: Counter[str] = Counter()
+        self._draw = 0
+
+    def statistics(self) -> PeerStats:
+        return PeerStats(self._connections, self._loaded, self.version, self._submitted,
+                         self._acked, dict(self._rejected))
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Stay joined until `stop` is set: connect, serve, and reconnect with backoff."""
+        stop = stop or asyncio.Event()
+        backoff = 0.5
+        async with aiohttp.ClientSession() as http:
+            while not stop.is_set():
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        conn = tg.create_task(self._connection(http))
+                        stopper = tg.create_task(stop.wait())
+                        done, _ = await asyncio.wait({conn, stopper},
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        conn.cancel()
+                        stopper.cancel()
+                    if conn.done() and not conn.cancelled() and conn.result():
+                        backoff = 0.5  # we were welcomed: the next failure starts over
+                except* (aiohttp.ClientError, OSError, TimeoutError, ProtocolError) as group:
+                    log.warning("hub %s unreachable or broke off: %s", self.url, group.exceptions[0])
+                if stop.is_set():
+                    break
+                delay = backoff * random.uniform(0.5, 1.0)
+                log.info("reconnecting in %.1f s", delay)
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)  # a timer that stop cuts short
+                except TimeoutError:
+                    pass
+                backoff = min(backoff * 2, self.cfg.reconnect_max_s)
+
+    async def _connection(self, http: aiohttp.ClientSession) -> bool:
+        """One connection's life; returns True if the hub welcomed us."""
+        cfg = self.cfg
+        async with asyncio.timeout(cfg.connect_timeout_s) as deadline:
+            ws = await http.ws_connect(self.url, max_msg_size=cfg.max_frame_bytes, compress=0)
+            session = Session(Side.PEER, _now())
+            await ws.send_bytes(session.send(m.Hello(
+                cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour)))
+            frame = await ws.receive()
+            if frame.type is not aiohttp.WSMsgType.BINARY:
+                raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
+            welcome = session.receive(frame.data, _now())
+            if not isinstance(welcome, m.Welcome):  # a Goodbye
+                raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
+            await self._adopt(welcome)
+            deadline.reschedule(None)
+        self._connections += 1
+        log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
+                 welcome.run_id, welcome.model, welcome.version)
+        conn = _Conn(ws, session, asyncio.Queue(), reward_fn(welcome.task))
+        async with ws, asyncio.TaskGroup() as tg:
+            helpers = [tg.create_task(self._work(conn)), tg.create_task(self._swap_versions(conn)),
+                       tg.create_task(self._keep_alive(conn))]
+            if self.version is not None:
+                await conn.send(m.VersionHeld(self.version))
+            await conn.send(m.LeaseRequest(cfg.leases_in_flight))
+            await self._read(conn)
+            for task in helpers:
+                task.cancel()
+        return True
+
+    async def _adopt(self, welcome: m.Welcome) -> None:
+        if self.engine is None or (self.welcome and self.welcome.model != welcome.model):
+            from .engine import make_engine
+
+            if self.cfg.torch_threads:
+                import torch
+
+                torch.set_num_threads(self.cfg.torch_threads)
+            self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, welcome.model,
+                                                  self.cfg.device)
+            self.version = None
+        if self.welcome and self.welcome.run_id != welcome.run_id:
+            self.version = None  # a different run: our weights say nothing about its versions
+            self._staged = None
+        self.welcome = welcome
+
+    # --- reader --------------------------------------------------------------------------
+
+    async def _read(self, conn: _Conn) -> None:
+        assembler: ChunkAssembler | None = None
+        while True:
+            try:
+                frame = await conn.ws.receive(timeout=self.cfg.hub_timeout_s)
+            except TimeoutError:
+                await conn.close(m.CLOSE_TIMEOUT, "hub silent")
+                return
+            if frame.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
+                              aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.ERROR):
+                log.info("hub closed the connection (%s)", conn.ws.close_code)
+                return
+            try:
+                if frame.type is not aiohttp.WSMsgType.BINARY:
+                    raise RemoteProtocolError("non-binary frame", m.CLOSE_UNSUPPORTED_DATA)
+                msg = conn.session.receive(frame.data, _now())
+                if isinstance(msg, m.Goodbye):
+                    log.warning("hub said goodbye: %s (%d)", msg.reason, msg.code)
+                    return
+                if isinstance(msg, m.LeaseGrant):
+                    conn.leases.put_nowait((msg, _now() + msg.deadline_s))
+                elif isinstance(msg, m.Ack):
+                    self._acked += 1
+                elif isinstance(msg, m.Reject):
+                    self._rejected[msg.reason] += 1
+                    log.info("rollout %s rejected: %s", msg.lease_id, msg.reason)
+                elif isinstance(msg, m.VersionAnnouncement):
+                    assembler = ChunkAssembler(msg.manifest)
+                elif isinstance(msg, m.ChunkData):
+                    assembler = await self._on_chunk(assembler, msg)
+            except (RemoteProtocolError, SnapshotError) as exc:
+                reason = exc.reason if isinstance(exc, RemoteProtocolError) else "bad snapshot"
+                log.error("closing: %s", exc)
+                await conn.close(getattr(exc, "code", m.CLOSE_PROTOCOL_ERROR), reason)
+                return
+
+    async def _on_chunk(self, assembler: ChunkAssembler | None, msg: m.ChunkData) -> ChunkAssembler | None:
+        if assembler is None or assembler.manifest.version != msg.version:
+            return assembler  # a chunk of a version we are no longer assembling
+        if not await asyncio.to_thread(assembler.add, msg.index, msg.data):
+            return assembler
+        from .weights import tensors_to_state
+
+        state = await asyncio.to_thread(lambda: tensors_to_state(assembler.tensors()))
+        self._staged = (msg.version, state)
+        self._staged_event.set()
+        return None
+
+    # --- swapper and worker --------------------------------------------------------------
+
+    async def _swap_versions(self, conn: _Conn) -> None:
+        while True:
+            await self._staged_event.wait()
+            self._staged_event.clear()
+            staged, self._staged = self._staged, None
+            if staged is None:
+                continue
+            await asyncio.to_thread(self._load, *staged)
+            self._loaded_event.set()
+            await conn.send(m.VersionHeld(staged[0]))
+
+    def _load(self, version: int, state: dict) -> None:
+        with self._engine_lock:
+            self.engine.load_weights(state)
+            self.version = version
+        self._loaded += 1
+        log.info("now generating with v%d", version)
+
+    def _generate(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
+        w = self.welcome
+        with self._engine_lock:
+            version = self.version
+            out = self.engine.generate(lease.prompt_ids, lease.group_size, temperature=w.temperature,
+                                       top_p=w.top_p, max_new_tokens=w.max_new_tokens, seed=seed)
+        return version, out
+
+    async def _work(self, conn: _Conn) -> None:
+        while True:
+            lease, deadline = await conn.leases.get()
+            if not await self._wait_version(lease.min_version, deadline):
+                await conn.send(m.LeaseRequest(1))  # too late; the hub re-issues it
+                continue
+            self._draw += 1
+            version, completions = await asyncio.to_thread(
+                self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
+            if version is None or version < lease.min_version:
+                await conn.send(m.LeaseRequest(1))
+                continue
+            samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text,
+                                conn.reward(lease.answer, c.text), c.finish_reason)
+                       for c in completions]
+            self._submitted += 1
+            await conn.send(m.RolloutSubmission(lease.lease_id, version, samples))
+            await conn.send(m.LeaseRequest(1))
+
+    async def _wait_version(self, min_version: int, deadline: float) -> bool:
+        """Wait until the engine holds a version >= min_version; False if the deadline passes."""
+        while self.version is None or self.version < min_version:
+            self._loaded_event.clear()
+            try:
+                await asyncio.wait_for(self._loaded_event.wait(), deadline - _now())
+            except TimeoutError:
+                return False
+        return True
+
+    async def _keep_alive(self, conn: _Conn) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)  # a timer, not a sync
+            await conn.send(m.Heartbeat())
+
+
+@dataclass
+class _Conn:
+    ws: aiohttp.ClientWebSocketResponse
+    session: Session
+    leases: asyncio.Queue
+    reward: Any
+    lock: asyncio.Lock | None = None
+
+    async def send(self, msg: m.Message) -> None:
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        frame = self.session.send(msg)
+        async with self.lock:
+            await self.ws.send_bytes(frame)
+
+    async def close(self, code: int, reason: str) -> None:
+        if not self.ws.closed:
+            await self.ws.close(code=code, message=reason.encode()[:120])
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,67 @@
+"""The peer's configuration: every knob of `echo2-peer join`, with its help text."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from echo2p2p.errors import ConfigError
+
+ENGINES = ("transformers", "vllm")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    hub_url: str = "ws://127.0.0.1:8765/ws"
+    """The hub to join: ws://HOST:PORT/ws (http://HOST:PORT or HOST:PORT also work)."""
+    engine: str = "transformers"
+    """Rollout engine: transformers (CPU or GPU) or vllm (GPU, needs the vllm extra)."""
+    device: str = "cpu"
+    """Where the engine runs: cpu, cuda, cuda:1."""
+    price_per_hour: float = 0.0
+    """What this worker costs, in $/h, for the hub's cost-aware activation."""
+    name: str = ""
+    """A name for logs ('' = hostname-pid)."""
+    leases_in_flight: int = 2
+    """Prompt leases to hold at once: one generating, the rest queued so the engine never idles."""
+    torch_threads: int = 0
+    """Threads for torch (0 = torch's default); 1 when several peers share a CPU."""
+    connect_timeout_s: float = 30.0
+    """Give up on one connection attempt (and its welcome) after this long."""
+    reconnect_max_s: float = 30.0
+    """Longest wait between reconnection attempts (backoff doubles up to this)."""
+    heartbeat_s: float = 10.0
+    """Seconds between heartbeats to the hub."""
+    hub_timeout_s: float = 30.0
+    """A hub silent this long is treated as gone: disconnect and reconnect."""
+    max_frame_bytes: int = 8 << 20
+    """Largest frame accepted from the hub (a snapshot chunk plus its header)."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError("engine", f"one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.price_per_hour < 0:
+            raise ConfigError("price_per_hour", f"must be >= 0, got {self.price_per_hour}")
+        if self.leases_in_flight < 1:
+            raise ConfigError("leases_in_flight", f"must be >= 1, got {self.leases_in_flight}")
+        for name in ("connect_timeout_s", "reconnect_max_s", "heartbeat_s", "hub_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        normalize_url(self.hub_url)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def normalize_url(url: str) -> str:
+    """ws://HOST:PORT/ws from any of the accepted spellings."""
+    if "://" not in url:
+        url = "ws://" + url
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise ConfigError("hub_url", f"expected ws://HOST:PORT/ws, got {url!r}")
+    return f"{scheme}://{parts.netloc}{parts.path if parts.path not in ('', '/') else '/ws'}"

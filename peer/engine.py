@@ -1,0 +1,216 @@
+"""Rollout engines: sample n completions of a prompt with per-token logprobs, swap in weights.
+
+`Engine` is the contract the peer client drives (from a worker thread, one call at a time).
+`TransformersEngine` runs a transformers model anywhere torch runs; `VLLMEngine` runs vLLM.
+Neither knows about tasks, rewards or the network.
+
+Logprobs are those of the distribution actually sampled from: log_softmax(logits / T), restricted
+to the top-p nucleus and renormalised when top_p < 1 (vLLM's "processed_logprobs"); top-k is off.
+A completion that samples EOS ends there, and the EOS token and its logprob are kept, so the
+learner also trains on when to stop; `text` is decoded without special tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .model import load_policy
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("transformers", "vllm")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled continuation of a prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # one per token id, of the sampled token, <= 0
+    text: str
+    finish_reason: str  # "stop" (EOS sampled, and kept in token_ids) | "length"
+
+
+class Engine(Protocol):
+    tokenizer: Any
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy a full state (HF names, any float dtype) into the model; ValueError on bad names."""
+        ...
+
+    def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int) -> list[Completion]:
+        """`n` independent samples of continuations of `prompt_ids`; same seed, same samples."""
+        ...
+
+
+def nucleus_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution: (B, V) logits -> (B, V), -inf outside."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    if top_p >= 1.0:
+        return logprobs
+    # Keep the smallest set of tokens whose mass reaches top_p (the top token always stays),
+    # as in Holtzman et al. 2020 and the HF/vLLM samplers, then renormalise over it.
+    sorted_lp, order = torch.sort(logprobs, dim=-1, descending=True)  # (B, V)
+    mass_before = torch.cumsum(sorted_lp.exp(), dim=-1) - sorted_lp.exp()  # (B, V)
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logprobs.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def check_names(state_names: set[str], required_names: set[str],
+                named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """ValueError unless every name is in the state and every required (parameter) name is given.
+
+    A tied lm_head is in the state but not among the parameters, so it may be absent.
+    """
+    unknown = sorted(set(named_tensors) - state_names)
+    missing = sorted(required_names - set(named_tensors))
+    if unknown or missing:
+        raise ValueError(f"weights do not match the model: unknown names {unknown[:5]}"
+                         f"{' ...' if len(unknown) > 5 else ''}, missing names {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+
+
+def forward_cached(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    """One KV-cached forward: (B, T) ids -> ((B, V) last-position logits, new cache).
+
+    transformers 5.x calls the cache argument `cache`; older versions `past_key_values`.
+    """
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids, use_cache=True, **{key: cache})
+    return out.logits[:, -1, :], out[key]
+
+
+def copy_state(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy `named_tensors` into `model`'s parameters in place, casting; ValueError on bad names."""
+    state = dict(model.state_dict())
+    check_names(set(state), {name for name, _ in model.named_parameters()}, named_tensors)
+    for name, tensor in named_tensors.items():  # check all before copying any
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, model has "
+                             f"{tuple(state[name].shape)}")
+    with torch.no_grad():
+        for name, tensor in named_tensors.items():
+            state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
+
+
+class TransformersEngine:
+    """A transformers causal LM sampled with an explicit KV-cached loop (exact logprobs)."""
+
+    def __init__(self, model: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        self.model, self.tokenizer = load_policy(model, device=device, dtype=dtype)
+        self.device = torch.device(device)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        copy_state(self.model, named_tensors)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int) -> list[Completion]:
+        if n < 1 or not prompt_ids or temperature <= 0 or not 0 < top_p <= 1:
+            raise ValueError(f"bad generate arguments: n={n}, prompt of {len(prompt_ids)} "
+                             f"tokens, temperature={temperature}, top_p={top_p}")
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        # All n rows share the prompt, so there is no padding: position ids are implicit.
+        ids = torch.tensor([prompt_ids] * n, dtype=torch.long, device=self.device)  # (n, P)
+        tokens = torch.empty((n, 0), dtype=torch.long, device=self.device)  # (n, t)
+        logprobs = torch.empty((n, 0), dtype=torch.float32, device=self.device)  # (n, t)
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)  # (n,)
+        cache = None
+        for _ in range(max_new_tokens):
+            logits, cache = forward_cached(self.model, ids, cache)  # (n, V)
+            lp = nucleus_logprobs(logits, temperature, top_p)  # (n, V)
+            nxt = torch.multinomial(lp.exp(), 1, generator=gen)  # (n, 1)
+            nxt = nxt.masked_fill(done[:, None], self.pad_id)  # finished rows only idle
+            tokens = torch.cat([tokens, nxt], dim=1)
+            logprobs = torch.cat([logprobs, lp.gather(1, nxt)], dim=1)
+            done |= nxt[:, 0] == self.eos_id
+            if bool(done.all()):
+                break
+            ids = nxt
+        return [self._completion(row, lps) for row, lps in zip(tokens.tolist(), logprobs.tolist())]
+
+    def _completion(self, row: list[int], lps: list[float]) -> Completion:
+        if self.eos_id in row:
+            cut = row.index(self.eos_id) + 1
+            row, lps, reason = row[:cut], lps[:cut], "stop"
+        else:
+            reason = "length"
+        text = self.tokenizer.decode(row, skip_special_tokens=True)
+        return Completion(token_ids=row, logprobs=lps, text=text, finish_reason=reason)
+
+
+class VLLMEngine:
+    """vLLM in-process (V1 engine with multiprocessing off, so a closure can reach the model).
+
+    vLLM places the model itself (set CUDA_VISIBLE_DEVICES to pick a GPU); `device` is only
+    checked. Weight updates go through the model's own `load_weights`, which takes HF names and
+    fills fused qkv / gate_up parameters; the names are first checked against the HF model
+    built on the meta device, so a wrong state fails with ValueError as in TransformersEngine.
+    """
+
+    def __init__(self, model: str, *, device: str = "cuda", dtype: str = "bfloat16",
+                 gpu_memory_utilization: float = 0.5, seed: int = 0):
+        # The multi-process engine cannot pickle tensors through collective_rpc (FIELD-NOTES).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from vllm import LLM, SamplingParams
+
+        from .model import BUILTIN_MODEL, builtin_dir
+
+        path = str(builtin_dir()) if model == BUILTIN_MODEL else model
+        log.info("starting vLLM for %s (asked for device %s)", path, device)
+        with torch.device("meta"):
+            reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        self._state_names = set(reference.state_dict())
+        self._required_names = {name for name, _ in reference.named_parameters()}
+        self._sampling_params = SamplingParams
+        self.llm = LLM(model=path, dtype=dtype, seed=seed, enable_prefix_caching=True,
+                       gpu_memory_utilization=gpu_memory_utilization,
+                       logprobs_mode="processed_logprobs")
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        check_names(self._state_names, self._required_names, named_tensors)
+        weights = list(named_tensors.items())
+
+        def load(worker: Any) -> None:  # runs in the worker; `worker` is vLLM's Worker
+            worker.model_runner.model.load_weights(weights)
+
+        self.llm.collective_rpc(load)
+        self.llm.reset_prefix_cache()  # else KV cached under the old weights is served again
+
+    def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int) -> list[Completion]:
+        # top_k is left at vLLM's default (off); logprobs=0 returns the sampled token's logprob.
+        params = self._sampling_params(n=n, temperature=temperature, top_p=top_p,
+                                       max_tokens=max_new_tokens, logprobs=0, seed=seed)
+        (request,) = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], params,
+                                       use_tqdm=False)
+        completions = []
+        for out in request.outputs:
+            ids = list(out.token_ids)  # ends with EOS when finish_reason is "stop"
+            lps = [step[tok].logprob for tok, step in zip(ids, out.logprobs)]
+            reason = "stop" if out.finish_reason == "stop" else "length"
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            completions.append(Completion(ids, lps, text, reason))
+        return completions
+
+
+def make_engine(kind: str, model: str, device: str) -> Engine:
+    """The engine `kind` ("transformers" | "vllm") serving `model` on `device`."""
+    if kind == "transformers":
+        return TransformersEngine(model, device=device)
+    if kind == "vllm":
+        return VLLMEngine(model, device=device)
+    raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(ENGINES)}")

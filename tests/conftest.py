@@ -1,0 +1,41 @@
+"""Shared fixtures: a small hub config and real in-process peers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+# Tests never download: a hub id that is not on disk must fail at once, not after network retries.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from hub.config import HubConfig
+from peer.client import PeerClient
+from peer.config import PeerConfig
+
+
+@pytest.fixture
+def hub_cfg(tmp_path) -> HubConfig:
+    """The built-in model and task, small batches, an ephemeral port, a temp run dir."""
+    return HubConfig(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
+                     run_dir=str(tmp_path / "run"), torch_threads=1, seed=1)
+
+
+@contextlib.asynccontextmanager
+async def running_peers(url: str, n: int = 1, engines: list | None = None,
+                        **overrides) -> AsyncIterator[list[PeerClient]]:
+    """`n` real peers joined to `url`, stopped on exit."""
+    stop = asyncio.Event()
+    peers = [PeerClient(replace(PeerConfig(hub_url=url, name=f"test-{i}"), **overrides),
+                        engine=engines[i] if engines else None) for i in range(n)]
+    async with asyncio.TaskGroup() as tg:
+        for p in peers:
+            tg.create_task(p.run(stop))
+        try:
+            yield peers
+        finally:
+            stop.set()

@@ -1,0 +1,78 @@
+"""Configs and CLIs: defaults, TOML and flags layered; bad values name their field."""
+
+import subprocess
+import sys
+
+import pytest
+
+from echo2p2p.config import field_docs, resolve
+from echo2p2p.errors import ConfigError
+from hub import cli as hub_cli
+from hub.config import HubConfig
+from peer import cli as peer_cli
+from peer.config import PeerConfig, normalize_url
+
+
+def test_every_config_field_has_help():
+    """Each field's docstring is its --help text."""
+    for cls in (HubConfig, PeerConfig):
+        docs = field_docs(cls)
+        missing = [f for f in cls.__dataclass_fields__ if not docs.get(f)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_flags_override_toml_override_defaults():
+    """defaults < TOML < flags, with types converted."""
+    cfg = resolve(HubConfig, {"max_lag": 4, "lr": 0.01}, {"max_lag": "3", "port": None})
+    assert (cfg.max_lag, cfg.lr, cfg.port) == (3, 0.01, 8765)
+    assert cfg.kappa == 2
+
+
+@pytest.mark.parametrize("toml, flags, field", [
+    ({"max_lagg": 1}, {}, "max_lagg"),
+    ({}, {"max_lag": "-1"}, "max_lag"),
+    ({}, {"lr": "fast"}, "lr"),
+    ({"max_lag": 1, "publish_every": 3}, {}, "publish_every"),
+    ({}, {"group_size": "1"}, "group_size"),
+    ({}, {"weights_dtype": "int8"}, "weights_dtype"),
+])
+def test_bad_config_names_the_field(toml, flags, field):
+    """A bad value raises ConfigError that names the offending field."""
+    with pytest.raises(ConfigError) as info:
+        resolve(HubConfig, toml, flags)
+    assert info.value.field == field and field in str(info.value)
+
+
+def test_hub_cli_reports_bad_toml_field(tmp_path, capsys):
+    """`echo2-hub serve --config bad.toml` exits 2 naming the field, before loading anything."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[hub]\nmax_lag = 1\npublish_every = 5\n")
+    assert hub_cli.main(["serve", "--config", str(bad)]) == 2
+    assert "publish_every" in capsys.readouterr().err
+
+
+def test_peer_cli_rejects_unknown_engine(capsys):
+    """`echo2-peer join --engine nope` exits 2 naming the field."""
+    assert peer_cli.main(["join", "127.0.0.1:1", "--engine", "nope"]) == 2
+    assert "engine" in capsys.readouterr().err
+
+
+def test_hub_url_spellings():
+    """host:port, http:// and ws:// all become ws://host:port/ws."""
+    assert normalize_url("10.0.0.5:8765") == "ws://10.0.0.5:8765/ws"
+    assert normalize_url("http://h:1") == "ws://h:1/ws"
+    assert normalize_url("wss://h:1/ws") == "wss://h:1/ws"
+    with pytest.raises(ConfigError):
+        normalize_url("ftp://h:1")
+
+
+def test_help_does_not_import_torch():
+    """--help answers without importing torch, transformers or vllm."""
+    code = ("import sys; from hub import cli; "
+            "sys.argv=['echo2-hub','serve','--help']\n"
+            "try: cli.main()\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--max-lag" in done.stdout and "staleness bound" in done.stdout

@@ -1,0 +1,85 @@
+"""Leases: grant, complete once, expire and re-issue, release on leave."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo2p2p.leases import Completion, LeaseBook, shuffled_epochs
+
+
+def book(n: int = 5, timeout_s: float = 10.0) -> LeaseBook[str]:
+    problems = [f"q{i}" for i in range(n)]
+    return LeaseBook(problems, timeout_s, shuffled_epochs(n, seed=0))
+
+
+def test_shuffled_epochs_cover_every_problem_each_epoch():
+    """Every epoch is a permutation."""
+    it = shuffled_epochs(7, seed=3)
+    for _ in range(3):
+        assert sorted(next(it) for _ in range(7)) == list(range(7))
+
+
+def test_submission_is_idempotent():
+    """The first submission completes the lease; a second is a duplicate, never new."""
+    b = book()
+    lease = b.grant("p1", now=0.0, min_version=0)
+    assert b.complete(lease.lease_id, "p1") == (Completion.NEW, lease)
+    assert b.complete(lease.lease_id, "p1") == (Completion.DUPLICATE, None)
+    assert b.complete("L999", "p1") == (Completion.UNKNOWN, None)
+
+
+def test_lease_of_another_peer_is_unknown():
+    """A peer cannot complete a lease granted to someone else."""
+    b = book()
+    lease = b.grant("p1", 0.0, 0)
+    assert b.complete(lease.lease_id, "p2")[0] is Completion.UNKNOWN
+    assert b.complete(lease.lease_id, "p1")[0] is Completion.NEW
+
+
+def test_expired_lease_is_reissued_first():
+    """An expired lease's problem is the next one granted; the late submission is refused."""
+    b = book(timeout_s=5.0)
+    lease = b.grant("p1", 0.0, 0)
+    b.grant("p1", 1.0, 0)
+    assert b.expire(5.5) == [lease]
+    again = b.grant("p2", 6.0, 0)
+    assert again.problem == lease.problem and again.lease_id != lease.lease_id
+    assert b.complete(lease.lease_id, "p1")[0] is Completion.EXPIRED
+
+
+def test_leaving_peer_returns_its_leases():
+    """release_peer re-queues exactly that peer's open leases."""
+    b = book()
+    mine = [b.grant("p1", 0.0, 0) for _ in range(2)]
+    other = b.grant("p2", 0.0, 0)
+    assert sorted(l.lease_id for l in b.release_peer("p1")) == sorted(l.lease_id for l in mine)
+    assert b.open_count == 1
+    assert {b.grant("p3", 1.0, 0).problem for _ in range(2)} == {l.problem for l in mine}
+    assert b.complete(other.lease_id, "p2")[0] is Completion.NEW
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.sampled_from(["grant", "complete", "expire", "leave"]),
+                          st.integers(0, 2)), max_size=60))
+def test_no_problem_is_lost(ops):
+    """Every problem handed out is open, pending or completed: none vanishes."""
+    b = book(n=4, timeout_s=3.0)
+    now, handed, completed = 0.0, [], []
+    for op, who in ops:
+        now += 1.0
+        peer = f"p{who}"
+        if op == "grant":
+            handed.append(b.grant(peer, now, 0))
+        elif op == "complete" and handed:
+            lease = handed[-1]
+            status, got = b.complete(lease.lease_id, lease.peer_id)
+            if status is Completion.NEW:
+                completed.append(got.problem)
+        elif op == "expire":
+            b.expire(now)
+        elif op == "leave":
+            b.release_peer(peer)
+    stats = b.statistics()
+    assert stats.granted_total == len(handed)
+    # each grant ends in exactly one place: still open, completed, or back in the queue
+    assert stats.granted_total == stats.open + stats.completed_total + stats.requeued_total
+    assert stats.completed_total == len(completed)

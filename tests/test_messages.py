@@ -1,0 +1,219 @@
+"""The wire codec: every message round-trips, and no input makes decode raise anything but
+RemoteProtocolError with the right close code."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo2p2p import messages as m
+from echo2p2p.errors import LocalProtocolError, RemoteProtocolError
+
+FAST = settings(max_examples=40, deadline=None)
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def strategy_for(typ) -> st.SearchStrategy:
+    """Values msgpack can carry for a field hint; NaN is left out since NaN != NaN."""
+    if typ is bool:
+        return st.booleans()
+    if typ is int:
+        return st.integers(INT64_MIN, UINT64_MAX)
+    if typ is float:
+        return st.floats(allow_nan=False)
+    if typ is str:
+        return st.text(max_size=20)
+    if typ is bytes:
+        return st.binary(max_size=40)
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*[strategy_for(t) for t in typing.get_args(typ)])
+    if typ is type(None):
+        return st.none()
+    if origin is list:
+        return st.lists(strategy_for(typing.get_args(typ)[0]), max_size=3)
+    if dataclasses.is_dataclass(typ):
+        hints = typing.get_type_hints(typ)
+        return st.builds(typ, **{f.name: strategy_for(hints[f.name])
+                                 for f in dataclasses.fields(typ)})
+    raise AssertionError(f"no strategy for {typ!r}")
+
+
+any_message = st.one_of(*[strategy_for(cls) for cls in m.MESSAGE_TYPES.values()])
+
+msgpack_objects = st.recursive(
+    st.none() | st.booleans() | st.integers(INT64_MIN, UINT64_MAX) | st.floats()
+    | st.text(max_size=10) | st.binary(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _decode_error(data: bytes) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as info:
+        m.decode(data)
+    return info.value
+
+
+def _frame(tag: str, **fields) -> bytes:
+    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": tag, **fields}, use_bin_type=True)
+
+
+@FAST
+@given(msg=any_message)
+def test_round_trip_every_message(msg):
+    """decode(encode(msg)) == msg for every wire message type."""
+    assert m.decode(m.encode(msg)) == msg
+
+
+@pytest.mark.parametrize("tag", sorted(m.MESSAGE_TYPES))
+def test_round_trip_each_type(tag):
+    """Each type in MESSAGE_TYPES round-trips (at least a few examples each)."""
+
+    @settings(max_examples=10, deadline=None)
+    @given(msg=strategy_for(m.MESSAGE_TYPES[tag]))
+    def check(msg):
+        assert m.decode(m.encode(msg)) == msg
+
+    check()
+
+
+def test_unknown_keys_ignored():
+    """Extra keys in a frame are ignored, so newer peers can talk to older hubs."""
+    assert m.decode(_frame("lease_request", n=3, future_field=[1, 2])) == m.LeaseRequest(3)
+
+
+def test_encode_rejects_non_messages():
+    """encode of something that is not a wire message raises LocalProtocolError."""
+    with pytest.raises(LocalProtocolError):
+        m.encode(m.Sample(b"", b"", "", 0.0, "stop"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_decode_arbitrary_bytes(data):
+    """decode of any bytes returns a message or raises RemoteProtocolError, nothing else."""
+    try:
+        assert isinstance(m.decode(data), tuple(m.MESSAGE_TYPES.values()))
+    except RemoteProtocolError:
+        pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(obj=msgpack_objects)
+def test_decode_arbitrary_msgpack(obj):
+    """decode of any msgpack value returns a message or raises RemoteProtocolError."""
+    try:
+        m.decode(msgpack.packb(obj, use_bin_type=True))
+    except RemoteProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(tag=st.sampled_from(sorted(m.MESSAGE_TYPES)), data=st.data())
+def test_decode_valid_header_random_fields(tag, data):
+    """A valid header with random values under the real field names never crashes decode."""
+    names = [f.name for f in dataclasses.fields(m.MESSAGE_TYPES[tag])]
+    fields = data.draw(st.dictionaries(st.sampled_from(names), msgpack_objects)) if names else {}
+    try:
+        msg = m.decode(_frame(tag, **fields))
+    except RemoteProtocolError as e:
+        assert e.code == m.CLOSE_PROTOCOL_ERROR
+    else:
+        assert type(msg) is m.MESSAGE_TYPES[tag]
+
+
+@pytest.mark.parametrize("proto", [0, 2, "1", 1.0, True, None])
+def test_wrong_protocol_version(proto):
+    """A frame without "p" == 1 (an int) closes with CLOSE_BAD_PROTOCOL_VERSION."""
+    frame = msgpack.packb({"p": proto, "t": "heartbeat"})
+    assert _decode_error(frame).code == m.CLOSE_BAD_PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("tag", ["nope", "", None, 3, b"heartbeat", ["hello"]])
+def test_unknown_type(tag):
+    """An unknown or non-string "t" closes with CLOSE_UNKNOWN_TYPE."""
+    frame = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": tag}, use_bin_type=True)
+    assert _decode_error(frame).code == m.CLOSE_UNKNOWN_TYPE
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({1: 2}),
+                                  _frame("heartbeat") + b"\x00"])
+def test_malformed_frames(data):
+    """Garbage, non-maps, non-string keys and trailing bytes close with CLOSE_PROTOCOL_ERROR."""
+    assert _decode_error(data).code == m.CLOSE_PROTOCOL_ERROR
+
+
+def _wrong_value(typ):
+    """A value of the wrong wire type for a field of type `typ`."""
+    return 7 if typ is str else 1 if typ is bool else "x"
+
+
+@FAST
+@given(msg=any_message, data=st.data())
+def test_wrong_field_type_names_field(msg, data):
+    """A top-level field of the wrong type closes with CLOSE_PROTOCOL_ERROR, naming the field."""
+    cls = type(msg)
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    if not names:
+        return
+    name = data.draw(st.sampled_from(names))
+    frame = msgpack.unpackb(m.encode(msg), raw=False)
+    frame[name] = _wrong_value(hints[name])
+    err = _decode_error(msgpack.packb(frame, use_bin_type=True))
+    assert err.code == m.CLOSE_PROTOCOL_ERROR
+    assert f"{cls.TYPE}.{name}" in err.reason
+
+
+def test_wrong_nested_field_type_names_path():
+    """A bad field deep inside a manifest is named by its path."""
+    frame = {"p": 1, "t": "version", "manifest": {
+        "version": 1, "base_version": None, "codec": "zstd", "hash_algo": "blake2b-256",
+        "chunk_bytes": 4, "total_bytes": 0, "tensors": [],
+        "chunks": [{"raw_bytes": 1, "wire_bytes": 1, "digest": "not bytes"}]}}
+    err = _decode_error(msgpack.packb(frame, use_bin_type=True))
+    assert err.code == m.CLOSE_PROTOCOL_ERROR and "manifest.chunks.digest" in err.reason
+
+
+def test_missing_field():
+    """A required field left out closes with CLOSE_PROTOCOL_ERROR, naming it."""
+    err = _decode_error(_frame("hello", name="x", engine="vllm"))
+    assert err.code == m.CLOSE_PROTOCOL_ERROR and "hello.device" in err.reason
+
+
+@pytest.mark.parametrize("key", ["t", "p"])
+def test_deeply_nested_header_value(key):
+    """A header value nested ~1000 lists deep still gives RemoteProtocolError."""
+    nested = b"\x91" * 1000 + b"\xc0"
+    other = b"\xa1t\xa9heartbeat" if key == "p" else b"\xa1p\x01"
+    _decode_error(b"\x82" + other + b"\xa1" + key.encode() + nested)
+
+
+@FAST
+@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=300))
+def test_pack_ids_round_trip(ids):
+    """Token ids survive pack_ids/unpack_ids, 4 bytes each."""
+    packed = m.pack_ids(ids)
+    assert len(packed) == 4 * len(ids) and m.unpack_ids(packed) == ids
+
+
+@FAST
+@given(values=st.lists(st.floats(width=32, allow_nan=False), max_size=300))
+def test_pack_logprobs_round_trip(values):
+    """float32-representable logprobs survive pack_logprobs/unpack_logprobs exactly."""
+    packed = m.pack_logprobs(values)
+    assert len(packed) == 4 * len(values) and m.unpack_logprobs(packed) == values
+
+
+def test_pack_logprobs_rounds_to_float32():
+    """Python floats are rounded to float32 on the wire."""
+    (back,) = m.unpack_logprobs(m.pack_logprobs([-0.1]))
+    assert back != -0.1 and math.isclose(back, -0.1, rel_tol=1e-7)

@@ -1,0 +1,68 @@
+"""The version convention and the bounded-staleness rule."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from echo2p2p.buffer import RolloutBuffer, ScoredGroup
+from echo2p2p.errors import ConfigError
+from echo2p2p.staleness import (Verdict, check_schedule, default_publish_every, is_publish_version,
+                                judge, latest_published, lease_budget, min_fresh_version)
+
+
+def group(version: int, lease: str = "L") -> ScoredGroup:
+    return ScoredGroup(lease, "p", [1, 2], version, [], [])
+
+
+def test_step_t_holds_version_t():
+    """Step 0 trains version 0 into 1; a synchronous (S=0) step t takes exactly version t."""
+    assert judge(0, 0, 0) is Verdict.FRESH
+    assert judge(1, 0, 0) is Verdict.STALE
+    assert judge(5, 5, 0) is Verdict.FRESH
+    assert judge(5, 6, 0) is Verdict.FUTURE
+
+
+@given(st.integers(0, 1000), st.integers(0, 1000), st.integers(0, 20))
+def test_fresh_iff_lag_within_bound(step, version, max_lag):
+    """A rollout of version x is usable at step t iff 0 <= t - x <= S."""
+    fresh = judge(step, version, max_lag) is Verdict.FRESH
+    assert fresh == (0 <= step - version <= max_lag)
+    if fresh:
+        assert version >= min_fresh_version(step, max_lag)
+
+
+@given(st.integers(0, 12), st.integers(1, 14), st.integers(0, 500))
+def test_published_version_is_fresh_when_schedule_valid(max_lag, kappa, version):
+    """With kappa <= S + 1 the newest published version is always fresh for the learner."""
+    if kappa > max_lag + 1:
+        with pytest.raises(ConfigError) as info:
+            check_schedule(max_lag, kappa)
+        assert info.value.field == "publish_every"
+        return
+    check_schedule(max_lag, kappa)
+    published = latest_published(version, kappa)
+    assert is_publish_version(published, kappa)
+    assert judge(version, published, max_lag) is Verdict.FRESH
+
+
+def test_default_kappa_is_paper_default():
+    """kappa = max(1, S - 1)."""
+    assert [default_publish_every(s) for s in range(5)] == [1, 1, 1, 2, 3]
+
+
+def test_lease_budget_synchronous_is_one_batch():
+    """S = 0 allows one batch in flight; S >= 1 two (generation overlaps training)."""
+    assert lease_budget(8, 0) == 8
+    assert lease_budget(8, 1) == lease_budget(8, 6) == 16
+
+
+def test_buffer_drops_groups_that_aged_in_queue():
+    """A group fresh on arrival but too old when the batch is taken is dropped and counted."""
+    buf = RolloutBuffer(max_lag=1)
+    for v, lease in [(0, "a"), (1, "b"), (2, "c"), (2, "d")]:
+        buf.put(group(v, lease))
+    assert buf.take_batch(step=2, n_groups=5) is None  # drops "a" (lag 2)
+    batch = buf.take_batch(step=2, n_groups=2)
+    assert [g.lease_id for g in batch] == ["b", "c"]
+    stats = buf.statistics()
+    assert (stats.queued, stats.admitted_total, stats.dropped_stale_total) == (1, 4, 1)
