@@ -169,3 +169,21 @@ async def test_peer_rejoins_a_restarted_hub(hub_cfg):
         stop.set()
     assert peer.statistics().connections == 2
     assert run2.hub.counters.admitted_groups >= 2 * hub_cfg.prompts_per_step
+
+
+async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg, tmp_path):
+    """--model DIR and --task FILE.jsonl go through the same loaders as the built-ins."""
+    from peer.model import load_policy
+
+    model, tokenizer = load_policy("tiny")
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    rows = [json.dumps({"question": f"{a}+{a}=", "answer": str(2 * a)}) for a in range(60)]
+    (tmp_path / "sums.jsonl").write_text("\n".join(rows) + "\n")
+    cfg = replace(hub_cfg, model=str(tmp_path / "model"), task=str(tmp_path / "sums.jsonl"),
+                  max_steps=2)
+    async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1) as peers:
+        await asyncio.wait_for(run.finished.wait(), 120)
+    assert run.hub.task.kind == "math"
+    assert peers[0].welcome.model == str(tmp_path / "model")
+    assert [r["step"] for r in run.records if "step" in r] == [0, 1]
