@@ -127,7 +127,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     hub = Hub(cfg, "bench", task, problems)
     app = web.Application()
     app.router.add_get("/ws", hub.handle_ws)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

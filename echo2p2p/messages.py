@@ -189,7 +189,7 @@ class Manifest:
     total_bytes: int
     tensors: list[TensorEntry]
     chunks: list[ChunkEntry]
-    digest: bytes = b""  # hash over the raw stream; reserved for signatures
+    digest: bytes = b""  # hash of the whole raw stream, checked once every chunk is in
 
 
 @dataclass(frozen=True)

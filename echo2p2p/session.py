@@ -74,12 +74,8 @@ class Session:
                 f"unexpected {msg.TYPE} in state {self.state.value}", m.CLOSE_UNEXPECTED_MESSAGE)
         if isinstance(msg, m.RolloutSubmission):
             check_rollout(msg, self.welcome)
-        self.state = nxt
         self.last_heard = now
-        if isinstance(msg, m.Hello):
-            self.hello = msg
-        elif isinstance(msg, m.Welcome):
-            self.welcome = msg
+        self._advance(msg, nxt)
         return msg
 
     def send(self, msg: m.Message) -> bytes:
@@ -88,12 +84,15 @@ class Session:
         if nxt is None:
             raise LocalProtocolError(f"may not send {type(msg).__name__} in state {self.state.value}")
         frame = m.encode(msg)
+        self._advance(msg, nxt)
+        return frame
+
+    def _advance(self, msg: m.Message, nxt: State) -> None:
         self.state = nxt
         if isinstance(msg, m.Hello):
             self.hello = msg
         elif isinstance(msg, m.Welcome):
             self.welcome = msg
-        return frame
 
     def silent_for(self, now: float) -> float:
         """Seconds since the other side last sent anything."""

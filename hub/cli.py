@@ -6,15 +6,15 @@ Heavy imports (torch, transformers) happen after argument parsing, so `--help` a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
 import sys
 import tomllib
 from pathlib import Path
 
 from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError
+
+from peer import process
 
 from .config import HubConfig
 
@@ -48,11 +48,7 @@ def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubCo
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if args.log_level.lower() != "debug":  # transformers' load reports and bars are noise here
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    process.configure(args.log_level)
     try:
         cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
     except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
@@ -65,17 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     coro = run_demo(cfg, args.peers) if args.command == "demo" else run_serve(cfg)
     try:
-        return _run(coro)
+        return process.run(coro)
     except KeyboardInterrupt:
         return 130
-
-
-def _run(coro) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

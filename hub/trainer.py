@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class HubRun:
         dtype = self.cfg.weights_dtype
         built = await asyncio.to_thread(self._build_snapshot, version, dtype)
         await self.hub.publish(built)
-        log.info("published v%d: %d bytes in %d chunks", version, built.manifest.total_bytes,
+        log.debug("published v%d: %d bytes in %d chunks", version, built.manifest.total_bytes,
                  len(built.chunks))
 
     def _build_snapshot(self, version: int, dtype: str) -> Snapshot:
@@ -92,9 +92,9 @@ class HubRun:
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
             self.runlog.event(record, f"base policy v0: held-out accuracy {acc:.3f}")
-        start = last = time.perf_counter()
+        start = time.perf_counter()
         busy_s = 0.0
-        last_samples = 0
+        window = deque([(start, 0)], maxlen=6)  # (time, admitted samples): rates over 5 steps
         while not cfg.max_steps or hub.step < cfg.max_steps:
             batch = await self.hub.wait_batch()
             step = hub.step
@@ -113,7 +113,7 @@ class HubRun:
                 **stats.metrics(),
                 "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
                 "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(batch),
-                "rollout/per_s": (c.admitted_samples - last_samples) / max(now - last, 1e-9),
+                "rollout/per_s": (c.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
                 "rollout/admitted_groups_total": c.admitted_groups,
                 "rollout/stale_on_arrival_total": c.stale_on_arrival,
                 "rollout/stale_in_queue_total": hub.buffer.statistics().dropped_stale_total,
@@ -121,9 +121,9 @@ class HubRun:
                 "hub/learner_busy_frac": busy_s / max(now - start, 1e-9),
                 "hub/peers": len(hub.peers),
                 "hub/closed_for_protocol_total": c.closed_for_protocol,
-                "train/tokens_per_s": stats.tokens / max(now - last, 1e-9),
+                "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
             }
-            last, last_samples = now, c.admitted_samples
+            window.append((now, c.admitted_samples))
             if cfg.eval_every and hub.step % cfg.eval_every == 0:
                 record["eval/accuracy"] = await self.evaluate()
             self.records.append(record)
@@ -138,7 +138,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
 
     from peer.model import load_policy
 
-    from .learner import Learner
+    from .learner import Learner, encode_prompt
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -150,8 +150,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
     model, tokenizer = await asyncio.to_thread(load_policy, cfg.model, device=cfg.device)
     learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                       temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
-    problems = [TokenizedProblem(p, tokenizer.encode(p.prompt, add_special_tokens=False))
-                for p in task.problems("train")]
+    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
     hub = Hub(cfg, run_id, task, problems)
     run = HubRun(cfg, hub, learner, tokenizer, runlog)
     await run.publish()
@@ -162,7 +161,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
         return web.json_response(status(run))
 
     app.router.add_get("/status", handle_status)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
 import signal
 import sys
 
 from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError
 
+from . import process
 from .config import PeerConfig
 
 
@@ -30,23 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if args.log_level.lower() != "debug":  # transformers' load reports and bars are noise here
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    process.configure(args.log_level)
     try:
         cfg = resolve(PeerConfig, None, vars(args))
     except ConfigError as exc:
         print(f"echo2-peer: {exc}", file=sys.stderr)
         return 2
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    return runner(_join(cfg))
+    return process.run(_join(cfg))
 
 
 async def _join(cfg: PeerConfig) -> int:

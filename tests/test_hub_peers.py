@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import aiohttp
 import msgpack
-import pytest
 
 from echo2p2p import messages as m
 from hub.trainer import start_hub

@@ -152,7 +152,9 @@ def test_malformed_frames(data):
 
 
 def _wrong_value(typ):
-    """A value of the wrong wire type for a field of type `typ`."""
+    """A value of the wrong wire type for a field of type `typ` (`X | None` counts as X)."""
+    if typing.get_origin(typ) is not None and type(None) in typing.get_args(typ):
+        (typ,) = [t for t in typing.get_args(typ) if t is not type(None)]
     return 7 if typ is str else 1 if typ is bool else "x"
 
 

@@ -1,0 +1,30 @@
+"""How an echo2p2p process starts: logging, quieter libraries, and the event loop (uvloop if any).
+
+Shared by the `echo2-peer` and `echo2-hub` entry points; nothing else configures logging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Coroutine
+from typing import Any
+
+
+def configure(log_level: str) -> None:
+    """Root logging at `log_level`; transformers' load reports and progress bars off unless debug."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if log_level.lower() != "debug":
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run `main` to completion on uvloop when installed, else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
