@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 import torch
 
+from .config import ENGINES
 from .model import load_policy
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("transformers", "vllm")
 
 
 @dataclass(frozen=True)

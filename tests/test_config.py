@@ -76,3 +76,14 @@ def test_help_does_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--max-lag" in done.stdout and "staleness bound" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "math.toml"])
+def test_example_configs_are_valid(name):
+    """The shipped example configs resolve to valid hub configs."""
+    import pathlib
+    import tomllib
+
+    path = pathlib.Path(__file__).parents[1] / "examples" / name
+    cfg = resolve(HubConfig, tomllib.loads(path.read_text())["hub"])
+    assert cfg.kappa <= cfg.max_lag + 1

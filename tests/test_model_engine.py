@@ -151,6 +151,7 @@ def test_make_engine_unknown_kind():
         make_engine("tensorrt", BUILTIN_MODEL, "cpu")
 
 
+@pytest.mark.vllm
 def test_vllm_engine_matches_contract():
     """The vLLM engine samples n completions with logprobs and takes new weights (needs vllm)."""
     pytest.importorskip("vllm")
