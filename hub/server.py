@@ -2,7 +2,9 @@
 
 Each connection's handler reads a frame, feeds it to its `Session` (validation and the state
 table live there), and acts on the message: leases from the `LeaseBook`, admission by the
-staleness rule into the `RolloutBuffer`, acks and rejects back. Two helper tasks per connection
+staleness rule into the `RolloutBuffer`, acks and rejects back. Replies never wait on a socket:
+they go into the peer's outbox, which a writer task drains under a deadline, so one peer that
+stops reading is closed instead of stalling lease dispatch for all. Two more tasks per connection
 send heartbeats and the newest published version. A misbehaving peer is closed with a code and a
 short reason; nothing it sends reaches the learner unvalidated or stops the other peers.
 
@@ -31,6 +33,8 @@ from .config import HubConfig
 
 log = logging.getLogger(__name__)
 
+CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
+
 
 @dataclass(frozen=True)
 class TokenizedProblem:
@@ -46,19 +50,16 @@ class PeerConn:
     hello: m.Hello
     ws: web.WebSocketResponse
     session: Session
+    transport: asyncio.BaseTransport | None
     credits: int = 0
     held_version: int | None = None
     sent_version: int = -1
-    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
-    async def send(self, msg: m.Message) -> None:
-        """Send, or do nothing if the socket is going: its own reader then sees it close."""
-        frame = self.session.send(msg)
-        async with self.send_lock:
-            try:
-                await self.ws.send_bytes(frame)
-            except ConnectionError:
-                log.debug("send to closing peer %s dropped", self.peer_id)
+    def post(self, msg: m.Message) -> None:
+        """Queue `msg` for this peer's writer task; never waits on the socket."""
+        if self.session.state is not State.CLOSED:  # else the connection is going: drop it
+            self.outbox.put_nowait(self.session.send(msg))
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Counters:
     rejected: int = 0
     duplicates: int = 0
     closed_for_protocol: int = 0
+    cut_off: int = 0  # peers that stopped reading
 
 
 class Hub:
@@ -102,7 +104,7 @@ class Hub:
         n = self.cfg.prompts_per_step
         while len(self.buffer) < n or (batch := self.buffer.take_batch(self.step, n)) is None:
             self._admitted.clear()
-            await self.dispatch()  # stale drops may have freed lease budget
+            self.dispatch()  # stale drops may have freed lease budget
             await self._admitted.wait()
         return batch
 
@@ -112,7 +114,7 @@ class Hub:
             self.snapshot = snapshot
             self._published.notify_all()
 
-    async def dispatch(self) -> None:
+    def dispatch(self) -> None:
         """Grant leases to peers with credits while the budget allows, newest holders first."""
         cfg = self.cfg
         ready = sorted((p for p in self.peers.values() if p.credits > 0),
@@ -131,7 +133,7 @@ class Hub:
                                           min_fresh_version(consume_step, cfg.max_lag))
                 conn.credits -= 1
                 p = lease.problem
-                await conn.send(m.LeaseGrant(
+                conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
                     cfg.group_size, cfg.lease_timeout_s, lease.min_version))
 
@@ -140,7 +142,7 @@ class Hub:
         while True:
             await asyncio.sleep(min(1.0, self.cfg.lease_timeout_s / 4))  # a timer, not a sync
             if self.leases.expire(_now()):
-                await self.dispatch()
+                self.dispatch()
 
     # --- connections ------------------------------------------------------------------
 
@@ -160,16 +162,17 @@ class Hub:
                     except RemoteProtocolError as exc:
                         self.counters.closed_for_protocol += 1
                         log.info("closing %s: %s", conn.peer_id if conn else request.remote, exc.reason)
-                        await _close(ws, session, exc.code, exc.reason)
+                        await _close(ws, session, exc.code, exc.reason, request.transport)
                         break
                     if isinstance(msg, m.Hello):
-                        conn = await self._join(ws, session, msg)
-                        helpers = [tg.create_task(self._feed_versions(conn)),
+                        conn = self._join(ws, session, msg, request.transport)
+                        helpers = [tg.create_task(self._write(conn)),
+                                   tg.create_task(self._feed_versions(conn)),
                                    tg.create_task(self._keep_alive(conn))]
                     elif isinstance(msg, m.Goodbye):
                         break
                     else:
-                        await self._on_message(conn, msg)
+                        self._on_message(conn, msg)
                 for task in helpers:
                     task.cancel()
         except Exception:
@@ -179,7 +182,7 @@ class Hub:
             await ws.close(code=1011, message=b"internal error")
         finally:
             if conn is not None:
-                await self._leave(conn)
+                self._leave(conn)
         return ws
 
     def _frame_bytes(self, frame: Any) -> bytes:
@@ -193,12 +196,13 @@ class Hub:
                 m.CLOSE_TOO_BIG)
         return frame.data
 
-    async def _join(self, ws: web.WebSocketResponse, session: Session, hello: m.Hello) -> PeerConn:
+    def _join(self, ws: web.WebSocketResponse, session: Session, hello: m.Hello,
+              transport: asyncio.BaseTransport | None) -> PeerConn:
         self._next_peer += 1
         peer_id = f"p{self._next_peer}"
-        conn = PeerConn(peer_id, hello, ws, session)
+        conn = PeerConn(peer_id, hello, ws, session, transport)
         cfg = self.cfg
-        await conn.send(m.Welcome(
+        conn.post(m.Welcome(
             peer_id, self.run_id, cfg.model, self.task.kind,
             self.snapshot.manifest.version if self.snapshot else 0, cfg.max_lag, cfg.group_size,
             cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed * 100_003 + self._next_peer))
@@ -207,39 +211,39 @@ class Hub:
                  hello.device, hello.price_per_hour)
         return conn
 
-    async def _leave(self, conn: PeerConn) -> None:
+    def _leave(self, conn: PeerConn) -> None:
         self.peers.pop(conn.peer_id, None)
         back = self.leases.release_peer(conn.peer_id)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
-        await self.dispatch()
+        self.dispatch()
 
-    async def _on_message(self, conn: PeerConn, msg: m.Message) -> None:
+    def _on_message(self, conn: PeerConn, msg: m.Message) -> None:
         if isinstance(msg, m.LeaseRequest):
             conn.credits = min(conn.credits + max(msg.n, 0), 64)
-            await self.dispatch()
+            self.dispatch()
         elif isinstance(msg, m.RolloutSubmission):
-            await self._on_rollout(conn, msg)
+            self._on_rollout(conn, msg)
         elif isinstance(msg, m.VersionHeld):
             conn.held_version = msg.version
             log.debug("%s holds v%d", conn.peer_id, msg.version)
         # Heartbeat: the session already noted that the peer is alive.
 
-    async def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
+    def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
         if outcome is Completion.DUPLICATE:
             self.counters.duplicates += 1
-            await conn.send(m.Ack(msg.lease_id, duplicate=True))
+            conn.post(m.Ack(msg.lease_id, duplicate=True))
             return
         if lease is None:
             self.counters.rejected += 1
-            await conn.send(m.Reject(msg.lease_id, outcome.value))
+            conn.post(m.Reject(msg.lease_id, outcome.value))
             return
         verdict = judge(self.step, msg.version, self.cfg.max_lag)
         if verdict is not Verdict.FRESH:
             self.leases.requeue(lease)
             self.counters.stale_on_arrival += 1
-            await conn.send(m.Reject(msg.lease_id, verdict.value))
-            await self.dispatch()
+            conn.post(m.Reject(msg.lease_id, verdict.value))
+            self.dispatch()
             return
         problem = lease.problem.problem
         # Re-score with the task's own verifier: a peer's claimed reward is never used.
@@ -249,7 +253,7 @@ class Hub:
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(msg.samples)
         self._admitted.set()
-        await conn.send(m.Ack(msg.lease_id))
+        conn.post(m.Ack(msg.lease_id))
 
     async def _feed_versions(self, conn: PeerConn) -> None:
         """Send each newly published version's manifest and chunks; skip to the newest."""
@@ -259,36 +263,63 @@ class Hub:
                     lambda: self.snapshot is not None and self.snapshot.manifest.version > conn.sent_version)
                 snap = self.snapshot
             version = snap.manifest.version
-            await conn.send(m.VersionAnnouncement(snap.manifest))
+            conn.post(m.VersionAnnouncement(snap.manifest))
             for index, chunk in enumerate(snap.chunks):
                 if self.snapshot.manifest.version != version:
                     break  # a newer one exists: the peer should not finish this one
-                await conn.send(m.ChunkData(version, index, chunk))
+                conn.post(m.ChunkData(version, index, chunk))
+                await conn.outbox.join()  # one chunk queued at a time: the socket paces us
             conn.sent_version = version
+
+    async def _write(self, conn: PeerConn) -> None:
+        """Drain the outbox into the socket; a send stalled past the deadline closes the peer."""
+        while True:
+            frame = await conn.outbox.get()
+            try:
+                async with asyncio.timeout(self.cfg.peer_timeout_s):
+                    await conn.ws.send_bytes(frame)
+            except TimeoutError:
+                # A peer that does not read cannot take a Goodbye or a close frame either.
+                log.warning("cutting off %s: not reading, a send stalled for %.0f s",
+                            conn.peer_id, self.cfg.peer_timeout_s)
+                self.counters.cut_off += 1
+                if conn.transport is not None:
+                    conn.transport.abort()
+                return
+            except ConnectionError:
+                return  # the socket is going; the reader sees it close
+            finally:
+                conn.outbox.task_done()
 
     async def _keep_alive(self, conn: PeerConn) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)  # a timer, not a sync
             if conn.session.silent_for(_now()) > self.cfg.peer_timeout_s:
                 await _close(conn.ws, conn.session, m.CLOSE_TIMEOUT,
-                             f"silent for over {self.cfg.peer_timeout_s:.0f} s")
+                             f"silent for over {self.cfg.peer_timeout_s:.0f} s", conn.transport)
                 return
-            await conn.send(m.Heartbeat())
+            conn.post(m.Heartbeat())
 
     async def close_all(self, reason: str = "hub shutting down") -> None:
         for conn in list(self.peers.values()):
-            await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason)
+            await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason, conn.transport)
 
 
-async def _close(ws: web.WebSocketResponse, session: Session, code: int, reason: str) -> None:
-    """Say why (Goodbye), then close with the same code and reason."""
-    if not ws.closed:
-        if session.state is not State.CLOSED:
-            try:
-                await ws.send_bytes(session.send(m.Goodbye(code, reason)))
-            except ConnectionError:
-                pass  # the socket is already going; the close below still says why
-        await ws.close(code=code, message=reason.encode()[:120])
+async def _close(ws: web.WebSocketResponse, session: Session, code: int, reason: str,
+                 transport: asyncio.BaseTransport | None) -> None:
+    """Say why (Goodbye), then close with the same code and reason. A peer that does not read
+    cannot take even that, so after CLOSE_DEADLINE_S the connection is cut."""
+    try:
+        async with asyncio.timeout(CLOSE_DEADLINE_S):
+            if not ws.closed and session.state is not State.CLOSED:
+                try:
+                    await ws.send_bytes(session.send(m.Goodbye(code, reason)))
+                except ConnectionError:
+                    pass  # the socket is already going; the close below still says why
+            await ws.close(code=code, message=reason.encode()[:120])
+    except TimeoutError:
+        if transport is not None:
+            transport.abort()
 
 
 def _now() -> float:

@@ -103,7 +103,7 @@ class HubRun:
             stats = await asyncio.to_thread(self.learner.step, batch)
             busy_s += stats.step_s
             hub.step = self.learner.version
-            await hub.dispatch()
+            hub.dispatch()
             if is_publish_version(hub.step, cfg.kappa):
                 await self.publish()
             now = time.perf_counter()

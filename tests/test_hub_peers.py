@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 from dataclasses import replace
 
@@ -195,3 +197,42 @@ async def test_synchronous_mode_trains_only_on_the_current_version(hub_cfg):
         await asyncio.wait_for(run.finished.wait(), 120)
     steps = [r for r in run.records if "step" in r]
     assert [r["rollout/staleness_hist"] for r in steps] == [{"0": cfg.prompts_per_step}] * 4
+
+
+def masked_frame(payload: bytes) -> bytes:
+    """A client-to-server binary websocket frame (RFC 6455 section 5.2), masked as required."""
+    mask = os.urandom(4)
+    n = len(payload)
+    head = bytes([0x82]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
+    """A peer that joins, keeps sending heartbeats but never reads is cut off by the send
+    deadline; the real peer keeps training meanwhile."""
+    cfg = replace(hub_cfg, max_steps=0, peer_timeout_s=2.0)
+    async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fill up fast
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, ("127.0.0.1", run.port))
+        await loop.sock_sendall(sock, (
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{run.port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
+        await wait_until(lambda: len(run.hub.peers) == 2)
+        stuck = next(p for p in run.hub.peers.values() if p.hello.name == "stuck")
+        steps_then = run.hub.step
+        try:
+            while stuck.peer_id in run.hub.peers:  # heartbeats keep it from looking silent
+                await loop.sock_sendall(sock, masked_frame(m.encode(m.Heartbeat())))
+                await asyncio.sleep(0.2)  # the stuck peer's own pace, not a synchronisation
+        except ConnectionError:
+            pass  # the hub closed it while we were still writing
+        finally:
+            sock.close()
+        await wait_until(lambda: run.hub.step >= steps_then + 3)
+    assert stuck.peer_id not in run.hub.peers
+    assert run.hub.counters.cut_off == 1
