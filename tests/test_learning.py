@@ -35,5 +35,6 @@ async def test_distributed_run_matches_synchronous_baseline(hub_cfg):
         eval_problems=cfg.eval_problems)
     synchronous = records[-1]["eval_accuracy"]
 
+    print(f"parity: base {base:.3f} distributed(S=2) {distributed:.3f} synchronous(S=0) {synchronous:.3f}")
     assert distributed - base >= 0.25 and synchronous - base >= 0.25, (base, distributed, synchronous)
     assert abs(distributed - synchronous) <= 0.1, (distributed, synchronous)
