@@ -208,7 +208,7 @@ class PeerClient:
             self.engine.load_weights(state)
             self.version = version
         self._loaded += 1
-        log.info("now generating with v%d", version)
+        log.debug("now generating with v%d", version)
 
     def _generate(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
         w = self.welcome
@@ -251,6 +251,9 @@ class PeerClient:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)  # a timer, not a sync
             await conn.send(m.Heartbeat())
+            s = self.statistics()
+            log.info("holding v%s; %d rollout groups submitted, %d acked, rejected: %s",
+                     s.version, s.submitted, s.acked, s.rejected or "none")
 
 
 @dataclass
