@@ -122,6 +122,7 @@ class Welcome:
     top_p: float
     max_new_tokens: int
     seed: int  # this peer's sampling seed: peers must not sample identical completions
+    hub_key: bytes = b""  # the hub's Ed25519 public key; every manifest is signed with it
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class VersionAnnouncement:
 
     TYPE: ClassVar[str] = "version"
     manifest: Manifest
+    signature: bytes = b""  # Ed25519 by the hub's key over signing.manifest_bytes(manifest)
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,7 @@ def encode(msg: Message) -> bytes:
     if MESSAGE_TYPES.get(getattr(cls, "TYPE", None)) is not cls:
         raise LocalProtocolError(f"not a wire message: {cls.__name__}")
     frame = {"p": PROTOCOL_VERSION, "t": cls.TYPE}
-    frame.update(_to_wire(msg))
+    frame.update(to_wire(msg))
     return msgpack.packb(frame, use_bin_type=True)
 
 
@@ -270,11 +272,12 @@ def _short(value: Any) -> str:
     return f"of type {type(value).__name__}"
 
 
-def _to_wire(obj: Any) -> Any:
+def to_wire(obj: Any) -> Any:
+    """The plain map/list/scalar form of a message or record, fields in declaration order."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list):
-        return [_to_wire(v) for v in obj]
+        return [to_wire(v) for v in obj]
     return obj
 
 

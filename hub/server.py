@@ -66,6 +66,7 @@ class PeerConn:
 class Snapshot:
     manifest: m.Manifest
     chunks: list[bytes]
+    signature: bytes = b""
 
 
 @dataclass
@@ -82,8 +83,10 @@ class Counters:
 class Hub:
     """Peers, leases and admitted rollouts; owned by one event loop."""
 
-    def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem]):
+    def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
+                 hub_key: bytes = b""):
         self.cfg = cfg
+        self.hub_key = hub_key
         self.run_id = run_id
         self.task = task
         self.step = 0  # == the learner's version
@@ -205,7 +208,8 @@ class Hub:
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.model, self.task.kind,
             self.snapshot.manifest.version if self.snapshot else 0, cfg.max_lag, cfg.group_size,
-            cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed * 100_003 + self._next_peer))
+            cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed * 100_003 + self._next_peer,
+            self.hub_key))
         self.peers[peer_id] = conn
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
                  hello.device, hello.price_per_hour)
@@ -263,7 +267,7 @@ class Hub:
                     lambda: self.snapshot is not None and self.snapshot.manifest.version > conn.sent_version)
                 snap = self.snapshot
             version = snap.manifest.version
-            conn.post(m.VersionAnnouncement(snap.manifest))
+            conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
             for index, chunk in enumerate(snap.chunks):
                 if self.snapshot.manifest.version != version:
                     break  # a newer one exists: the peer should not finish this one

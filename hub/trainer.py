@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from echo2p2p import signing
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.staleness import is_publish_version, lag_versions
@@ -46,8 +47,10 @@ def open_task(spec: str, seed: int) -> Any:
 class HubRun:
     """A running hub: the server, the learner and the run log."""
 
-    def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog):
+    def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog,
+                 signing_key: bytes):
         self.cfg = cfg
+        self.signing_key = signing_key
         self.hub = hub
         self.learner = learner
         self.tokenizer = tokenizer
@@ -77,7 +80,7 @@ class HubRun:
         manifest, chunks = snap.build_snapshot(
             version, state_to_tensors(weights, getattr(torch, dtype)),
             chunk_bytes=self.cfg.chunk_bytes, zstd_level=self.cfg.zstd_level)
-        return Snapshot(manifest, chunks)
+        return Snapshot(manifest, chunks, signing.sign_manifest(self.signing_key, manifest))
 
     async def evaluate(self) -> float:
         problems = self.hub.task.problems("eval")[: self.cfg.eval_problems]
@@ -151,8 +154,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
     learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                       temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
-    hub = Hub(cfg, run_id, task, problems)
-    run = HubRun(cfg, hub, learner, tokenizer, runlog)
+    key = load_or_make_key(run_dir / "hub_key")
+    hub = Hub(cfg, run_id, task, problems, signing.public_key(key))
+    run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
     await run.publish()
 
     app = web.Application()
@@ -166,8 +170,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     run.port = runner.addresses[0][1]
-    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d); run dir %s",
-             run_id, run.url, cfg.model, task.kind, cfg.max_lag, cfg.kappa, run_dir)
+    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d); run dir %s; "
+             "hub key %s", run_id, run.url, cfg.model, task.kind, cfg.max_lag, cfg.kappa, run_dir,
+             hub.hub_key.hex())
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
@@ -182,11 +187,24 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
         runlog.close()
 
 
+def load_or_make_key(path: Path) -> bytes:
+    """The hub's Ed25519 signing key: read from `path`, or made at first start and kept there."""
+    if path.exists():
+        key = path.read_bytes()
+        if len(key) != signing.KEY_BYTES:
+            raise ValueError(f"{path}: not a raw 32-byte Ed25519 key")
+        return key
+    key = signing.new_private_key()
+    path.touch(mode=0o600)
+    path.write_bytes(key)
+    return key
+
+
 def status(run: HubRun) -> dict[str, Any]:
     """What /status answers: a quick look at a live hub."""
     hub = run.hub
     return {
-        "run_id": hub.run_id, "step": hub.step,
+        "run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
         "published_version": hub.snapshot.manifest.version if hub.snapshot else None,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
                               "held_version": p.held_version} for p in hub.peers.values()},

@@ -26,6 +26,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.errors import ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
+from echo2p2p.signing import verify_manifest
 from echo2p2p.snapshot import ChunkAssembler
 from echo2p2p.tasks import reward_fn
 
@@ -107,6 +108,11 @@ class PeerClient:
             welcome = session.receive(frame.data, _now())
             if not isinstance(welcome, m.Welcome):  # a Goodbye
                 raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
+            if cfg.hub_key and welcome.hub_key != bytes.fromhex(cfg.hub_key):
+                await ws.close(code=m.CLOSE_PROTOCOL_ERROR, message=b"hub key does not match the pin")
+                raise RemoteProtocolError(
+                    f"hub {self.url} signs with key {welcome.hub_key.hex() or '(none)'}, "
+                    f"not the pinned --hub-key")
             await self._adopt(welcome)
             deadline.reschedule(None)
         self._connections += 1
@@ -169,6 +175,8 @@ class PeerClient:
                     self._rejected[msg.reason] += 1
                     log.info("rollout %s rejected: %s", msg.lease_id, msg.reason)
                 elif isinstance(msg, m.VersionAnnouncement):
+                    if self.welcome.hub_key:  # a manifest we cannot trust is never assembled
+                        verify_manifest(self.welcome.hub_key, msg.manifest, msg.signature)
                     assembler = ChunkAssembler(msg.manifest)
                 elif isinstance(msg, m.ChunkData):
                     assembler = await self._on_chunk(assembler, msg)

@@ -38,6 +38,8 @@ class PeerConfig:
     """A hub silent this long is treated as gone: disconnect and reconnect."""
     max_frame_bytes: int = 8 << 20
     """Largest frame accepted from the hub (a snapshot chunk plus its header)."""
+    hub_key: str = ""
+    """Pin the hub's public key (hex, as the hub logs it): refuse any hub that signs with another."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -50,6 +52,12 @@ class PeerConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         normalize_url(self.hub_url)
+        if self.hub_key:
+            try:
+                if len(bytes.fromhex(self.hub_key)) != 32:
+                    raise ValueError
+            except ValueError:
+                raise ConfigError("hub_key", "expected 64 hex digits (a 32-byte Ed25519 key)") from None
 
     @property
     def display_name(self) -> str:

@@ -1,0 +1,87 @@
+"""Hub-signed manifests: a peer assembles only what the hub's key vouches for."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from echo2p2p import messages as m
+from echo2p2p import signing
+from echo2p2p.errors import RemoteProtocolError, SnapshotError
+from echo2p2p.session import Session, Side
+from echo2p2p.snapshot import build_snapshot
+from hub.trainer import start_hub
+from peer.client import PeerClient
+from peer.config import PeerConfig
+
+MANIFEST, CHUNKS = build_snapshot(3, [("w", "float32", [4], bytes(range(16)))], chunk_bytes=8)
+
+
+def test_signature_covers_every_chunk_digest():
+    """A valid signature verifies; changing one chunk digest or the key makes it fail."""
+    key = signing.new_private_key()
+    pub = signing.public_key(key)
+    sig = signing.sign_manifest(key, MANIFEST)
+    signing.verify_manifest(pub, MANIFEST, sig)
+    bad_chunk = replace(MANIFEST.chunks[0], digest=b"\0" * 32)
+    tampered = replace(MANIFEST, chunks=[bad_chunk, *MANIFEST.chunks[1:]])
+    with pytest.raises(SnapshotError):
+        signing.verify_manifest(pub, tampered, sig)
+    with pytest.raises(SnapshotError):
+        signing.verify_manifest(signing.public_key(signing.new_private_key()), MANIFEST, sig)
+
+
+async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
+    """With --hub-key pinned to another key the peer hangs up right after the welcome."""
+    other = signing.public_key(signing.new_private_key()).hex()
+    async with start_hub(replace(hub_cfg, max_steps=0), stream=None) as run:
+        peer = PeerClient(PeerConfig(hub_url=run.url, hub_key=other))
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(RemoteProtocolError, match="pinned"):
+                await peer._connection(http)
+        pinned = PeerClient(PeerConfig(hub_url=run.url, hub_key=run.hub.hub_key.hex()))
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pinned.run(stop))
+            while pinned.version is None:  # the signed v0 arrives, verifies and is swapped in
+                await asyncio.sleep(0.05)
+            stop.set()
+    assert pinned.version == 0
+
+
+async def test_peer_rejects_an_unsigned_manifest():
+    """A hub that announces a manifest its key did not sign gets the connection closed."""
+    key = signing.new_private_key()
+    closed: list[tuple[int, str]] = []
+
+    async def impostor(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        s = Session(Side.HUB, 0.0)
+        s.receive((await ws.receive()).data, 0.0)
+        await ws.send_bytes(s.send(m.Welcome("p1", "run", "tiny", "addition", 3, 1, 2, 1.0, 1.0,
+                                             4, 0, signing.public_key(key))))
+        await ws.send_bytes(s.send(m.VersionAnnouncement(MANIFEST, b"\0" * 64)))
+        async for _ in ws:
+            pass
+        closed.append((ws.close_code, ""))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", impostor)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+        peer = PeerClient(PeerConfig(hub_url=url))
+        async with aiohttp.ClientSession() as http:
+            assert await peer._connection(http)  # welcomed, then it hangs up on the manifest
+    finally:
+        await runner.cleanup()
+    assert closed == [(m.CLOSE_PROTOCOL_ERROR, "")]
+    assert peer.version is None
