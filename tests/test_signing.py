@@ -47,7 +47,9 @@ async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(pinned.run(stop))
+            deadline = asyncio.get_running_loop().time() + 60
             while pinned.version is None:  # the signed v0 arrives, verifies and is swapped in
+                assert asyncio.get_running_loop().time() < deadline, "v0 never swapped in"
                 await asyncio.sleep(0.05)
             stop.set()
     assert pinned.version == 0
