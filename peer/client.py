@@ -99,21 +99,12 @@ class PeerClient:
         cfg = self.cfg
         async with asyncio.timeout(cfg.connect_timeout_s) as deadline:
             ws = await http.ws_connect(self.url, max_msg_size=cfg.max_frame_bytes, compress=0)
-            session = Session(Side.PEER, _now())
-            await ws.send_bytes(session.send(m.Hello(
-                cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour)))
-            frame = await ws.receive()
-            if frame.type is not aiohttp.WSMsgType.BINARY:
-                raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
-            welcome = session.receive(frame.data, _now())
-            if not isinstance(welcome, m.Welcome):  # a Goodbye
-                raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
-            if cfg.hub_key and welcome.hub_key != bytes.fromhex(cfg.hub_key):
-                await ws.close(code=m.CLOSE_PROTOCOL_ERROR, message=b"hub key does not match the pin")
-                raise RemoteProtocolError(
-                    f"hub {self.url} signs with key {welcome.hub_key.hex() or '(none)'}, "
-                    f"not the pinned --hub-key")
-            await self._adopt(welcome)
+            try:
+                session, welcome = await self._handshake(ws)
+            except BaseException as exc:  # timeout included: never leave the socket open
+                code = exc.code if isinstance(exc, ProtocolError) else m.CLOSE_GOING_AWAY
+                await ws.close(code=code, message=b"handshake failed")
+                raise
             deadline.reschedule(None)
         self._connections += 1
         log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
@@ -129,6 +120,25 @@ class PeerClient:
             for task in helpers:
                 task.cancel()
         return True
+
+    async def _handshake(self, ws: aiohttp.ClientWebSocketResponse) -> tuple[Session, m.Welcome]:
+        """Hello -> Welcome, the pinned key checked, the engine ready for the hub's model."""
+        cfg = self.cfg
+        session = Session(Side.PEER, _now())
+        await ws.send_bytes(session.send(m.Hello(
+            cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour)))
+        frame = await ws.receive()
+        if frame.type is not aiohttp.WSMsgType.BINARY:
+            raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
+        welcome = session.receive(frame.data, _now())
+        if not isinstance(welcome, m.Welcome):  # a Goodbye
+            raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
+        pinned = cfg.pinned_hub_key
+        if pinned is not None and welcome.hub_key != pinned:
+            raise RemoteProtocolError(f"hub {self.url} signs with key "
+                                      f"{welcome.hub_key.hex() or '(none)'}, not the pinned --hub-key")
+        await self._adopt(welcome)
+        return session, welcome
 
     async def _adopt(self, welcome: m.Welcome) -> None:
         if self.engine is None or (self.welcome and self.welcome.model != welcome.model):

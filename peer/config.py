@@ -52,12 +52,20 @@ class PeerConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         normalize_url(self.hub_url)
-        if self.hub_key:
-            try:
-                if len(bytes.fromhex(self.hub_key)) != 32:
-                    raise ValueError
-            except ValueError:
-                raise ConfigError("hub_key", "expected 64 hex digits (a 32-byte Ed25519 key)") from None
+        self.pinned_hub_key  # noqa: B018  (parsed now, so a bad pin fails at start naming hub_key)
+
+    @property
+    def pinned_hub_key(self) -> bytes | None:
+        """The pinned hub key as raw bytes, or None when nothing is pinned."""
+        if not self.hub_key:
+            return None
+        try:
+            key = bytes.fromhex(self.hub_key)
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise ConfigError("hub_key", "expected 64 hex digits (a 32-byte Ed25519 key)")
+        return key
 
     @property
     def display_name(self) -> str:

@@ -87,3 +87,12 @@ def test_example_configs_are_valid(name):
     path = pathlib.Path(__file__).parents[1] / "examples" / name
     cfg = resolve(HubConfig, tomllib.loads(path.read_text())["hub"])
     assert cfg.kappa <= cfg.max_lag + 1
+
+
+@pytest.mark.parametrize("pin", ["zz" * 32, "ab" * 31])
+def test_bad_hub_key_pin_names_the_field(pin):
+    """--hub-key must be 64 hex digits; anything else is refused naming hub_key."""
+    with pytest.raises(ConfigError) as info:
+        PeerConfig(hub_key=pin)
+    assert info.value.field == "hub_key"
+    assert PeerConfig(hub_key="ab" * 32).pinned_hub_key == bytes.fromhex("ab" * 32)
