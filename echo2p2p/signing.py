@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from . import messages as m
@@ -23,16 +24,12 @@ KEY_BYTES = 32
 
 def new_private_key() -> bytes:
     """A fresh Ed25519 private key, raw 32 bytes."""
-    from cryptography.hazmat.primitives import serialization
-
     return Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
 
 
 def public_key(private_key: bytes) -> bytes:
     """The raw 32-byte public key of `private_key`."""
-    from cryptography.hazmat.primitives import serialization
-
     return Ed25519PrivateKey.from_private_bytes(private_key).public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
