@@ -28,6 +28,7 @@ from .errors import SnapshotError
 CODECS = ("xor", "sparse")
 _HEADER = struct.Struct("<4sBBxxQQ")  # magic, codec id, word bytes, pad, stream bytes, payload bytes
 _MAGIC = b"E2D1"
+HEADER_BYTES = _HEADER.size
 _WORD_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -60,8 +61,12 @@ def decode(delta: bytes | memoryview, base: bytes | memoryview) -> bytes:
     if n_bytes != len(base) or n_payload != len(delta) - _HEADER.size:
         raise SnapshotError(f"delta is for a {n_bytes}-byte base, got {len(base)} bytes")
     b = _words(base, word_bytes)
-    limit = 2 * n_bytes + 64  # neither codec's raw payload exceeds this: guards zstd bombs
+    # Neither codec's raw payload exceeds this (sparse: a count, then a gap and a value a word).
+    limit = max(n_bytes, 8 + n_bytes // word_bytes * (8 + word_bytes))
     try:
+        # python-zstandard trusts a frame's declared size over max_output_size: check it first.
+        if zstandard.frame_content_size(delta[_HEADER.size:]) > limit:
+            raise SnapshotError("delta payload declares more bytes than its base allows")
         raw = zstandard.ZstdDecompressor().decompress(delta[_HEADER.size:], max_output_size=limit)
     except zstandard.ZstdError as exc:
         raise SnapshotError(f"delta payload does not decompress: {exc}") from None

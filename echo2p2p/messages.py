@@ -38,6 +38,8 @@ CLOSE_UNEXPECTED_MESSAGE = 4002
 CLOSE_TIMEOUT = 4003
 
 FINISH_REASONS = ("stop", "length")
+RELAY_FAULTS = ("corrupt", "stall", "unreachable")
+HUB_OWNER = 0xFFFFFFFF  # in RelayPlan.owners: fetch this chunk from the hub
 
 
 # --- peer -> hub ---------------------------------------------------------------------------
@@ -52,7 +54,7 @@ class Hello:
     engine: str  # "transformers" | "vllm"
     device: str  # "cpu", "cuda", "cuda:1", ...
     price_per_hour: float = 0.0
-    listen_addr: str | None = None  # host:port of the peer's chunk server, if it accepts inbound
+    listen_addr: str | None = None  # http://HOST:PORT of the peer's chunk server, if it serves
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,43 @@ class VersionHeld:
     version: int
 
 
+@dataclass(frozen=True)
+class SourceRate:
+    """What one peer received from one source: bytes, and seconds from first to last byte."""
+
+    peer_id: str
+    nbytes: int
+    span_s: float
+
+
+@dataclass(frozen=True)
+class TransferReport:
+    """The peer has every chunk of one manifest verified, and how it got them.
+
+    Every receiver of an owner's share pulls it over about the same span, so the hub estimates
+    that owner's upload bandwidth as the bytes all receivers got from it over their median span.
+    """
+
+    TYPE: ClassVar[str] = "transfer_report"
+    version: int
+    base_version: int | None
+    download_s: float
+    bytes_from_hub: int
+    bytes_from_peers: int
+    sources: list[SourceRate]
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """A source misbehaved: `reason` is "corrupt" (a chunk failed its digest), "stall" (no
+    progress before the deadline) or "unreachable"."""
+
+    TYPE: ClassVar[str] = "relay_report"
+    version: int
+    peer_id: str
+    reason: str
+
+
 # --- hub -> peer ---------------------------------------------------------------------------
 
 
@@ -115,7 +154,7 @@ class Welcome:
     run_id: str
     model: str  # built-in name, HF hub id or a path valid on the peer
     task: str  # task kind, selects the reward function on the peer
-    version: int  # newest published version; its chunks follow
+    version: int  # newest published version; its announcement and relay plan follow
     max_lag: int  # S
     group_size: int  # G
     temperature: float
@@ -184,7 +223,7 @@ class Manifest:
 
     version: int
     base_version: int | None  # set when the chunks are a delta against that version
-    codec: str  # "zstd"
+    codec: str  # "zstd" (full) or "delta" (against base_version)
     hash_algo: str  # "blake2b-256"
     chunk_bytes: int  # raw bytes per chunk (the last may be shorter)
     total_bytes: int
@@ -195,7 +234,7 @@ class Manifest:
 
 @dataclass(frozen=True)
 class VersionAnnouncement:
-    """A new version exists; its chunks follow as `ChunkData` frames."""
+    """A new version exists; a `RelayPlan` says where to fetch its chunks."""
 
     TYPE: ClassVar[str] = "version"
     manifest: Manifest
@@ -203,13 +242,28 @@ class VersionAnnouncement:
 
 
 @dataclass(frozen=True)
-class ChunkData:
-    """Chunk `index` of `version`, exactly the bytes the manifest hashed."""
+class RelaySource:
+    """A peer that serves chunks: GET {url}/chunk/{version}/{base}/{index}."""
 
-    TYPE: ClassVar[str] = "chunk"
+    peer_id: str
+    url: str  # http://HOST:PORT
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """Where to fetch each chunk of one manifest: the hub as tracker plans, peers pull.
+
+    `owners` is packed little-endian uint32, one per chunk: an index into `sources`, or
+    HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the hub; that peer
+    then serves it to the others. A newer `revision` of the same manifest replaces the plan.
+    """
+
+    TYPE: ClassVar[str] = "relay_plan"
     version: int
-    index: int
-    data: bytes
+    base_version: int | None
+    revision: int
+    sources: list[RelaySource]
+    owners: bytes
 
 
 # --- either way ----------------------------------------------------------------------------
@@ -225,8 +279,8 @@ class Goodbye:
 
 
 Message = Union[
-    Hello, Heartbeat, LeaseRequest, RolloutSubmission, VersionHeld,
-    Welcome, LeaseGrant, Ack, Reject, VersionAnnouncement, ChunkData, Goodbye,
+    Hello, Heartbeat, LeaseRequest, RolloutSubmission, VersionHeld, TransferReport, RelayReport,
+    Welcome, LeaseGrant, Ack, Reject, VersionAnnouncement, RelayPlan, Goodbye,
 ]
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in typing.get_args(Message)}
 

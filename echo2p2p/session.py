@@ -38,8 +38,9 @@ class State(enum.Enum):
 
 SEND, RECV = "send", "recv"
 S = State
-_HUB_READY_RECV = (m.Heartbeat, m.LeaseRequest, m.RolloutSubmission, m.VersionHeld)
-_HUB_READY_SEND = (m.Heartbeat, m.LeaseGrant, m.Ack, m.Reject, m.VersionAnnouncement, m.ChunkData)
+_HUB_READY_RECV = (m.Heartbeat, m.LeaseRequest, m.RolloutSubmission, m.VersionHeld,
+                   m.TransferReport, m.RelayReport)
+_HUB_READY_SEND = (m.Heartbeat, m.LeaseGrant, m.Ack, m.Reject, m.VersionAnnouncement, m.RelayPlan)
 
 TRANSITIONS: dict[tuple[Side, State, str, type], State] = {
     (Side.HUB, S.AWAIT_HELLO, RECV, m.Hello): S.GREETED,

@@ -7,10 +7,16 @@ zstd frame, and the chunk's digest is blake2b-256 of those compressed bytes, so 
 check a chunk without decompressing it and forwards it unchanged. `Manifest.digest` is
 blake2b-256 over the whole raw stream: the last word once every chunk is in.
 
+A delta manifest (codec "delta", `base_version` set) has the same layout, but each chunk is
+`echo2p2p.delta.encode` of its raw range against the same range of the base version's stream.
+A receiver holding the base rebuilds every range bit for bit as the chunk arrives, so a delta
+relays and pipelines exactly like a full version, and the manifest digest checks the rebuilt
+stream.
+
 This module knows no torch, sockets, files or clocks: tensors come in and go out as
-(name, dtype name, shape, raw little-endian bytes). Building keeps at most one chunk of raw
-bytes beyond its output; assembling writes each verified chunk straight into one buffer of
-`total_bytes`. python-zstandard releases the GIL, so shells may call `ChunkAssembler.add` from
+(name, dtype name, shape, raw little-endian bytes). Building copies only the raw pieces that
+straddle tensor boundaries and codes chunks on a thread pool; assembling writes each verified
+chunk straight into one buffer of `total_bytes`. python-zstandard releases the GIL, so shells may call `ChunkAssembler.add` from
 several threads at once for different chunks.
 """
 
@@ -18,18 +24,24 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import zstandard
 
+from . import delta
 from .errors import LocalProtocolError, SnapshotError
 from .messages import ChunkEntry, Manifest, TensorEntry
 
 HASH_ALGO = "blake2b-256"
 DIGEST_BYTES = 32
 CODEC = "zstd"
+CODEC_DELTA = "delta"  # echo2p2p.delta per chunk (zstd inside)
 DEFAULT_CHUNK_BYTES = 1 << 20
+MIN_AUTO_CHUNK_BYTES = 64 << 10
+MAX_AUTO_CHUNK_BYTES = 8 << 20
 MAX_TENSOR_RANK = 32  # a sanity bound on manifests; real checkpoints stay below 8
 
 # Item size of every dtype a snapshot may carry; names are torch's, without the "torch." prefix.
@@ -52,6 +64,21 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 TensorBytes = tuple[str, str, Sequence[int], bytes | memoryview]
+
+
+def auto_chunk_bytes(total_bytes: int) -> int:
+    """The chunk size for a version of `total_bytes`: about a thousandth of it, as a power of
+    two within [64 KiB, 8 MiB].
+
+    In the overlay a version finishes about (N - 1) chunk times after the hub's last byte (the
+    last chunk still has to fan out), so small chunks keep that tail short: (N - 1) / 1000 of the
+    whole for N peers. Measured with `bench/broadcast.py --chunk-kib` (16 peers, 16 MiB, 20
+    Mbit/s uplinks): 64 KiB chunks 1.60 x M/B, 128 KiB 1.64, 256 KiB 1.80, 1 MiB 2.64. Models of
+    a GB or more get chunks of 1 MiB and up, so two requests in flight per source still cover a
+    wide-area round trip.
+    """
+    target = max(total_bytes // 1000, 1)
+    return min(max(1 << (target - 1).bit_length(), MIN_AUTO_CHUNK_BYTES), MAX_AUTO_CHUNK_BYTES)
 
 
 def chunk_digest(data: bytes | memoryview) -> bytes:
@@ -102,11 +129,15 @@ def build_snapshot(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     zstd_level: int = 3,
+    base: tuple[int, bytes | memoryview] | None = None,
+    threads: int = 0,
 ) -> tuple[Manifest, list[bytes]]:
-    """The manifest and the compressed chunks of `tensors` as policy `version`.
+    """The manifest and the compressed chunks of `tensors` as policy `version`; with
+    `base=(base_version, base_stream)`, a delta against that version's raw stream.
 
+    Chunks are coded on `threads` threads (0 = one per CPU).
     Raises LocalProtocolError if a tensor's byte count does not match its dtype and shape, a
-    name repeats, or `version`/`chunk_bytes` are out of range.
+    name repeats, `version`/`chunk_bytes` are out of range, or the base stream's length differs.
     """
     if not _is_count(version):
         raise LocalProtocolError(f"version must be an int >= 0, got {version!r}")
@@ -133,16 +164,23 @@ def build_snapshot(
         views.append(view)
         offset += view.nbytes
 
-    compressor = zstandard.ZstdCompressor(level=zstd_level)
+    base_view = memoryview(base[1]).cast("B") if base is not None else None
+    if base_view is not None and base_view.nbytes != offset:
+        raise LocalProtocolError(f"base stream has {base_view.nbytes} bytes, this version {offset}")
+    # Deltas code words of the dominant dtype, so that each byte plane is one byte of a weight.
+    word = DTYPE_BYTES[max(entries, key=lambda t: t.nbytes).dtype] if entries else 1
+
+    def code(index: int, raw: bytes | memoryview) -> tuple[ChunkEntry, bytes]:
+        if base_view is None:
+            wire = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
+        else:
+            start = index * chunk_bytes
+            wire = delta.encode(raw, base_view[start:start + len(raw)],
+                                word_bytes=word if len(raw) % word == 0 else 1, level=zstd_level)
+        return ChunkEntry(len(raw), len(wire), chunk_digest(wire)), wire
+
     stream_hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    chunk_entries: list[ChunkEntry] = []
-    chunks: list[bytes] = []
-
-    def emit(raw: bytes | memoryview) -> None:
-        wire = compressor.compress(raw)
-        chunks.append(wire)
-        chunk_entries.append(ChunkEntry(len(raw), len(wire), chunk_digest(wire)))
-
+    pieces: list[bytes | memoryview] = []
     # `pending` gathers pieces that straddle tensor boundaries; whole chunks inside one tensor
     # go to the compressor straight from the caller's memory, without a copy.
     pending = bytearray()
@@ -151,22 +189,31 @@ def build_snapshot(
         pos = 0
         while pos < view.nbytes:
             if not pending and view.nbytes - pos >= chunk_bytes:
-                emit(view[pos:pos + chunk_bytes])
+                pieces.append(view[pos:pos + chunk_bytes])
                 pos += chunk_bytes
                 continue
             take = min(chunk_bytes - len(pending), view.nbytes - pos)
             pending += view[pos:pos + take]
             pos += take
             if len(pending) == chunk_bytes:
-                emit(pending)
+                pieces.append(bytes(pending))
                 pending.clear()
     if pending:
-        emit(pending)
+        pieces.append(bytes(pending))
+    # Chunks are independent and zstd, numpy and blake2b release the GIL: code them in threads.
+    workers = min(threads or os.cpu_count() or 1, len(pieces))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            coded = list(pool.map(code, range(len(pieces)), pieces))
+    else:
+        coded = [code(i, raw) for i, raw in enumerate(pieces)]
+    chunk_entries = [entry for entry, _ in coded]
+    chunks = [wire for _, wire in coded]
 
     manifest = Manifest(
         version=version,
-        base_version=None,
-        codec=CODEC,
+        base_version=base[0] if base is not None else None,
+        codec=CODEC if base is None else CODEC_DELTA,
         hash_algo=HASH_ALGO,
         chunk_bytes=chunk_bytes,
         total_bytes=offset,
@@ -189,8 +236,10 @@ def validate_manifest(manifest: Manifest) -> None:
         raise SnapshotError(f"bad manifest version {m.version!r}")
     if m.base_version is not None and not (_is_count(m.base_version) and m.base_version < m.version):
         raise SnapshotError(f"bad base version {m.base_version!r} for version {m.version}")
-    if m.codec != CODEC:
+    if m.codec not in (CODEC, CODEC_DELTA):
         raise SnapshotError(f"unknown codec {str(m.codec)[:40]!r}")
+    if (m.codec == CODEC_DELTA) != (m.base_version is not None):
+        raise SnapshotError("a delta needs a base version, a full snapshot has none")
     if m.hash_algo != HASH_ALGO:
         raise SnapshotError(f"unknown hash algorithm {str(m.hash_algo)[:40]!r}")
     if not _is_count(m.chunk_bytes) or m.chunk_bytes == 0 or not _is_count(m.total_bytes):
@@ -221,7 +270,8 @@ def validate_manifest(manifest: Manifest) -> None:
     for i, (c, raw) in enumerate(zip(m.chunks, sizes)):
         if c.raw_bytes != raw:
             raise SnapshotError(f"chunk {i}: raw_bytes does not match chunk_bytes layout")
-        if not _is_count(c.wire_bytes) or not 0 < c.wire_bytes <= _max_wire_bytes(raw):
+        bound = _max_wire_bytes(raw) + (delta.HEADER_BYTES if m.codec == CODEC_DELTA else 0)
+        if not _is_count(c.wire_bytes) or not 0 < c.wire_bytes <= bound:
             raise SnapshotError(f"chunk {i}: implausible wire_bytes")
         if not isinstance(c.digest, bytes) or len(c.digest) != DIGEST_BYTES:
             raise SnapshotError(f"chunk {i}: digest is not a blake2b-256 digest")
@@ -230,16 +280,23 @@ def validate_manifest(manifest: Manifest) -> None:
 class ChunkAssembler:
     """Rebuilds one version from its chunks, in any order, verifying each one.
 
-    For a delta manifest (`base_version` set) the rebuilt stream is the encoded delta; applying
-    it to the base is the delta codec's business, not this class's.
+    A delta manifest needs `base`, the raw stream of its base version; each chunk is rebuilt
+    against it as it arrives.
     """
 
-    def __init__(self, manifest: Manifest, *, max_total_bytes: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, *, base: bytes | memoryview | None = None,
+                 max_total_bytes: int | None = None) -> None:
         validate_manifest(manifest)
         if max_total_bytes is not None and manifest.total_bytes > max_total_bytes:
             raise SnapshotError(
                 f"snapshot of {manifest.total_bytes} bytes exceeds the {max_total_bytes} allowed")
+        if (manifest.codec == CODEC_DELTA) != (base is not None):
+            raise SnapshotError("a delta needs its base stream, a full snapshot takes none")
+        if base is not None and memoryview(base).nbytes != manifest.total_bytes:
+            raise SnapshotError(f"base stream has {memoryview(base).nbytes} bytes, "
+                                f"the manifest {manifest.total_bytes}")
         self.manifest = manifest
+        self._base = memoryview(base).cast("B") if base is not None else None
         self._buffer = bytearray(manifest.total_bytes)
         self._have: set[int] = set()
         self._claimed: set[int] = set()  # being written by some thread right now
@@ -266,23 +323,28 @@ class ChunkAssembler:
         """Verify chunk `index` and write it in; True once every chunk is in.
 
         Raises SnapshotError for a bad index, size, hash or payload; the assembler is unchanged
-        then and still takes the right bytes later. A chunk already in is ignored unchecked.
+        then and still takes the right bytes later. A chunk already in (or being written by
+        another thread) is checked against its digest, then ignored: so whoever gets no error
+        holds verified bytes, and may serve them.
         """
         chunks = self.manifest.chunks
         if type(index) is not int or not 0 <= index < len(chunks):
             raise SnapshotError(f"chunk index {str(index)[:20]} out of range 0..{len(chunks) - 1}")
-        with self._lock:
-            if index in self._have or index in self._claimed:
-                return self.complete
         entry = chunks[index]
         nbytes = memoryview(data).nbytes
         if nbytes != entry.wire_bytes:
             raise SnapshotError(f"chunk {index}: {nbytes} bytes, manifest says {entry.wire_bytes}")
         if chunk_digest(data) != entry.digest:
             raise SnapshotError(f"chunk {index}: digest mismatch")
-        raw = _decompress_exactly(data, entry.raw_bytes, index)
-
+        with self._lock:
+            if index in self._have or index in self._claimed:
+                return self.complete
         start = index * self.manifest.chunk_bytes
+        if self._base is None:
+            raw = _decompress_exactly(data, entry.raw_bytes, index)
+        else:
+            raw = delta.decode(data, self._base[start:start + entry.raw_bytes])
+
         with self._lock:
             if index in self._have or index in self._claimed:
                 return self.complete
@@ -300,15 +362,23 @@ class ChunkAssembler:
 
         Raises SnapshotError if chunks are missing or the stream fails the manifest digest.
         """
+        view = self.stream()
+        return [(t.name, t.dtype, list(t.shape), view[t.offset:t.offset + t.nbytes])
+                for t in self.manifest.tensors]
+
+    def stream(self) -> memoryview:
+        """The whole verified raw stream (a base for the next delta).
+
+        Raises SnapshotError if chunks are missing or the stream fails the manifest digest.
+        """
         if not self.complete:
             raise SnapshotError(f"{len(self.missing)} chunks still missing")
         if not self._stream_verified:
             if chunk_digest(self._buffer) != self.manifest.digest:
                 raise SnapshotError("assembled stream does not match the manifest digest")
             self._stream_verified = True
-        view = memoryview(self._buffer)
-        return [(t.name, t.dtype, list(t.shape), view[t.offset:t.offset + t.nbytes])
-                for t in self.manifest.tensors]
+            self._base = None  # no longer needed: let the base version go
+        return memoryview(self._buffer)
 
 
 def _decompress_exactly(data: bytes | memoryview, raw_bytes: int, index: int) -> bytes:

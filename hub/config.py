@@ -56,10 +56,21 @@ class HubConfig:
     """A lease not answered within this many seconds is re-issued to another peer."""
     weights_dtype: str = "bfloat16"
     """dtype of published versions: bfloat16 (half the bytes) or float32."""
-    chunk_bytes: int = 1 << 20
-    """Raw bytes per snapshot chunk; each chunk is compressed and hashed on its own."""
+    chunk_bytes: int = 0
+    """Raw bytes per snapshot chunk; each chunk is compressed, hashed and relayed on its own.
+    0 = about a thousandth of the version, 64 KiB to 8 MiB (see snapshot.auto_chunk_bytes)."""
     zstd_level: int = 3
     """zstd level for snapshot chunks."""
+    relay: str = "pipelined"
+    """How versions reach peers: pipelined (peers relay chunks to each other; the hub uploads
+    each version about once) or star (the hub uploads every version to every peer)."""
+    anchor_every: int = 10
+    """Every this many published versions go out in full; the others as lossless deltas to the
+    peers holding the previous version (1 = never send deltas)."""
+    keep_versions: int = 3
+    """Published versions the hub keeps to serve (late fetches, deltas' bases)."""
+    upload_limit_mbps: float = 0.0
+    """Cap on the hub's chunk upload, in Mbit/s (0 = no cap)."""
     device: str = "cpu"
     """Where the learner runs: cpu, cuda, cuda:1."""
     torch_threads: int = 0
@@ -75,7 +86,7 @@ class HubConfig:
 
     def __post_init__(self) -> None:
         positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
-                    "chunk_bytes", "max_frame_bytes")
+                    "max_frame_bytes")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -92,6 +103,13 @@ class HubConfig:
             raise ConfigError("weights_dtype", f"bfloat16 or float32, got {self.weights_dtype!r}")
         if self.max_steps < 0 or self.eval_every < 0 or self.publish_every < 0:
             raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
+        if self.relay not in ("pipelined", "star"):
+            raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
+        if self.chunk_bytes < 0:
+            raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
+        if self.anchor_every < 1 or self.keep_versions < 2 or self.upload_limit_mbps < 0:
+            raise ConfigError("anchor_every/keep_versions/upload_limit_mbps",
+                              "must be >= 1, >= 2 and >= 0")
         check_schedule(self.max_lag, self.kappa)
 
     @property

@@ -32,10 +32,11 @@ class RunLog:
         if self._stream is not None:
             print(live_line(record), file=self._stream, flush=True)
 
-    def event(self, record: dict[str, Any], text: str) -> None:
-        """A record that is not a learner step (a base evaluation, a publication)."""
+    def event(self, record: dict[str, Any], text: str | None) -> None:
+        """A record that is not a learner step (a base evaluation, a version's propagation);
+        `text` is printed too unless None."""
         self._file.write(json.dumps(record) + "\n")
-        if self._stream is not None:
+        if self._stream is not None and text is not None:
             print(text, file=self._stream, flush=True)
 
     def close(self) -> None:

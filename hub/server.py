@@ -4,9 +4,15 @@ Each connection's handler reads a frame, feeds it to its `Session` (validation a
 table live there), and acts on the message: leases from the `LeaseBook`, admission by the
 staleness rule into the `RolloutBuffer`, acks and rejects back. Replies never wait on a socket:
 they go into the peer's outbox, which a writer task drains under a deadline, so one peer that
-stops reading is closed instead of stalling lease dispatch for all. Two more tasks per connection
-send heartbeats and the newest published version. A misbehaving peer is closed with a code and a
-short reason; nothing it sends reaches the learner unvalidated or stops the other peers.
+stops reading is closed instead of stalling lease dispatch for all. Another task per connection
+sends heartbeats. A misbehaving peer is closed with a code and a short reason; nothing it sends
+reaches the learner unvalidated or stops the other peers.
+
+Versions: the hub is the overlay's tracker. `publish` announces each version to every peer
+(as a delta to those that hold its base, else in full) with a relay plan per manifest
+(`echo2p2p.relay.Broadcast`); chunks then move over HTTP (`chunk_lookup` serves the hub's
+share). Plans are re-dealt when a relaying peer leaves or is reported; each peer's report of a
+finished transfer feeds its measured upload bandwidth and the per-version propagation record.
 
 The learner loop itself lives in `hub.trainer`; it calls `publish`, `dispatch` and
 `wait_batch` here.
@@ -15,19 +21,28 @@ The learner loop itself lives in `hub.trainer`; it calls `publish`, `dispatch` a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import statistics
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from echo2p2p import messages as m
+from echo2p2p import signing
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.leases import Completion, LeaseBook, shuffled_epochs
+from echo2p2p.relay import Broadcast, Member, propagation
 from echo2p2p.session import Session, Side, State
+from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
 from echo2p2p.staleness import Verdict, judge, lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
+
+from peer.relay import GONE, TokenBucket, UploadMeter, chunk_handler
 
 from .config import HubConfig
 
@@ -52,9 +67,16 @@ class PeerConn:
     session: Session
     transport: asyncio.BaseTransport | None
     credits: int = 0
-    held_version: int | None = None
-    sent_version: int = -1
+    held_version: int | None = None  # loaded in its engine
+    stream_version: int | None = None  # newest version it has whole (a base for deltas)
+    upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
+
+    def member(self) -> Member:
+        """This peer in a broadcast: a relay if it advertised a plausible chunk server URL."""
+        url = self.hello.listen_addr
+        plausible = url and len(url) <= 200 and url.startswith(("http://", "https://"))
+        return Member(self.peer_id, url if plausible else None, self.upload_bps)
 
     def post(self, msg: m.Message) -> None:
         """Queue `msg` for this peer's writer task; never waits on the socket."""
@@ -68,6 +90,37 @@ class Snapshot:
     chunks: list[bytes]
     signature: bytes = b""
 
+    @property
+    def wire_bytes(self) -> int:
+        return sum(c.wire_bytes for c in self.manifest.chunks)
+
+
+@dataclass(frozen=True)
+class Published:
+    """One version: always in full, and as a delta against the previous version unless an anchor."""
+
+    full: Snapshot
+    delta: Snapshot | None = None
+
+    @property
+    def version(self) -> int:
+        return self.full.manifest.version
+
+
+@dataclass
+class Propagation:
+    """How one version spread: who was there at publication, and when each finished."""
+
+    version: int
+    started: float
+    expected: set[str]
+    done_after_s: dict[str, float] = field(default_factory=dict)
+    bytes_from_hub: int = 0  # served by the hub's chunk route
+    hub_sent_after_s: float = 0.0  # when the hub's last chunk of it went out
+    bytes_from_peers: int = 0  # as the peers report
+    on_delta: int = 0
+    received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
+
 
 @dataclass
 class Counters:
@@ -78,13 +131,14 @@ class Counters:
     duplicates: int = 0
     closed_for_protocol: int = 0
     cut_off: int = 0  # peers that stopped reading
+    relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
 
 
 class Hub:
     """Peers, leases and admitted rollouts; owned by one event loop."""
 
     def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
-                 hub_key: bytes = b""):
+                 hub_key: bytes = b"", on_event: Callable[[dict[str, Any]], None] | None = None):
         self.cfg = cfg
         self.hub_key = hub_key
         self.run_id = run_id
@@ -95,8 +149,10 @@ class Hub:
         self.buffer = RolloutBuffer(cfg.max_lag)
         self.peers: dict[str, PeerConn] = {}
         self.counters = Counters()
-        self.snapshot: Snapshot | None = None
-        self._published = asyncio.Condition()
+        self.published: dict[int, Published] = {}  # the newest cfg.keep_versions
+        self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
+        self.propagation: dict[int, Propagation] = {}
+        self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
 
@@ -111,11 +167,52 @@ class Hub:
             await self._admitted.wait()
         return batch
 
-    async def publish(self, snapshot: Snapshot) -> None:
-        """Make `snapshot` the newest version; every connection's feeder sends it."""
-        async with self._published:
-            self.snapshot = snapshot
-            self._published.notify_all()
+    @property
+    def newest(self) -> Published | None:
+        return self.published[max(self.published)] if self.published else None
+
+    def publish(self, version: Published) -> None:
+        """Make `version` the newest and announce it to every peer, with a relay plan."""
+        for old in list(self.propagation.values()):
+            self._report_propagation(old, final=True)  # superseded: say how far it got
+        self.published[version.version] = version
+        for old in sorted(self.published)[:-self.cfg.keep_versions]:
+            del self.published[old]
+        self.broadcasts = {k: b for k, b in self.broadcasts.items() if k[0] in self.published}
+        conns = [c for c in self.peers.values() if c.session.state is State.READY]
+        delta = version.delta
+        on_delta = [c for c in conns
+                    if delta is not None and c.stream_version == delta.manifest.base_version]
+        in_full = [c for c in conns if c not in on_delta]
+        self.propagation[version.version] = Propagation(
+            version.version, _now(), {c.peer_id for c in conns}, on_delta=len(on_delta))
+        for snap, members in ((delta, on_delta), (version.full, in_full)):
+            if not members:
+                continue
+            broadcast = self._broadcast(snap)
+            plan = broadcast.start([c.member() for c in members])
+            for conn in members:
+                conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
+                conn.post(plan)
+
+    def _broadcast(self, snap: Snapshot) -> Broadcast:
+        key = (snap.manifest.version, snap.manifest.base_version)
+        if key not in self.broadcasts:
+            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.cfg.relay)
+        return self.broadcasts[key]
+
+    async def chunk_lookup(self, version: int, base: int | None, index: int, wait_s: float) -> bytes:
+        """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
+        pub = self.published.get(version)
+        snap = pub and (pub.full if base is None else pub.delta)
+        if snap is None or snap.manifest.base_version != base or not 0 <= index < len(snap.chunks):
+            return GONE
+        return snap.chunks[index]
+
+    def chunk_served(self, version: int, nbytes: int) -> None:
+        if (prop := self.propagation.get(version)) is not None:
+            prop.bytes_from_hub += nbytes
+            prop.hub_sent_after_s = _now() - prop.started
 
     def dispatch(self) -> None:
         """Grant leases to peers with credits while the budget allows, newest holders first."""
@@ -170,7 +267,6 @@ class Hub:
                     if isinstance(msg, m.Hello):
                         conn = self._join(ws, session, msg, request.transport)
                         helpers = [tg.create_task(self._write(conn)),
-                                   tg.create_task(self._feed_versions(conn)),
                                    tg.create_task(self._keep_alive(conn))]
                     elif isinstance(msg, m.Goodbye):
                         break
@@ -205,12 +301,17 @@ class Hub:
         peer_id = f"p{self._next_peer}"
         conn = PeerConn(peer_id, hello, ws, session, transport)
         cfg = self.cfg
+        newest = self.newest
         conn.post(m.Welcome(
-            peer_id, self.run_id, cfg.model, self.task.kind,
-            self.snapshot.manifest.version if self.snapshot else 0, cfg.max_lag, cfg.group_size,
-            cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed * 100_003 + self._next_peer,
-            self.hub_key))
+            peer_id, self.run_id, cfg.model, self.task.kind, newest.version if newest else 0,
+            cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
+            cfg.seed * 100_003 + self._next_peer, self.hub_key))
         self.peers[peer_id] = conn
+        if newest is not None:  # a late joiner pulls the newest version in full, as a leaf
+            conn.post(m.VersionAnnouncement(newest.full.manifest, newest.full.signature))
+            broadcast = self._broadcast(newest.full)
+            conn.post(broadcast.join(conn.member()) if broadcast.members
+                      else broadcast.start([conn.member()]))
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
                  hello.device, hello.price_per_hour)
         return conn
@@ -219,7 +320,20 @@ class Hub:
         self.peers.pop(conn.peer_id, None)
         back = self.leases.release_peer(conn.peer_id)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
+        for broadcast in self.broadcasts.values():
+            self._reroute(broadcast, conn.peer_id)
+        for prop in list(self.propagation.values()):
+            self._report_propagation(prop)
         self.dispatch()
+
+    def _reroute(self, broadcast: Broadcast, peer_id: str) -> None:
+        """Deal `peer_id`'s chunks to other relays and tell every member still here."""
+        plan = broadcast.drop(peer_id)
+        if plan is None:
+            return
+        for member in broadcast.members:
+            if (conn := self.peers.get(member)) is not None:
+                conn.post(plan)
 
     def _on_message(self, conn: PeerConn, msg: m.Message) -> None:
         if isinstance(msg, m.LeaseRequest):
@@ -230,7 +344,67 @@ class Hub:
         elif isinstance(msg, m.VersionHeld):
             conn.held_version = msg.version
             log.debug("%s holds v%d", conn.peer_id, msg.version)
+        elif isinstance(msg, m.TransferReport):
+            self._on_transfer(conn, msg)
+        elif isinstance(msg, m.RelayReport):
+            self._on_relay_report(conn, msg)
         # Heartbeat: the session already noted that the peer is alive.
+
+    def _on_transfer(self, conn: PeerConn, msg: m.TransferReport) -> None:
+        if msg.version not in self.published:
+            return
+        conn.stream_version = max(msg.version, conn.stream_version or 0)
+        prop = self.propagation.get(msg.version)
+        if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
+            return  # not a version being tracked, or not the first report: nothing to count
+        prop.done_after_s[conn.peer_id] = _now() - prop.started
+        prop.bytes_from_peers += max(msg.bytes_from_peers, 0)
+        for src in msg.sources:
+            if src.peer_id in prop.expected and src.nbytes > 0 and src.span_s > 0:
+                prop.received.setdefault(src.peer_id, []).append((src.nbytes, src.span_s))
+        self._report_propagation(prop)
+
+    def _on_relay_report(self, conn: PeerConn, msg: m.RelayReport) -> None:
+        if msg.reason not in m.RELAY_FAULTS or msg.peer_id == conn.peer_id or msg.peer_id not in self.peers:
+            return  # nonsense, or about a peer already gone (and so already routed around)
+        self.counters.relay_reports[(msg.peer_id, msg.reason)] += 1
+        log.warning("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id[:40], msg.version,
+                    msg.reason)
+        for (version, _), broadcast in self.broadcasts.items():
+            if version == msg.version and conn.peer_id in broadcast.members:
+                self._reroute(broadcast, msg.peer_id)
+
+    def _report_propagation(self, prop: Propagation, final: bool = False) -> None:
+        """Log how `prop`'s version spread, once every expected peer that is still here has it
+        (or, `final`, once a newer version supersedes it)."""
+        waiting = {p for p in prop.expected - prop.done_after_s.keys() if p in self.peers}
+        if waiting and not final:
+            return
+        del self.propagation[prop.version]
+        if not prop.expected:
+            return  # published before any peer joined: nothing spread
+        for peer_id, got in prop.received.items():
+            conn = self.peers.get(peer_id)
+            if conn is None or sum(n for n, _ in got) < (256 << 10):
+                continue  # gone, or too little to measure
+            rate = 8 * sum(n for n, _ in got) / statistics.median(span for _, span in got)
+            conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
+        pub = self.published.get(prop.version)
+        size = pub.full.wire_bytes if pub else 0
+        record = {
+            "event": "propagation", "version": prop.version, "peers": len(prop.expected),
+            **propagation(list(prop.done_after_s.values()), len(prop.expected)),
+            "done_s": round(max(prop.done_after_s.values(), default=0.0), 3),
+            "hub_sent_s": round(prop.hub_sent_after_s, 3),
+            "complete": not waiting, "full_wire_bytes": size,
+            "delta_wire_bytes": pub.delta.wire_bytes if pub and pub.delta else None,
+            "peers_on_delta": prop.on_delta,
+            "bytes_from_hub": prop.bytes_from_hub, "bytes_from_peers": prop.bytes_from_peers,
+            "hub_upload_copies": round(prop.bytes_from_hub / size, 3) if size else None,
+            "peer_upload_mbps": {c.peer_id: round(c.upload_bps / 1e6, 2)
+                                 for c in self.peers.values() if c.upload_bps},
+        }
+        self.on_event(record)
 
     def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
@@ -258,22 +432,6 @@ class Hub:
         self.counters.admitted_samples += len(msg.samples)
         self._admitted.set()
         conn.post(m.Ack(msg.lease_id))
-
-    async def _feed_versions(self, conn: PeerConn) -> None:
-        """Send each newly published version's manifest and chunks; skip to the newest."""
-        while True:
-            async with self._published:
-                await self._published.wait_for(
-                    lambda: self.snapshot is not None and self.snapshot.manifest.version > conn.sent_version)
-                snap = self.snapshot
-            version = snap.manifest.version
-            conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
-            for index, chunk in enumerate(snap.chunks):
-                if self.snapshot.manifest.version != version:
-                    break  # a newer one exists: the peer should not finish this one
-                conn.post(m.ChunkData(version, index, chunk))
-                await conn.outbox.join()  # one chunk queued at a time: the socket paces us
-            conn.sent_version = version
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline closes the peer."""
@@ -307,6 +465,42 @@ class Hub:
     async def close_all(self, reason: str = "hub shutting down") -> None:
         for conn in list(self.peers.values()):
             await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason, conn.transport)
+
+
+def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] | None = None,
+                 *, chunk_bytes: int = 0, zstd_level: int = 3) -> Published:
+    """`data` as a signed version (one uint8 tensor), with a delta against `base` if given: for
+    benchmarks and tests of the overlay, which need bytes, not a model."""
+    chunk_bytes = chunk_bytes or auto_chunk_bytes(len(data))
+
+    def signed(base_: tuple[int, bytes] | None) -> Snapshot:
+        manifest, chunks = build_snapshot(version, [("blob", "uint8", [len(data)], data)],
+                                          chunk_bytes=chunk_bytes, zstd_level=zstd_level, base=base_)
+        return Snapshot(manifest, chunks, signing.sign_manifest(key, manifest))
+
+    return Published(signed(None), signed(base) if base is not None else None)
+
+
+@contextlib.asynccontextmanager
+async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None
+                ) -> AsyncIterator[int]:
+    """Serve the peers' websocket (/ws), the hub's chunks (/chunk/...) and any extra GET
+    `routes` on host:port; yields the bound port. Peers are sent away on exit."""
+    app = web.Application()
+    app.router.add_get("/ws", hub.handle_ws)
+    limiter = TokenBucket(hub.cfg.upload_limit_mbps * 1e6) if hub.cfg.upload_limit_mbps else None
+    app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
+        hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served))
+    for path, handler in (routes or {}).items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        yield runner.addresses[0][1]
+    finally:
+        await hub.close_all()
+        await runner.cleanup()
 
 
 async def _close(ws: web.WebSocketResponse, session: Session, code: int, reason: str,

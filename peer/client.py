@@ -1,11 +1,14 @@
 """The peer's network shell: join a hub, hold the newest version, turn leases into rollouts.
 
-One connection runs four tasks: the reader (frames through the core `Session`; versions are
-assembled and verified chunk by chunk), the swapper (loads a complete version into the engine
-between two generations: the swap is atomic, generation goes on with the old weights while a
-download is under way), the worker (lease -> generate with the engine's current version ->
-score -> submit, tagged with the version actually used) and the heartbeat. When the hub goes
-away the peer reconnects with capped exponential backoff and keeps its engine.
+One connection runs four tasks: the reader (frames through the core `Session`), the swapper
+(loads a complete version into the engine between two generations: the swap is atomic,
+generation goes on with the old weights while a download is under way), the worker (lease ->
+generate with the engine's current version -> score -> submit, tagged with the version actually
+used) and the heartbeat; plus one download per announced version, which pulls its chunks over
+HTTP by the hub's relay plan (`peer.relay`). The peer's own chunk server, started once, serves
+what it holds to the other peers. When the hub goes away the peer reconnects with capped
+exponential backoff and keeps its engine, its versions and its chunk server. The "relay"
+engine holds and serves versions but generates nothing: a pure relay node.
 
 The engine is only ever touched under `_engine_lock` (a thread lock: generation and loading
 run in worker threads so the event loop keeps reading the socket).
@@ -14,23 +17,26 @@ run in worker threads so the event loop keeps reading the socket).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p.errors import ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
 from echo2p2p.signing import verify_manifest
-from echo2p2p.snapshot import ChunkAssembler
 from echo2p2p.tasks import reward_fn
 
 from .config import PeerConfig, normalize_url
+from .relay import ChunkStore, Download, TokenBucket, UploadMeter, chunk_handler
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,10 @@ class PeerClient:
         self._connections = self._loaded = self._submitted = self._acked = 0
         self._rejected: Counter[str] = Counter()
         self._draw = 0
+        self.store = ChunkStore(cfg.keep_versions)
+        self.meter = UploadMeter()
+        self.served_url: str | None = None  # where other peers reach our chunk server
+        self._download: tuple[Download, asyncio.Task] | None = None
 
     def statistics(self) -> PeerStats:
         return PeerStats(self._connections, self._loaded, self.version, self._submitted,
@@ -70,7 +80,7 @@ class PeerClient:
         """Stay joined until `stop` is set: connect, serve, and reconnect with backoff."""
         stop = stop or asyncio.Event()
         backoff = 0.5
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession() as http, self._chunk_server():
             while not stop.is_set():
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -94,6 +104,30 @@ class PeerClient:
                     pass
                 backoff = min(backoff * 2, self.cfg.reconnect_max_s)
 
+    @contextlib.asynccontextmanager
+    async def _chunk_server(self):
+        """Serve our chunks at `cfg.listen` for as long as the peer runs (nothing if '')."""
+        if not self.cfg.listen:
+            yield
+            return
+        limiter = TokenBucket(self.cfg.upload_limit_mbps * 1e6) if self.cfg.upload_limit_mbps else None
+        app = web.Application()
+        app.router.add_get("/chunk/{version}/{base}/{index}",
+                           chunk_handler(self.store.chunk, self.meter, limiter))
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        host, port = self.cfg.listen_host_port
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = runner.addresses[0][1]
+        self.served_url = self.cfg.advertise or \
+            f"http://{_reachable_host(host, self.url)}:{bound_port}"
+        log.info("serving chunks on %s:%d as %s", host, bound_port, self.served_url)
+        try:
+            yield
+        finally:
+            await runner.cleanup()
+
     async def _connection(self, http: aiohttp.ClientSession) -> bool:
         """One connection's life; returns True if the hub welcomed us."""
         cfg = self.cfg
@@ -109,16 +143,23 @@ class PeerClient:
         self._connections += 1
         log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
                  welcome.run_id, welcome.model, welcome.version)
-        conn = _Conn(ws, session, asyncio.Queue(), reward_fn(welcome.task))
+        conn = _Conn(ws, session, asyncio.Queue(), reward_fn(welcome.task), http)
         async with ws, asyncio.TaskGroup() as tg:
-            helpers = [tg.create_task(self._work(conn)), tg.create_task(self._swap_versions(conn)),
-                       tg.create_task(self._keep_alive(conn))]
+            conn.tg = tg
+            helpers = [tg.create_task(self._swap_versions(conn)), tg.create_task(self._keep_alive(conn))]
             if self.version is not None:
                 await conn.send(m.VersionHeld(self.version))
-            await conn.send(m.LeaseRequest(cfg.leases_in_flight))
-            await self._read(conn)
-            for task in helpers:
-                task.cancel()
+            if cfg.engine != "relay":
+                helpers.append(tg.create_task(self._work(conn)))
+                await conn.send(m.LeaseRequest(cfg.leases_in_flight))
+            try:
+                await self._read(conn)
+            finally:
+                if self._download is not None:
+                    self._download[1].cancel()
+                    self._download = None
+                for task in helpers:
+                    task.cancel()
         return True
 
     async def _handshake(self, ws: aiohttp.ClientWebSocketResponse) -> tuple[Session, m.Welcome]:
@@ -126,7 +167,7 @@ class PeerClient:
         cfg = self.cfg
         session = Session(Side.PEER, _now())
         await ws.send_bytes(session.send(m.Hello(
-            cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour)))
+            cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, self.served_url)))
         frame = await ws.receive()
         if frame.type is not aiohttp.WSMsgType.BINARY:
             raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
@@ -141,7 +182,8 @@ class PeerClient:
         return session, welcome
 
     async def _adopt(self, welcome: m.Welcome) -> None:
-        if self.engine is None or (self.welcome and self.welcome.model != welcome.model):
+        new_model = self.engine is None or (self.welcome and self.welcome.model != welcome.model)
+        if new_model and self.cfg.engine != "relay":
             from .engine import make_engine
 
             if self.cfg.torch_threads:
@@ -154,12 +196,12 @@ class PeerClient:
         if self.welcome and self.welcome.run_id != welcome.run_id:
             self.version = None  # a different run: our weights say nothing about its versions
             self._staged = None
+            self.store = ChunkStore(self.cfg.keep_versions)
         self.welcome = welcome
 
     # --- reader --------------------------------------------------------------------------
 
     async def _read(self, conn: _Conn) -> None:
-        assembler: ChunkAssembler | None = None
         while True:
             try:
                 frame = await conn.ws.receive(timeout=self.cfg.hub_timeout_s)
@@ -187,26 +229,63 @@ class PeerClient:
                 elif isinstance(msg, m.VersionAnnouncement):
                     if self.welcome.hub_key:  # a manifest we cannot trust is never assembled
                         verify_manifest(self.welcome.hub_key, msg.manifest, msg.signature)
-                    assembler = ChunkAssembler(msg.manifest)
-                elif isinstance(msg, m.ChunkData):
-                    assembler = await self._on_chunk(assembler, msg)
+                    self._start_download(conn, msg.manifest)
+                elif isinstance(msg, m.RelayPlan):
+                    if self._download is not None:
+                        held = self._download[0].held
+                        if held.key == (msg.version, msg.base_version):
+                            self._download[0].set_plan(msg)
             except (RemoteProtocolError, SnapshotError) as exc:
                 reason = exc.reason if isinstance(exc, RemoteProtocolError) else "bad snapshot"
                 log.error("closing: %s", exc)
                 await conn.close(getattr(exc, "code", m.CLOSE_PROTOCOL_ERROR), reason)
                 return
 
-    async def _on_chunk(self, assembler: ChunkAssembler | None, msg: m.ChunkData) -> ChunkAssembler | None:
-        if assembler is None or assembler.manifest.version != msg.version:
-            return assembler  # a chunk of a version we are no longer assembling
-        if not await asyncio.to_thread(assembler.add, msg.index, msg.data):
-            return assembler
+    def _start_download(self, conn: _Conn, manifest: m.Manifest) -> None:
+        """Fetch the announced version, dropping an older download still under way."""
+        if self._download is not None:
+            if self._download[0].held.manifest.version >= manifest.version:
+                return
+            self._download[1].cancel()
+            self._download = None
+        held = self.store.begin(manifest)
+        if held is None:
+            log.warning("v%d is a delta against v%s, which we no longer hold; waiting for a full "
+                        "version", manifest.version, manifest.base_version)
+            return
+        cfg = self.cfg
+        download = Download(self.store, held, http=conn.http, hub_base_url=_http_base(self.url),
+                            me=self.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s)
+        self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
+
+    async def _fetch_version(self, conn: _Conn, download: Download) -> None:
+        held = download.held
+        version = held.manifest.version
+        try:
+            stats = await download.run()
+            await asyncio.to_thread(self.store.finish, held)
+        except SnapshotError as exc:
+            log.error("giving up on v%d: %s", version, exc)
+            return
+        finally:
+            if self._download is not None and self._download[0] is download:
+                self._download = None
+        log.info("v%d complete in %.2f s (%d bytes from the hub, %d from peers)", version,
+                 stats.download_s, stats.bytes_from_hub, stats.bytes_from_peers)
+        await conn.send(m.TransferReport(
+            version, held.manifest.base_version, stats.download_s, stats.bytes_from_hub,
+            stats.bytes_from_peers, stats.sources))
+        if self.version == version:
+            return  # announced again after a reconnect: the engine has it already
+        if self.cfg.engine == "relay":
+            self.version = version
+            await conn.send(m.VersionHeld(version))
+            return
         from .weights import tensors_to_state
 
-        state = await asyncio.to_thread(lambda: tensors_to_state(assembler.tensors()))
-        self._staged = (msg.version, state)
+        state = await asyncio.to_thread(lambda: tensors_to_state(held.assembler.tensors()))
+        self._staged = (version, state)
         self._staged_event.set()
-        return None
 
     # --- swapper and worker --------------------------------------------------------------
 
@@ -280,6 +359,8 @@ class _Conn:
     session: Session
     leases: asyncio.Queue
     reward: Any
+    http: aiohttp.ClientSession
+    tg: asyncio.TaskGroup | None = None
     lock: asyncio.Lock | None = None
 
     async def send(self, msg: m.Message) -> None:
@@ -296,3 +377,23 @@ class _Conn:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
+
+
+def _http_base(ws_url: str) -> str:
+    """http://HOST:PORT of the hub, whose chunk route sits beside its websocket."""
+    scheme, rest = ws_url.split("://", 1)
+    return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
+
+
+def _reachable_host(listen_host: str, hub_url: str) -> str:
+    """The address other peers should use: the listen host, or for a wildcard, the address of
+    the interface that routes to the hub (a connected UDP socket sends nothing)."""
+    if listen_host not in ("", "0.0.0.0", "::"):
+        return listen_host
+    hub_host = hub_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((hub_host, 9))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from echo2p2p.errors import ConfigError
 
-ENGINES = ("transformers", "vllm")
+ENGINES = ("transformers", "vllm", "relay")
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,8 @@ class PeerConfig:
     hub_url: str = "ws://127.0.0.1:8765/ws"
     """The hub to join: ws://HOST:PORT/ws (http://HOST:PORT or HOST:PORT also work)."""
     engine: str = "transformers"
-    """Rollout engine: transformers (CPU or GPU) or vllm (GPU, needs the vllm extra)."""
+    """Rollout engine: transformers (CPU or GPU), vllm (GPU, needs the vllm extra), or relay (no
+    rollouts: only receive and pass on versions, e.g. on a well-connected machine without a GPU)."""
     device: str = "cpu"
     """Where the engine runs: cpu, cuda, cuda:1."""
     price_per_hour: float = 0.0
@@ -37,9 +38,21 @@ class PeerConfig:
     hub_timeout_s: float = 30.0
     """A hub silent this long is treated as gone: disconnect and reconnect."""
     max_frame_bytes: int = 8 << 20
-    """Largest frame accepted from the hub (a snapshot chunk plus its header)."""
+    """Largest frame accepted from the hub (the largest is a version's manifest, ~75 bytes a chunk)."""
     hub_key: str = ""
     """Pin the hub's public key (hex, as the hub logs it): refuse any hub that signs with another."""
+    listen: str = "0.0.0.0:0"
+    """HOST:PORT of this peer's chunk server, which relays versions to other peers (port 0 = any
+    free port). '' = serve nothing: a leaf that only pulls (behind NAT, say)."""
+    advertise: str = ""
+    """URL other peers reach the chunk server at, e.g. http://203.0.113.7:7000 ('' = the listen
+    address, or for 0.0.0.0 the address of the interface that routes to the hub)."""
+    upload_limit_mbps: float = 0.0
+    """Cap on this peer's upload to other peers, in Mbit/s (0 = no cap)."""
+    keep_versions: int = 3
+    """Versions to keep (to serve, and as bases of deltas); each costs one copy of the weights in RAM."""
+    relay_stall_s: float = 10.0
+    """A source that makes no progress on a chunk for this long is reported and skipped."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -48,7 +61,15 @@ class PeerConfig:
             raise ConfigError("price_per_hour", f"must be >= 0, got {self.price_per_hour}")
         if self.leases_in_flight < 1:
             raise ConfigError("leases_in_flight", f"must be >= 1, got {self.leases_in_flight}")
-        for name in ("connect_timeout_s", "reconnect_max_s", "heartbeat_s", "hub_timeout_s"):
+        if self.keep_versions < 2:
+            raise ConfigError("keep_versions", f"must be >= 2 (a delta needs its base), got {self.keep_versions}")
+        if self.upload_limit_mbps < 0:
+            raise ConfigError("upload_limit_mbps", f"must be >= 0, got {self.upload_limit_mbps}")
+        if self.advertise and not self.advertise.startswith(("http://", "https://")):
+            raise ConfigError("advertise", f"expected http://HOST:PORT, got {self.advertise!r}")
+        self.listen_host_port  # noqa: B018  (parsed now, so a bad address fails at start)
+        for name in ("connect_timeout_s", "reconnect_max_s", "heartbeat_s", "hub_timeout_s",
+                     "relay_stall_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         normalize_url(self.hub_url)
@@ -66,6 +87,16 @@ class PeerConfig:
         if len(key) != 32:
             raise ConfigError("hub_key", "expected 64 hex digits (a 32-byte Ed25519 key)")
         return key
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        """`listen` split into host and port."""
+        host, _, port = self.listen.rpartition(":")
+        if not self.listen:
+            return "", 0
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError("listen", f"expected HOST:PORT, got {self.listen!r}")
+        return host.strip("[]"), int(port)
 
     @property
     def display_name(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -39,3 +40,11 @@ async def running_peers(url: str, n: int = 1, engines: list | None = None,
             yield peers
         finally:
             stop.set()
+
+
+async def wait_until(condition, timeout_s: float = 60.0) -> None:
+    """Poll a condition that no event reports (another object's counters), with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)

@@ -18,15 +18,7 @@ from peer.client import PeerClient
 from peer.config import PeerConfig
 from peer.engine import TransformersEngine
 
-from conftest import running_peers
-
-
-async def wait_until(condition, timeout_s: float = 60.0) -> None:
-    """Poll a condition that no event reports (another object's counters), with a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
+from conftest import running_peers, wait_until
 
 
 async def test_two_peers_train_and_receive_versions(hub_cfg):
@@ -224,6 +216,10 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
         await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
         await wait_until(lambda: len(run.hub.peers) == 2)
         stuck = next(p for p in run.hub.peers.values() if p.hello.name == "stuck")
+        # Versions travel over HTTP now, so the hub sends this peer only small frames: shrink
+        # the hub's buffers for it so that they fill within a few publications.
+        stuck.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        stuck.transport.set_write_buffer_limits(high=4096)
         steps_then = run.hub.step
         try:
             while stuck.peer_id in run.hub.peers:  # heartbeats keep it from looking silent

@@ -21,7 +21,9 @@ ONE_OF_EACH = [
     m.VersionAnnouncement(m.Manifest(0, None, "zstd", "blake2b-256", 4, 4,
                                      [m.TensorEntry("w", "float32", [1], 0, 4)],
                                      [m.ChunkEntry(4, 4, b"h" * 32)])),
-    m.ChunkData(0, 0, b"abcd"), m.Goodbye(1000, "bye"),
+    m.RelayPlan(0, None, 1, [m.RelaySource("p2", "http://127.0.0.1:9")], b"\0\0\0\0"),
+    m.TransferReport(0, None, 1.5, 4, 0, [m.SourceRate("p2", 4, 0.5)]), m.RelayReport(0, "p2", "corrupt"),
+    m.Goodbye(1000, "bye"),
 ]
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from echo2p2p import messages as m
 from echo2p2p.errors import LocalProtocolError, SnapshotError
 from echo2p2p.messages import ChunkEntry
 from echo2p2p.snapshot import (
-    DTYPE_BYTES, ChunkAssembler, build_snapshot, chunk_digest,
+    DTYPE_BYTES, ChunkAssembler, build_snapshot, chunk_digest, validate_manifest,
 )
 from peer.weights import state_to_tensors, tensors_to_state
 
@@ -246,3 +248,142 @@ def test_tensors_to_state_rejects_wrong_size():
     """tensors_to_state raises SnapshotError when bytes do not fit dtype and shape."""
     with pytest.raises(SnapshotError):
         tensors_to_state([("a", "bfloat16", [3], b"\0" * 5)])
+
+
+# --- full snapshots: arrival with repeats ---------------------------------------------------
+
+
+@FAST
+@given(tensors=tensor_lists, chunk_bytes=st.integers(1, 300), data=st.data())
+def test_repeated_chunks_in_any_order_count_once(tensors, chunk_bytes, data):
+    """Chunks arriving in any order, some several times, assemble once: add() turns True with
+    the last new chunk, repeats change neither the bytes taken nor the result."""
+    manifest, chunks = build_snapshot(5, tensors, chunk_bytes=chunk_bytes)
+    n = len(chunks)
+    repeats = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n)) if n else []
+    arrivals = data.draw(st.permutations(list(range(n)) + repeats))
+    asm = ChunkAssembler(manifest)
+    seen: set[int] = set()
+    for i in arrivals:
+        seen.add(i)
+        assert asm.add(i, chunks[i]) == (len(seen) == n)
+        assert asm.received_bytes == sum(len(chunks[j]) for j in seen)
+        assert asm.missing == sorted(set(range(n)) - seen)
+    assert bytes(asm.stream()) == b"".join(bytes(t[3]) for t in tensors)
+
+
+# --- delta snapshots -----------------------------------------------------------------------
+
+
+def _split(stream: bytes, specs: list[tuple[str, list[int]]]) -> list:
+    """Tensors t0, t1, ... of the given (dtype, shape), cut in order from `stream`."""
+    out, pos = [], 0
+    for i, (dtype, shape) in enumerate(specs):
+        n = math.prod(shape) * DTYPE_BYTES[dtype]
+        out.append((f"t{i}", dtype, shape, stream[pos:pos + n]))
+        pos += n
+    return out
+
+
+@st.composite
+def delta_cases(draw):
+    """(tensors of the new version, base stream, new stream): new = base with a random share of
+    bytes, or of whole 2/4/8-byte words, changed; the share is sometimes exactly 0 or 1."""
+    common = st.sampled_from(["bfloat16", "float32", "uint8", "int64"])
+    dtypes = st.one_of(common, st.sampled_from(sorted(DTYPE_BYTES)))
+    specs = draw(st.lists(st.tuples(dtypes, st.lists(st.integers(0, 7), max_size=3)), max_size=5))
+    total = sum(math.prod(shape) * DTYPE_BYTES[d] for d, shape in specs)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    base = rng.integers(0, 256, total, dtype=np.uint8)
+    unit = draw(st.sampled_from([1, 2, 4, 8]))
+    density = draw(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)))
+    new = base.copy()
+    words = new[:total // unit * unit].reshape(-1, unit)  # (words, unit), a view into new
+    hit = rng.random(len(words)) < density  # random() < 1.0 always: density 1 changes all
+    mask = rng.integers(0, 256, (int(hit.sum()), unit), dtype=np.uint8)
+    mask[:, 0] |= 1  # every word hit really changes
+    words[hit] ^= mask
+    return _split(new.tobytes(), specs), base.tobytes(), new.tobytes()
+
+
+@FAST
+@given(case=delta_cases(), data=st.data())
+def test_delta_round_trip_any_order(case, data):
+    """A delta manifest validates, crosses the wire in a VersionAnnouncement, and its chunks,
+    applied to the base in any order, rebuild the new stream bit for bit."""
+    tensors, base, new = case
+    chunk_bytes = data.draw(st.integers(max(1, len(new) // 150), max(1, len(new)) + 64))
+    manifest, chunks = build_snapshot(9, tensors, chunk_bytes=chunk_bytes, base=(4, base))
+    assert (manifest.codec, manifest.base_version, manifest.total_bytes) == ("delta", 4, len(new))
+    assert manifest.digest == chunk_digest(new)
+    validate_manifest(manifest)
+    announcement = m.VersionAnnouncement(manifest, b"\x01" * 64)
+    assert m.decode(m.encode(announcement)) == announcement
+    asm = ChunkAssembler(manifest, base=memoryview(base))
+    for i in data.draw(st.permutations(range(len(chunks)))):
+        asm.add(i, chunks[i])
+    assert bytes(asm.stream()) == new
+    assert [(n, d, s, bytes(v)) for n, d, s, v in asm.tensors()] == tensors
+
+
+def _delta_pair(density: float = 0.05):
+    """v1 -> v2 of one bf16 tensor, as (base stream, new stream, delta manifest, its chunks)."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**16, 600, dtype=np.uint16)
+    new = base.copy()
+    hit = rng.random(new.size) < density
+    new[hit] ^= 0x0101
+    tensors = [("w", "bfloat16", [20, 30], new.tobytes())]
+    manifest, chunks = build_snapshot(2, tensors, chunk_bytes=128, base=(1, base.tobytes()))
+    return base.tobytes(), new.tobytes(), manifest, chunks
+
+
+@pytest.mark.parametrize("density", [0.01, 0.9])
+def test_delta_on_the_wrong_base_fails_the_stream_digest(density):
+    """Every chunk of a delta applied to a base one byte off verifies, but stream() and
+    tensors() then raise SnapshotError: the wrong base never passes silently."""
+    base, new, manifest, chunks = _delta_pair(density)
+    pos = next(i for i in range(len(base) - 1, -1, -1) if base[i] == new[i])
+    wrong = bytearray(base)
+    wrong[pos] ^= 0x40
+    asm = ChunkAssembler(manifest, base=bytes(wrong))
+    for i in range(len(chunks)):
+        asm.add(i, chunks[i])
+    assert asm.complete
+    with pytest.raises(SnapshotError, match="digest"):
+        asm.stream()
+    with pytest.raises(SnapshotError, match="digest"):
+        asm.tensors()
+
+
+def test_delta_needs_exactly_its_base():
+    """A delta without a base, a full snapshot with one, or a base of the wrong length: refused."""
+    base, new, delta_manifest, _ = _delta_pair()
+    full_manifest, _ = build_snapshot(2, [("w", "bfloat16", [20, 30], new)], chunk_bytes=128)
+    with pytest.raises(SnapshotError):
+        ChunkAssembler(delta_manifest)
+    with pytest.raises(SnapshotError):
+        ChunkAssembler(full_manifest, base=base)
+    for wrong in (base[:-2], base + b"\0\0", b""):
+        with pytest.raises(SnapshotError):
+            ChunkAssembler(delta_manifest, base=wrong)
+
+
+def test_build_delta_rejects_a_base_of_the_wrong_length():
+    """build_snapshot with a base longer or shorter than the version raises LocalProtocolError."""
+    tensors = [("w", "uint8", [10], bytes(10))]
+    for wrong in (bytes(9), bytes(11)):
+        with pytest.raises(LocalProtocolError):
+            build_snapshot(2, tensors, base=(1, wrong))
+
+
+def test_codec_and_base_version_must_agree():
+    """validate_manifest refuses codec "delta" without a base version and "zstd" with one."""
+    _, _, delta_manifest, _ = _delta_pair()
+    _, full_manifest, _ = _snapshot()
+    validate_manifest(delta_manifest)
+    validate_manifest(full_manifest)
+    with pytest.raises(SnapshotError):
+        validate_manifest(dataclasses.replace(delta_manifest, base_version=None))
+    with pytest.raises(SnapshotError):
+        validate_manifest(dataclasses.replace(full_manifest, base_version=1))

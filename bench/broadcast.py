@@ -1,0 +1,298 @@
+"""How long one version takes to reach N peers: star vs our pipelined overlay vs shardcast.
+
+The hub and every peer are separate processes, each in its own network namespace with its
+uplink shaped to B by `tc tbf` (`netns.Testbed`); the hub publishes a random (incompressible)
+version of M bytes and logs when each peer holds all of it, verified. Strategies:
+- star: the hub uploads the version to every peer (`echo2-hub --relay star`);
+- pipelined: our overlay: the hub uploads each chunk once to its owner, owners relay to the rest
+  as soon as a chunk is verified (`echo2p2p.relay`), shares weighted by measured upload;
+- shardcast: PyPI shardcast's relay tree (`shardcast_race.py`), same hosts, shaping and bytes.
+Modes (pipelined, at the largest N): uniform links; heterogeneous (every third peer's uplink at
+B/4), against the max-flow lower bound M / min(B_hub, (B_hub + sum of peer uplinks) / N) of
+upload-limited broadcast; churn (25 % of the relaying peers SIGKILLed 0.35 M/B into the
+version), against the undisturbed time. Our peers run `echo2-peer join --engine relay`; each
+run first broadcasts one untimed version so the hub has measured every peer's upload.
+
+    python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 32] [--rate-mbit 40]
+
+Prints a table, writes broadcast.png (completion time vs N per strategy; needs matplotlib),
+then one JSON line: {"bench": "broadcast", "shaping": "tbf", "n_peers", "bytes", "rate_bps",
+"chunk_bytes", "ratio_to_ideal": {"star", "pipelined", "shardcast"},
+"heterogeneous_ratio_to_bound", "churn_ratio"}, where ratio_to_ideal = time for all peers to
+hold the version / (M/B) at the largest N. Without root (no namespaces) every process runs on
+127.0.0.1 with an in-process token bucket instead ("shaping": "token-bucket"; no shardcast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import netns  # noqa: E402
+import shardcast_race  # noqa: E402
+
+from echo2p2p.snapshot import auto_chunk_bytes  # noqa: E402
+
+HUB_PORT = 8765
+RUN_TIMEOUT_S = 600.0
+
+
+# --- the hub process: a tracker that publishes random versions --------------------------
+
+
+async def hub_main(args: argparse.Namespace) -> None:
+    """Publish v0 (tiny, to join on), then `rounds` random versions of `bytes` each; print one
+    JSON line when each is published and its propagation record when it has spread."""
+    from echo2p2p import signing
+    from echo2p2p.tasks import AdditionTask
+    from hub.config import HubConfig
+    from hub.server import Hub, TokenizedProblem, blob_version, serve
+
+    cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
+                    upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
+                    zstd_level=1)
+    key = signing.new_private_key()
+    task = AdditionTask(seed=0)
+    records: asyncio.Queue[dict] = asyncio.Queue()
+    hub = Hub(cfg, "bench", task, [TokenizedProblem(task.problems("train")[0], [1])],
+              signing.public_key(key), on_event=records.put_nowait)
+    async with serve(hub, cfg.host, cfg.port):
+        hub.publish(blob_version(key, 0, b"\0" * 64))
+        while not (len(hub.peers) == args.n_peers
+                   and all(p.stream_version == 0 for p in hub.peers.values())):
+            await asyncio.sleep(0.05)  # joining is not part of the race
+        for version in range(1, args.rounds + 1):
+            built = await asyncio.to_thread(blob_version, key, version, os.urandom(args.bytes),
+                                            chunk_bytes=cfg.chunk_bytes, zstd_level=1)
+            hub.publish(built)
+            print(json.dumps({"published": version}), flush=True)
+            while (record := await records.get())["version"] != version:
+                pass
+            print(json.dumps(record), flush=True)
+
+
+# --- the orchestrator ---------------------------------------------------------------------
+
+
+class Cluster:
+    """A hub and N relay peers as processes, in a testbed's namespaces or on loopback."""
+
+    def __init__(self, bed: netns.Testbed | None, n: int, relay: str, args: argparse.Namespace,
+                 rates_bps: list[int]):
+        self.bed, self.procs = bed, []
+        host = bed.hosts[0].ip if bed else "127.0.0.1"
+        port = HUB_PORT if bed else _free_port()
+        rounds = 1 if relay == "star" else 2  # pipelined: one untimed round to measure uplinks
+        limit = [] if bed else ["--limit-mbps", str(rates_bps[0] / 1e6)]
+        self.hub = self._start(0, [sys.executable, __file__, "_hub", "--host", host, "--port",
+                                   str(port), "--relay", relay, "--n-peers", str(n), "--bytes",
+                                   str(args.bytes), "--chunk-bytes", str(args.chunk_bytes),
+                                   "--rounds", str(rounds), *limit], stdout=subprocess.PIPE)
+        self.rounds = rounds
+        for i in range(1, n + 1):
+            cap = [] if bed else ["--upload-limit-mbps", str(rates_bps[i] / 1e6)]
+            listen = f"{bed.hosts[i].ip if bed else '127.0.0.1'}:0"
+            self.procs.append(self._start(i, [
+                sys.executable, "-m", "peer.cli", "join", f"ws://{host}:{port}/ws",
+                "--engine", "relay", "--name", f"peer{i}", "--listen", listen,
+                "--log-level", "error", *cap]))
+
+    def _start(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        kw.update(env=env, start_new_session=True, text=True)
+        return self.bed.popen(i, argv, **kw) if self.bed else subprocess.Popen(argv, **kw)
+
+    def timed_record(self, on_published=None) -> dict:
+        """The propagation record of the last round; `on_published()` runs as it starts."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        for line in self.hub.stdout:
+            msg = json.loads(line)
+            if msg.get("published") == self.rounds and on_published:
+                on_published()
+            if msg.get("version") == self.rounds:
+                return msg
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError(f"hub ended or timed out without a record (exit {self.hub.poll()})")
+
+    def close(self) -> None:
+        for proc in [self.hub, *self.procs]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_ours(bed, n: int, relay: str, rates_bps: list[int], args, churn: float = 0.0) -> dict:
+    """One broadcast with our hub and peers; the record plus 'all_s', the time by which every
+    peer still alive held the version."""
+    cluster = Cluster(bed, n, relay, args, rates_bps)
+    try:
+        def kill_some():  # churn: a timer after publication, then SIGKILL a quarter of peers
+            time.sleep(0.35 * args.bytes * 8 / rates_bps[0])
+            for proc in random.Random(n).sample(cluster.procs, max(1, round(churn * n))):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        record = cluster.timed_record(kill_some if churn else None)
+    finally:
+        cluster.close()
+    record["all_s"] = record["done_s"] if record["complete"] else None
+    return record
+
+
+def run_shardcast(bed, n: int, args) -> dict:
+    payload = Path(args.workdir) / "payload.bin"
+    payload.write_bytes(os.urandom(args.bytes))
+    middles, clients = shardcast_race.default_topology(n)
+    out = shardcast_race.run_shardcast(bed, origin=0, middles=middles, clients=clients,
+                                       payload=payload, timeout_s=RUN_TIMEOUT_S,
+                                       workdir=Path(args.workdir), shard_bytes=args.chunk_bytes)
+    return {"all_s": out["completion_s"] if out["ok"] else None, "error": out["error"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="N = 8, M = 8 MiB: a few minutes")
+    p.add_argument("--peers", default="4,8,16", help="values of N, comma-separated")
+    p.add_argument("--mbytes", type=float, default=16, help="M, the version's size in MiB")
+    p.add_argument("--rate-mbit", type=float, default=20, help="B, every uplink, Mbit/s")
+    p.add_argument("--chunk-kib", type=int, default=0,
+                   help="chunk (and shardcast shard) size; 0 = the hub's automatic choice")
+    p.add_argument("--strategies", default="star,pipelined,shardcast")
+    p.add_argument("--modes", default="uniform,heterogeneous,churn")
+    p.add_argument("--plot", default="broadcast.png")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.peers, args.mbytes = "8", 8
+    ns = sorted(int(x) for x in args.peers.split(","))
+    args.bytes = int(args.mbytes * 2**20)
+    args.chunk_bytes = args.chunk_kib << 10 or auto_chunk_bytes(args.bytes)
+    rate = int(args.rate_mbit * 1e6)
+    ideal_s = args.bytes * 8 / rate
+    strategies, modes = args.strategies.split(","), args.modes.split(",")
+    why_not = netns.unavailable()
+    shaping = "tbf" if why_not is None else "token-bucket"
+    if why_not:
+        print(f"no network namespaces ({why_not}): shaping in-process, without shardcast",
+              file=sys.stderr)
+        strategies = [s for s in strategies if s != "shardcast"]
+
+    rows: list[tuple[str, str, int, float | None, float | None]] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        args.workdir = workdir
+
+        def one(mode: str, strategy: str, n: int) -> float | None:
+            rates = [rate] * (n + 1)
+            if mode == "heterogeneous":
+                rates = [rate] + [rate // 4 if i % 3 == 0 else rate for i in range(1, n + 1)]
+            bed = netns.Testbed(n + 1, rates) if shaping == "tbf" else None
+            try:
+                if strategy == "shardcast":
+                    result = run_shardcast(bed, n, args)
+                else:
+                    result = run_ours(bed, n, strategy, rates, args,
+                                      churn=0.25 if mode == "churn" else 0.0)
+            finally:
+                if bed:
+                    bed.close()
+            t = result["all_s"]
+            if mode == "heterogeneous":
+                bound = args.bytes * 8 / min(rates[0], sum(rates) / n)
+                rows.append((mode, strategy, n, t, t / bound if t else None))
+            else:
+                rows.append((mode, strategy, n, t, t / ideal_s if t else None))
+            print(f"{mode:14s} {strategy:10s} N={n:3d}  {_fmt(t)} s  ratio {_fmt(rows[-1][4])}"
+                  + (f"  ({result.get('error')})" if result.get("error") else ""), flush=True)
+            return t
+
+        if "uniform" in modes:
+            for n in ns:
+                for strategy in strategies:
+                    one("uniform", strategy, n)
+        n_max = ns[-1]
+        if "heterogeneous" in modes and "pipelined" in strategies:
+            one("heterogeneous", "pipelined", n_max)
+        if "churn" in modes and "pipelined" in strategies:
+            one("churn", "pipelined", n_max)
+
+    by = {(mode, s, n): ratio for mode, s, n, _, ratio in rows}
+    uniform = {s: by.get(("uniform", s, n_max)) for s in ("star", "pipelined", "shardcast")}
+    undisturbed = next((t for mode, s, n, t, _ in rows
+                        if (mode, s, n) == ("uniform", "pipelined", n_max)), None)
+    churned = next((t for mode, s, n, t, _ in rows if mode == "churn"), None)
+    _plot(rows, ns, args.plot, ideal_s)
+    print(f"M = {args.bytes / 2**20:.0f} MiB, B = {rate / 1e6:.0f} Mbit/s, M/B = {ideal_s:.2f} s, "
+          f"chunks of {args.chunk_bytes >> 10} KiB, shaping {shaping}")
+    print(json.dumps({
+        "bench": "broadcast", "shaping": shaping, "n_peers": n_max, "bytes": args.bytes,
+        "rate_bps": rate, "chunk_bytes": args.chunk_bytes,
+        "ratio_to_ideal": {s: _round(r) for s, r in uniform.items()},
+        "heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "pipelined", n_max))),
+        "churn_ratio": _round(churned / undisturbed if churned and undisturbed else None),
+    }))
+    return 0
+
+
+def _plot(rows, ns: list[int], path: str, ideal_s: float) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy in ("star", "pipelined", "shardcast"):
+        points = [(n, t) for mode, s, n, t, _ in rows if mode == "uniform" and s == strategy and t]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=strategy)
+    ax.axhline(ideal_s, color="grey", linestyle="--", label="M/B")
+    ax.set(xlabel="peers N", ylabel="time until every peer holds the version (s)", xticks=ns,
+           title="one version, every uplink shaped to B")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fmt(x: float | None) -> str:
+    return "   -  " if x is None else f"{x:6.2f}"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _hub_entry(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    for flag, typ in (("--host", str), ("--port", int), ("--relay", str), ("--n-peers", int),
+                      ("--bytes", int), ("--chunk-bytes", int), ("--rounds", int),
+                      ("--limit-mbps", float)):
+        p.add_argument(flag, type=typ, default=0.0 if typ is float else None)
+    asyncio.run(hub_main(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_hub"]:
+        _hub_entry(sys.argv[2:])
+    else:
+        sys.exit(main())

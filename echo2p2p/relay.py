@@ -1,0 +1,145 @@
+"""Broadcast planning: from whom each peer fetches each chunk of a version. The hub is the tracker.
+
+Theory of operation ("scatter, then all-gather", pipelined). Every chunk of a version gets one
+*owner* among the peers that serve: the owner fetches that chunk from the hub, and every other
+peer fetches it from the owner. Owners' shares are proportional to their measured upload
+bandwidth and interleaved along the stream, so the hub's uplink carries the version once, each
+owner uploads its share to the N - 1 others, and a chunk moves on as soon as it is verified
+while the next one is still arriving. With N peers of upload B each, that takes about
+M/B + 2 chunk times, for any N; a star (the hub sends everything to everyone) takes N * M/B.
+A peer that cannot accept connections is a leaf: it owns nothing and only pulls.
+
+When an owner leaves, or peers report it as corrupt or stalled, its chunks are re-dealt to the
+remaining owners (a new plan revision); a chunk nobody can serve comes from the hub. This
+module is pure: no sockets, no clock; `propagation` turns the hub's observations into the
+per-version figures of the run log.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+
+from . import messages as m
+
+STRATEGIES = ("pipelined", "star")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A peer taking part in one version's broadcast."""
+
+    peer_id: str
+    url: str | None  # its chunk server; None for a leaf
+    upload_bps: float = 0.0  # measured upload bandwidth; 0 = not measured yet
+
+
+def deal(n_chunks: int, weights: list[float]) -> list[int]:
+    """Owner index per chunk: shares in proportion to `weights`, spread evenly along the stream.
+
+    Smooth weighted round robin (as nginx balances upstreams): each chunk goes to the owner
+    whose running credit is highest, so no owner gets a long run of consecutive chunks. An
+    owner gets at most 1 chunk more than its exact share (and, rarely, a little more than 1
+    less). Weights are scaled to integers first, so that equal weights tie exactly.
+    """
+    if not weights or any(not (w > 0 and math.isfinite(w)) for w in weights):
+        raise ValueError(f"weights must be positive and finite, got {weights}")
+    top = max(weights)
+    weights = [max(1, round(w / top * 1_000_000)) for w in weights]
+    total = sum(weights)
+    credit = [0] * len(weights)
+    owners = []
+    for _ in range(n_chunks):
+        for j, w in enumerate(weights):
+            credit[j] += w
+        best = max(range(len(weights)), key=credit.__getitem__)
+        credit[best] -= total
+        owners.append(best)
+    return owners
+
+
+@dataclass
+class Broadcast:
+    """The plan for one manifest (a version, full or delta against one base) and its revisions."""
+
+    version: int
+    base_version: int | None
+    n_chunks: int
+    strategy: str = "pipelined"
+    members: dict[str, Member] = field(default_factory=dict)
+    excluded: set[str] = field(default_factory=set)  # left, or reported: never an owner again
+    revision: int = 0
+    _owners: list[str | None] = field(default_factory=list)  # peer id per chunk; None = the hub
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+
+    def start(self, members: list[Member]) -> m.RelayPlan:
+        """Deal every chunk among the serving members; the first plan."""
+        self.members = {mb.peer_id: mb for mb in members}
+        self._owners = [None] * self.n_chunks
+        self._redeal(range(self.n_chunks))
+        return self.plan()
+
+    def join(self, member: Member) -> m.RelayPlan:
+        """A peer that arrived after the start pulls by the current plan; it owns nothing."""
+        self.members[member.peer_id] = member
+        return self.plan()
+
+    def drop(self, peer_id: str) -> m.RelayPlan | None:
+        """Stop routing through `peer_id` (left, corrupt or stalled); the new plan if it owned
+        chunks, else None."""
+        self.excluded.add(peer_id)
+        orphaned = [i for i, owner in enumerate(self._owners) if owner == peer_id]
+        if not orphaned:
+            return None
+        self._redeal(orphaned)
+        return self.plan()
+
+    def plan(self) -> m.RelayPlan:
+        self.revision += 1
+        ids = sorted({o for o in self._owners if o is not None})
+        index = {peer_id: k for k, peer_id in enumerate(ids)}
+        owners = [m.HUB_OWNER if o is None else index[o] for o in self._owners]
+        return m.RelayPlan(self.version, self.base_version, self.revision,
+                           [m.RelaySource(i, self.members[i].url) for i in ids],
+                           struct.pack(f"<{len(owners)}I", *owners))
+
+    def hub_share(self) -> float:
+        """Fraction of chunks nobody relays: the hub serves them to every member."""
+        return sum(o is None for o in self._owners) / max(self.n_chunks, 1)
+
+    def _redeal(self, chunks: range | list[int]) -> None:
+        servers = [mb for mb in self.members.values()
+                   if mb.url and mb.peer_id not in self.excluded]
+        if self.strategy == "star" or not servers:
+            for i in chunks:
+                self._owners[i] = None
+            return
+        known = [mb.upload_bps for mb in servers if mb.upload_bps > 0]
+        default = sum(known) / len(known) if known else 1.0  # unmeasured: assume the average
+        weights = [mb.upload_bps if mb.upload_bps > 0 else default for mb in servers]
+        for i, j in zip(chunks, deal(len(chunks), weights)):
+            self._owners[i] = servers[j].peer_id
+
+
+def owners_of(plan: m.RelayPlan) -> list[int]:
+    """The per-chunk owner indices of a plan; ValueError if they do not fit its sources."""
+    if len(plan.owners) % 4:
+        raise ValueError("owners is not a packed uint32 array")
+    owners = list(struct.unpack(f"<{len(plan.owners) // 4}I", plan.owners))
+    if any(o != m.HUB_OWNER and o >= len(plan.sources) for o in owners):
+        raise ValueError("an owner index points past the sources")
+    return owners
+
+
+def propagation(done_after_s: list[float], n_peers: int) -> dict[str, float | None]:
+    """Seconds until 50, 90 and 100 % of `n_peers` held the version (None: not reached)."""
+    times = sorted(done_after_s)
+    out: dict[str, float | None] = {}
+    for pct in (50, 90, 100):
+        need = max(1, math.ceil(n_peers * pct / 100))
+        out[f"t{pct}_s"] = round(times[need - 1], 3) if len(times) >= need else None
+    return out
