@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", default="star,pipelined,shardcast")
     p.add_argument("--modes", default="uniform,heterogeneous,churn")
     p.add_argument("--plot", default="broadcast.png")
+    p.add_argument("--shaping", choices=("tbf", "token-bucket"), default="tbf",
+                   help="token-bucket: no namespaces, every process on 127.0.0.1 with an "
+                        "in-process uplink cap (the fallback when namespaces cannot be made)")
     args = p.parse_args(argv)
     if args.quick:
         args.peers, args.mbytes = "8", 8
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = int(args.rate_mbit * 1e6)
     ideal_s = args.bytes * 8 / rate
     strategies, modes = args.strategies.split(","), args.modes.split(",")
-    why_not = netns.unavailable()
+    why_not = netns.unavailable() if args.shaping == "tbf" else "--shaping token-bucket"
     shaping = "tbf" if why_not is None else "token-bucket"
     if why_not:
         print(f"no network namespaces ({why_not}): shaping in-process, without shardcast",
