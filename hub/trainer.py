@@ -168,8 +168,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
     hub = Hub(cfg, run_id, task, problems, signing.public_key(key),
-              on_event=lambda record: runlog.event(
-                  record, _propagation_line(record) if record["version"] % 10 == 0 else None))
+              on_event=lambda record: runlog.event(  # a line for one version in ten
+                  record, _propagation_line(record) if record["version"] % 10 == 5 else None))
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
     await run.publish()
 
