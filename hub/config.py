@@ -107,9 +107,9 @@ class HubConfig:
             raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
         if self.chunk_bytes < 0:
             raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
-        if self.anchor_every < 1 or self.keep_versions < 2 or self.upload_limit_mbps < 0:
-            raise ConfigError("anchor_every/keep_versions/upload_limit_mbps",
-                              "must be >= 1, >= 2 and >= 0")
+        for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         check_schedule(self.max_lag, self.kappa)
 
     @property

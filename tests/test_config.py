@@ -35,6 +35,10 @@ def test_flags_override_toml_override_defaults():
     ({"max_lag": 1, "publish_every": 3}, {}, "publish_every"),
     ({}, {"group_size": "1"}, "group_size"),
     ({}, {"weights_dtype": "int8"}, "weights_dtype"),
+    ({"relay": "mesh"}, {}, "relay"),
+    ({}, {"chunk_bytes": "-1"}, "chunk_bytes"),
+    ({}, {"anchor_every": "0"}, "anchor_every"),
+    ({"keep_versions": 1}, {}, "keep_versions"),
 ])
 def test_bad_config_names_the_field(toml, flags, field):
     """A bad value raises ConfigError that names the offending field."""
@@ -96,3 +100,20 @@ def test_bad_hub_key_pin_names_the_field(pin):
         PeerConfig(hub_key=pin)
     assert info.value.field == "hub_key"
     assert PeerConfig(hub_key="ab" * 32).pinned_hub_key == bytes.fromhex("ab" * 32)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"listen": "nope"}, "listen"),
+    ({"listen": "host:99999"}, "listen"),
+    ({"advertise": "203.0.113.7:7000"}, "advertise"),
+    ({"keep_versions": 1}, "keep_versions"),
+    ({"upload_limit_mbps": -1.0}, "upload_limit_mbps"),
+    ({"relay_stall_s": 0.0}, "relay_stall_s"),
+])
+def test_bad_relay_settings_name_the_field(fields, field):
+    """The peer's chunk-server and download settings are checked at start, naming the field."""
+    with pytest.raises(ConfigError) as info:
+        PeerConfig(**fields)
+    assert info.value.field == field
+    assert PeerConfig(listen="").listen_host_port == ("", 0)
+    assert PeerConfig(listen="[::1]:7000").listen_host_port == ("::1", 7000)

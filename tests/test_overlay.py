@@ -16,6 +16,7 @@ from hub.config import HubConfig
 from hub.server import Hub, TokenizedProblem, blob_version, serve
 from peer.client import PeerClient
 from peer.config import PeerConfig
+from peer.relay import GONE
 
 from conftest import wait_until
 
@@ -23,14 +24,17 @@ CHUNK = 16 << 10
 
 
 @contextlib.asynccontextmanager
-async def tracker(**overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
-    """A hub with no learner: it only announces versions and plans their broadcast."""
+async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
+    """A hub with no learner: it only announces versions and plans their broadcast. `setup(hub)`
+    runs before it serves."""
     cfg = replace(HubConfig(port=0, chunk_bytes=CHUNK), **overrides)
     key = signing.new_private_key()
     task = AdditionTask(seed=0)
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     records: list[dict] = []
     hub = Hub(cfg, "run", task, problems, signing.public_key(key), on_event=records.append)
+    if setup is not None:
+        setup(hub)
     async with serve(hub, "127.0.0.1", 0) as port:
         yield hub, key, f"ws://127.0.0.1:{port}/ws", records
 
@@ -165,3 +169,30 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
     assert record["peers_on_delta"] == 3 and record["complete"]
     assert record["delta_wire_bytes"] < record["full_wire_bytes"] / 5
     assert record["bytes_from_hub"] + record["bytes_from_peers"] <= 3 * record["delta_wire_bytes"] * 1.01
+
+
+async def test_a_failing_hub_request_is_retried_not_fatal():
+    """The hub is the last resort: when it fails a request (here: the first one for each chunk
+    answers 404), the peer asks again and still completes the version."""
+    data = os.urandom(128 << 10)
+    refused: set[int] = set()
+
+    def make_flaky(hub: Hub) -> None:
+        honest = hub.chunk_lookup
+
+        async def flaky(version, base, index, wait_s):
+            if version == 1 and index not in refused:
+                refused.add(index)
+                return GONE
+            return await honest(version, base, index, wait_s)
+
+        hub.chunk_lookup = flaky
+
+    async with tracker(make_flaky, relay="star") as (hub, key, url, records):
+        async with Peers(url, 1) as (peer,):
+            hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+            await joined(hub, 1)
+            hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+            await wait_until(lambda: holds(peer, 1))
+            assert bytes(peer.store._streams[1]) == data
+    assert len(refused) == len(data) // CHUNK
