@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,16 +115,19 @@ class Cluster:
         return self.bed.popen(i, argv, **kw) if self.bed else subprocess.Popen(argv, **kw)
 
     def timed_record(self, on_published=None) -> dict:
-        """The propagation record of the last round; `on_published()` runs as it starts."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        for line in self.hub.stdout:
-            msg = json.loads(line)
-            if msg.get("published") == self.rounds and on_published:
-                on_published()
-            if msg.get("version") == self.rounds:
-                return msg
-            if time.monotonic() > deadline:
-                break
+        """The propagation record of the last round; `on_published()` runs as it starts. After
+        RUN_TIMEOUT_S a watchdog kills the hub, which ends the wait."""
+        watchdog = threading.Timer(RUN_TIMEOUT_S, lambda: os.killpg(self.hub.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            for line in self.hub.stdout:
+                msg = json.loads(line)
+                if msg.get("published") == self.rounds and on_published:
+                    on_published()
+                if msg.get("version") == self.rounds:
+                    return msg
+        finally:
+            watchdog.cancel()
         raise RuntimeError(f"hub ended or timed out without a record (exit {self.hub.poll()})")
 
     def close(self) -> None:

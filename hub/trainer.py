@@ -91,7 +91,7 @@ class HubRun:
         self._last_stream = (version, b"".join(raw for _, _, _, raw in tensors))
         return Published(full, delta)
 
-    def _sign(self, manifest, chunks: list[bytes]) -> Snapshot:
+    def _sign(self, manifest: Any, chunks: list[bytes]) -> Snapshot:
         return Snapshot(manifest, chunks, signing.sign_manifest(self.signing_key, manifest))
 
     async def evaluate(self) -> float:
