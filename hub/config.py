@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo2p2p.errors import ConfigError
+from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
 
 DEFAULT_PORT = 8765
@@ -103,8 +104,8 @@ class HubConfig:
             raise ConfigError("weights_dtype", f"bfloat16 or float32, got {self.weights_dtype!r}")
         if self.max_steps < 0 or self.eval_every < 0 or self.publish_every < 0:
             raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
-        if self.relay not in ("pipelined", "star"):
-            raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
+        if self.relay not in STRATEGIES:
+            raise ConfigError("relay", f"one of {', '.join(STRATEGIES)}, got {self.relay!r}")
         if self.chunk_bytes < 0:
             raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0)):
