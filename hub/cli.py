@@ -1,4 +1,5 @@
-"""`echo2-hub`: serve a training run, or run the whole demo (hub + local peers) in one command.
+"""`echo2-hub`: serve a training run, run the whole demo (hub + local peers) in one command, or
+plan the rollout capacity and the workers to rent for a run.
 
 Heavy imports (torch, transformers) happen after argument parsing, so `--help` answers at once.
 """
@@ -17,6 +18,7 @@ from echo2p2p.errors import ConfigError
 from peer import process
 
 from .config import HubConfig
+from .plan import PlanConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(p, HubConfig)
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
+    plan = sub.add_parser("plan", help="offline: required rollout throughput, feasible S/kappa, "
+                                       "which workers to activate and what it costs")
+    plan.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_arguments(plan, PlanConfig)
     return parser
 
 
@@ -48,6 +55,8 @@ def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubCo
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return _plan(args)
     process.configure(args.log_level)
     try:
         cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
@@ -64,6 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         return process.run(coro)
     except KeyboardInterrupt:
         return 130
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import run
+
+    try:
+        table = tomllib.loads(args.config.read_text()).get("plan", {}) if args.config else {}
+        print(run(resolve(PlanConfig, table, vars(args)), args.json))
+    except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
+        print(f"echo2-hub plan: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

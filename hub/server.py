@@ -70,6 +70,8 @@ class PeerConn:
     held_version: int | None = None  # loaded in its engine
     stream_version: int | None = None  # newest version it has whole (a base for deltas)
     upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
+    admitted_samples: int = 0  # completions of this peer admitted so far
+    rollouts_per_s: float = 0.0  # its throughput, an EWMA (see Hub.measure_throughput)
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
     def member(self) -> Member:
@@ -236,6 +238,17 @@ class Hub:
                 conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
                     cfg.group_size, cfg.lease_timeout_s, lease.min_version))
+
+    def measure_throughput(self, since: dict[str, int], elapsed_s: float, weight: float = 0.3) -> None:
+        """Fold each peer's admitted completions since the last call (`since` holds their counts
+        then, and is updated) into its rollouts/s EWMA."""
+        for conn in self.peers.values():
+            rate = (conn.admitted_samples - since.get(conn.peer_id, 0)) / max(elapsed_s, 1e-9)
+            conn.rollouts_per_s = rate if conn.peer_id not in since else \
+                (1 - weight) * conn.rollouts_per_s + weight * rate
+            since[conn.peer_id] = conn.admitted_samples
+        for gone in since.keys() - self.peers.keys():
+            del since[gone]
 
     async def expire_leases(self) -> None:
         """Forever: re-issue leases whose deadline passed."""
@@ -430,6 +443,7 @@ class Hub:
                                     msg.version, msg.samples, rewards))
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(msg.samples)
+        conn.admitted_samples += len(msg.samples)
         self._admitted.set()
         conn.post(m.Ack(msg.lease_id))
 

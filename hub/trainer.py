@@ -15,12 +15,14 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from echo2p2p import signing
+from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.staleness import is_publish_version, lag_versions
@@ -60,6 +62,7 @@ class HubRun:
         self.finished = asyncio.Event()
         self._published = 0
         self._last_stream: tuple[int, bytes] | None = None  # the base of the next delta
+        self.estimates = Estimates()
 
     @property
     def url(self) -> str:
@@ -107,9 +110,10 @@ class HubRun:
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
             self.runlog.event(record, f"base policy v0: held-out accuracy {acc:.3f}")
-        start = time.perf_counter()
+        start = last = time.perf_counter()
         busy_s = 0.0
         window = deque([(start, 0)], maxlen=6)  # (time, admitted samples): rates over 5 steps
+        counted: dict[str, int] = {}  # per peer: admitted completions at the last step
         while not cfg.max_steps or hub.step < cfg.max_steps:
             batch = await self.hub.wait_batch()
             step = hub.step
@@ -122,6 +126,9 @@ class HubRun:
             if is_publish_version(hub.step, cfg.kappa):
                 await self.publish()
             now = time.perf_counter()
+            hub.measure_throughput(counted, now - last)
+            self.estimates.train_step_s = _ewma(self.estimates.train_step_s, stats.step_s)
+            last = now
             c = hub.counters
             record = {
                 "step": step, "version": hub.step, "time_s": round(now - start, 3),
@@ -137,6 +144,7 @@ class HubRun:
                 "hub/peers": len(hub.peers),
                 "hub/closed_for_protocol_total": c.closed_for_protocol,
                 "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
+                **self.capacity_metrics(),
             }
             window.append((now, c.admitted_samples))
             if cfg.eval_every and hub.step % cfg.eval_every == 0:
@@ -144,6 +152,34 @@ class HubRun:
             self.records.append(record)
             self.runlog.step(record)
         self.finished.set()
+
+
+    def capacity_metrics(self) -> dict[str, Any]:
+        """The online estimates of the capacity model's inputs, and the busy fraction it predicts
+        from them (overlapped reading: peers keep generating while a version downloads)."""
+        est, cfg = self.estimates, self.cfg
+        mu = sum(p.rollouts_per_s for p in self.hub.peers.values())
+        workload = Workload(cfg.prompts_per_step * cfg.group_size, est.train_step_s or 1e-9,
+                            est.bcast_s or 0.0, cfg.max_lag, cfg.kappa)
+        return {
+            "capacity/train_step_s": round(est.train_step_s, 4),
+            "capacity/bcast_s": None if est.bcast_s is None else round(est.bcast_s, 4),
+            "capacity/rollouts_per_s": round(mu, 2),
+            "capacity/predicted_busy_frac": round(
+                predicted_busy_fraction(workload, mu, Reading.OVERLAPPED), 3),
+        }
+
+
+@dataclass
+class Estimates:
+    """EWMAs of the capacity model's inputs, measured while the run goes."""
+
+    train_step_s: float = 0.0  # T_train: the learner's forward, backward and optimiser step
+    bcast_s: float | None = None  # T_bcast: publication until every peer held the version
+
+
+def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if not old else (1 - weight) * old + weight * new
 
 
 @contextlib.asynccontextmanager
@@ -167,9 +203,12 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
                       temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
-    hub = Hub(cfg, run_id, task, problems, signing.public_key(key),
-              on_event=lambda record: runlog.event(  # a line for one version in ten
-                  record, _propagation_line(record) if record["version"] % 10 == 5 else None))
+    def on_propagation(record: dict[str, Any]) -> None:
+        if record["complete"]:
+            run.estimates.bcast_s = _ewma(run.estimates.bcast_s, record["done_s"])
+        runlog.event(record, _propagation_line(record) if record["version"] % 10 == 5 else None)
+
+    hub = Hub(cfg, run_id, task, problems, signing.public_key(key), on_event=on_propagation)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
     await run.publish()
 
@@ -222,8 +261,11 @@ def status(run: HubRun) -> dict[str, Any]:
         "published_version": hub.newest.version if hub.newest else None,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
                               "held_version": p.held_version, "relay_url": p.hello.listen_addr,
-                              "upload_mbps": round(p.upload_bps / 1e6, 2)}
+                              "upload_mbps": round(p.upload_bps / 1e6, 2),
+                              "rollouts_per_s": round(p.rollouts_per_s, 2),
+                              "price_per_hour": p.hello.price_per_hour}
                   for p in hub.peers.values()},
+        "capacity": run.capacity_metrics(),
         "queued_groups": len(hub.buffer), "open_leases": hub.leases.open_count,
         "last": run.records[-1] if run.records else None,
     }

@@ -63,7 +63,8 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3
     return model.float()
 
 
-def _source(name: str) -> str:
+def model_source(name: str) -> str:
+    """Where to load `name` from: the shipped built-in checkpoint, a local directory, or a hub id."""
     if name == BUILTIN_MODEL:
         path = builtin_dir()
         if not (path / "config.json").is_file():
@@ -81,7 +82,7 @@ _LOAD_LOCK = threading.Lock()
 
 def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """(model, tokenizer) for the built-in name, a local directory or a hub id; model in eval mode."""
-    source = _source(name)
+    source = model_source(name)
     try:
         with _LOAD_LOCK:  # from_pretrained's meta-device init is process-global: one at a time
             tokenizer = AutoTokenizer.from_pretrained(source)

@@ -1,0 +1,179 @@
+"""`echo2-hub plan`: how much rollout capacity keeps the learner busy, and which workers to rent.
+
+Offline and without a GPU. From the size of one version, the learner's uplink, the learner's
+step time, the rollouts it eats per step, S/kappa and a TOML list of candidate workers, it
+prints the required aggregate throughput (`echo2p2p.capacity`), the feasible (S, kappa), and for
+each activation policy (`echo2p2p.activation`) the active set, the predicted learner busy
+fraction, $/h and $ per 1,000 rollouts, beside the LP lower bound on cost.
+
+The broadcast time T_bcast is estimated for every candidate receiving each version (standby
+workers stay warm): with the pipelined overlay, the max-flow bound of upload-limited broadcast,
+M / min(B_hub, (B_hub + sum of worker uplinks) / N), times PIPELINED_OVER_BOUND as measured by
+`bench/broadcast.py`; with a star, N * M / B_hub.
+
+    echo2-hub plan --workers examples/workers.toml --model-bytes 16e9 --uplink-mbps 1000
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from echo2p2p.activation import (Selection, Worker, activate_all, choose_active, fastest_first,
+                                 lp_lower_bound)
+from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
+                               required_throughput)
+from echo2p2p.errors import ConfigError
+from echo2p2p.staleness import default_publish_every
+
+PIPELINED_OVER_BOUND = 1.4
+"""Measured completion time / max-flow bound of the overlay: 1.43 (uniform) and 1.34
+(heterogeneous) with 16 peers on tbf-shaped links (`bench/broadcast.py`)."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    workers: str = "examples/workers.toml"
+    """TOML file of candidate workers: [[worker]] tables with id, price_per_hour, rollouts_per_s,
+    upload_mbps and optionally count (that many identical workers)."""
+    model_bytes: float = 0.0
+    """Bytes of one published version (bf16: 2 per parameter); 0 = the size of --model."""
+    model: str = "tiny"
+    """Model whose bf16 size is used when --model-bytes is 0: "tiny", a local model directory or a
+    HF hub id already in the local cache (only its config is read)."""
+    uplink_mbps: float = 1000.0
+    """The learner's upload bandwidth, Mbit/s."""
+    train_step_s: float = 60.0
+    """T_train: seconds per learner step."""
+    rollouts_per_step: int = 512
+    """R: completions consumed per learner step (prompts per step x G)."""
+    max_lag: int = 4
+    """S, the staleness bound."""
+    publish_every: int = 0
+    """kappa, steps between published versions; 0 = max(1, S - 1)."""
+    reading: str = "sequential"
+    """Which provisioning rule: sequential (workers must also fit the download into the period)
+    or overlapped (workers keep generating on the old version while downloading)."""
+    relay: str = "pipelined"
+    """How versions reach workers: pipelined (the overlay) or star."""
+    margin: float = 0.1
+    """Safety margin on the required throughput (0.1 = provision 10 % more)."""
+
+    def __post_init__(self) -> None:
+        for name in ("uplink_mbps", "train_step_s", "rollouts_per_step"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.model_bytes < 0 or self.margin < 0 or self.max_lag < 0 or self.publish_every < 0:
+            raise ConfigError("model_bytes/margin/max_lag/publish_every", "must be >= 0")
+        if self.reading not in {r.value for r in Reading}:
+            raise ConfigError("reading", f"sequential or overlapped, got {self.reading!r}")
+        if self.relay not in ("pipelined", "star"):
+            raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
+
+    @property
+    def kappa(self) -> int:
+        return self.publish_every or default_publish_every(self.max_lag)
+
+
+def load_workers(path: Path) -> list[Worker]:
+    """The [[worker]] tables of a TOML file, `count` expanded; ConfigError names a bad entry."""
+    tables = tomllib.loads(path.read_text()).get("worker", [])
+    if not tables:
+        raise ConfigError("workers", f"{path}: no [[worker]] tables")
+    workers = []
+    for n, t in enumerate(tables):
+        try:
+            count = int(t.get("count", 1))
+            for k in range(count):
+                workers.append(Worker(f"{t['id']}-{k}" if count > 1 else str(t["id"]),
+                                      float(t["price_per_hour"]), float(t["rollouts_per_s"]),
+                                      float(t.get("upload_mbps", 0)) * 1e6))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("workers", f"{path}: worker #{n + 1}: {exc!r}") from None
+    return workers
+
+
+def model_bytes(cfg: PlanConfig) -> float:
+    """bf16 bytes of one version: given, or counted on the meta device from the model's config."""
+    if cfg.model_bytes:
+        return cfg.model_bytes
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from peer.model import model_source
+
+    config = AutoConfig.from_pretrained(model_source(cfg.model))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return 2.0 * sum(p.numel() for p in model.parameters())
+
+
+def broadcast_s(nbytes: float, hub_bps: float, workers: list[Worker], relay: str) -> float:
+    """Estimated seconds for one version to reach every worker (see the module docstring)."""
+    n = max(len(workers), 1)
+    if relay == "star":
+        return n * 8 * nbytes / hub_bps
+    rate = min(hub_bps, (hub_bps + sum(w.upload_bps for w in workers)) / n)
+    return PIPELINED_OVER_BOUND * 8 * nbytes / rate
+
+
+def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any]:
+    """Everything `echo2-hub plan` prints, as data."""
+    reading = Reading(cfg.reading)
+    bcast = broadcast_s(nbytes, cfg.uplink_mbps * 1e6, workers, cfg.relay)
+    workload = Workload(cfg.rollouts_per_step, cfg.train_step_s, bcast, cfg.max_lag, cfg.kappa)
+    need = required_throughput(workload, reading)
+    out: dict[str, Any] = {
+        "reading": reading.value, "model_bytes": nbytes, "bcast_s": round(bcast, 2),
+        "S": cfg.max_lag, "kappa": cfg.kappa, "feasible": need.feasible, "reason": need.reason,
+        "required_rollouts_per_s": need.rollouts_per_s,
+        "feasible_schedules": feasible_schedules(cfg.train_step_s, bcast, reading)[:8],
+        "policies": {},
+    }
+    if not need.feasible:
+        return out
+    required = need.rollouts_per_s
+    out["lp_bound_per_hour"] = lp_lower_bound(workers, required * (1 + cfg.margin))
+    for name, policy in (("cost-aware", choose_active), ("activate-all", activate_all),
+                         ("fastest-first", fastest_first)):
+        sel: Selection = policy(workers, required, cfg.margin)
+        busy = predicted_busy_fraction(workload, sel.rollouts_per_s, reading)
+        consumed_per_h = busy * cfg.rollouts_per_step / cfg.train_step_s * 3600
+        out["policies"][name] = {
+            **asdict(sel), "workers": len(sel.active), "busy_frac": round(busy, 3),
+            "usd_per_1k_rollouts": (round(1000 * sel.price_per_hour / consumed_per_h, 4)
+                                    if consumed_per_h else None),
+        }
+    return out
+
+
+def render(p: dict[str, Any], cfg: PlanConfig) -> str:
+    lines = [
+        f"one version: {p['model_bytes'] / 1e9:.2f} GB; learner uplink {cfg.uplink_mbps:g} Mbit/s; "
+        f"broadcast to every worker ~{p['bcast_s']:.1f} s ({cfg.relay})",
+        f"rule ({p['reading']} reading), S={p['S']}, kappa={p['kappa']}, R={cfg.rollouts_per_step}, "
+        f"T_train={cfg.train_step_s:g} s: " + (
+            f"needs >= {p['required_rollouts_per_s']:.2f} rollouts/s (+{cfg.margin:.0%} margin)"
+            if p["feasible"] else f"infeasible: {p['reason']}"),
+        "feasible (S, kappa), smallest first: " + (
+            ", ".join(f"({s}, {k})" for s, k in p["feasible_schedules"]) or "none up to S=16"),
+    ]
+    if p["feasible"]:
+        lines.append(f"{'policy':14s} {'workers':>7s} {'rollouts/s':>10s} {'busy':>5s} "
+                     f"{'$/h':>8s} {'$/1k rollouts':>13s}")
+        for name, q in p["policies"].items():
+            per_k = "-" if q["usd_per_1k_rollouts"] is None else f"{q['usd_per_1k_rollouts']:.4f}"
+            lines.append(f"{name:14s} {q['workers']:7d} {q['rollouts_per_s']:10.1f} "
+                         f"{q['busy_frac']:5.2f} {q['price_per_hour']:8.2f} {per_k:>13s}")
+        bound = p["lp_bound_per_hour"]
+        lines.append("LP lower bound on $/h: " + ("-" if bound is None else f"{bound:.2f}"))
+    return "\n".join(lines)
+
+
+def run(cfg: PlanConfig, as_json: bool) -> str:
+    workers = load_workers(Path(cfg.workers))
+    result = plan(cfg, workers, model_bytes(cfg))
+    return json.dumps(result, default=str) if as_json else render(result, cfg)
