@@ -218,22 +218,27 @@ class Activator:
     meets the requirement (with margin) and a fresh plan would not be cheaper by more than
     `switch_gain` (default 0.05 = 5 %).
 
-    Two bands stop flapping. Throughput: a plan aims at required * (1 + margin) but a kept set
-    only has to stay above required * (1 + keep_margin), by default half the margin, so noise in
-    the measured mu does not trigger re-plans. Price: a fresh plan replaces the kept set only if
-    it saves more than `switch_gain`. A kept set that falls short (a member left, throughput
+    Two bands and a delay stop flapping. Throughput: a plan aims at required * (1 + margin) but
+    a kept set only has to stay above required * (1 + keep_margin), by default a quarter of the
+    margin, so noise in the measured mu does not trigger re-plans. Price: a fresh plan replaces
+    the kept set only if it saves more than `switch_gain`, and only after it has done so in
+    `patience` re-plans in a row (noise makes near-equal sets trade places). A kept set that falls short (a member left, throughput
     drifted down) is repaired by adding the best-value outsiders rather than replaced, unless a
     fresh plan is cheaper by more than `switch_gain`. Free workers always join.
     """
 
     def __init__(self, margin: float = 0.1, switch_gain: float = 0.05,
-                 keep_margin: float | None = None) -> None:
+                 keep_margin: float | None = None, patience: int = 3) -> None:
         self.margin = margin
         self.switch_gain = switch_gain
-        self.keep_margin = margin / 2 if keep_margin is None else keep_margin
+        self.keep_margin = margin / 4 if keep_margin is None else keep_margin
         if not 0 <= self.keep_margin <= margin:
             raise ValueError(f"keep_margin must be in [0, margin], got {self.keep_margin}")
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}")
+        self.patience = patience
         self._current: Selection | None = None
+        self._cheaper_for = 0  # consecutive re-plans in which a fresh plan was worth a switch
 
     @property
     def current(self) -> Selection | None:
@@ -251,13 +256,17 @@ class Activator:
         kept = [w for w in workers if w.rollouts_per_s > 0
                 and (w.worker_id in was or w.price_per_hour == 0)]
         floor = _target(required, self.keep_margin)
-        choice = _selection(kept, floor)
+        choice = kept_choice = _selection(kept, floor)
         if not choice.feasible:
             ids = {w.worker_id for w in kept}
             outsiders = _useful_paid(w for w in workers if w.worker_id not in ids)
             target = _target(required, self.margin)
             choice = _selection(_cover(kept, outsiders, target), target)
         if fresh.price_per_hour < choice.price_per_hour * (1 - self.switch_gain):
-            choice = fresh
+            self._cheaper_for += 1
+            if self._cheaper_for >= self.patience or choice is not kept_choice:
+                choice, self._cheaper_for = fresh, 0
+        else:
+            self._cheaper_for = 0
         self._current = choice
         return choice

@@ -49,6 +49,7 @@ class Lease(Generic[P]):
     problem: P
     deadline: float  # absolute, in the caller's clock
     min_version: int
+    granted: float = 0.0  # when, in the same clock
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,14 @@ class LeaseBook(Generic[P]):
     def open_count(self) -> int:
         return len(self._open)
 
+    def open_for(self, peer_id: str) -> int:
+        """How many open leases `peer_id` holds."""
+        return sum(lease.peer_id == peer_id for lease in self._open.values())
+
     def grant(self, peer_id: str, now: float, min_version: int) -> Lease[P]:
         problem = self._pending.popleft() if self._pending else self._problems[next(self._order)]
-        lease = Lease(f"L{next(self._ids)}", peer_id, problem, now + self._timeout_s, min_version)
+        lease = Lease(f"L{next(self._ids)}", peer_id, problem, now + self._timeout_s, min_version,
+                      now)
         self._open[lease.lease_id] = lease
         self._granted += 1
         return lease

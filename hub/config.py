@@ -11,6 +11,8 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
 
+from .pool import POLICIES
+
 DEFAULT_PORT = 8765
 
 
@@ -72,6 +74,14 @@ class HubConfig:
     """Published versions the hub keeps to serve (late fetches, deltas' bases)."""
     upload_limit_mbps: float = 0.0
     """Cap on the hub's chunk upload, in Mbit/s (0 = no cap)."""
+    activation: str = "cost"
+    """Which peers generate: cost (the cheapest set whose measured throughput meets the capacity
+    rule plus --activation-margin; free peers always work, the others wait on standby) or all."""
+    activation_margin: float = 0.1
+    """Safety margin of cost-aware activation: provision this much more than the rule requires."""
+    standby: str = "warm"
+    """What standby peers receive: warm (every version, so they can start at once when
+    activated) or cold (nothing until activated, then the newest version in full)."""
     device: str = "cpu"
     """Where the learner runs: cpu, cuda, cuda:1."""
     torch_threads: int = 0
@@ -106,6 +116,12 @@ class HubConfig:
             raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
         if self.relay not in STRATEGIES:
             raise ConfigError("relay", f"one of {', '.join(STRATEGIES)}, got {self.relay!r}")
+        if self.activation not in POLICIES:
+            raise ConfigError("activation", f"one of {', '.join(POLICIES)}, got {self.activation!r}")
+        if self.standby not in ("warm", "cold"):
+            raise ConfigError("standby", f"warm or cold, got {self.standby!r}")
+        if not 0 <= self.activation_margin <= 10:
+            raise ConfigError("activation_margin", f"must be in [0, 10], got {self.activation_margin}")
         if self.chunk_bytes < 0:
             raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0)):

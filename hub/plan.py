@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from echo2p2p.activation import (Selection, Worker, activate_all, choose_active, fastest_first,
                                  lp_lower_bound)
 from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
-                               required_throughput)
+                               predicted_stale_fraction, predicted_staleness, required_throughput)
 from echo2p2p.errors import ConfigError
 from echo2p2p.staleness import default_publish_every
 
@@ -120,17 +120,27 @@ def broadcast_s(nbytes: float, hub_bps: float, workers: list[Worker], relay: str
     return PIPELINED_OVER_BOUND * 8 * nbytes / rate
 
 
+def lossless_schedules(w: Workload, reading: Reading) -> list[tuple[int, int]]:
+    """The feasible (S, kappa), S <= 16, under which no rollout is predicted to be dropped as
+    older than S (the rule alone allows schedules whose versions arrive too late for S)."""
+    return [(s, k) for s, k in feasible_schedules(w.train_step_s, w.bcast_s, reading)
+            if s == 0 or predicted_stale_fraction(replace(w, max_lag=s, kappa=k)) == 0]
+
+
 def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any]:
     """Everything `echo2-hub plan` prints, as data."""
     reading = Reading(cfg.reading)
     bcast = broadcast_s(nbytes, cfg.uplink_mbps * 1e6, workers, cfg.relay)
     workload = Workload(cfg.rollouts_per_step, cfg.train_step_s, bcast, cfg.max_lag, cfg.kappa)
     need = required_throughput(workload, reading)
+    stale = predicted_stale_fraction(workload)
     out: dict[str, Any] = {
         "reading": reading.value, "model_bytes": nbytes, "bcast_s": round(bcast, 2),
         "S": cfg.max_lag, "kappa": cfg.kappa, "feasible": need.feasible, "reason": need.reason,
         "required_rollouts_per_s": need.rollouts_per_s,
-        "feasible_schedules": feasible_schedules(cfg.train_step_s, bcast, reading)[:8],
+        "feasible_schedules": lossless_schedules(workload, reading)[:8],
+        "mean_lag": round(sum(lag * share for lag, share in predicted_staleness(workload).items()), 2),
+        "stale_frac": round(stale, 3),
         "policies": {},
     }
     if not need.feasible:
@@ -140,7 +150,8 @@ def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any
     for name, policy in (("cost-aware", choose_active), ("activate-all", activate_all),
                          ("fastest-first", fastest_first)):
         sel: Selection = policy(workers, required, cfg.margin)
-        busy = predicted_busy_fraction(workload, sel.rollouts_per_s, reading)
+        # Rollouts older than S are dropped: only the rest feeds the learner.
+        busy = predicted_busy_fraction(workload, sel.rollouts_per_s * (1 - stale), reading)
         consumed_per_h = busy * cfg.rollouts_per_step / cfg.train_step_s * 3600
         out["policies"][name] = {
             **asdict(sel), "workers": len(sel.active), "busy_frac": round(busy, 3),
@@ -158,8 +169,10 @@ def render(p: dict[str, Any], cfg: PlanConfig) -> str:
         f"T_train={cfg.train_step_s:g} s: " + (
             f"needs >= {p['required_rollouts_per_s']:.2f} rollouts/s (+{cfg.margin:.0%} margin)"
             if p["feasible"] else f"infeasible: {p['reason']}"),
-        "feasible (S, kappa), smallest first: " + (
+        "feasible (S, kappa) that drop nothing as stale, smallest first: " + (
             ", ".join(f"({s}, {k})" for s, k in p["feasible_schedules"]) or "none up to S=16"),
+        f"predicted lag of trained rollouts: mean {p['mean_lag']:.2f} steps; "
+        f"{p['stale_frac']:.0%} would be older than S and dropped",
     ]
     if p["feasible"]:
         lines.append(f"{'policy':14s} {'workers':>7s} {'rollouts/s':>10s} {'busy':>5s} "

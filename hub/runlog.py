@@ -32,7 +32,7 @@ class RunLog:
         if self._stream is not None:
             print(live_line(record), file=self._stream, flush=True)
 
-    def event(self, record: dict[str, Any], text: str | None) -> None:
+    def event(self, record: dict[str, Any], text: str | None = None) -> None:
         """A record that is not a learner step (a base evaluation, a version's propagation);
         `text` is printed too unless None."""
         self._file.write(json.dumps(record) + "\n")

@@ -45,6 +45,7 @@ from echo2p2p.tasks import Problem
 from peer.relay import GONE, TokenBucket, UploadMeter, chunk_handler
 
 from .config import HubConfig
+from .pool import Pool
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ class PeerConn:
     held_version: int | None = None  # loaded in its engine
     stream_version: int | None = None  # newest version it has whole (a base for deltas)
     upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
-    admitted_samples: int = 0  # completions of this peer admitted so far
-    rollouts_per_s: float = 0.0  # its throughput, an EWMA (see Hub.measure_throughput)
+    last_done: float = 0.0  # when its last submission arrived (see Hub._measure)
+    announced: int = -1  # newest version announced to it
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
     def member(self) -> Member:
@@ -154,6 +155,7 @@ class Hub:
         self.published: dict[int, Published] = {}  # the newest cfg.keep_versions
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
+        self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
@@ -181,7 +183,8 @@ class Hub:
         for old in sorted(self.published)[:-self.cfg.keep_versions]:
             del self.published[old]
         self.broadcasts = {k: b for k, b in self.broadcasts.items() if k[0] in self.published}
-        conns = [c for c in self.peers.values() if c.session.state is State.READY]
+        conns = [c for c in self.peers.values() if c.session.state is State.READY
+                 and (self.cfg.standby == "warm" or self.pool.is_active(c.peer_id))]
         delta = version.delta
         on_delta = [c for c in conns
                     if delta is not None and c.stream_version == delta.manifest.base_version]
@@ -194,6 +197,7 @@ class Hub:
             broadcast = self._broadcast(snap)
             plan = broadcast.start([c.member() for c in members])
             for conn in members:
+                conn.announced = version.version
                 conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
                 conn.post(plan)
 
@@ -219,7 +223,8 @@ class Hub:
     def dispatch(self) -> None:
         """Grant leases to peers with credits while the budget allows, newest holders first."""
         cfg = self.cfg
-        ready = sorted((p for p in self.peers.values() if p.credits > 0),
+        ready = sorted((p for p in self.peers.values()
+                        if p.credits > 0 and self.pool.is_active(p.peer_id)),
                        key=lambda p: -1 if p.held_version is None else p.held_version, reverse=True)
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
@@ -239,16 +244,32 @@ class Hub:
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
                     cfg.group_size, cfg.lease_timeout_s, lease.min_version))
 
-    def measure_throughput(self, since: dict[str, int], elapsed_s: float, weight: float = 0.3) -> None:
-        """Fold each peer's admitted completions since the last call (`since` holds their counts
-        then, and is updated) into its rollouts/s EWMA."""
-        for conn in self.peers.values():
-            rate = (conn.admitted_samples - since.get(conn.peer_id, 0)) / max(elapsed_s, 1e-9)
-            conn.rollouts_per_s = rate if conn.peer_id not in since else \
-                (1 - weight) * conn.rollouts_per_s + weight * rate
-            since[conn.peer_id] = conn.admitted_samples
-        for gone in since.keys() - self.peers.keys():
-            del since[gone]
+    @staticmethod
+    def now() -> float:
+        """The hub's clock (the event loop's), which the pool's cost meter runs on."""
+        return _now()
+
+    def replan(self, required: float | None) -> None:
+        """Re-choose the active peers for `required` rollouts/s (None: all; see hub.pool).
+        Called by the learner loop every step (drift) and here on join and leave."""
+        now = _now()
+        activated, standby = self.pool.replan(required, now)
+        if not (activated or standby):
+            return
+        for peer_id in activated:
+            if self.cfg.standby == "cold" and (conn := self.peers.get(peer_id)) is not None:
+                self._catch_up(conn)
+        plan = self.pool.plan
+        record = {"event": "activation", "step": self.step, "required_rollouts_per_s": required,
+                  "activated": activated, "standby": standby,
+                  "active": sorted(p for p in self.pool.accounts if self.pool.is_active(p)),
+                  "usd_per_hour": round(self.pool.usd_per_hour(), 4),
+                  "lp_bound_usd_per_hour": self.pool.lp_bound(),
+                  "planned_rollouts_per_s": round(plan.rollouts_per_s, 3) if plan else None}
+        log.info("activation at step %d: +%s -%s; %d active, $%.2f/h", self.step, activated,
+                 standby, len(record["active"]), record["usd_per_hour"])
+        self.on_event(record)
+        self.dispatch()
 
     async def expire_leases(self) -> None:
         """Forever: re-issue leases whose deadline passed."""
@@ -320,23 +341,34 @@ class Hub:
             cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
             cfg.seed * 100_003 + self._next_peer, self.hub_key))
         self.peers[peer_id] = conn
-        if newest is not None:  # a late joiner pulls the newest version in full, as a leaf
-            conn.post(m.VersionAnnouncement(newest.full.manifest, newest.full.signature))
-            broadcast = self._broadcast(newest.full)
-            conn.post(broadcast.join(conn.member()) if broadcast.members
-                      else broadcast.start([conn.member()]))
+        self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
+        self._catch_up(conn)
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
                  hello.device, hello.price_per_hour)
+        self.replan(self.pool.required)
         return conn
+
+    def _catch_up(self, conn: PeerConn) -> None:
+        """A late joiner, or a cold standby peer put to work, pulls the newest version in full."""
+        newest = self.newest
+        if newest is None or conn.announced >= newest.version:
+            return
+        conn.announced = newest.version
+        conn.post(m.VersionAnnouncement(newest.full.manifest, newest.full.signature))
+        broadcast = self._broadcast(newest.full)
+        conn.post(broadcast.join(conn.member()) if broadcast.members
+                  else broadcast.start([conn.member()]))
 
     def _leave(self, conn: PeerConn) -> None:
         self.peers.pop(conn.peer_id, None)
+        self.pool.leave(conn.peer_id, _now())
         back = self.leases.release_peer(conn.peer_id)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
         for broadcast in self.broadcasts.values():
             self._reroute(broadcast, conn.peer_id)
         for prop in list(self.propagation.values()):
             self._report_propagation(prop)
+        self.replan(self.pool.required)
         self.dispatch()
 
     def _reroute(self, broadcast: Broadcast, peer_id: str) -> None:
@@ -429,6 +461,7 @@ class Hub:
             self.counters.rejected += 1
             conn.post(m.Reject(msg.lease_id, outcome.value))
             return
+        self._measure(conn, lease.granted, len(msg.samples))
         verdict = judge(self.step, msg.version, self.cfg.max_lag)
         if verdict is not Verdict.FRESH:
             self.leases.requeue(lease)
@@ -443,9 +476,21 @@ class Hub:
                                     msg.version, msg.samples, rewards))
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(msg.samples)
-        conn.admitted_samples += len(msg.samples)
+        self.pool.accounts[conn.peer_id].admitted += len(msg.samples)
         self._admitted.set()
         conn.post(m.Ack(msg.lease_id))
+
+    def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
+        """The peer's generation rate from this submission: its samples over the time it spent
+        on them. A peer works through its leases one at a time, so that time started when the
+        lease was granted or when its previous submission arrived, whichever is later; idle time
+        waiting for leases does not count, so the rate is what the peer can do, not what the
+        hub happened to ask of it."""
+        now = _now()
+        busy_s = now - max(granted, conn.last_done)
+        conn.last_done = now
+        if busy_s > 0 and samples:
+            self.pool.rate(conn.peer_id, samples / busy_s)
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline closes the peer."""

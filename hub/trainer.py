@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from echo2p2p import signing
-from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction
+from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction, required_throughput
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.staleness import is_publish_version, lag_versions
@@ -110,10 +110,9 @@ class HubRun:
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
             self.runlog.event(record, f"base policy v0: held-out accuracy {acc:.3f}")
-        start = last = time.perf_counter()
+        start = time.perf_counter()
         busy_s = 0.0
         window = deque([(start, 0)], maxlen=6)  # (time, admitted samples): rates over 5 steps
-        counted: dict[str, int] = {}  # per peer: admitted completions at the last step
         while not cfg.max_steps or hub.step < cfg.max_steps:
             batch = await self.hub.wait_batch()
             step = hub.step
@@ -126,9 +125,8 @@ class HubRun:
             if is_publish_version(hub.step, cfg.kappa):
                 await self.publish()
             now = time.perf_counter()
-            hub.measure_throughput(counted, now - last)
             self.estimates.train_step_s = _ewma(self.estimates.train_step_s, stats.step_s)
-            last = now
+            hub.replan(self.required_rollouts_per_s())
             c = hub.counters
             record = {
                 "step": step, "version": hub.step, "time_s": round(now - start, 3),
@@ -145,28 +143,44 @@ class HubRun:
                 "hub/closed_for_protocol_total": c.closed_for_protocol,
                 "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
                 **self.capacity_metrics(),
+                **hub.pool.meter(hub.now()),
             }
             window.append((now, c.admitted_samples))
             if cfg.eval_every and hub.step % cfg.eval_every == 0:
                 record["eval/accuracy"] = await self.evaluate()
             self.records.append(record)
             self.runlog.step(record)
+            if hub.step % 10 == 0:
+                self.runlog.event({"event": "cost", "step": hub.step,
+                                   "peers": hub.pool.per_peer(hub.now())})
         self.finished.set()
 
+    def workload(self) -> Workload:
+        """The capacity model's inputs as measured so far."""
+        est, cfg = self.estimates, self.cfg
+        return Workload(cfg.prompts_per_step * cfg.group_size, est.train_step_s or 1e-9,
+                        est.bcast_s or 0.0, cfg.max_lag, cfg.kappa)
+
+    def required_rollouts_per_s(self) -> float | None:
+        """What the active peers must deliver (overlapped reading, which is how the hub runs with
+        S >= 1); None, meaning every peer works, before a step was timed, with S = 0 (any
+        throughput shortens a synchronous step) or when the broadcast breaks the rule."""
+        if not self.estimates.train_step_s or self.cfg.max_lag == 0:
+            return None
+        return required_throughput(self.workload(), Reading.OVERLAPPED).rollouts_per_s
 
     def capacity_metrics(self) -> dict[str, Any]:
         """The online estimates of the capacity model's inputs, and the busy fraction it predicts
-        from them (overlapped reading: peers keep generating while a version downloads)."""
-        est, cfg = self.estimates, self.cfg
-        mu = sum(p.rollouts_per_s for p in self.hub.peers.values())
-        workload = Workload(cfg.prompts_per_step * cfg.group_size, est.train_step_s or 1e-9,
-                            est.bcast_s or 0.0, cfg.max_lag, cfg.kappa)
+        from them for the active peers (overlapped reading)."""
+        est, pool = self.estimates, self.hub.pool
+        mu = sum(a.rollouts_per_s for pid, a in pool.accounts.items() if pool.is_active(pid))
         return {
             "capacity/train_step_s": round(est.train_step_s, 4),
             "capacity/bcast_s": None if est.bcast_s is None else round(est.bcast_s, 4),
             "capacity/rollouts_per_s": round(mu, 2),
+            "capacity/required_rollouts_per_s": self.hub.pool.required,
             "capacity/predicted_busy_frac": round(
-                predicted_busy_fraction(workload, mu, Reading.OVERLAPPED), 3),
+                predicted_busy_fraction(self.workload(), mu, Reading.OVERLAPPED), 3),
         }
 
 
@@ -203,12 +217,15 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
                       temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
-    def on_propagation(record: dict[str, Any]) -> None:
-        if record["complete"]:
-            run.estimates.bcast_s = _ewma(run.estimates.bcast_s, record["done_s"])
-        runlog.event(record, _propagation_line(record) if record["version"] % 10 == 5 else None)
+    def on_event(record: dict[str, Any]) -> None:
+        line = None
+        if record["event"] == "propagation":
+            if record["complete"]:
+                run.estimates.bcast_s = _ewma(run.estimates.bcast_s, record["done_s"])
+            line = _propagation_line(record) if record["version"] % 10 == 5 else None
+        runlog.event(record, line)
 
-    hub = Hub(cfg, run_id, task, problems, signing.public_key(key), on_event=on_propagation)
+    hub = Hub(cfg, run_id, task, problems, signing.public_key(key), on_event=on_event)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
     await run.publish()
 
@@ -256,16 +273,17 @@ def _propagation_line(r: dict[str, Any]) -> str:
 def status(run: HubRun) -> dict[str, Any]:
     """What /status answers: a quick look at a live hub."""
     hub = run.hub
+    accounts = hub.pool.per_peer(hub.now())  # price, active, rollouts/s, admitted, $
     return {
         "run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
         "published_version": hub.newest.version if hub.newest else None,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
                               "held_version": p.held_version, "relay_url": p.hello.listen_addr,
                               "upload_mbps": round(p.upload_bps / 1e6, 2),
-                              "rollouts_per_s": round(p.rollouts_per_s, 2),
-                              "price_per_hour": p.hello.price_per_hour}
+                              **accounts.get(p.peer_id, {})}
                   for p in hub.peers.values()},
         "capacity": run.capacity_metrics(),
+        "cost": hub.pool.meter(hub.now()),
         "queued_groups": len(hub.buffer), "open_leases": hub.leases.open_count,
         "last": run.records[-1] if run.records else None,
     }
