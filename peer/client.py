@@ -49,6 +49,7 @@ class PeerStats:
     submitted: int
     acked: int
     rejected: dict[str, int]
+    downloaded_bytes: int  # chunk bytes of every version fetched, from the hub and from peers
 
 
 class PeerClient:
@@ -64,7 +65,7 @@ class PeerClient:
         self._staged: tuple[int, dict] | None = None
         self._staged_event = asyncio.Event()
         self._loaded_event = asyncio.Event()
-        self._connections = self._loaded = self._submitted = self._acked = 0
+        self._connections = self._loaded = self._submitted = self._acked = self._downloaded = 0
         self._rejected: Counter[str] = Counter()
         self._draw = 0
         self.store = ChunkStore(cfg.keep_versions)
@@ -74,7 +75,7 @@ class PeerClient:
 
     def statistics(self) -> PeerStats:
         return PeerStats(self._connections, self._loaded, self.version, self._submitted,
-                         self._acked, dict(self._rejected))
+                         self._acked, dict(self._rejected), self._downloaded)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Stay joined until `stop` is set: connect, serve, and reconnect with backoff."""
@@ -263,6 +264,7 @@ class PeerClient:
         version = held.manifest.version
         try:
             stats = await download.run()
+            self._downloaded += stats.bytes_from_hub + stats.bytes_from_peers
             await asyncio.to_thread(self.store.finish, held)
         except SnapshotError as exc:
             log.error("giving up on v%d: %s", version, exc)
