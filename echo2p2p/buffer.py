@@ -34,7 +34,7 @@ class BufferStats:
 
 
 class RolloutBuffer:
-    """FIFO of admitted groups; hands out batches of fresh, complete groups."""
+    """Admitted groups; hands out batches of fresh, complete groups, oldest versions first."""
 
     def __init__(self, max_lag: int):
         self._max_lag = max_lag
@@ -59,11 +59,18 @@ class RolloutBuffer:
         return stale
 
     def take_batch(self, step: int, n_groups: int) -> list[ScoredGroup] | None:
-        """`n_groups` fresh groups for `step`, oldest first, or None (nothing taken) if short."""
+        """`n_groups` fresh groups for `step`, or None (nothing taken) if short.
+
+        The groups of the oldest versions go first (then in arrival order): they are the
+        nearest to going stale. Peers finish out of order, so arrival order alone would train
+        a fresh group early and leave an older one to age past S.
+        """
         self.drop_stale(step)
         if len(self._queue) < n_groups:
             return None
-        return [self._queue.popleft() for _ in range(n_groups)]
+        order = sorted(self._queue, key=lambda g: g.version)  # stable: arrival order within
+        self._queue = deque(order[n_groups:])
+        return order[:n_groups]
 
     def statistics(self) -> BufferStats:
         return BufferStats(len(self._queue), self._admitted, self._dropped)

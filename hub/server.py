@@ -147,6 +147,7 @@ class Hub:
         self.run_id = run_id
         self.task = task
         self.step = 0  # == the learner's version
+        self.training = False  # a batch was taken and step `step` is running on it
         self.leases: LeaseBook[TokenizedProblem] = LeaseBook(
             problems, cfg.lease_timeout_s, shuffled_epochs(len(problems), cfg.seed))
         self.buffer = RolloutBuffer(cfg.max_lag)
@@ -169,7 +170,13 @@ class Hub:
             self._admitted.clear()
             self.dispatch()  # stale drops may have freed lease budget
             await self._admitted.wait()
+        self.training = True
         return batch
+
+    def finish_step(self, version: int) -> None:
+        """The learner finished the step whose batch `wait_batch` gave: it is at `version`."""
+        self.step = version
+        self.training = False
 
     @property
     def newest(self) -> Published | None:
@@ -234,8 +241,9 @@ class Hub:
                 if conn.credits <= 0 or conn.ws.closed:
                     ready.remove(conn)
                     continue
-                # The group will be trained on once the batches ahead of it are consumed.
-                consume_step = self.step + outstanding // cfg.prompts_per_step
+                # The group will be trained on once the batches ahead of it are consumed (and
+                # after the step running now, whose batch has left the buffer).
+                consume_step = self.step + self.training + outstanding // cfg.prompts_per_step
                 lease = self.leases.grant(conn.peer_id, _now(),
                                           min_fresh_version(consume_step, cfg.max_lag))
                 conn.credits -= 1

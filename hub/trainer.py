@@ -120,7 +120,7 @@ class HubRun:
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
             busy_s += stats.step_s
-            hub.step = self.learner.version
+            hub.finish_step(self.learner.version)
             hub.dispatch()
             if is_publish_version(hub.step, cfg.kappa):
                 await self.publish()

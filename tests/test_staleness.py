@@ -66,3 +66,15 @@ def test_buffer_drops_groups_that_aged_in_queue():
     assert [g.lease_id for g in batch] == ["b", "c"]
     stats = buf.statistics()
     assert (stats.queued, stats.admitted_total, stats.dropped_stale_total) == (1, 4, 1)
+
+
+def test_buffer_trains_the_oldest_versions_first():
+    """Peers finish out of order: a fresh group that arrived first must not push an older one
+    past S. Arrival order v3, v1, v2; one group per step at S = 2: nothing goes stale."""
+    buf = RolloutBuffer(max_lag=2)
+    for v, lease in [(3, "new"), (1, "old"), (2, "mid"), (1, "old2")]:
+        buf.put(group(v, lease))
+    assert [g.lease_id for g in buf.take_batch(step=3, n_groups=2)] == ["old", "old2"]
+    assert [g.lease_id for g in buf.take_batch(step=4, n_groups=1)] == ["mid"]
+    assert [g.lease_id for g in buf.take_batch(step=5, n_groups=1)] == ["new"]
+    assert buf.statistics().dropped_stale_total == 0
