@@ -14,8 +14,9 @@ pool is large and re-planned often, so `choose_active` is a heuristic in O(n log
    members from most to least expensive and drops each while the rest still covers the target
    (one sorted pass suffices: the slack only shrinks as members go).
 
-Measured against brute force on 2,000 random pools of up to 10 workers: optimal in 99.4 %, never
-worse than 1.33x (plain greedy + prune: 97.6 %, 1.7x).
+Pools with at most EXACT_UP_TO paid workers are solved exactly instead (every subset: a few ms).
+Measured against brute force on 2,000 random pools of up to 10 workers, the heuristic alone is
+optimal in 99.4 %, never worse than 1.33x (plain greedy + prune: 97.6 %, 1.7x).
 
 `lp_lower_bound` is the fractional relaxation (greedy by price per throughput is optimal for it),
 so no integral set can be cheaper. Knows nothing of time or sockets: the hub calls `replan` on
@@ -32,6 +33,8 @@ from operator import attrgetter
 
 from .errors import ConfigError
 
+EXACT_UP_TO = 12
+"""Pools with at most this many paid workers get the exact optimum (2^12 subsets)."""
 FINISHES_PRUNED = 4
 """How many of the cheapest candidate finishes are pruned and compared."""
 
@@ -171,7 +174,11 @@ def choose_active(workers: Sequence[Worker], required: float, margin: float = 0.
     if _mu(workers) < target:
         return _selection(workers, target)
     free = [w for w in workers if w.price_per_hour == 0 and w.rollouts_per_s > 0]
-    return _selection(_cover(free, _useful_paid(workers), target), target)
+    paid = _useful_paid(workers)
+    if len(paid) <= EXACT_UP_TO:
+        best = set(exhaustive(paid, max(target - _mu(free), 0.0), margin=0.0).active)
+        return _selection(free + [w for w in paid if w.worker_id in best], target)
+    return _selection(_cover(free, paid, target), target)
 
 
 def activate_all(workers: Sequence[Worker], required: float, margin: float = 0.1) -> Selection:

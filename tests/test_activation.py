@@ -2,13 +2,12 @@
 
 import math
 import random
-import statistics
-import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from echo2p2p import activation
 from echo2p2p.activation import (Activator, Worker, activate_all, choose_active, exhaustive,
                                  fastest_first, lp_lower_bound)
 from echo2p2p.errors import ConfigError
@@ -69,12 +68,11 @@ def test_lp_bound_hand_computed():
     assert lp_lower_bound(ws, 0.0) == 0.0
 
 
-def test_near_optimal_on_random_small_pools():
-    """On 300 seeded random pools of up to 10 workers the heuristic is never worse than 1.5x the
-    brute-force optimum and is optimal in at least 95 % of them (99.4 % measured on 2,000), and
-    the LP bound never exceeds the optimum."""
+def test_optimal_on_random_small_pools():
+    """On 300 seeded random pools of up to 10 workers the choice costs exactly the brute-force
+    optimum, and the LP bound never exceeds it."""
     rng = random.Random(0)
-    optimal = cases = 0
+    cases = 0
     for _ in range(300):
         ws = pool(*((rng.choice([0] * 5 + list(range(1, 21))), rng.randint(0, 20))
                     for _ in range(rng.randint(1, 10))))
@@ -85,6 +83,24 @@ def test_near_optimal_on_random_small_pools():
             continue
         cases += 1
         assert lp_lower_bound(ws, required * 1.1) <= best.price_per_hour + 1e-9
+        assert got.price_per_hour == pytest.approx(best.price_per_hour)
+    assert cases > 250
+
+
+def test_heuristic_near_optimal_on_pools_too_big_to_solve_exactly(monkeypatch):
+    """The cover heuristic that large pools get, forced onto small ones: never worse than 1.5x
+    the optimum and optimal in at least 95 % (99.4 % measured on 2,000 pools)."""
+    monkeypatch.setattr(activation, "EXACT_UP_TO", 0)
+    rng = random.Random(0)
+    optimal = cases = 0
+    for _ in range(300):
+        ws = pool(*((rng.choice([0] * 5 + list(range(1, 21))), rng.randint(0, 20))
+                    for _ in range(rng.randint(1, 10))))
+        required = rng.uniform(0, sum(w.rollouts_per_s for w in ws))
+        best, got = exhaustive(ws, required), choose_active(ws, required)
+        if not best.feasible:
+            continue
+        cases += 1
         assert got.price_per_hour <= 1.5 * best.price_per_hour + 1e-9
         optimal += got.price_per_hour <= best.price_per_hour + 1e-9
     assert cases > 250 and optimal >= 0.95 * cases
@@ -194,23 +210,6 @@ def test_infeasible_then_feasible_again():
     assert not activator.replan(small, 5.0).feasible
     grown = small + [Worker("big", 3.0, 10)]
     assert activator.replan(grown, 5.0).active == ("big",)
-
-
-def test_replan_is_fast_at_1000_workers():
-    """Cost-aware re-planning of 1,000 workers takes well under 10 ms (median of 20)."""
-    rng = random.Random(1)
-    ws = [Worker(f"w{i}", rng.choice([0.0, rng.uniform(0.2, 3)]), rng.uniform(0.3, 4))
-          for i in range(1000)]
-    required = 0.3 * sum(w.rollouts_per_s for w in ws)
-    activator = Activator()
-    times = []
-    for _ in range(20):
-        noisy = [Worker(w.worker_id, w.price_per_hour, w.rollouts_per_s * rng.uniform(0.97, 1.03))
-                 for w in ws]
-        start = time.perf_counter()
-        activator.replan(noisy, required)
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.010
 
 
 def test_worker_rejects_bad_values_by_name():
