@@ -29,28 +29,15 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hub.config import HubConfig
+from hub.learner import hold_step_time
 from hub.trainer import start_hub
 from peer.client import PeerClient
 from peer.config import PeerConfig
-
-
-def hold_step_time(run, seconds: float) -> None:
-    """The real learner step, padded with a sleep to `seconds`; the hub measures `seconds`."""
-    step = run.learner.step
-
-    def padded(batch):
-        t0 = time.perf_counter()
-        stats = step(batch)
-        time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
-        return replace(stats, step_s=seconds)
-
-    run.learner.step = padded
 
 
 async def until(condition, timeout_s: float = 120.0) -> float:
@@ -80,7 +67,7 @@ async def measure(mode: str, args: argparse.Namespace, run_dir: str) -> dict:
                     run_dir=run_dir, torch_threads=1, seed=0, standby=mode,
                     upload_limit_mbps=args.rate_mbps)
     async with start_hub(cfg, stream=None) as run:
-        hold_step_time(run, args.train_step_s)
+        hold_step_time(run.learner, args.train_step_s)
         hub, pool = run.hub, run.hub.pool
         async with peer(run.url, "paid", 1.0, args.rate_mbps) as paid:
             async with peer(run.url, "free", 0.0, args.rate_mbps):

@@ -51,7 +51,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,21 +84,6 @@ class ThrottledEngine:
         out = self.inner.generate(prompt_ids, n, **kw)
         time.sleep(max(0.0, n / self.rollouts_per_s - (time.perf_counter() - start)))
         return out
-
-
-def hold_step_time(learner, train_step_s: float, real_s: list[float]) -> None:
-    """Make `learner.step` last `train_step_s` at least; its stats report the padded time (the
-    hub's busy fraction and T_train estimate read `step_s`); real step times go to `real_s`."""
-    real_step = learner.step
-
-    def step(batch):
-        start = time.perf_counter()
-        stats = real_step(batch)
-        real_s.append(stats.step_s)
-        time.sleep(max(0.0, train_step_s - (time.perf_counter() - start)))
-        return replace(stats, step_s=time.perf_counter() - start)
-
-    learner.step = step  # on the instance, before the first step: no peer has joined yet
 
 
 def version_wire_bytes(model: str) -> int:
@@ -143,6 +127,7 @@ async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
                     run_dir: Path, timeout_s: float) -> dict:
     """Train `args.steps` steps with `pool` at staleness bound `max_lag`; the measurements."""
     from hub.config import HubConfig
+    from hub.learner import hold_step_time
     from hub.trainer import start_hub
 
     # Everything shares one process, so the default executor (min(32, cores + 4) threads) would

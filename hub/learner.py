@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -326,3 +326,21 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """Prompt token ids exactly as the hub leases them (no special tokens added)."""
     return list(tokenizer.encode(prompt, add_special_tokens=False))
 
+
+
+def hold_step_time(learner: Learner, seconds: float, real_s: list[float] | None = None) -> None:
+    """Make every step of `learner` last at least `seconds`: the real step, then a sleep, with
+    the padded time as its `step_s` (which the hub's busy fraction and T_train estimate read).
+    A stand-in for a large model's learner in benchmarks and tests; the real step times are
+    appended to `real_s` if given. Call it before the first step."""
+    real_step = learner.step
+
+    def step(batch):
+        start = time.perf_counter()
+        stats = real_step(batch)
+        if real_s is not None:
+            real_s.append(stats.step_s)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - start)))
+        return replace(stats, step_s=time.perf_counter() - start)
+
+    learner.step = step

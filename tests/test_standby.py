@@ -3,32 +3,17 @@ standby (no leases; versions only if warm) and goes back to work when the free p
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from dataclasses import replace
 
 import pytest
 
+from hub.learner import hold_step_time
 from hub.trainer import start_hub
 
 from conftest import running_peers, wait_until
 
 STEP_S = 1.0  # the learner's step, held fixed: R = 16 rollouts per 1 s step needs ~18/s
-
-
-def fixed_step_time(run, seconds: float) -> None:
-    """The real learner, padded so every step takes `seconds` (a slow learner, as a large model
-    on a real GPU has, against a tiny model's fast generation)."""
-    step = run.learner.step
-
-    def padded(batch):
-        t0 = time.perf_counter()
-        stats = step(batch)
-        time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
-        return replace(stats, step_s=seconds)
-
-    run.learner.step = padded
 
 
 def peer_id(run, name: str) -> str:
@@ -39,7 +24,7 @@ def peer_id(run, name: str) -> str:
 async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
     cfg = replace(hub_cfg, max_lag=2, standby=standby, max_steps=200)
     async with start_hub(cfg, stream=None) as run:
-        fixed_step_time(run, STEP_S)
+        hold_step_time(run.learner, STEP_S)  # a slow learner, as a large model's
         pool = run.hub.pool
         async with running_peers(run.url, 1, name="paid", price_per_hour=3.6) as (paid,):
             async with running_peers(run.url, 1, name="free") as (free,):
