@@ -48,5 +48,9 @@ class RemoteProtocolError(ProtocolError):
     """The other side sent something the protocol forbids: close its connection."""
 
 
+class JoinRefused(Echo2Error):
+    """The hub refused this peer for good (its join token): retrying cannot help."""
+
+
 class SnapshotError(Echo2Error):
     """A snapshot, manifest or chunk did not verify (hash, size or layout mismatch)."""

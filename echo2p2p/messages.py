@@ -36,6 +36,7 @@ CLOSE_BAD_PROTOCOL_VERSION = 4000
 CLOSE_UNKNOWN_TYPE = 4001
 CLOSE_UNEXPECTED_MESSAGE = 4002
 CLOSE_TIMEOUT = 4003
+CLOSE_UNAUTHORIZED = 4004  # join refused: token missing, not recognised or revoked
 
 FINISH_REASONS = ("stop", "length")
 RELAY_FAULTS = ("corrupt", "stall", "unreachable")
@@ -55,6 +56,7 @@ class Hello:
     device: str  # "cpu", "cuda", "cuda:1", ...
     price_per_hour: float = 0.0
     listen_addr: str | None = None  # http://HOST:PORT of the peer's chunk server, if it serves
+    token: str = ""  # join token, when the hub requires one
 
 
 @dataclass(frozen=True)

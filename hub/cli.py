@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_arguments(plan, PlanConfig)
+    token = sub.add_parser("token", help="join tokens: create, list or revoke (serve --tokens FILE)")
+    token.add_argument("action", choices=("create", "list", "revoke"))
+    token.add_argument("token_id", nargs="?", help="for revoke: the id `list` shows")
+    token.add_argument("--file", type=Path, default=Path("tokens.json"),
+                       help="the token file (default: tokens.json)")
+    token.add_argument("--name", default="", help="for create: who the token is for")
     return parser
 
 
@@ -57,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "token":
+        return _token(args)
     process.configure(args.log_level)
     try:
         cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
@@ -83,6 +91,32 @@ def _plan(args: argparse.Namespace) -> int:
         print(run(resolve(PlanConfig, table, vars(args)), args.json))
     except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
         print(f"echo2-hub plan: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .tokens import TokenBook
+
+    book = TokenBook(args.file)
+    try:
+        if args.action == "create":
+            print(book.create(args.name))
+            print(f"(shown once; the hub keeps only its hash, in {args.file})", file=sys.stderr)
+        elif args.action == "list":
+            for e in book.entries():
+                state = "revoked" if e["revoked"] is not None else "active"
+                print(f"{e['id']}  {state:7s}  {e['name']}")
+        elif not args.token_id:
+            print("echo2-hub token revoke: which token id? (see `echo2-hub token list`)",
+                  file=sys.stderr)
+            return 2
+        elif not book.revoke(args.token_id):
+            print(f"echo2-hub token revoke: no token {args.token_id!r} in {args.file}",
+                  file=sys.stderr)
+            return 2
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"echo2-hub token: cannot use {args.file}: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -92,6 +92,13 @@ class HubConfig:
     """A peer silent this long is disconnected and its leases re-issued."""
     max_frame_bytes: int = 4 << 20
     """Largest websocket frame accepted from a peer."""
+    tokens: str = ""
+    """Token file (`echo2-hub token create --file FILE`): only peers presenting one of its
+    unrevoked tokens may join. '' = anyone may join."""
+    tls_cert: str = ""
+    """PEM certificate chain: serve https/wss instead of http/ws (with --tls-key)."""
+    tls_key: str = ""
+    """PEM private key of --tls-cert."""
     run_dir: str = ""
     """Where metrics.jsonl and config.json go ('' = runs/<run id>)."""
 
@@ -127,6 +134,9 @@ class HubConfig:
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert" if not self.tls_cert else "tls_key",
+                              "--tls-cert and --tls-key go together")
         check_schedule(self.max_lag, self.kappa)
 
     @property

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import statistics
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -34,7 +35,7 @@ from aiohttp import WSMsgType, web
 from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
-from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.leases import Completion, LeaseBook, shuffled_epochs
 from echo2p2p.relay import Broadcast, Member, propagation
 from echo2p2p.session import Session, Side, State
@@ -46,6 +47,7 @@ from peer.relay import GONE, TokenBucket, UploadMeter, chunk_handler
 
 from .config import HubConfig
 from .pool import Pool
+from .tokens import TokenBook
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class Counters:
     rejected: int = 0
     duplicates: int = 0
     closed_for_protocol: int = 0
+    refused: int = 0  # joins without a valid token
     cut_off: int = 0  # peers that stopped reading
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
 
@@ -157,6 +160,7 @@ class Hub:
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
         self.pool = Pool(cfg.activation, cfg.activation_margin)
+        self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
         self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
@@ -307,6 +311,11 @@ class Hub:
                         await _close(ws, session, exc.code, exc.reason, request.transport)
                         break
                     if isinstance(msg, m.Hello):
+                        if (why := self._refusal(msg.token)) is not None:
+                            self.counters.refused += 1
+                            log.info("refused %s: %s", request.remote, why)
+                            await _close(ws, session, m.CLOSE_UNAUTHORIZED, why, request.transport)
+                            break
                         conn = self._join(ws, session, msg, request.transport)
                         helpers = [tg.create_task(self._write(conn)),
                                    tg.create_task(self._keep_alive(conn))]
@@ -527,7 +536,19 @@ class Hub:
                 await _close(conn.ws, conn.session, m.CLOSE_TIMEOUT,
                              f"silent for over {self.cfg.peer_timeout_s:.0f} s", conn.transport)
                 return
+            if (why := self._refusal(conn.hello.token, joining=False)) is not None:  # revoked
+                await _close(conn.ws, conn.session, m.CLOSE_UNAUTHORIZED, why, conn.transport)
+                return
             conn.post(m.Heartbeat())
+
+    def _refusal(self, token: str, joining: bool = True) -> str | None:
+        """Why a peer with `token` may not be here, or None (also when no token is required).
+        While the token file cannot be read, new peers are refused and connected ones stay."""
+        try:
+            return self.tokens.refusal(token) if self.tokens is not None else None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("cannot read the token file %s: %s", self.tokens.path, exc)
+            return "the hub cannot check join tokens now" if joining else None
 
     async def close_all(self, reason: str = "hub shutting down") -> None:
         for conn in list(self.peers.values()):
@@ -562,8 +583,17 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
+    tls = None
+    if hub.cfg.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            tls.load_cert_chain(hub.cfg.tls_cert, hub.cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            await runner.cleanup()
+            raise ConfigError("tls_cert", f"cannot load {hub.cfg.tls_cert} with key "
+                                          f"{hub.cfg.tls_key}: {exc}") from None
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:
         await hub.close_all()

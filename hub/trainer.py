@@ -66,7 +66,7 @@ class HubRun:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.cfg.host}:{self.port}/ws"
+        return f"{'wss' if self.cfg.tls_cert else 'ws'}://{self.cfg.host}:{self.port}/ws"
 
     async def publish(self) -> None:
         built = await asyncio.to_thread(self._build, self.learner.version)

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from echo2p2p.config import add_arguments, resolve
-from echo2p2p.errors import ConfigError
+from echo2p2p.errors import ConfigError, JoinRefused
 
 from . import process
 from .config import PeerConfig
@@ -45,7 +45,11 @@ async def _join(cfg: PeerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await PeerClient(cfg).run(stop)
+    try:
+        await PeerClient(cfg).run(stop)
+    except JoinRefused as exc:
+        print(f"echo2-peer: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

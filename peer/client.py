@@ -21,6 +21,7 @@ import contextlib
 import logging
 import random
 import socket
+import ssl
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from echo2p2p import messages as m
-from echo2p2p.errors import ProtocolError, RemoteProtocolError, SnapshotError
+from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
 from echo2p2p.signing import verify_manifest
 from echo2p2p.tasks import reward_fn
@@ -78,10 +79,14 @@ class PeerClient:
                          self._acked, dict(self._rejected), self._downloaded)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Stay joined until `stop` is set: connect, serve, and reconnect with backoff."""
+        """Stay joined until `stop` is set: connect, serve, and reconnect with backoff. Raises
+        JoinRefused if the hub refuses our join token: retrying would not help."""
         stop = stop or asyncio.Event()
+        refused: JoinRefused | None = None
         backoff = 0.5
-        async with aiohttp.ClientSession() as http, self._chunk_server():
+        tls = ssl.create_default_context(cafile=self.cfg.ca_cert or None)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http, \
+                self._chunk_server():
             while not stop.is_set():
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -93,8 +98,12 @@ class PeerClient:
                         stopper.cancel()
                     if conn.done() and not conn.cancelled() and conn.result():
                         backoff = 0.5  # we were welcomed: the next failure starts over
+                except* JoinRefused as group:
+                    refused = _first(group)
                 except* (aiohttp.ClientError, OSError, TimeoutError, ProtocolError) as group:
-                    log.warning("hub %s unreachable or broke off: %s", self.url, group.exceptions[0])
+                    log.warning("hub %s unreachable or broke off: %s", self.url, _first(group))
+                if refused is not None:
+                    raise refused
                 if stop.is_set():
                     break
                 delay = backoff * random.uniform(0.5, 1.0)
@@ -168,12 +177,15 @@ class PeerClient:
         cfg = self.cfg
         session = Session(Side.PEER, _now())
         await ws.send_bytes(session.send(m.Hello(
-            cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, self.served_url)))
+            cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, self.served_url,
+            cfg.token)))
         frame = await ws.receive()
         if frame.type is not aiohttp.WSMsgType.BINARY:
             raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
         welcome = session.receive(frame.data, _now())
         if not isinstance(welcome, m.Welcome):  # a Goodbye
+            if welcome.code == m.CLOSE_UNAUTHORIZED:
+                raise JoinRefused(f"hub {self.url} refused us: {welcome.reason}")
             raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
         pinned = cfg.pinned_hub_key
         if pinned is not None and welcome.hub_key != pinned:
@@ -218,6 +230,8 @@ class PeerClient:
                     raise RemoteProtocolError("non-binary frame", m.CLOSE_UNSUPPORTED_DATA)
                 msg = conn.session.receive(frame.data, _now())
                 if isinstance(msg, m.Goodbye):
+                    if msg.code == m.CLOSE_UNAUTHORIZED:
+                        raise JoinRefused(f"hub {self.url} sent us away: {msg.reason}")
                     log.warning("hub said goodbye: %s (%d)", msg.reason, msg.code)
                     return
                 if isinstance(msg, m.LeaseGrant):
@@ -375,6 +389,14 @@ class _Conn:
     async def close(self, code: int, reason: str) -> None:
         if not self.ws.closed:
             await self.ws.close(code=code, message=reason.encode()[:120])
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf exception of a (possibly nested) exception group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _now() -> float:

@@ -41,6 +41,11 @@ class PeerConfig:
     """Largest frame accepted from the hub (the largest is a version's manifest, ~75 bytes a chunk)."""
     hub_key: str = ""
     """Pin the hub's public key (hex, as the hub logs it): refuse any hub that signs with another."""
+    token: str = ""
+    """Join token from the hub's operator (`echo2-hub token create`), if the hub requires one."""
+    ca_cert: str = ""
+    """PEM file of the certificate authority to trust for a wss:// hub with a private or
+    self-signed certificate ('' = the system's trusted authorities)."""
     listen: str = "0.0.0.0:0"
     """HOST:PORT of this peer's chunk server, which relays versions to other peers (port 0 = any
     free port). '' = serve nothing: a leaf that only pulls (behind NAT, say)."""
@@ -73,6 +78,8 @@ class PeerConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         normalize_url(self.hub_url)
+        if self.ca_cert and not os.path.isfile(self.ca_cert):
+            raise ConfigError("ca_cert", f"no such file: {self.ca_cert}")
         self.pinned_hub_key  # noqa: B018  (parsed now, so a bad pin fails at start naming hub_key)
 
     @property

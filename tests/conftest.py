@@ -14,7 +14,10 @@ import pytest
 # Tests never download: a hub id that is not on disk must fail at once, not after network retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from echo2p2p import signing
+from echo2p2p.tasks import AdditionTask
 from hub.config import HubConfig
+from hub.server import Hub, TokenizedProblem, serve
 from peer.client import PeerClient
 from peer.config import PeerConfig
 
@@ -40,6 +43,24 @@ async def running_peers(url: str, n: int = 1, engines: list | None = None,
             yield peers
         finally:
             stop.set()
+
+
+@contextlib.asynccontextmanager
+async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
+    """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
+    plans their broadcast. `setup(hub)` runs before it serves. Yields (hub, signing key, ws URL,
+    the records it logged)."""
+    cfg = replace(HubConfig(port=0, chunk_bytes=16 << 10), **overrides)
+    key = signing.new_private_key()
+    task = AdditionTask(seed=0)
+    problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
+    records: list[dict] = []
+    hub = Hub(cfg, "run", task, problems, signing.public_key(key), on_event=records.append)
+    if setup is not None:
+        setup(hub)
+    scheme = "wss" if cfg.tls_cert else "ws"
+    async with serve(hub, "127.0.0.1", 0) as port:
+        yield hub, key, f"{scheme}://127.0.0.1:{port}/ws", records
 
 
 async def wait_until(condition, timeout_s: float = 60.0) -> None:

@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
-from echo2p2p import signing
-from echo2p2p.tasks import AdditionTask
-from hub.config import HubConfig
-from hub.server import Hub, TokenizedProblem, blob_version, serve
+from hub.server import Hub, blob_version
 from peer.client import PeerClient
 from peer.config import PeerConfig
 from peer.relay import GONE
 
-from conftest import wait_until
+from conftest import tracker, wait_until
 
 CHUNK = 16 << 10
-
-
-@contextlib.asynccontextmanager
-async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
-    """A hub with no learner: it only announces versions and plans their broadcast. `setup(hub)`
-    runs before it serves."""
-    cfg = replace(HubConfig(port=0, chunk_bytes=CHUNK), **overrides)
-    key = signing.new_private_key()
-    task = AdditionTask(seed=0)
-    problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
-    records: list[dict] = []
-    hub = Hub(cfg, "run", task, problems, signing.public_key(key), on_event=records.append)
-    if setup is not None:
-        setup(hub)
-    async with serve(hub, "127.0.0.1", 0) as port:
-        yield hub, key, f"ws://127.0.0.1:{port}/ws", records
 
 
 class Peers:
