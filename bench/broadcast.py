@@ -67,7 +67,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     task = AdditionTask(seed=0)
     records: asyncio.Queue[dict] = asyncio.Queue()
     hub = Hub(cfg, "bench", task, [TokenizedProblem(task.problems("train")[0], [1])],
-              signing.public_key(key), on_event=records.put_nowait)
+              key, on_event=records.put_nowait)
     async with serve(hub, cfg.host, cfg.port):
         hub.publish(blob_version(key, 0, b"\0" * 64))
         while not (len(hub.peers) == args.n_peers

@@ -164,6 +164,7 @@ class Welcome:
     max_new_tokens: int
     seed: int  # this peer's sampling seed: peers must not sample identical completions
     hub_key: bytes = b""  # the hub's Ed25519 public key; every manifest is signed with it
+    ticket: bytes = b""  # the hub's signature admitting peer_id to run_id (chunk requests)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,25 @@ def public_key(private_key: bytes) -> bytes:
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def _ticket_bytes(run_id: str, peer_id: str) -> bytes:
+    return b"echo2p2p-ticket-v1\0" + run_id.encode() + b"\0" + peer_id.encode()
+
+
+def sign_ticket(private_key: bytes, run_id: str, peer_id: str) -> bytes:
+    """The hub's word that `peer_id` belongs to run `run_id`: what other peers' chunk servers
+    (and the hub's) ask of whoever requests a chunk."""
+    return Ed25519PrivateKey.from_private_bytes(private_key).sign(_ticket_bytes(run_id, peer_id))
+
+
+def verify_ticket(hub_key: bytes, run_id: str, peer_id: str, ticket: bytes) -> bool:
+    """Whether `ticket` is the hub's signature admitting `peer_id` to run `run_id`."""
+    try:
+        Ed25519PublicKey.from_public_bytes(hub_key).verify(ticket, _ticket_bytes(run_id, peer_id))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
 def manifest_bytes(manifest: m.Manifest) -> bytes:
     """The canonical bytes a signature covers: the manifest's wire map, packed by msgpack with
     fields in declaration order (the same on every side that runs this module)."""

@@ -43,7 +43,7 @@ from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
 from echo2p2p.staleness import Verdict, judge, lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
 
-from peer.relay import GONE, TokenBucket, UploadMeter, chunk_handler
+from peer.relay import GONE, Tickets, TokenBucket, UploadMeter, chunk_handler
 
 from .config import HubConfig
 from .pool import Pool
@@ -144,9 +144,13 @@ class Hub:
     """Peers, leases and admitted rollouts; owned by one event loop."""
 
     def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
-                 hub_key: bytes = b"", on_event: Callable[[dict[str, Any]], None] | None = None):
+                 signing_key: bytes = b"",
+                 on_event: Callable[[dict[str, Any]], None] | None = None):
+        """`signing_key`: the hub's Ed25519 private key, for the tickets it hands peers (b"": a
+        bench rig without tickets; manifests are signed by the caller)."""
         self.cfg = cfg
-        self.hub_key = hub_key
+        self._signing_key = signing_key
+        self.hub_key = signing.public_key(signing_key) if signing_key else b""
         self.run_id = run_id
         self.task = task
         self.step = 0  # == the learner's version
@@ -356,7 +360,9 @@ class Hub:
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.model, self.task.kind, newest.version if newest else 0,
             cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-            cfg.seed * 100_003 + self._next_peer, self.hub_key))
+            cfg.seed * 100_003 + self._next_peer, self.hub_key,
+            signing.sign_ticket(self._signing_key, self.run_id, peer_id) if self._signing_key
+            else b""))
         self.peers[peer_id] = conn
         self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
         self._catch_up(conn)
@@ -578,7 +584,8 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     app.router.add_get("/ws", hub.handle_ws)
     limiter = TokenBucket(hub.cfg.upload_limit_mbps * 1e6) if hub.cfg.upload_limit_mbps else None
     app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
-        hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served))
+        hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served,
+        authorize=Tickets(hub.hub_key, hub.run_id)))
     for path, handler in (routes or {}).items():
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)

@@ -225,7 +225,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
             line = _propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
-    hub = Hub(cfg, run_id, task, problems, signing.public_key(key), on_event=on_event)
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
     await run.publish()
 

@@ -37,7 +37,8 @@ from echo2p2p.signing import verify_manifest
 from echo2p2p.tasks import reward_fn
 
 from .config import PeerConfig, normalize_url
-from .relay import ChunkStore, Download, TokenBucket, UploadMeter, chunk_handler
+from .relay import (ChunkStore, Download, Tickets, TokenBucket, UploadMeter, chunk_handler,
+                    ticket_header)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class PeerClient:
         self._draw = 0
         self.store = ChunkStore(cfg.keep_versions)
         self.meter = UploadMeter()
+        self.tickets = Tickets()  # who may fetch from our chunk server: set at welcome
         self.served_url: str | None = None  # where other peers reach our chunk server
         self._download: tuple[Download, asyncio.Task] | None = None
 
@@ -123,7 +125,8 @@ class PeerClient:
         limiter = TokenBucket(self.cfg.upload_limit_mbps * 1e6) if self.cfg.upload_limit_mbps else None
         app = web.Application()
         app.router.add_get("/chunk/{version}/{base}/{index}",
-                           chunk_handler(self.store.chunk, self.meter, limiter))
+                           chunk_handler(lambda *a: self.store.chunk(*a), self.meter, limiter,
+                                         authorize=self.tickets))
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         host, port = self.cfg.listen_host_port
@@ -211,6 +214,7 @@ class PeerClient:
             self._staged = None
             self.store = ChunkStore(self.cfg.keep_versions)
         self.welcome = welcome
+        self.tickets.admit(welcome.hub_key, welcome.run_id)
 
     # --- reader --------------------------------------------------------------------------
 
@@ -270,7 +274,8 @@ class PeerClient:
             return
         cfg = self.cfg
         download = Download(self.store, held, http=conn.http, hub_base_url=_http_base(self.url),
-                            me=self.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s)
+                            me=self.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s,
+                            headers=ticket_header(self.welcome.peer_id, self.welcome.ticket))
         self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
 
     async def _fetch_version(self, conn: _Conn, download: Download) -> None:

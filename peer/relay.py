@@ -31,6 +31,7 @@ from aiohttp import web
 from tqdm import tqdm
 
 from echo2p2p import messages as m
+from echo2p2p import signing
 from echo2p2p.errors import SnapshotError
 from echo2p2p.relay import owners_of
 from echo2p2p.snapshot import ChunkAssembler
@@ -43,6 +44,7 @@ MAX_WAIT_S = 30.0  # longest long poll a server grants
 PIECE_BYTES = 64 << 10  # uploads are written (and rate-limited) in pieces of this size
 MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
 HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
+TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex of the hub's ticket signature>"
 UPLOAD_SLOTS = 2  # responses a chunk server sends at once (see chunk_handler)
 
 
@@ -161,9 +163,47 @@ class TokenBucket:
 Lookup = Callable[[int, int | None, int, float], Awaitable[bytes | None]]
 
 
+class Tickets:
+    """Who may fetch chunks: holders of a ticket the hub signed for this run. Until `admit`
+    names the hub's key and run (a peer learns them in its welcome) nobody may; a hub without a
+    signing key (a bench rig) issues no tickets, and then anyone may."""
+
+    def __init__(self, hub_key: bytes | None = None, run_id: str = "") -> None:
+        self.hub_key, self.run_id = hub_key, run_id
+        self._valid: set[str] = set()  # header values already verified
+
+    def admit(self, hub_key: bytes, run_id: str) -> None:
+        if (hub_key, run_id) != (self.hub_key, self.run_id):
+            self.hub_key, self.run_id, self._valid = hub_key, run_id, set()
+
+    def __call__(self, request: web.Request) -> bool:
+        if self.hub_key == b"":
+            return True
+        value = request.headers.get(TICKET_HEADER, "")
+        if value in self._valid:
+            return True
+        peer_id, _, sig = value.rpartition(".")
+        try:
+            ok = self.hub_key is not None and signing.verify_ticket(
+                self.hub_key, self.run_id, peer_id, bytes.fromhex(sig))
+        except ValueError:
+            ok = False
+        if ok and len(self._valid) < 100_000:
+            self._valid.add(value)
+        return ok
+
+
+def ticket_header(peer_id: str, ticket: bytes) -> dict[str, str]:
+    """The header a chunk request carries."""
+    return {TICKET_HEADER: f"{peer_id}.{ticket.hex()}"} if ticket else {}
+
+
 def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | None = None,
-                  on_served: Callable[[int, int], None] | None = None, slots: int = UPLOAD_SLOTS):
+                  on_served: Callable[[int, int], None] | None = None, slots: int = UPLOAD_SLOTS,
+                  authorize: Callable[[web.Request], bool] | None = None):
     """The aiohttp handler for GET /chunk/{version}/{base}/{index}?wait=S.
+
+    With `authorize` (a `Tickets`), requests without a valid ticket get 403.
 
     At most `slots` responses send at once; the others queue (FIFO). Many flows bursting into
     one uplink at once overflow its queue and lose packets (measured with tbf: 10-25 % dropped
@@ -172,6 +212,8 @@ def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | Non
     sending = asyncio.Semaphore(slots)
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        if authorize is not None and not authorize(request):
+            return web.Response(status=403, text="a ticket from this run's hub is required")
         info = request.match_info
         try:
             version, index = int(info["version"]), int(info["index"])
@@ -225,8 +267,10 @@ class Download:
 
     def __init__(self, store: ChunkStore, held: Held, *, http: aiohttp.ClientSession,
                  hub_base_url: str, me: str, report: Callable[[m.RelayReport], Awaitable[None]],
-                 window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0):
+                 window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0,
+                 headers: dict[str, str] | None = None):
         self.store, self.held, self.http = store, held, http
+        self.headers = headers or {}  # the ticket
         self.hub_base_url, self.me, self.report = hub_base_url, me, report
         self.window, self.stall_s, self.replan_wait_s = window, stall_s, replan_wait_s
         self.revision = 0
@@ -331,7 +375,8 @@ class Download:
         while True:
             try:
                 async with asyncio.timeout(poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S):
-                    async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout) as resp:
+                    async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout,
+                                             headers=self.headers) as resp:
                         if resp.status == 503:  # the source is alive but does not have it yet
                             if time.monotonic() - asked > self.stall_s:
                                 return "stall"

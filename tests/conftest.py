@@ -55,7 +55,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     task = AdditionTask(seed=0)
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     records: list[dict] = []
-    hub = Hub(cfg, "run", task, problems, signing.public_key(key), on_event=records.append)
+    hub = Hub(cfg, "run", task, problems, key, on_event=records.append)
     if setup is not None:
         setup(hub)
     scheme = "wss" if cfg.tls_cert else "ws"

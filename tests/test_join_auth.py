@@ -1,4 +1,5 @@
-"""Who may join: join tokens (create, list, revoke; refused with a reason) and a TLS hub."""
+"""Who may join: join tokens (create, list, revoke; refused with a reason), a TLS hub, and
+chunk tickets (only this run's peers may fetch chunks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
+from echo2p2p import signing
 from echo2p2p.errors import ConfigError, JoinRefused
 from hub.cli import main as hub_main
 from hub.config import HubConfig
@@ -17,6 +19,7 @@ from hub.server import blob_version
 from hub.tokens import TokenBook
 from peer.client import PeerClient
 from peer.config import PeerConfig
+from peer.relay import ticket_header
 
 from conftest import tracker, wait_until
 
@@ -148,3 +151,30 @@ async def test_unloadable_certificate_names_the_field(tmp_path):
         async with tracker(tls_cert=str(tmp_path / "junk.pem"), tls_key=str(tmp_path / "junk.pem")):
             pass
     assert exc.value.field == "tls_cert"
+
+
+async def test_chunks_go_only_to_holders_of_this_runs_ticket():
+    """The hub's chunk route and a peer's chunk server answer 403 without a ticket, with one
+    signed by another key, or with one for another run or peer id; 200 with a valid one."""
+    async with tracker() as (hub, key, url, _):
+        hub.publish(blob_version(key, 0, b"\7" * 4096))
+        peer = relay_peer(url, listen="127.0.0.1:0")
+        stop = asyncio.Event()
+        running = asyncio.create_task(peer.run(stop))
+        await wait_until(lambda: peer.store.newest_stream() == 0)
+        hub_base = url.replace("ws://", "http://").removesuffix("/ws")
+        other_key = signing.new_private_key()
+        bad = [{}, ticket_header("p9", signing.sign_ticket(other_key, "run", "p9")),
+               ticket_header("p9", signing.sign_ticket(key, "another run", "p9")),
+               {"X-Echo2-Ticket": "p9." + signing.sign_ticket(key, "run", "p8").hex()},
+               {"X-Echo2-Ticket": "p9.not-hex"}]
+        good = ticket_header("p9", signing.sign_ticket(key, "run", "p9"))
+        async with aiohttp.ClientSession() as http:
+            for base in (hub_base, peer.served_url):
+                for headers in bad:
+                    async with http.get(f"{base}/chunk/0/full/0", headers=headers) as resp:
+                        assert resp.status == 403, (base, headers)
+                async with http.get(f"{base}/chunk/0/full/0", headers=good) as resp:
+                    assert resp.status == 200 and len(await resp.read()) > 0
+        stop.set()
+        await running
