@@ -46,6 +46,8 @@ from echo2p2p.tasks import Problem
 from peer.relay import GONE, Tickets, TokenBucket, UploadMeter, chunk_handler
 
 from .config import HubConfig
+from echo2p2p.trust import TrustBook
+
 from .pool import Pool
 from .tokens import TokenBook
 
@@ -77,10 +79,18 @@ class PeerConn:
     announced: int = -1  # newest version announced to it
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
-    def member(self) -> Member:
-        """This peer in a broadcast: a relay if it advertised a plausible chunk server URL."""
+    @property
+    def identity(self) -> str:
+        """Whom trust is kept for: the join token's id (a peer cannot shed its record by
+        reconnecting), else this connection."""
+        token_id = self.hello.token.partition(".")[0]
+        return f"token:{token_id}" if token_id else self.peer_id
+
+    def member(self, relays: bool = True) -> Member:
+        """This peer in a broadcast: a relay if it advertised a plausible chunk server URL (and
+        `relays`: a quarantined peer only pulls)."""
         url = self.hello.listen_addr
-        plausible = url and len(url) <= 200 and url.startswith(("http://", "https://"))
+        plausible = relays and url and len(url) <= 200 and url.startswith(("http://", "https://"))
         return Member(self.peer_id, url if plausible else None, self.upload_bps)
 
     def post(self, msg: m.Message) -> None:
@@ -165,6 +175,8 @@ class Hub:
         self.propagation: dict[int, Propagation] = {}
         self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
+        self.trust = TrustBook()
+        self._corrupt_reports: set[tuple[str, str]] = set()  # (reporter, reported) identities
         self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
@@ -210,7 +222,7 @@ class Hub:
             if not members:
                 continue
             broadcast = self._broadcast(snap)
-            plan = broadcast.start([c.member() for c in members])
+            plan = broadcast.start([self._member(c) for c in members])
             for conn in members:
                 conn.announced = version.version
                 conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
@@ -238,8 +250,8 @@ class Hub:
     def dispatch(self) -> None:
         """Grant leases to peers with credits while the budget allows, newest holders first."""
         cfg = self.cfg
-        ready = sorted((p for p in self.peers.values()
-                        if p.credits > 0 and self.pool.is_active(p.peer_id)),
+        ready = sorted((p for p in self.peers.values() if p.credits > 0
+                        and self.pool.is_active(p.peer_id) and not self._quarantined(p)),
                        key=lambda p: -1 if p.held_version is None else p.held_version, reverse=True)
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
@@ -379,8 +391,8 @@ class Hub:
         conn.announced = newest.version
         conn.post(m.VersionAnnouncement(newest.full.manifest, newest.full.signature))
         broadcast = self._broadcast(newest.full)
-        conn.post(broadcast.join(conn.member()) if broadcast.members
-                  else broadcast.start([conn.member()]))
+        conn.post(broadcast.join(self._member(conn)) if broadcast.members
+                  else broadcast.start([self._member(conn)]))
 
     def _leave(self, conn: PeerConn) -> None:
         self.peers.pop(conn.peer_id, None)
@@ -436,6 +448,11 @@ class Hub:
         if msg.reason not in m.RELAY_FAULTS or msg.peer_id == conn.peer_id or msg.peer_id not in self.peers:
             return  # nonsense, or about a peer already gone (and so already routed around)
         self.counters.relay_reports[(msg.peer_id, msg.reason)] += 1
+        culprit = self.peers[msg.peer_id]
+        if msg.reason == "corrupt" and (conn.identity, culprit.identity) not in self._corrupt_reports:
+            # Once per reporter: one liar cannot report an honest relay into quarantine alone.
+            self._corrupt_reports.add((conn.identity, culprit.identity))
+            self._distrust(culprit, "bad_chunk")
         log.warning("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id[:40], msg.version,
                     msg.reason)
         for (version, _), broadcast in self.broadcasts.items():
@@ -485,6 +502,11 @@ class Hub:
             conn.post(m.Reject(msg.lease_id, outcome.value))
             return
         self._measure(conn, lease.granted, len(msg.samples))
+        if self._quarantined(conn):
+            self.leases.requeue(lease)  # the prompt goes to an honest peer
+            self.counters.rejected += 1
+            conn.post(m.Reject(msg.lease_id, "quarantined"))
+            return
         verdict = judge(self.step, msg.version, self.cfg.max_lag)
         if verdict is not Verdict.FRESH:
             self.leases.requeue(lease)
@@ -493,8 +515,19 @@ class Hub:
             self.dispatch()
             return
         problem = lease.problem.problem
-        # Re-score with the task's own verifier: a peer's claimed reward is never used.
+        # Re-score with the task's own verifier: a peer's claimed reward is never used, and a
+        # claim above the verifier's counts against the peer. (A claim below it is no gain to
+        # a liar, and an honest peer whose checker lacks math-verify can make one.)
         rewards = [self.task.reward(problem.answer, s.text) for s in msg.samples]
+        if any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards)):
+            self._distrust(conn, "reward_mismatch")
+            if self._quarantined(conn):
+                self.leases.requeue(lease)
+                self.counters.rejected += 1
+                conn.post(m.Reject(msg.lease_id, "quarantined"))
+                return
+        else:
+            self.trust.good(conn.identity)
         self.buffer.put(ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
                                     msg.version, msg.samples, rewards))
         self.counters.admitted_groups += 1
@@ -502,6 +535,28 @@ class Hub:
         self.pool.accounts[conn.peer_id].admitted += len(msg.samples)
         self._admitted.set()
         conn.post(m.Ack(msg.lease_id))
+
+    def _member(self, conn: PeerConn) -> Member:
+        return conn.member(relays=not self._quarantined(conn))
+
+    def _quarantined(self, conn: PeerConn) -> bool:
+        return conn.identity in self.trust.quarantined
+
+    def _distrust(self, conn: PeerConn, event: str) -> None:
+        """Count `event` against `conn`; on quarantine: no more leases (open ones go back to
+        the queue), its relays routed around, and a run log record."""
+        if not self.trust.record(conn.identity, event):
+            return
+        back = self.leases.release_peer(conn.peer_id)
+        for broadcast in self.broadcasts.values():
+            self._reroute(broadcast, conn.peer_id)
+        record = {"event": "quarantine", "step": self.step, "peer": conn.peer_id,
+                  "name": conn.hello.name, "identity": conn.identity,
+                  "score": round(self.trust.score(conn.identity), 3),
+                  "events": self.trust.events[conn.identity], "leases_requeued": len(back)}
+        log.warning("quarantined %s (%s): %s", conn.peer_id, conn.hello.name, record["events"])
+        self.on_event(record)
+        self.dispatch()
 
     def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
         """The peer's generation rate from this submission: its samples over the time it spent

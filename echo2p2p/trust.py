@@ -1,0 +1,65 @@
+"""Trust in peers: a score per identity, lowered by evidence of lying, and quarantine below a
+threshold.
+
+Pure bookkeeping; the hub decides what counts as evidence and what quarantine does (no leases,
+rollouts rejected, relays avoided). A score starts at 1, loses a fixed penalty per event, and
+regains a little per rollout that checked out, never above 1. Once below the threshold an
+identity stays quarantined for the run: a liar that behaves for a while must not earn its way
+back to poisoning batches. Identities are what the hub can tell apart: a join token's id when
+tokens are required (a peer cannot shed its record by reconnecting), else a connection's id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk")
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    threshold: float = 0.5
+    """Quarantined once the score falls below this."""
+    penalties: dict[str, float] = field(default_factory=lambda: {
+        "reward_mismatch": 0.2,  # a claimed reward the hub's verifier disagrees with
+        "logprob_mismatch": 0.3,  # behaviour logprobs the claimed version does not reproduce
+        "bad_chunk": 0.2,  # a chunk it relayed failed its digest (one per reporting peer)
+    })
+    credit: float = 0.01
+    """Regained per rollout that checked out."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if set(self.penalties) != set(EVENTS) or min(self.penalties.values()) <= 0:
+            raise ValueError(f"penalties must be > 0 for exactly {EVENTS}")
+
+
+class TrustBook:
+    """Scores, event counts and the quarantined identities."""
+
+    def __init__(self, policy: TrustPolicy | None = None) -> None:
+        self.policy = policy or TrustPolicy()
+        self.scores: dict[str, float] = {}
+        self.events: dict[str, dict[str, int]] = {}
+        self.quarantined: set[str] = set()
+
+    def score(self, who: str) -> float:
+        return self.scores.get(who, 1.0)
+
+    def record(self, who: str, event: str) -> bool:
+        """Count one `event` against `who`; True if this put it into quarantine."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown trust event {event!r}")
+        counts = self.events.setdefault(who, dict.fromkeys(EVENTS, 0))
+        counts[event] += 1
+        self.scores[who] = self.score(who) - self.policy.penalties[event]
+        if who in self.quarantined or self.scores[who] >= self.policy.threshold:
+            return False
+        self.quarantined.add(who)
+        return True
+
+    def good(self, who: str) -> None:
+        """One rollout of `who` checked out."""
+        if who not in self.quarantined and who in self.scores:
+            self.scores[who] = min(1.0, self.scores[who] + self.policy.credit)
