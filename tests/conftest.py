@@ -22,6 +22,19 @@ from peer.client import PeerClient
 from peer.config import PeerConfig
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the slow-marked tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with pytest --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def hub_cfg(tmp_path) -> HubConfig:
     """The built-in model and task, small batches, an ephemeral port, a temp run dir."""
