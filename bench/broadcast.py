@@ -58,7 +58,8 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p import signing
     from echo2p2p.tasks import AdditionTask
     from hub.config import HubConfig
-    from hub.server import Hub, TokenizedProblem, blob_version, serve
+    from hub.server import Hub, TokenizedProblem, serve
+    from hub.versions import blob_version
 
     cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,

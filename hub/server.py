@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import statistics
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -37,9 +36,8 @@ from echo2p2p import signing
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.leases import Completion, LeaseBook, shuffled_epochs
-from echo2p2p.relay import Broadcast, Member, propagation
+from echo2p2p.relay import Broadcast, Member
 from echo2p2p.session import Session, Side, State
-from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
 from echo2p2p.staleness import Verdict, judge, lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
 
@@ -50,6 +48,8 @@ from echo2p2p.trust import TrustBook
 
 from .pool import Pool
 from .tokens import TokenBook
+from .peers import PeerConn
+from .versions import Propagation, Published, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,81 +60,6 @@ CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
 class TokenizedProblem:
     problem: Problem
     prompt_ids: list[int]
-
-
-@dataclass
-class PeerConn:
-    """The hub's view of one connected peer."""
-
-    peer_id: str
-    hello: m.Hello
-    ws: web.WebSocketResponse
-    session: Session
-    transport: asyncio.BaseTransport | None
-    credits: int = 0
-    held_version: int | None = None  # loaded in its engine
-    stream_version: int | None = None  # newest version it has whole (a base for deltas)
-    upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
-    last_done: float = 0.0  # when its last submission arrived (see Hub._measure)
-    announced: int = -1  # newest version announced to it
-    outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
-
-    @property
-    def identity(self) -> str:
-        """Whom trust is kept for: the join token's id (a peer cannot shed its record by
-        reconnecting), else this connection."""
-        token_id = self.hello.token.partition(".")[0]
-        return f"token:{token_id}" if token_id else self.peer_id
-
-    def member(self, relays: bool = True) -> Member:
-        """This peer in a broadcast: a relay if it advertised a plausible chunk server URL (and
-        `relays`: a quarantined peer only pulls)."""
-        url = self.hello.listen_addr
-        plausible = relays and url and len(url) <= 200 and url.startswith(("http://", "https://"))
-        return Member(self.peer_id, url if plausible else None, self.upload_bps)
-
-    def post(self, msg: m.Message) -> None:
-        """Queue `msg` for this peer's writer task; never waits on the socket."""
-        if self.session.state is not State.CLOSED:  # else the connection is going: drop it
-            self.outbox.put_nowait(self.session.send(msg))
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    manifest: m.Manifest
-    chunks: list[bytes]
-    signature: bytes = b""
-
-    @property
-    def wire_bytes(self) -> int:
-        return sum(c.wire_bytes for c in self.manifest.chunks)
-
-
-@dataclass(frozen=True)
-class Published:
-    """One version: always in full, and as a delta against the previous version unless an anchor."""
-
-    full: Snapshot
-    delta: Snapshot | None = None
-
-    @property
-    def version(self) -> int:
-        return self.full.manifest.version
-
-
-@dataclass
-class Propagation:
-    """How one version spread: who was there at publication, and when each finished."""
-
-    version: int
-    started: float
-    expected: set[str]
-    done_after_s: dict[str, float] = field(default_factory=dict)
-    bytes_from_hub: int = 0  # served by the hub's chunk route
-    hub_sent_after_s: float = 0.0  # when the hub's last chunk of it went out
-    bytes_from_peers: int = 0  # as the peers report
-    on_delta: int = 0
-    received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
 
 
 @dataclass
@@ -468,27 +393,12 @@ class Hub:
         del self.propagation[prop.version]
         if not prop.expected:
             return  # published before any peer joined: nothing spread
-        for peer_id, got in prop.received.items():
-            conn = self.peers.get(peer_id)
-            if conn is None or sum(n for n, _ in got) < (256 << 10):
-                continue  # gone, or too little to measure
-            rate = 8 * sum(n for n, _ in got) / statistics.median(span for _, span in got)
-            conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
-        pub = self.published.get(prop.version)
-        size = pub.full.wire_bytes if pub else 0
-        record = {
-            "event": "propagation", "version": prop.version, "peers": len(prop.expected),
-            **propagation(list(prop.done_after_s.values()), len(prop.expected)),
-            "done_s": round(max(prop.done_after_s.values(), default=0.0), 3),
-            "hub_sent_s": round(prop.hub_sent_after_s, 3),
-            "complete": not waiting, "full_wire_bytes": size,
-            "delta_wire_bytes": pub.delta.wire_bytes if pub and pub.delta else None,
-            "peers_on_delta": prop.on_delta,
-            "bytes_from_hub": prop.bytes_from_hub, "bytes_from_peers": prop.bytes_from_peers,
-            "hub_upload_copies": round(prop.bytes_from_hub / size, 3) if size else None,
-            "peer_upload_mbps": {c.peer_id: round(c.upload_bps / 1e6, 2)
-                                 for c in self.peers.values() if c.upload_bps},
-        }
+        for peer_id, rate in prop.upload_rates().items():
+            if (conn := self.peers.get(peer_id)) is not None:
+                conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
+        record = prop.record(self.published.get(prop.version), complete=not waiting)
+        record["peer_upload_mbps"] = {c.peer_id: round(c.upload_bps / 1e6, 2)
+                                      for c in self.peers.values() if c.upload_bps}
         self.on_event(record)
 
     def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
@@ -614,20 +524,6 @@ class Hub:
     async def close_all(self, reason: str = "hub shutting down") -> None:
         for conn in list(self.peers.values()):
             await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason, conn.transport)
-
-
-def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] | None = None,
-                 *, chunk_bytes: int = 0, zstd_level: int = 3) -> Published:
-    """`data` as a signed version (one uint8 tensor), with a delta against `base` if given: for
-    benchmarks and tests of the overlay, which need bytes, not a model."""
-    chunk_bytes = chunk_bytes or auto_chunk_bytes(len(data))
-
-    def signed(base_: tuple[int, bytes] | None) -> Snapshot:
-        manifest, chunks = build_snapshot(version, [("blob", "uint8", [len(data)], data)],
-                                          chunk_bytes=chunk_bytes, zstd_level=zstd_level, base=base_)
-        return Snapshot(manifest, chunks, signing.sign_manifest(key, manifest))
-
-    return Published(signed(None), signed(base) if base is not None else None)
 
 
 @contextlib.asynccontextmanager

@@ -30,7 +30,8 @@ from echo2p2p.tasks import AdditionTask, MathTask
 
 from .config import HubConfig
 from .runlog import RunLog
-from .server import Hub, Published, Snapshot, TokenizedProblem, serve
+from .server import Hub, TokenizedProblem, serve
+from .versions import Published, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from echo2p2p import signing
 from echo2p2p.errors import ConfigError, JoinRefused
 from hub.cli import main as hub_main
 from hub.config import HubConfig
-from hub.server import blob_version
+from hub.versions import blob_version
 from hub.tokens import TokenBook
 from peer.client import PeerClient
 from peer.config import PeerConfig

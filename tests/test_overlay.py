@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from hub.server import Hub, blob_version
+from hub.server import Hub
+from hub.versions import blob_version
 from peer.client import PeerClient
 from peer.config import PeerConfig
 from peer.relay import GONE
