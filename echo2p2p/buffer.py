@@ -49,6 +49,10 @@ class RolloutBuffer:
         self._queue.append(group)
         self._admitted += 1
 
+    def groups(self) -> list[ScoredGroup]:
+        """The queued groups, in arrival order (for a checkpoint)."""
+        return list(self._queue)
+
     def drop_stale(self, step: int) -> list[ScoredGroup]:
         """Remove and return every queued group too old for `step`."""
         fresh, stale = deque(), []

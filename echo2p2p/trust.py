@@ -3,7 +3,9 @@ threshold.
 
 Pure bookkeeping; the hub decides what counts as evidence and what quarantine does (no leases,
 rollouts rejected, relays avoided). A score starts at 1, loses a fixed penalty per event, and
-regains a little per rollout that checked out, never above 1. Once below the threshold an
+regains a little per rollout whose logprobs a spot-check confirmed, never above 1 (only checked
+rollouts earn credit: unchecked ones would let a forger caught on a small sampled share earn
+back each penalty in between). Once below the threshold an
 identity stays quarantined for the run: a liar that behaves for a while must not earn its way
 back to poisoning batches. Identities are what the hub can tell apart: a join token's id when
 tokens are required (a peer cannot shed its record by reconnecting), else a connection's id.
@@ -26,7 +28,7 @@ class TrustPolicy:
         "bad_chunk": 0.2,  # a chunk it relayed failed its digest (one per reporting peer)
     })
     credit: float = 0.01
-    """Regained per rollout that checked out."""
+    """Regained per rollout whose spot-check passed."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 1:
@@ -63,3 +65,13 @@ class TrustBook:
         """One rollout of `who` checked out."""
         if who not in self.quarantined and who in self.scores:
             self.scores[who] = min(1.0, self.scores[who] + self.policy.credit)
+
+    def state(self) -> dict:
+        """Scores, events and quarantine as plain data (for a checkpoint)."""
+        return {"scores": dict(self.scores), "quarantined": sorted(self.quarantined),
+                "events": {who: dict(counts) for who, counts in self.events.items()}}
+
+    def restore(self, state: dict) -> None:
+        self.scores = dict(state["scores"])
+        self.events = {who: dict(counts) for who, counts in state["events"].items()}
+        self.quarantined = set(state["quarantined"])

@@ -7,6 +7,7 @@ Heavy imports (torch, transformers) happen after argument parsing, so `--help` a
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tomllib
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
     demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
     demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
+    serve.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its last checkpoint, with its saved "
+                            "config (flags given here override it)")
     for p in (serve, demo):
         p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
@@ -53,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
     table = dict(defaults or {})
+    if getattr(args, "resume", None) is not None:
+        saved = json.loads((args.resume / "config.json").read_text())
+        saved.pop("run_id", None)
+        table.update(saved, run_dir=str(args.resume))
     if args.config is not None:
         data = tomllib.loads(args.config.read_text())
         table.update(data.get("hub", data))
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     process.configure(args.log_level)
     try:
         cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
-    except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
+    except (ConfigError, tomllib.TOMLDecodeError, OSError, ValueError) as exc:
         print(f"echo2-hub: {exc}", file=sys.stderr)
         return 2
     if args.command == "demo" and args.peers < 1:
@@ -76,11 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .demo import run_demo, run_serve
 
-    coro = run_demo(cfg, args.peers) if args.command == "demo" else run_serve(cfg)
+    coro = run_demo(cfg, args.peers) if args.command == "demo" else run_serve(cfg, args.resume)
     try:
         return process.run(coro)
     except KeyboardInterrupt:
         return 130
+    except (ConfigError, FileNotFoundError) as exc:  # found on start: a bad TLS pair, no checkpoint
+        print(f"echo2-hub: {exc}", file=sys.stderr)
+        return 2
 
 
 def _plan(args: argparse.Namespace) -> int:

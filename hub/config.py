@@ -92,6 +92,20 @@ class HubConfig:
     """A peer silent this long is disconnected and its leases re-issued."""
     max_frame_bytes: int = 4 << 20
     """Largest websocket frame accepted from a peer."""
+    spot_check_fraction: float = 0.05
+    """Share of rollout groups whose behaviour logprobs the hub recomputes under the version the
+    peer claims (0 = off, 1 = every group); a mismatch counts against the peer's trust. Costs
+    one forward per checked group, a model copy, and the last S + 1 published versions in CPU
+    RAM: (S + 1) x parameters x 2 bytes in bf16, ~42 GB for a 7B model at S = 2."""
+    spot_check_tokens: int = 0
+    """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
+    at the last drawn position, less evidence per check; the memory stays the same."""
+    spot_check_tolerance: float = 0.2
+    """A checked group fails when the mean |claimed - recomputed| logprob over its checked
+    tokens exceeds this, in nats: about the |log-ratio| an undetected forgery adds. 0.2 ~
+    log(1 + clip_eps); 7x the p99 and 2x the worst of honest bf16 peers (GPU engines like vLLM:
+    ~1e-2 a token), 1e5x fp32 ones (bench/spotcheck.py). Lower: more forgeries caught, honest
+    bf16 peers at risk; raise it for MoE or FP8 peers (~0.5)."""
     tokens: str = ""
     """Token file (`echo2-hub token create --file FILE`): only peers presenting one of its
     unrevoked tokens may join. '' = anyone may join."""
@@ -100,7 +114,13 @@ class HubConfig:
     tls_key: str = ""
     """PEM private key of --tls-cert."""
     run_dir: str = ""
-    """Where metrics.jsonl and config.json go ('' = runs/<run id>)."""
+    """Where metrics.jsonl, config.json, the signing key and checkpoints go ('' = runs/<run id>)."""
+    checkpoint_every: int = 1
+    """Checkpoint (weights, optimizer, leases, queued rollouts, trust) before every this many
+    published versions, for `serve --resume` (0 = never). With 1 a resumed hub never rolls
+    back past a version peers hold; with more, a kill costs the rollouts of the versions since
+    the last checkpoint, and each checkpoint writes about 16 bytes per parameter (fp32 weights
+    and AdamW moments)."""
 
     def __post_init__(self) -> None:
         positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
@@ -131,12 +151,20 @@ class HubConfig:
             raise ConfigError("activation_margin", f"must be in [0, 10], got {self.activation_margin}")
         if self.chunk_bytes < 0:
             raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
-        for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0)):
+        for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0),
+                            ("checkpoint_every", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert" if not self.tls_cert else "tls_key",
                               "--tls-cert and --tls-key go together")
+        if not 0 <= self.spot_check_fraction <= 1:
+            raise ConfigError("spot_check_fraction",
+                              f"must be in [0, 1], got {self.spot_check_fraction}")
+        if self.spot_check_tokens < 0:
+            raise ConfigError("spot_check_tokens", f"must be >= 0 (0 = all), got {self.spot_check_tokens}")
+        if not self.spot_check_tolerance > 0:
+            raise ConfigError("spot_check_tolerance", f"must be > 0, got {self.spot_check_tolerance}")
         check_schedule(self.max_lag, self.kappa)
 
     @property

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
 from .config import HubConfig
 from .trainer import HubRun, start_hub
@@ -17,8 +18,9 @@ from .trainer import HubRun, start_hub
 log = logging.getLogger(__name__)
 
 
-async def run_serve(cfg: HubConfig) -> int:
-    async with start_hub(cfg, stream=sys.stdout) as run:
+async def run_serve(cfg: HubConfig, resume: Path | None = None) -> int:
+    """Serve until max_steps; `resume`: the run directory to continue (cfg.run_dir is it)."""
+    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None) as run:
         await run.finished.wait()
         _summary(run)
     return 0

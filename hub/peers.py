@@ -23,6 +23,7 @@ class PeerConn:
     transport: asyncio.BaseTransport | None
     credits: int = 0
     held_version: int | None = None  # loaded in its engine
+    held_max: int = -1  # the newest version it ever reported holding
     stream_version: int | None = None  # newest version it has whole (a base for deltas)
     upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
     last_done: float = 0.0  # when its last submission arrived (see Hub._measure)

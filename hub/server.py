@@ -1,10 +1,10 @@
 """The hub's network shell: one websocket per peer, pumping frames through the core.
 
 Each connection's handler reads a frame, feeds it to its `Session` (validation and the state
-table live there), and acts on the message: leases from the `LeaseBook`, admission by the
-staleness rule into the `RolloutBuffer`, acks and rejects back. Replies never wait on a socket:
-they go into the peer's outbox, which a writer task drains under a deadline, so one peer that
-stops reading is closed instead of stalling lease dispatch for all. Another task per connection
+table live there), and acts on the message: leases from the `LeaseBook`, rollouts through
+`hub.admission` into the `RolloutBuffer`, acks and rejects back. Replies never wait on a
+socket: they go into the peer's outbox, which a writer task drains under a deadline, so one peer
+that stops reading is closed instead of stalling lease dispatch for all. Another task per connection
 sends heartbeats. A misbehaving peer is closed with a code and a short reason; nothing it sends
 reaches the learner unvalidated or stops the other peers.
 
@@ -27,7 +27,7 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
@@ -35,21 +35,26 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.errors import ConfigError, RemoteProtocolError
-from echo2p2p.leases import Completion, LeaseBook, shuffled_epochs
+from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.relay import Broadcast, Member
 from echo2p2p.session import Session, Side, State
-from echo2p2p.staleness import Verdict, judge, lease_budget, min_fresh_version
+from echo2p2p.staleness import lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
 
 from peer.relay import GONE, Tickets, TokenBucket, UploadMeter, chunk_handler
 
-from .config import HubConfig
 from echo2p2p.trust import TrustBook
 
+from .admission import Admission
+from .config import HubConfig
+from .durable import Journal
+from .peers import PeerConn
 from .pool import Pool
 from .tokens import TokenBook
-from .peers import PeerConn
 from .versions import Propagation, Published, Snapshot
+
+if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
+    from .spotcheck import SpotChecker
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +77,21 @@ class Counters:
     closed_for_protocol: int = 0
     refused: int = 0  # joins without a valid token
     cut_off: int = 0  # peers that stopped reading
+    spot_checked: int = 0  # submissions whose logprobs or version tag were checked
+    spot_failed: int = 0  # of those, forged (see hub.spotcheck)
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
 
 
-class Hub:
+class Hub(Admission):
     """Peers, leases and admitted rollouts; owned by one event loop."""
 
     def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
                  signing_key: bytes = b"",
-                 on_event: Callable[[dict[str, Any]], None] | None = None):
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 spot: SpotChecker | None = None):
         """`signing_key`: the hub's Ed25519 private key, for the tickets it hands peers (b"": a
-        bench rig without tickets; manifests are signed by the caller)."""
+        bench rig without tickets; manifests are signed by the caller). `spot`: recomputes the
+        behaviour logprobs of a share of the rollouts (None: no spot-checks)."""
         self.cfg = cfg
         self._signing_key = signing_key
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
@@ -105,12 +114,19 @@ class Hub:
         self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
+        self.spot = spot
+        self._checks: set[asyncio.Task] = set()  # spot-checks under way
+        self.journal: Journal | None = None  # where changes since the last checkpoint go
+        self.leases.on_change = lambda change: self._journal("lease", *change)
 
     # --- learner-facing --------------------------------------------------------------
 
     async def wait_batch(self) -> list[ScoredGroup]:
         """Block until `prompts_per_step` fresh groups are queued for the current step."""
         n = self.cfg.prompts_per_step
+        for group in self.buffer.drop_stale(self.step):
+            log.debug("dropped %s: v%d is too stale for step %d", group.lease_id, group.version,
+                      self.step)
         while len(self.buffer) < n or (batch := self.buffer.take_batch(self.step, n)) is None:
             self._admitted.clear()
             self.dispatch()  # stale drops may have freed lease budget
@@ -180,7 +196,7 @@ class Hub:
                        key=lambda p: -1 if p.held_version is None else p.held_version, reverse=True)
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
-                outstanding = self.leases.open_count + len(self.buffer)
+                outstanding = self.leases.open_count + len(self.buffer) + len(self._checks)
                 if outstanding >= lease_budget(cfg.prompts_per_step, cfg.max_lag):
                     return
                 if conn.credits <= 0 or conn.ws.closed:
@@ -192,6 +208,7 @@ class Hub:
                 lease = self.leases.grant(conn.peer_id, _now(),
                                           min_fresh_version(consume_step, cfg.max_lag))
                 conn.credits -= 1
+                log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem
                 conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
@@ -243,7 +260,16 @@ class Hub:
         try:
             async with asyncio.TaskGroup() as tg:
                 helpers: list[asyncio.Task] = []
-                async for frame in ws:
+                while True:
+                    try:  # before its hello, nothing keeps a silent connection in check
+                        frame = await ws.receive(None if conn else self.cfg.peer_timeout_s)
+                    except TimeoutError:
+                        await _close(ws, session, m.CLOSE_TIMEOUT,
+                                     f"no hello within {self.cfg.peer_timeout_s:.0f} s",
+                                     request.transport)
+                        break
+                    if frame.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                        break
                     try:
                         msg = session.receive(self._frame_bytes(frame), _now())
                     except RemoteProtocolError as exc:
@@ -348,6 +374,7 @@ class Hub:
             self._on_rollout(conn, msg)
         elif isinstance(msg, m.VersionHeld):
             conn.held_version = msg.version
+            conn.held_max = max(conn.held_max, msg.version)
             log.debug("%s holds v%d", conn.peer_id, msg.version)
         elif isinstance(msg, m.TransferReport):
             self._on_transfer(conn, msg)
@@ -401,51 +428,6 @@ class Hub:
                                       for c in self.peers.values() if c.upload_bps}
         self.on_event(record)
 
-    def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
-        outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
-        if outcome is Completion.DUPLICATE:
-            self.counters.duplicates += 1
-            conn.post(m.Ack(msg.lease_id, duplicate=True))
-            return
-        if lease is None:
-            self.counters.rejected += 1
-            conn.post(m.Reject(msg.lease_id, outcome.value))
-            return
-        self._measure(conn, lease.granted, len(msg.samples))
-        if self._quarantined(conn):
-            self.leases.requeue(lease)  # the prompt goes to an honest peer
-            self.counters.rejected += 1
-            conn.post(m.Reject(msg.lease_id, "quarantined"))
-            return
-        verdict = judge(self.step, msg.version, self.cfg.max_lag)
-        if verdict is not Verdict.FRESH:
-            self.leases.requeue(lease)
-            self.counters.stale_on_arrival += 1
-            conn.post(m.Reject(msg.lease_id, verdict.value))
-            self.dispatch()
-            return
-        problem = lease.problem.problem
-        # Re-score with the task's own verifier: a peer's claimed reward is never used, and a
-        # claim above the verifier's counts against the peer. (A claim below it is no gain to
-        # a liar, and an honest peer whose checker lacks math-verify can make one.)
-        rewards = [self.task.reward(problem.answer, s.text) for s in msg.samples]
-        if any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards)):
-            self._distrust(conn, "reward_mismatch")
-            if self._quarantined(conn):
-                self.leases.requeue(lease)
-                self.counters.rejected += 1
-                conn.post(m.Reject(msg.lease_id, "quarantined"))
-                return
-        else:
-            self.trust.good(conn.identity)
-        self.buffer.put(ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
-                                    msg.version, msg.samples, rewards))
-        self.counters.admitted_groups += 1
-        self.counters.admitted_samples += len(msg.samples)
-        self.pool.accounts[conn.peer_id].admitted += len(msg.samples)
-        self._admitted.set()
-        conn.post(m.Ack(msg.lease_id))
-
     def _member(self, conn: PeerConn) -> Member:
         return conn.member(relays=not self._quarantined(conn))
 
@@ -467,18 +449,6 @@ class Hub:
         log.warning("quarantined %s (%s): %s", conn.peer_id, conn.hello.name, record["events"])
         self.on_event(record)
         self.dispatch()
-
-    def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
-        """The peer's generation rate from this submission: its samples over the time it spent
-        on them. A peer works through its leases one at a time, so that time started when the
-        lease was granted or when its previous submission arrived, whichever is later; idle time
-        waiting for leases does not count, so the rate is what the peer can do, not what the
-        hub happened to ask of it."""
-        now = _now()
-        busy_s = now - max(granted, conn.last_done)
-        conn.last_done = now
-        if busy_s > 0 and samples:
-            self.pool.rate(conn.peer_id, samples / busy_s)
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline closes the peer."""
@@ -522,6 +492,10 @@ class Hub:
             return "the hub cannot check join tokens now" if joining else None
 
     async def close_all(self, reason: str = "hub shutting down") -> None:
+        checks = list(self._checks)
+        for task in checks:
+            task.cancel()
+        await asyncio.gather(*checks, return_exceptions=True)
         for conn in list(self.peers.values()):
             await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason, conn.transport)
 

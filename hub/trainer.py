@@ -25,10 +25,12 @@ from echo2p2p import signing
 from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction, required_throughput
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
+from echo2p2p.errors import ConfigError
 from echo2p2p.staleness import is_publish_version, lag_versions
 from echo2p2p.tasks import AdditionTask, MathTask
 
 from .config import HubConfig
+from .durable import Checkpoints
 from .runlog import RunLog
 from .server import Hub, TokenizedProblem, serve
 from .versions import Published, Snapshot
@@ -51,8 +53,10 @@ class HubRun:
     """A running hub: the server, the learner and the run log."""
 
     def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog,
-                 signing_key: bytes):
+                 signing_key: bytes, checkpoints: Checkpoints | None = None):
         self.cfg = cfg
+        self.checkpoints = checkpoints
+        self.resumed = False
         self.signing_key = signing_key
         self.hub = hub
         self.learner = learner
@@ -70,11 +74,44 @@ class HubRun:
         return f"{'wss' if self.cfg.tls_cert else 'ws'}://{self.cfg.host}:{self.port}/ws"
 
     async def publish(self) -> None:
+        """Checkpoint if due (before peers can hold the version), build, sign and announce."""
+        if self.checkpoints is not None and self._published % self.cfg.checkpoint_every == 0:
+            await self.checkpoint()
         built = await asyncio.to_thread(self._build, self.learner.version)
         self.hub.publish(built)
         self._published += 1
         log.debug("published v%d: %d wire bytes in full, %s as a delta", built.version,
                   built.full.wire_bytes, built.delta.wire_bytes if built.delta else "none")
+
+    async def checkpoint(self) -> None:
+        """Take the hub's state and start a new journal in one go (nothing changes in between),
+        then write the checkpoint in a worker thread while peers are served. The learner is
+        idle meanwhile: the loop calls this between steps."""
+        number = self.checkpoints.next_number()
+        state = self.hub.state()
+        if self.hub.journal is not None:
+            self.hub.journal.close()
+        self.hub.journal = self.checkpoints.journal(number)
+        learner = {"model": self.learner.model.state_dict(), "version": self.learner.version,
+                   "optimizer": self.learner.optimizer.state_dict()}
+        start = time.perf_counter()
+        await asyncio.to_thread(self.checkpoints.write, number, learner, state)
+        log.debug("checkpoint %d at v%d in %.3f s", number, self.learner.version,
+                  time.perf_counter() - start)
+
+    def resume(self, saved: tuple[dict[str, Any], dict[str, Any], list[list]]) -> None:
+        """Continue from a checkpoint and its journal (see hub.durable)."""
+        learner, state, journal = saved
+        self.learner.model.load_state_dict(learner["model"])
+        self.learner.optimizer.load_state_dict(learner["optimizer"])
+        self.learner.version = learner["version"]
+        self.hub.restore(state, journal)
+        self.resumed = True
+        record = {"event": "resume", "version": self.hub.step, "journal_records": len(journal),
+                  "queued_groups": len(self.hub.buffer), "open_leases": self.hub.leases.open_count}
+        self.runlog.event(record, f"resumed at v{self.hub.step}: {record['queued_groups']} admitted "
+                                  f"groups queued, {record['open_leases']} leases open, "
+                                  f"{len(journal)} journal records replayed")
 
     def _build(self, version: int) -> Published:
         """The version in full, and as a delta against the last one unless it is an anchor."""
@@ -83,7 +120,10 @@ class HubRun:
         from peer.weights import state_to_tensors
 
         dtype = getattr(torch, self.cfg.weights_dtype)
-        tensors = state_to_tensors(self.learner.export_weights(dtype), dtype)
+        weights = self.learner.export_weights(dtype)
+        tensors = state_to_tensors(weights, dtype)
+        if self.hub.spot is not None:
+            self.hub.spot.keep(version, weights)  # exactly what peers load; not exported twice
         chunk_bytes = self.cfg.chunk_bytes or snap.auto_chunk_bytes(sum(len(t[3]) for t in tensors))
         full = self._sign(*snap.build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
                                                zstd_level=self.cfg.zstd_level))
@@ -106,7 +146,7 @@ class HubRun:
     async def train(self) -> None:
         """The learner loop; returns after max_steps steps (never if 0)."""
         cfg, hub = self.cfg, self.hub
-        if cfg.eval_every:
+        if cfg.eval_every and not self.resumed:
             acc = await self.evaluate()
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
@@ -134,11 +174,14 @@ class HubRun:
                 **stats.metrics(),
                 "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
                 "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(batch),
+                "rollout/leases": [g.lease_id for g in batch],
                 "rollout/per_s": (c.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
                 "rollout/admitted_groups_total": c.admitted_groups,
                 "rollout/stale_on_arrival_total": c.stale_on_arrival,
                 "rollout/stale_in_queue_total": hub.buffer.statistics().dropped_stale_total,
                 "rollout/rejected_total": c.rejected,
+                "rollout/spot_checked_total": c.spot_checked,
+                "rollout/spot_failed_total": c.spot_failed,
                 "hub/learner_busy_frac": busy_s / max(now - start, 1e-9),
                 "hub/peers": len(hub.peers),
                 "hub/closed_for_protocol_total": c.closed_for_protocol,
@@ -198,18 +241,26 @@ def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
 
 
 @contextlib.asynccontextmanager
-async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubRun]:
-    """Load, bind, publish version 0 and train in the background; stop on exit."""
+async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
+                    ) -> AsyncIterator[HubRun]:
+    """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
+    train in the background; stop on exit."""
     import torch
 
     from peer.model import load_policy
 
     from .learner import Learner, encode_prompt
+    from .spotcheck import SpotChecker
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
-    run_id = uuid.uuid4().hex[:12]
+    saved = None
+    if resume:
+        if not cfg.run_dir:
+            raise ConfigError("run_dir", "--resume needs the run directory")
+        saved = await asyncio.to_thread(Checkpoints(Path(cfg.run_dir)).load)
+    run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
     runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
     task = open_task(cfg.task, cfg.seed)
@@ -226,8 +277,12 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
             line = _propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
-    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event)
-    run = HubRun(cfg, hub, learner, tokenizer, runlog, key)
+    spot = SpotChecker(learner.model, cfg) if cfg.spot_check_fraction > 0 else None
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot)
+    checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
+    run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints)
+    if saved is not None:
+        run.resume(saved)
     await run.publish()
 
     async def handle_status(request: web.Request) -> web.Response:
@@ -247,6 +302,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None) -> AsyncIterator[HubR
                     for task_ in tasks:
                         task_.cancel()
     finally:
+        if hub.journal is not None:
+            hub.journal.close()
         runlog.close()
 
 

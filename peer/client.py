@@ -1,14 +1,18 @@
 """The peer's network shell: join a hub, hold the newest version, turn leases into rollouts.
 
-One connection runs four tasks: the reader (frames through the core `Session`), the swapper
-(loads a complete version into the engine between two generations: the swap is atomic,
-generation goes on with the old weights while a download is under way), the worker (lease ->
-generate with the engine's current version -> score -> submit, tagged with the version actually
-used) and the heartbeat; plus one download per announced version, which pulls its chunks over
-HTTP by the hub's relay plan (`peer.relay`). The peer's own chunk server, started once, serves
-what it holds to the other peers. When the hub goes away the peer reconnects with capped
-exponential backoff and keeps its engine, its versions and its chunk server. The "relay"
-engine holds and serves versions but generates nothing: a pure relay node.
+Two tasks live as long as the peer: the worker (lease -> generate with the engine's current
+version -> score -> submit, tagged with the version actually used) and the swapper (loads a
+complete version into the engine between two generations: the swap is atomic, generation goes
+on with the old weights while a download is under way). Each connection adds the reader (frames
+through the core `Session`), the heartbeat, and one download per announced version, which pulls
+its chunks over HTTP by the hub's relay plan (`peer.relay`). The peer's own chunk server,
+started once, serves what it holds to the other peers.
+
+When the hub goes away the peer keeps generating the leases it holds, keeps every rollout the
+hub has not answered in its `Outbox`, reconnects with capped exponential backoff, and sends
+them again: a hub killed and resumed from its checkpoint (`echo2-hub serve --resume`) admits
+them within S of its resumed step. The "relay" engine holds and serves versions but generates
+nothing: a pure relay node.
 
 The engine is only ever touched under `_engine_lock` (a thread lock: generation and loading
 run in worker threads so the event loop keeps reading the socket).
@@ -37,6 +41,7 @@ from echo2p2p.signing import verify_manifest
 from echo2p2p.tasks import reward_fn
 
 from .config import PeerConfig, normalize_url
+from .outbox import Outbox
 from .relay import (ChunkStore, Download, Tickets, TokenBucket, UploadMeter, chunk_handler,
                     ticket_header)
 
@@ -75,6 +80,11 @@ class PeerClient:
         self.tickets = Tickets()  # who may fetch from our chunk server: set at welcome
         self.served_url: str | None = None  # where other peers reach our chunk server
         self._download: tuple[Download, asyncio.Task] | None = None
+        self._building: tuple[str, asyncio.Future] | None = None  # (model, engine on its way)
+        self._conn: _Conn | None = None  # the connection now, if any
+        self._leases: asyncio.Queue[tuple[m.LeaseGrant, float]] = asyncio.Queue()
+        self._generating = 0
+        self.outbox = Outbox(int(cfg.outbox_memory_mb * (1 << 20)), cfg.outbox_max, cfg.spool_dir)
 
     def statistics(self) -> PeerStats:
         return PeerStats(self._connections, self._loaded, self.version, self._submitted,
@@ -88,7 +98,7 @@ class PeerClient:
         backoff = 0.5
         tls = ssl.create_default_context(cafile=self.cfg.ca_cert or None)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http, \
-                self._chunk_server():
+                self._chunk_server(), self._workers():
             while not stop.is_set():
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -115,6 +125,20 @@ class PeerClient:
                 except TimeoutError:
                     pass
                 backoff = min(backoff * 2, self.cfg.reconnect_max_s)
+
+    @contextlib.asynccontextmanager
+    async def _workers(self):
+        """The worker and the swapper, across connections (a bug in either stops the peer)."""
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._swap_versions())]
+            if self.cfg.engine != "relay":
+                tasks.append(tg.create_task(self._work()))
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+                self.outbox.close()
 
     @contextlib.asynccontextmanager
     async def _chunk_server(self):
@@ -156,18 +180,26 @@ class PeerClient:
         self._connections += 1
         log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
                  welcome.run_id, welcome.model, welcome.version)
-        conn = _Conn(ws, session, asyncio.Queue(), reward_fn(welcome.task), http)
+        conn = _Conn(ws, session, http, cfg.hub_timeout_s, asyncio.current_task())
         async with ws, asyncio.TaskGroup() as tg:
             conn.tg = tg
-            helpers = [tg.create_task(self._swap_versions(conn)), tg.create_task(self._keep_alive(conn))]
-            if self.version is not None:
-                await conn.send(m.VersionHeld(self.version))
-            if cfg.engine != "relay":
-                helpers.append(tg.create_task(self._work(conn)))
-                await conn.send(m.LeaseRequest(cfg.leases_in_flight))
+            helpers = [tg.create_task(self._keep_alive(conn))]
+            # Past the connect deadline and heartbeating: building an engine may take minutes
+            # (a first torch import on a loaded machine, a vLLM model), and the hub drops a
+            # peer silent for its peer_timeout_s.
+            await self._adopt(welcome)
+            self._conn = conn
             try:
+                if self.version is not None:
+                    await conn.send(m.VersionHeld(self.version))
+                for sub in self.outbox.pending():  # unanswered: the hub may never have seen them
+                    await conn.send(sub)
+                if cfg.engine != "relay":
+                    held = self._leases.qsize() + self._generating
+                    await conn.send(m.LeaseRequest(max(cfg.leases_in_flight - held, 0)))
                 await self._read(conn)
             finally:
+                self._conn = None
                 if self._download is not None:
                     self._download[1].cancel()
                     self._download = None
@@ -176,7 +208,7 @@ class PeerClient:
         return True
 
     async def _handshake(self, ws: aiohttp.ClientWebSocketResponse) -> tuple[Session, m.Welcome]:
-        """Hello -> Welcome, the pinned key checked, the engine ready for the hub's model."""
+        """Hello -> Welcome, and the pinned key checked (the caller adopts the welcome)."""
         cfg = self.cfg
         session = Session(Side.PEER, _now())
         await ws.send_bytes(session.send(m.Hello(
@@ -194,26 +226,37 @@ class PeerClient:
         if pinned is not None and welcome.hub_key != pinned:
             raise RemoteProtocolError(f"hub {self.url} signs with key "
                                       f"{welcome.hub_key.hex() or '(none)'}, not the pinned --hub-key")
-        await self._adopt(welcome)
         return session, welcome
 
     async def _adopt(self, welcome: m.Welcome) -> None:
         new_model = self.engine is None or (self.welcome and self.welcome.model != welcome.model)
         if new_model and self.cfg.engine != "relay":
-            from .engine import make_engine
-
-            if self.cfg.torch_threads:
-                import torch
-
-                torch.set_num_threads(self.cfg.torch_threads)
-            self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, welcome.model,
-                                                  self.cfg.device)
+            if self._building is None or self._building[0] != welcome.model:
+                self._building = (welcome.model, asyncio.get_running_loop().run_in_executor(
+                    None, _build_engine, self.cfg, welcome.model))
+            # Shielded: a thread cannot be cancelled, so a connection lost meanwhile leaves the
+            # build running, and the next connection waits for it instead of starting another.
+            self.engine = await asyncio.shield(self._building[1])
+            self._building = None
             self.version = None
         if self.welcome and self.welcome.run_id != welcome.run_id:
             self.version = None  # a different run: our weights say nothing about its versions
             self._staged = None
             self.store = ChunkStore(self.cfg.keep_versions)
+            while not self._leases.empty():  # another run's leases
+                self._leases.get_nowait()
+            self.outbox.drop_newer_than(-1)
+        elif self.version is not None and welcome.version < self.version:
+            # The hub resumed from a checkpoint older than what we hold: our newer versions
+            # will never be trained on, and it will publish different ones under their numbers.
+            dropped = self.outbox.drop_newer_than(welcome.version)
+            log.warning("hub resumed at v%d, behind our v%d: dropping it and %d rollouts made "
+                        "with it", welcome.version, self.version, dropped)
+            self.version = None
+            self._staged = None
+            self.store = ChunkStore(self.cfg.keep_versions)
         self.welcome = welcome
+        self.reward = reward_fn(welcome.task)
         self.tickets.admit(welcome.hub_key, welcome.run_id)
 
     # --- reader --------------------------------------------------------------------------
@@ -239,11 +282,13 @@ class PeerClient:
                     log.warning("hub said goodbye: %s (%d)", msg.reason, msg.code)
                     return
                 if isinstance(msg, m.LeaseGrant):
-                    conn.leases.put_nowait((msg, _now() + msg.deadline_s))
+                    self._leases.put_nowait((msg, _now() + msg.deadline_s))
                 elif isinstance(msg, m.Ack):
                     self._acked += 1
+                    self.outbox.pop(msg.lease_id)
                 elif isinstance(msg, m.Reject):
                     self._rejected[msg.reason] += 1
+                    self.outbox.pop(msg.lease_id)
                     log.info("rollout %s rejected: %s", msg.lease_id, msg.reason)
                 elif isinstance(msg, m.VersionAnnouncement):
                     if self.welcome.hub_key:  # a manifest we cannot trust is never assembled
@@ -310,7 +355,7 @@ class PeerClient:
 
     # --- swapper and worker --------------------------------------------------------------
 
-    async def _swap_versions(self, conn: _Conn) -> None:
+    async def _swap_versions(self) -> None:
         while True:
             await self._staged_event.wait()
             self._staged_event.clear()
@@ -319,7 +364,7 @@ class PeerClient:
                 continue
             await asyncio.to_thread(self._load, *staged)
             self._loaded_event.set()
-            await conn.send(m.VersionHeld(staged[0]))
+            await self._send(m.VersionHeld(staged[0]))
 
     def _load(self, version: int, state: dict) -> None:
         with self._engine_lock:
@@ -336,24 +381,43 @@ class PeerClient:
                                        top_p=w.top_p, max_new_tokens=w.max_new_tokens, seed=seed)
         return version, out
 
-    async def _work(self, conn: _Conn) -> None:
+    async def _work(self) -> None:
+        """Leases to rollouts, connected or not: a rollout made while the hub is away waits in
+        the outbox, which the next connection sends first."""
         while True:
-            lease, deadline = await conn.leases.get()
-            if not await self._wait_version(lease.min_version, deadline):
-                await conn.send(m.LeaseRequest(1))  # too late; the hub re-issues it
-                continue
-            self._draw += 1
-            version, completions = await asyncio.to_thread(
-                self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
-            if version is None or version < lease.min_version:
-                await conn.send(m.LeaseRequest(1))
-                continue
-            samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text,
-                                conn.reward(lease.answer, c.text), c.finish_reason)
-                       for c in completions]
-            self._submitted += 1
-            await conn.send(m.RolloutSubmission(lease.lease_id, version, samples))
-            await conn.send(m.LeaseRequest(1))
+            lease, deadline = await self._leases.get()
+            self._generating = 1
+            try:
+                if not await self._wait_version(lease.min_version, deadline):
+                    await self._send(m.LeaseRequest(1))  # too late; the hub re-issues it
+                    continue
+                self._draw += 1
+                version, completions = await asyncio.to_thread(
+                    self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
+                if version is None or version < lease.min_version:
+                    await self._send(m.LeaseRequest(1))
+                    continue
+                reward = self.reward
+                samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text,
+                                    reward(lease.answer, c.text), c.finish_reason)
+                           for c in completions]
+                sub = m.RolloutSubmission(lease.lease_id, version, samples)
+                self.outbox.put(sub)
+                self._submitted += 1
+                await self._send(sub)
+                await self._send(m.LeaseRequest(1))
+            finally:
+                self._generating = 0
+
+    async def _send(self, msg: m.Message) -> None:
+        """Send on the connection now, if there is one; else (or if it breaks) drop: what must
+        not be lost is in the outbox, and a new connection asks for leases afresh."""
+        if (conn := self._conn) is None:
+            return
+        try:
+            await conn.send(msg)
+        except (ConnectionError, aiohttp.ClientError, ProtocolError) as exc:
+            log.debug("not sent (%s): %s", type(msg).__name__, exc)
 
     async def _wait_version(self, min_version: int, deadline: float) -> bool:
         """Wait until the engine holds a version >= min_version; False if the deadline passes."""
@@ -378,9 +442,9 @@ class PeerClient:
 class _Conn:
     ws: aiohttp.ClientWebSocketResponse
     session: Session
-    leases: asyncio.Queue
-    reward: Any
     http: aiohttp.ClientSession
+    send_deadline_s: float
+    task: asyncio.Task | None  # the connection's own task, cancelled if the hub stops reading
     tg: asyncio.TaskGroup | None = None
     lock: asyncio.Lock | None = None
 
@@ -389,11 +453,31 @@ class _Conn:
             self.lock = asyncio.Lock()
         frame = self.session.send(msg)
         async with self.lock:
-            await self.ws.send_bytes(frame)
+            try:
+                async with asyncio.timeout(self.send_deadline_s):
+                    await self.ws.send_bytes(frame)
+            except TimeoutError:
+                log.warning("the hub took nothing for %.0f s: dropping the connection",
+                            self.send_deadline_s)
+                if self.task is not None and self.task is not asyncio.current_task():
+                    self.task.cancel()
+                raise ConnectionError("send to the hub stalled") from None
 
     async def close(self, code: int, reason: str) -> None:
         if not self.ws.closed:
             await self.ws.close(code=code, message=reason.encode()[:120])
+
+
+def _build_engine(cfg: PeerConfig, model: str) -> Any:
+    """Import torch and the engine, then build it: for a worker thread, since the first import
+    alone takes seconds (tens of them on a loaded machine) and would stall the event loop."""
+    from .engine import make_engine
+
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    return make_engine(cfg.engine, model, cfg.device)
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

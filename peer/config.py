@@ -58,6 +58,14 @@ class PeerConfig:
     """Versions to keep (to serve, and as bases of deltas); each costs one copy of the weights in RAM."""
     relay_stall_s: float = 10.0
     """A source that makes no progress on a chunk for this long is reported and skipped."""
+    outbox_memory_mb: float = 64.0
+    """Rollouts waiting for the hub's answer (it is away, or has not acked yet) are kept in
+    memory up to this many MiB, then spilled to files in --spool-dir; all are sent again on
+    reconnect."""
+    outbox_max: int = 4096
+    """Most unanswered rollouts to keep; past it the oldest is dropped (its prompt is re-issued)."""
+    spool_dir: str = ""
+    """Where rollouts past --outbox-memory-mb go ('' = the system's temporary directory)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -66,6 +74,9 @@ class PeerConfig:
             raise ConfigError("price_per_hour", f"must be >= 0, got {self.price_per_hour}")
         if self.leases_in_flight < 1:
             raise ConfigError("leases_in_flight", f"must be >= 1, got {self.leases_in_flight}")
+        if self.outbox_max < 1 or self.outbox_memory_mb < 0:
+            raise ConfigError("outbox_max" if self.outbox_max < 1 else "outbox_memory_mb",
+                              "must be >= 1 (outbox_max) and >= 0 (outbox_memory_mb)")
         if self.keep_versions < 2:
             raise ConfigError("keep_versions", f"must be >= 2 (a delta needs its base), got {self.keep_versions}")
         if self.upload_limit_mbps < 0:

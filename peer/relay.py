@@ -43,6 +43,7 @@ GONE = b""  # what a lookup answers for a version this host no longer keeps
 MAX_WAIT_S = 30.0  # longest long poll a server grants
 PIECE_BYTES = 64 << 10  # uploads are written (and rate-limited) in pieces of this size
 MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
+WRITE_DEADLINE_S = 10.0  # a chunk receiver that takes no piece for this long is cut off
 HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
 TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex of the hub's ticket signature>"
 UPLOAD_SLOTS = 2  # responses a chunk server sends at once (see chunk_handler)
@@ -200,7 +201,8 @@ def ticket_header(peer_id: str, ticket: bytes) -> dict[str, str]:
 
 def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | None = None,
                   on_served: Callable[[int, int], None] | None = None, slots: int = UPLOAD_SLOTS,
-                  authorize: Callable[[web.Request], bool] | None = None):
+                  authorize: Callable[[web.Request], bool] | None = None,
+                  write_deadline_s: float = WRITE_DEADLINE_S):
     """The aiohttp handler for GET /chunk/{version}/{base}/{index}?wait=S.
 
     With `authorize` (a `Tickets`), requests without a valid ticket get 403.
@@ -239,11 +241,17 @@ def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | Non
                     piece = view[pos:pos + PIECE_BYTES]
                     if limiter is not None:
                         await limiter.take(len(piece))
-                    await response.write(piece)
+                    async with asyncio.timeout(write_deadline_s):  # else one idle reader holds a slot
+                        await response.write(piece)
                     meter.served_bytes += len(piece)
                 await response.write_eof()
         except ConnectionError:
             return response  # the receiver went away (or gave up): nothing to tell it
+        except TimeoutError:
+            log.info("cut off a chunk receiver that stopped reading (%s)", request.remote)
+            if request.transport is not None:
+                request.transport.abort()
+            return response
         if on_served is not None:
             on_served(version, len(data))
         return response

@@ -39,6 +39,9 @@ def test_flags_override_toml_override_defaults():
     ({}, {"chunk_bytes": "-1"}, "chunk_bytes"),
     ({}, {"anchor_every": "0"}, "anchor_every"),
     ({"keep_versions": 1}, {}, "keep_versions"),
+    ({}, {"spot_check_fraction": "1.5"}, "spot_check_fraction"),
+    ({"spot_check_tokens": -1}, {}, "spot_check_tokens"),
+    ({}, {"spot_check_tolerance": "0"}, "spot_check_tolerance"),
 ])
 def test_bad_config_names_the_field(toml, flags, field):
     """A bad value raises ConfigError that names the offending field."""

@@ -1,0 +1,195 @@
+"""How the hub takes a rollout submission: from lease check to admitted group (or not).
+
+A submission's lease is closed (a duplicate is acknowledged again, an unknown or expired one
+rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
+forged tag; the staleness rule judges the version; the task's verifier re-scores every sample;
+a share of submissions have their behaviour logprobs recomputed under the claimed version
+(`hub.spotcheck`) before they are acknowledged. What is admitted is journaled (`hub.durable`)
+before the peer hears of it, so a hub killed after the ack still has it when resumed.
+
+`Admission` is a part of `hub.server.Hub`, kept apart so that each file reads as one concern; it
+uses the hub's lease book, buffer, trust book, pool, spot-checker and journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from echo2p2p import messages as m
+from echo2p2p.buffer import ScoredGroup
+from echo2p2p.leases import Completion
+from echo2p2p.staleness import Verdict, judge
+
+from .durable import group_from_wire, group_to_wire
+from .peers import PeerConn
+
+if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
+    from .spotcheck import SpotResult
+
+log = logging.getLogger("hub.server")  # one logger for the hub's peer-facing side
+
+
+class Admission:
+    """The rollout path and the checkpointed state of `hub.server.Hub`."""
+
+    def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
+        outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
+        if outcome is Completion.DUPLICATE:
+            self.counters.duplicates += 1
+            conn.post(m.Ack(msg.lease_id, duplicate=True))
+            return
+        if lease is None:
+            self.counters.rejected += 1
+            conn.post(m.Reject(msg.lease_id, outcome.value))
+            return
+        self._measure(conn, lease.granted, len(msg.samples))
+        if self._quarantined(conn):
+            self.leases.requeue(lease)  # the prompt goes to an honest peer
+            self.counters.rejected += 1
+            conn.post(m.Reject(msg.lease_id, "quarantined"))
+            return
+        newest = self.newest
+        if newest is not None and msg.version > max(newest.version, conn.held_max):
+            # Never published: no honest peer generated with it, so this is caught whether the
+            # rollout is sampled for a check or not. (A version the peer said it holds may be
+            # one a hub resumed from an older checkpoint had published: staleness judges it.)
+            self.counters.spot_checked += 1
+            self._forged(conn, lease, "version", {"version": msg.version})
+            return
+        verdict = judge(self.step, msg.version, self.cfg.max_lag)
+        if verdict is not Verdict.FRESH:
+            self.leases.requeue(lease)
+            self.counters.stale_on_arrival += 1
+            conn.post(m.Reject(msg.lease_id, verdict.value))
+            self.dispatch()
+            return
+        problem = lease.problem.problem
+        # Re-score with the task's own verifier: a peer's claimed reward is never used, and a
+        # claim above the verifier's counts against the peer. (A claim below it is no gain to
+        # a liar, and an honest peer whose checker lacks math-verify can make one.)
+        rewards = [self.task.reward(problem.answer, s.text) for s in msg.samples]
+        fair = not any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards))
+        if not fair:
+            self._distrust(conn, "reward_mismatch")
+            if self._quarantined(conn):
+                self.leases.requeue(lease)
+                self.counters.rejected += 1
+                conn.post(m.Reject(msg.lease_id, "quarantined"))
+                return
+        group = ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids, msg.version,
+                            msg.samples, rewards)
+        if self.spot is not None and self.spot.wants():
+            # No ack until the check is done; it runs in a worker thread, the loop serves on.
+            pending = self.spot.check(group)  # the claimed version's weights are taken now
+            task = asyncio.create_task(self._spot_check(conn, lease, group, pending, fair))
+            self._checks.add(task)
+            task.add_done_callback(self._check_done)
+            return
+        self._admit(conn, group)
+
+    async def _spot_check(self, conn: PeerConn, lease: Any, group: ScoredGroup,
+                          pending: Awaitable[SpotResult], fair: bool) -> None:
+        """Admit `group` once `pending`, its spot-check, passes; else count the forgery. The
+        peer may have left meanwhile: a group that checks out is still admitted."""
+        try:
+            result = await pending
+        except BaseException:
+            self.leases.requeue(lease)  # nothing was judged (shutdown, or a bug): the prompt goes back
+            raise
+        self.counters.spot_checked += 1
+        if not result.passed:
+            self._forged(conn, lease, result.reason, result.detail())
+        elif self._quarantined(conn):  # by another of its rollouts while this one was checked
+            self.leases.requeue(lease)
+            self.counters.rejected += 1
+            conn.post(m.Reject(lease.lease_id, "quarantined"))
+        else:
+            if fair:
+                self.trust.good(conn.identity)
+            self._admit(conn, group)
+
+    def _check_done(self, task: asyncio.Task) -> None:
+        """A check ended: it holds no lease budget now; a crash is logged (its prompt went back)."""
+        self._checks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("spot-check failed", exc_info=task.exception())
+        self.dispatch()
+
+    def _forged(self, conn: PeerConn, lease: Any, reason: str, detail: dict[str, Any]) -> None:
+        """A rollout its claimed version does not reproduce ("logprob"), or with a version this
+        hub never published ("version"): rejected, its prompt re-queued, a run log record, and
+        a logprob_mismatch against the peer's trust."""
+        self.counters.spot_failed += 1
+        self.counters.rejected += 1
+        self.leases.requeue(lease)
+        conn.post(m.Reject(lease.lease_id, "logprob_mismatch" if reason == "logprob" else reason))
+        record = {"event": "spot_check", "step": self.step, "peer": conn.peer_id,
+                  "name": conn.hello.name, "identity": conn.identity, "lease_id": lease.lease_id,
+                  "reason": reason, **detail}
+        log.warning("%s (%s) failed a spot-check of %s: %s %s", conn.peer_id, conn.hello.name,
+                    lease.lease_id, reason, detail)
+        self.on_event(record)
+        self._distrust(conn, "logprob_mismatch")
+        self.dispatch()
+
+    def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
+        """Queue `group` for the learner and acknowledge it, journaled first."""
+        self._journal("admit", group_to_wire(group))
+        log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
+        self.buffer.put(group)
+        self.counters.admitted_groups += 1
+        self.counters.admitted_samples += len(group.samples)
+        if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left
+            account.admitted += len(group.samples)
+        self._admitted.set()
+        conn.post(m.Ack(group.lease_id))
+
+    def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
+        """The peer's generation rate from this submission: its samples over the time it spent
+        on them. A peer works through its leases one at a time, so that time started when the
+        lease was granted or when its previous submission arrived, whichever is later; idle time
+        waiting for leases does not count, so the rate is what the peer can do, not what the
+        hub happened to ask of it."""
+        now = _now()
+        busy_s = now - max(granted, conn.last_done)
+        conn.last_done = now
+        if busy_s > 0 and samples:
+            self.pool.rate(conn.peer_id, samples / busy_s)
+
+    # --- durability (hub.durable) ------------------------------------------------------
+
+    def _journal(self, kind: str, *record: Any) -> None:
+        if self.journal is not None:
+            self.journal.write([kind, *record])
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the hub, as plain data."""
+        return {"run_id": self.run_id, "step": self.step, "next_peer": self._next_peer,
+                "leases": self.leases.state(),
+                "buffer": [group_to_wire(g) for g in self.buffer.groups()],
+                "trust": self.trust.state()}
+
+    def restore(self, state: dict[str, Any], journal: list[list]) -> None:
+        """Come back to `state` plus the journal after it: the lease table, the data cursor,
+        every admitted group not yet trained on, and trust. The caller restores the learner
+        at `state["step"]`; groups it can no longer train on wait for the staleness rule."""
+        now = _now()
+        self.step, self._next_peer = state["step"], state["next_peer"]
+        self.leases.restore(state["leases"], now)
+        for wire in state["buffer"]:
+            self.buffer.put(group_from_wire(wire))
+        self.trust.restore(state["trust"])
+        for kind, *record in journal:
+            if kind == "lease":
+                self.leases.replay(tuple(record), now)
+            elif kind == "admit":
+                group = group_from_wire(record[0])
+                self.leases.replay(("done", group.lease_id), now)
+                self.buffer.put(group)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,136 @@
+"""Hub restart without loss: checkpoints and the journal between them.
+
+A checkpoint is the learner (weights, optimizer, version) and the hub's state as plain data (lease
+table and data cursor, admitted-but-untrained groups, trust), written under
+`<run_dir>/checkpoints/ckpt-NNNNNN/` and made current by atomically replacing the `LATEST`
+pointer file, so a kill at any moment leaves the previous checkpoint whole. The signing key
+stays where it was made, `<run_dir>/hub_key`. Every change after a checkpoint (a lease granted,
+dropped or re-queued, a group admitted) is appended to `journal-NNNNNN.log` before the peer
+hears of it; a resumed hub loads the newest checkpoint and replays every journal from its number
+on, in order. A record torn by the kill is the last one, and is skipped: nothing was answered
+for it, so the peer that sent it sends it again.
+
+Records are flushed to the OS, not fsynced (one fsync per admitted group would bound ingest by
+the disk): a killed hub loses nothing; a machine that loses power may lose the newest records.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from echo2p2p.buffer import ScoredGroup
+from echo2p2p.messages import Sample
+
+LATEST = "LATEST"
+
+
+class Journal:
+    """An append-only file of msgpack records."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("ab")
+
+    def write(self, record: list) -> None:
+        self._file.write(msgpack.packb(record, use_bin_type=True))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_journal(path: Path) -> Iterator[list]:
+    """The records of `path`, up to a torn last one."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(path.read_bytes())
+    try:
+        yield from unpacker
+    except (msgpack.UnpackException, ValueError):
+        return
+
+
+def group_to_wire(g: ScoredGroup) -> list:
+    return [g.lease_id, g.problem_id, g.prompt_ids, g.version,
+            [list(astuple(s)) for s in g.samples], g.rewards]
+
+
+def group_from_wire(w: list) -> ScoredGroup:
+    lease_id, problem_id, prompt_ids, version, samples, rewards = w
+    return ScoredGroup(lease_id, problem_id, prompt_ids, version, [Sample(*s) for s in samples],
+                       rewards)
+
+
+class Checkpoints:
+    """The checkpoints and journals of one run directory."""
+
+    def __init__(self, run_dir: Path):
+        self.root = run_dir / "checkpoints"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def latest(self) -> int | None:
+        """The number of the current checkpoint, or None if there is none."""
+        pointer = self.root / LATEST
+        return int(pointer.read_text()) if pointer.exists() else None
+
+    def next_number(self) -> int:
+        """A number after every checkpoint and journal here."""
+        numbers = [int(p.stem.rsplit("-", 1)[1]) for p in self.root.glob("*-*")
+                   if p.stem.rsplit("-", 1)[1].isdigit()]
+        return max(numbers, default=-1) + 1
+
+    def journal(self, number: int) -> Journal:
+        return Journal(self.root / f"journal-{number:06d}.log")
+
+    def write(self, number: int, learner: dict[str, Any], hub: dict[str, Any]) -> None:
+        """Write checkpoint `number` (learner: torch-saveable; hub: msgpack-able), make it the
+        current one, and delete what it supersedes."""
+        import torch
+
+        final = self.root / f"ckpt-{number:06d}"
+        tmp = self.root / f"tmp-{number:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(learner, tmp / "learner.pt")
+        (tmp / "hub.msgpack").write_bytes(msgpack.packb(hub, use_bin_type=True))
+        for f in tmp.iterdir():
+            _fsync(f)
+        tmp.rename(final)
+        pointer = self.root / f"{LATEST}.tmp"
+        pointer.write_text(str(number))
+        _fsync(pointer)
+        os.replace(pointer, self.root / LATEST)
+        _fsync(self.root)
+        for old in self.root.iterdir():
+            parts = old.stem.rsplit("-", 1)
+            if len(parts) == 2 and parts[1].isdigit() and int(parts[1]) < number:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+    def load(self) -> tuple[dict[str, Any], dict[str, Any], list[list]]:
+        """(learner, hub state, journal records after it) of the current checkpoint."""
+        import torch
+
+        number = self.latest()
+        if number is None:
+            raise FileNotFoundError(f"no checkpoint in {self.root}")
+        where = self.root / f"ckpt-{number:06d}"
+        learner = torch.load(where / "learner.pt", map_location="cpu", weights_only=True)
+        hub = msgpack.unpackb((where / "hub.msgpack").read_bytes(), raw=False,
+                              strict_map_key=False)
+        journals = sorted(p for p in self.root.glob("journal-*.log")
+                          if int(p.stem.rsplit("-", 1)[1]) >= number)
+        return learner, hub, [r for j in journals for r in read_journal(j)]
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
