@@ -185,6 +185,8 @@ class Admission:
         for kind, *record in journal:
             if kind == "lease":
                 self.leases.replay(tuple(record), now)
+            elif kind == "peer":
+                self._next_peer = max(self._next_peer, record[0])
             elif kind == "admit":
                 group = group_from_wire(record[0])
                 self.leases.replay(("done", group.lease_id), now)

@@ -4,9 +4,9 @@ A checkpoint is the learner (weights, optimizer, version) and the hub's state as
 table and data cursor, admitted-but-untrained groups, trust), written under
 `<run_dir>/checkpoints/ckpt-NNNNNN/` and made current by atomically replacing the `LATEST`
 pointer file, so a kill at any moment leaves the previous checkpoint whole. The signing key
-stays where it was made, `<run_dir>/hub_key`. Every change after a checkpoint (a lease granted,
-dropped or re-queued, a group admitted) is appended to `journal-NNNNNN.log` before the peer
-hears of it; a resumed hub loads the newest checkpoint and replays every journal from its number
+stays where it was made, `<run_dir>/hub_key`. Every change after a checkpoint (a peer id handed
+out, a lease granted, dropped or re-queued, a group admitted) is appended to
+`journal-NNNNNN.log` before the peer hears of it; a resumed hub loads the newest checkpoint and replays every journal from its number
 on, in order. A record torn by the kill is the last one, and is skipped: nothing was answered
 for it, so the peer that sent it sends it again.
 

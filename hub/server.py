@@ -316,6 +316,7 @@ class Hub(Admission):
     def _join(self, ws: web.WebSocketResponse, session: Session, hello: m.Hello,
               transport: asyncio.BaseTransport | None) -> PeerConn:
         self._next_peer += 1
+        self._journal("peer", self._next_peer)  # a resumed hub never hands out an id again
         peer_id = f"p{self._next_peer}"
         conn = PeerConn(peer_id, hello, ws, session, transport)
         cfg = self.cfg

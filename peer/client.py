@@ -114,9 +114,7 @@ class PeerClient:
                     refused = _first(group)
                 except* (aiohttp.ClientError, OSError, TimeoutError, ProtocolError) as group:
                     log.warning("hub %s unreachable or broke off: %s", self.url, _first(group))
-                if refused is not None:
-                    raise refused
-                if stop.is_set():
+                if refused is not None or stop.is_set():
                     break
                 delay = backoff * random.uniform(0.5, 1.0)
                 log.info("reconnecting in %.1f s", delay)
@@ -125,6 +123,8 @@ class PeerClient:
                 except TimeoutError:
                     pass
                 backoff = min(backoff * 2, self.cfg.reconnect_max_s)
+        if refused is not None:  # raised out here: inside, `_workers`' TaskGroup would wrap it
+            raise refused
 
     @contextlib.asynccontextmanager
     async def _workers(self):
