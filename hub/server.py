@@ -424,7 +424,10 @@ class Hub(Admission):
         for peer_id, rate in prop.upload_rates().items():
             if (conn := self.peers.get(peer_id)) is not None:
                 conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
-        record = prop.record(self.published.get(prop.version), complete=not waiting)
+        # Complete: every expected peer still here has it, and one at least did (when all
+        # left before finishing, there is no spread to time).
+        record = prop.record(self.published.get(prop.version),
+                             complete=not waiting and bool(prop.done_after_s))
         record["peer_upload_mbps"] = {c.peer_id: round(c.upload_bps / 1e6, 2)
                                       for c in self.peers.values() if c.upload_bps}
         self.on_event(record)
