@@ -47,9 +47,7 @@ class Admission:
             return
         self._measure(conn, lease.granted, len(msg.samples))
         if self._quarantined(conn):
-            self.leases.requeue(lease)  # the prompt goes to an honest peer
-            self.counters.rejected += 1
-            conn.post(m.Reject(msg.lease_id, "quarantined"))
+            self._refuse(conn, lease, "quarantined")
             return
         newest = self.newest
         if newest is not None and msg.version > max(newest.version, conn.held_max):
@@ -75,9 +73,7 @@ class Admission:
         if not fair:
             self._distrust(conn, "reward_mismatch")
             if self._quarantined(conn):
-                self.leases.requeue(lease)
-                self.counters.rejected += 1
-                conn.post(m.Reject(msg.lease_id, "quarantined"))
+                self._refuse(conn, lease, "quarantined")
                 return
         group = ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids, msg.version,
                             msg.samples, rewards)
@@ -103,9 +99,7 @@ class Admission:
         if not result.passed:
             self._forged(conn, lease, result.reason, result.detail())
         elif self._quarantined(conn):  # by another of its rollouts while this one was checked
-            self.leases.requeue(lease)
-            self.counters.rejected += 1
-            conn.post(m.Reject(lease.lease_id, "quarantined"))
+            self._refuse(conn, lease, "quarantined")
         else:
             if fair:
                 self.trust.good(conn.identity)
@@ -123,9 +117,7 @@ class Admission:
         hub never published ("version"): rejected, its prompt re-queued, a run log record, and
         a logprob_mismatch against the peer's trust."""
         self.counters.spot_failed += 1
-        self.counters.rejected += 1
-        self.leases.requeue(lease)
-        conn.post(m.Reject(lease.lease_id, "logprob_mismatch" if reason == "logprob" else reason))
+        self._refuse(conn, lease, "logprob_mismatch" if reason == "logprob" else reason)
         record = {"event": "spot_check", "step": self.step, "peer": conn.peer_id,
                   "name": conn.hello.name, "identity": conn.identity, "lease_id": lease.lease_id,
                   "reason": reason, **detail}
@@ -134,6 +126,12 @@ class Admission:
         self.on_event(record)
         self._distrust(conn, "logprob_mismatch")
         self.dispatch()
+
+    def _refuse(self, conn: PeerConn, lease: Any, reason: str) -> None:
+        """Reject `lease`'s rollout for `reason`; its prompt goes back to the queue, for others."""
+        self.leases.requeue(lease)
+        self.counters.rejected += 1
+        conn.post(m.Reject(lease.lease_id, reason))
 
     def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
         """Queue `group` for the learner and acknowledge it, journaled first."""

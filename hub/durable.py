@@ -81,9 +81,16 @@ class Checkpoints:
 
     def next_number(self) -> int:
         """A number after every checkpoint and journal here."""
-        numbers = [int(p.stem.rsplit("-", 1)[1]) for p in self.root.glob("*-*")
-                   if p.stem.rsplit("-", 1)[1].isdigit()]
-        return max(numbers, default=-1) + 1
+        return max(self._numbered(), default=-1) + 1
+
+    def _numbered(self) -> dict[int, list[Path]]:
+        """Checkpoints, journals and unfinished checkpoints (`tmp-N`) by their number N."""
+        found: dict[int, list[Path]] = {}
+        for path in self.root.iterdir():
+            _, _, number = path.stem.rpartition("-")
+            if number.isdigit():
+                found.setdefault(int(number), []).append(path)
+        return found
 
     def journal(self, number: int) -> Journal:
         return Journal(self.root / f"journal-{number:06d}.log")
@@ -107,9 +114,8 @@ class Checkpoints:
         _fsync(pointer)
         os.replace(pointer, self.root / LATEST)
         _fsync(self.root)
-        for old in self.root.iterdir():
-            parts = old.stem.rsplit("-", 1)
-            if len(parts) == 2 and parts[1].isdigit() and int(parts[1]) < number:
+        for older, paths in self._numbered().items():
+            for old in paths if older < number else ():
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
 
     def load(self) -> tuple[dict[str, Any], dict[str, Any], list[list]]:
@@ -123,8 +129,9 @@ class Checkpoints:
         learner = torch.load(where / "learner.pt", map_location="cpu", weights_only=True)
         hub = msgpack.unpackb((where / "hub.msgpack").read_bytes(), raw=False,
                               strict_map_key=False)
-        journals = sorted(p for p in self.root.glob("journal-*.log")
-                          if int(p.stem.rsplit("-", 1)[1]) >= number)
+        numbered = self._numbered()
+        journals = [p for n in sorted(numbered) if n >= number
+                    for p in numbered[n] if p.name.startswith("journal-")]
         return learner, hub, [r for j in journals for r in read_journal(j)]
 
 

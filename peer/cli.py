@@ -9,6 +9,8 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError, JoinRefused
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, client: Callable[[PeerConfig], Any] | None = None) -> int:
+    """`client`: makes the peer from its config (default: a `PeerClient`)."""
     args = build_parser().parse_args(argv)
     process.configure(args.log_level)
     try:
@@ -35,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"echo2-peer: {exc}", file=sys.stderr)
         return 2
-    return process.run(_join(cfg))
+    return process.run(_join(cfg, client))
 
 
-async def _join(cfg: PeerConfig) -> int:
+async def _join(cfg: PeerConfig, client: Callable[[PeerConfig], Any] | None) -> int:
     from .client import PeerClient
 
     stop = asyncio.Event()
@@ -46,7 +49,7 @@ async def _join(cfg: PeerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await PeerClient(cfg).run(stop)
+        await (client or PeerClient)(cfg).run(stop)
     except JoinRefused as exc:
         print(f"echo2-peer: {exc}", file=sys.stderr)
         return 1

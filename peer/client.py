@@ -245,7 +245,7 @@ class PeerClient:
             self.store = ChunkStore(self.cfg.keep_versions)
             while not self._leases.empty():  # another run's leases
                 self._leases.get_nowait()
-            self.outbox.drop_newer_than(-1)
+            self.outbox.clear()
         elif self.version is not None and welcome.version < self.version:
             # The hub resumed from a checkpoint older than what we hold: our newer versions
             # will never be trained on, and it will publish different ones under their numbers.

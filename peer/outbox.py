@@ -65,6 +65,11 @@ class Outbox:
         return [m.decode(e.read_bytes() if isinstance(e, Path) else e)
                 for e in list(self._entries.values())]
 
+    def clear(self) -> None:
+        """Forget everything (the hub now runs another run)."""
+        for lease_id in list(self._entries):
+            self.pop(lease_id)
+
     def drop_newer_than(self, version: int) -> int:
         """Forget submissions made with versions after `version` (a hub that resumed from an
         older checkpoint will never train on them); how many went."""

@@ -17,8 +17,6 @@ store and an engine wrapper, so the hub meets the same protocol an honest peer s
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,10 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, when run as a file
 
 from echo2p2p import messages as m  # noqa: E402
-from echo2p2p.config import resolve  # noqa: E402
-from echo2p2p.errors import ConfigError  # noqa: E402
-from peer import process  # noqa: E402
-from peer.cli import build_parser  # noqa: E402
+from peer import cli as peer_cli  # noqa: E402
 from peer.client import PeerClient  # noqa: E402
 from peer.config import PeerConfig  # noqa: E402
 from peer.relay import ChunkStore  # noqa: E402
@@ -91,23 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         lies.add_argument(f"--{attack}", action="store_true")
     chosen, rest = lies.parse_known_args(argv)
     attacks = {a for a in ATTACKS if getattr(chosen, a.replace("-", "_"))}
-    args = build_parser().parse_args(rest)
-    process.configure(args.log_level)
-    try:
-        cfg = resolve(PeerConfig, None, vars(args))
-    except ConfigError as exc:
-        print(f"byzantine_peer: {exc}", file=sys.stderr)
-        return 2
-    return process.run(_join(cfg, attacks))
-
-
-async def _join(cfg: PeerConfig, attacks: set[str]) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await ByzantinePeer(cfg, attacks).run(stop)
-    return 0
+    return peer_cli.main(rest, lambda cfg: ByzantinePeer(cfg, attacks))
 
 
 if __name__ == "__main__":
