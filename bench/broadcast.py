@@ -72,14 +72,16 @@ async def hub_main(args: argparse.Namespace) -> None:
     async with serve(hub, cfg.host, cfg.port):
         hub.publish(blob_version(key, 0, b"\0" * 64))
         while not (len(hub.peers) == args.n_peers
-                   and all(p.stream_version == 0 for p in hub.peers.values())):
+                   and all(p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
+                           for p in hub.peers.values())):
             await asyncio.sleep(0.05)  # joining is not part of the race
         for version in range(1, args.rounds + 1):
             built = await asyncio.to_thread(blob_version, key, version, os.urandom(args.bytes),
                                             chunk_bytes=cfg.chunk_bytes, zstd_level=1)
             hub.publish(built)
             print(json.dumps({"published": version}), flush=True)
-            while (record := await records.get())["version"] != version:
+            while ((record := await records.get()).get("event") != "propagation"
+                   or record["version"] != version):
                 pass
             print(json.dumps(record), flush=True)
 

@@ -1,14 +1,16 @@
 """How fast the hub admits rollouts: 64 websocket peers on loopback, 256-token rollouts.
 
 The hub side is the real network shell (`hub.server.Hub` behind aiohttp: session validation,
-lease book, staleness check, re-scoring with the task verifier, buffer, acks); a drain task
-stands in for the learner and discards batches, so this measures ingest alone. The peers run in
-a second process (one event loop, N connections) so the hub gets a core of its own.
+lease book, staleness check, each sample's token ids decoded and scored with the task verifier
+in the scorer's worker processes, buffer, acks); a drain task stands in for the learner and
+discards batches, so this measures ingest alone. The peers run in a second process (one event
+loop, N connections) so the hub gets a core of its own; the scoring workers need cores too.
 
 Phase 1 (saturation): every peer submits as soon as it holds a lease -> admitted rollouts/s.
 Phase 2 (half load): peers pace submissions to half that rate -> p99 submit-to-ack latency.
 
     python bench/ingest.py [--peers 64] [--seconds 8] [--tokens 256] [--group-size 8]
+                           [--score-workers 1]
 
 Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "p99_ack_ms": ...}.
 A rollout is one completion; a submission carries a group of G of them.
@@ -31,6 +33,7 @@ import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from echo2p2p import messages as m  # noqa: E402
+from echo2p2p.scoring import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 from hub.config import HubConfig  # noqa: E402
@@ -41,14 +44,17 @@ from hub.server import Hub, TokenizedProblem  # noqa: E402
 
 
 async def peer(url: str, args: argparse.Namespace, rate: float, until: float, lat: list[float],
-               counts: list[int]) -> None:
+               counts: list[int], decoder: CompletionDecoder) -> None:
     rng = random.Random()
-    samples = [m.Sample(m.pack_ids([rng.randrange(100) for _ in range(args.tokens)]),
-                        m.pack_logprobs([-rng.random() for _ in range(args.tokens)]),
-                        "123", 0.0, "length") for _ in range(args.group_size)]
+    rows = [[rng.randrange(4, decoder.vocab_size) for _ in range(args.tokens)]  # no special ids
+            for _ in range(args.group_size)]
+    # Honest texts, as an engine decodes them: the hub decodes every sample's ids and counts a
+    # text that differs as a lie.
+    samples = [m.Sample(m.pack_ids(row), m.pack_logprobs([-rng.random() for _ in row]),
+                        decoder.completion(row).text, 0.0, "length") for row in rows]
     async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
         session = Session(Side.PEER, 0.0)
-        await ws.send_bytes(session.send(m.Hello("bench", "none", "cpu")))
+        await ws.send_bytes(session.send(m.Hello("bench", "transformers", "cpu")))
         session.receive((await ws.receive()).data, 0.0)
         await ws.send_bytes(session.send(m.LeaseRequest(4)))
         sent_at: dict[str, float] = {}
@@ -79,12 +85,16 @@ async def peer(url: str, args: argparse.Namespace, rate: float, until: float, la
 
 
 async def peers_main(args: argparse.Namespace) -> None:
+    from peer.model import build_char_tokenizer
+
+    decoder = CompletionDecoder(build_char_tokenizer())  # before the clock: imports transformers
     lat: list[float] = []
     counts = [0]
     start = time.perf_counter()
     until = start + args.seconds
     rate = args.rate / args.peers if args.rate else 0.0
-    await asyncio.gather(*(peer(args.url, args, rate, until, lat, counts) for _ in range(args.peers)))
+    await asyncio.gather(*(peer(args.url, args, rate, until, lat, counts, decoder)
+                           for _ in range(args.peers)))
     lat.sort()
     print(json.dumps({"acks": counts[0], "seconds": time.perf_counter() - start,
                       "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
@@ -120,11 +130,13 @@ async def drain(hub: Hub) -> None:
 
 
 async def hub_main(args: argparse.Namespace) -> None:
+    from peer.model import build_char_tokenizer
+
     cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
-                    max_new_tokens=args.tokens, max_lag=1)
+                    max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers)
     task = AdditionTask(seed=0)
     problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
-    hub = Hub(cfg, "bench", task, problems)
+    hub = Hub(cfg, "bench", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
     app = web.Application()
     app.router.add_get("/ws", hub.handle_ws)
     runner = web.AppRunner(app, access_log=None)
@@ -132,12 +144,15 @@ async def hub_main(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    await hub.scorer.start()  # its workers start now, not in the timed phases
     async with asyncio.TaskGroup() as tg:
         drainer = tg.create_task(drain(hub))
         full = await phase(hub, url, args, rate=0.0)
         half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
         half = await phase(hub, url, args, rate=half_rate_groups)
         drainer.cancel()
+    scoring = hub.scorer.statistics()
+    await hub.close_all()
     await runner.cleanup()
     print(f"{'phase':<12}{'rollouts/s':>12}{'groups/s':>10}{'p50 ack ms':>12}{'p99 ack ms':>12}"
           f"{'hub CPU':>9}{'peers CPU':>11}")
@@ -146,6 +161,8 @@ async def hub_main(args: argparse.Namespace) -> None:
               f"{r['p50_ms']:>12.2f}{r['p99_ms']:>12.2f}{r['hub_cpu']:>9.2f}{r['peers_cpu']:>11.2f}")
     print(f"({args.peers} peers, {args.tokens}-token rollouts with logprobs, G={args.group_size}, "
           f"{args.seconds:.0f} s per phase, uvloop={'uvloop' in sys.modules})")
+    print(f"(scored from the ids by {args.score_workers} worker process(es): {scoring.calls} "
+          f"groups in {scoring.round_trips} round trips, {scoring.timeouts} timeouts)")
     print(json.dumps({"bench": "ingest", "rollouts_per_s": round(full["rollouts_per_s"]),
                       "p99_ack_ms": round(half["p99_ms"], 2), "peers": args.peers,
                       "tokens": args.tokens, "group_size": args.group_size,
@@ -159,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--score-workers", type=int, default=1, help="the hub's scoring processes")
     p.add_argument("--peers-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)

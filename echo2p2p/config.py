@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default!r})"
+        # argparse %-formats help strings: a literal "%" in a docstring ("10 % more") must be
+        # doubled, or `--help` raises ValueError.
+        help_text = f"{docs.get(f.name, '')} (default: {f.default!r})".replace("%", "%%")
         if hints[f.name] is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)

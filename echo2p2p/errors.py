@@ -5,7 +5,8 @@
     ├── ProtocolError          a frame or message broke the wire protocol
     │   ├── LocalProtocolError   we broke it: a bug on our side
     │   └── RemoteProtocolError  the other side broke it: close that one connection
-    └── SnapshotError          a weight snapshot or chunk failed verification
+    ├── SnapshotError          a weight snapshot or chunk failed verification
+    └── ScoringError           the reward function's worker process cannot run (or was closed)
 
 Outcomes of policy (a stale rollout, an unknown lease) are values, not exceptions:
 see `echo2p2p.staleness.Verdict` and the `Reject` message.
@@ -54,3 +55,8 @@ class JoinRefused(Echo2Error):
 
 class SnapshotError(Echo2Error):
     """A snapshot, manifest or chunk did not verify (hash, size or layout mismatch)."""
+
+
+class ScoringError(Echo2Error):
+    """A `echo2p2p.scoring.Scorer` cannot score: its worker does not start, or it was closed.
+    (A completion that overruns its deadline is not an error: it scores 0 and is counted.)"""

@@ -2,18 +2,28 @@
 
 Every websocket frame is one binary frame holding one msgpack map:
 ``{"p": PROTOCOL_VERSION, "t": <type tag>, <field>: <value>, ...}``. Fields are the dataclass
-fields below, by name; unknown extra keys are ignored so that a newer peer can talk to an older
-hub. Token ids and logprobs travel packed (little-endian uint32 / float32), which keeps a
-256-token rollout near 2 KiB and lets the hub validate it without touching every element.
+fields below, by name. Token ids and logprobs travel packed (little-endian uint32 / float32),
+which keeps a 256-token rollout near 2 KiB and lets the hub validate it without touching every
+element.
+
+Decoding is bounded (`Limits`, one set per direction: `FROM_PEER` for what the hub reads,
+`FROM_HUB` for what a peer reads): every string, byte string, array, map and ext has a length
+cap that msgpack checks at the length header, before it allocates; and a frame may build at most
+`max_objects` values in all, counted as containers complete, so a frame of many small nested
+maps is refused after a few thousand values instead of after millions. Unknown keys are ignored
+(a newer peer can talk to an older hub) and cost nothing beyond that: the map-length cap bounds
+how many a map may carry, and their values count against `max_objects` like any other.
 
 This module knows nothing about sockets, sessions or the clock; `docs/PROTOCOL.md` is the
 human-readable form of it. `decode` raises `RemoteProtocolError` with a close code and a reason
-that is safe to send back; it never raises anything else on any input.
+that is safe to send back; it never raises anything else on any input. Value bounds (a price is
+finite, a version is not negative) are `echo2p2p.bounds`'; this module checks wire types only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 import types
 import typing
@@ -37,8 +47,10 @@ CLOSE_UNKNOWN_TYPE = 4001
 CLOSE_UNEXPECTED_MESSAGE = 4002
 CLOSE_TIMEOUT = 4003
 CLOSE_UNAUTHORIZED = 4004  # join refused: token missing, not recognised or revoked
+CLOSE_TOO_MANY = 4005  # join refused: this address already has its share of connections
 
 FINISH_REASONS = ("stop", "length")
+ENGINES = ("transformers", "vllm", "relay")  # Hello.engine; "relay" generates nothing
 RELAY_FAULTS = ("corrupt", "stall", "unreachable")
 HUB_OWNER = 0xFFFFFFFF  # in RelayPlan.owners: fetch this chunk from the hub
 
@@ -52,11 +64,13 @@ class Hello:
 
     TYPE: ClassVar[str] = "hello"
     name: str
-    engine: str  # "transformers" | "vllm"
+    engine: str  # one of ENGINES
     device: str  # "cpu", "cuda", "cuda:1", ...
     price_per_hour: float = 0.0
     listen_addr: str | None = None  # http://HOST:PORT of the peer's chunk server, if it serves
     token: str = ""  # join token, when the hub requires one
+    nonce: bytes = b""  # 16-64 fresh random bytes: the hub proves its key by signing them
+    peer_key: bytes = b""  # the peer's Ed25519 public key (32 bytes): signs its chunk requests
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,8 @@ class RelayReport:
     version: int
     peer_id: str
     reason: str
+    index: int = -1  # the chunk (of manifest (version, base_version)) that failed, if known
+    base_version: int | None = None
 
 
 # --- hub -> peer ---------------------------------------------------------------------------
@@ -164,7 +180,8 @@ class Welcome:
     max_new_tokens: int
     seed: int  # this peer's sampling seed: peers must not sample identical completions
     hub_key: bytes = b""  # the hub's Ed25519 public key; every manifest is signed with it
-    ticket: bytes = b""  # the hub's signature admitting peer_id to run_id (chunk requests)
+    ticket: bytes = b""  # the hub's signature admitting (peer_id, peer_key) to run_id
+    proof: bytes = b""  # the hub's signature over the hello's nonce, run_id, peer_id, peer_key
 
 
 @dataclass(frozen=True)
@@ -301,12 +318,82 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb(frame, use_bin_type=True)
 
 
-def decode(data: bytes) -> Message:
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what decoding one frame may build. Lengths are msgpack's own (bytes for str, bin
+    and ext; elements for arrays; pairs for maps), refused at the length header; `max_objects`
+    bounds the values of the whole frame (each completed array or map adds its length + 1)."""
+
+    max_str_len: int
+    max_bin_len: int
+    max_array_len: int
+    max_map_len: int
+    max_objects: int
+    max_ext_len: int = 0  # no message uses msgpack ext types
+
+
+# What the hub reads. A peer's message has at most 10 keys with the header (Hello), so 32
+# leaves a newer peer room for extra fields. The longest string is a completion's text, the
+# longest bin a sample's packed logprobs: 1 MiB is 256k tokens. Arrays are G samples or one
+# transfer's sources (`bounds` caps both at 1024). 16k values fit G = 1024 samples of 5 fields,
+# and cost a few milliseconds at worst to build (bench: 4 MB of nested small maps took 200 ms
+# without the count, 1.4 ms with it).
+FROM_PEER = Limits(max_str_len=1 << 20, max_bin_len=1 << 20, max_array_len=1024, max_map_len=32,
+                   max_objects=1 << 14)
+# What a peer reads: manifests list every tensor and chunk (20k tensors for a large MoE model,
+# ~75 bytes a chunk) and leases carry prompt ids, so arrays and the value count are large; the
+# peer's frame cap (8 MiB by default) bounds the rest.
+FROM_HUB = Limits(max_str_len=16 << 20, max_bin_len=16 << 20, max_array_len=1 << 20,
+                  max_map_len=32, max_objects=1 << 22)
+
+
+class _TooManyObjects(Exception):
+    """Raised from msgpack's hooks to stop building a frame past its `max_objects`."""
+
+
+class _Counter:
+    """msgpack list/object hook that counts what a frame builds and stops it past a cap."""
+
+    __slots__ = ("n", "cap")
+
+    def __init__(self, cap: int) -> None:
+        self.n, self.cap = 0, cap
+
+    def __call__(self, container: Any) -> Any:
+        self.n += len(container) + 1
+        if self.n > self.cap:
+            raise _TooManyObjects
+        return container
+
+
+def decode(data: bytes, limits: Limits = FROM_HUB) -> Message:
     """The message in one frame; RemoteProtocolError (with close code) if it is not valid."""
+    return decode_counted(data, limits)[0]
+
+
+def decode_counted(data: bytes, limits: Limits = FROM_HUB) -> tuple[Message, int]:
+    """`decode`, and how many values the frame built (what it cost beyond its bytes)."""
+    count = _Counter(limits.max_objects)
     try:
-        frame = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        frame = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, list_hook=count, object_hook=count,
+            max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
+            max_ext_len=limits.max_ext_len)
+    except _TooManyObjects:
+        raise RemoteProtocolError(f"frame builds over {limits.max_objects} values",
+                                  CLOSE_PROTOCOL_ERROR) from None
+    except ValueError as exc:
+        if (cap := re.search(r"exceeds (max_[a-z_]+)", str(exc))) is not None:  # msgpack's caps
+            raise RemoteProtocolError(f"frame over the decoder's {cap[1]}",
+                                      CLOSE_PROTOCOL_ERROR) from None
+        raise RemoteProtocolError("malformed frame: not msgpack", CLOSE_PROTOCOL_ERROR) from None
     except Exception:  # msgpack raises many types for garbage; all mean the same here
         raise RemoteProtocolError("malformed frame: not msgpack", CLOSE_PROTOCOL_ERROR) from None
+    return _message(frame), count.n
+
+
+def _message(frame: Any) -> Message:
     if not isinstance(frame, dict):
         raise RemoteProtocolError("malformed frame: not a map", CLOSE_PROTOCOL_ERROR)
     proto = frame.get("p")

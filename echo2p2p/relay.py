@@ -107,6 +107,10 @@ class Broadcast:
                            [m.RelaySource(i, self.members[i].url) for i in ids],
                            struct.pack(f"<{len(owners)}I", *owners))
 
+    def owner(self, index: int) -> str | None:
+        """The peer that relays chunk `index` now (None: the hub, or no such chunk)."""
+        return self._owners[index] if 0 <= index < len(self._owners) else None
+
     def hub_share(self) -> float:
         """Fraction of chunks nobody relays: the hub serves them to every member."""
         return sum(o is None for o in self._owners) / max(self.n_chunks, 1)
@@ -118,9 +122,12 @@ class Broadcast:
             for i in chunks:
                 self._owners[i] = None
             return
-        known = [mb.upload_bps for mb in servers if mb.upload_bps > 0]
-        default = sum(known) / len(known) if known else 1.0  # unmeasured: assume the average
-        weights = [mb.upload_bps if mb.upload_bps > 0 else default for mb in servers]
+        # A rate that is not a positive finite number counts as unmeasured (defence in depth:
+        # the hub only keeps plausible rates), and an unmeasured one as the average.
+        rates = [mb.upload_bps if 0 < mb.upload_bps < math.inf else 0.0 for mb in servers]
+        known = [r for r in rates if r > 0]
+        default = sum(known) / len(known) if known else 1.0
+        weights = [r if r > 0 else default for r in rates]
         for i, j in zip(chunks, deal(len(chunks), weights)):
             self._owners[i] = servers[j].peer_id
 

@@ -9,17 +9,21 @@ connection), LocalProtocolError for what we were about to send (a bug here).
     peer side:  CONNECTED --send Hello--> AWAIT_WELCOME --recv Welcome--> READY
     any state   --send/recv Goodbye--> CLOSED
 
-Once the hub has sent its Welcome the session also knows G and the token cap, and checks each
-rollout's shape against them (the hub never sees a malformed rollout). The clock is an argument.
+On the hub side every message is also checked against `echo2p2p.bounds` (once the Welcome is
+sent, rollouts against its G and token cap too), so the hub never sees a field out of bounds;
+frames are decoded with `messages.FROM_PEER` limits (a peer decodes with `FROM_HUB`), and each
+is charged to a `ReadBudget` whose `pause_s(now)` tells the shell how long to stop reading.
+The clock is an argument.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 
 from . import messages as m
+from .bounds import check_from_peer
 from .errors import LocalProtocolError, RemoteProtocolError
+from .read_budget import ReadBudget
 
 
 class Side(enum.Enum):
@@ -59,22 +63,28 @@ TRANSITIONS: dict[tuple[Side, State, str, type], State] = {
 class Session:
     """Protocol state of one connection, seen from `side`."""
 
-    def __init__(self, side: Side, now: float):
+    def __init__(self, side: Side, now: float, budget: ReadBudget | None = None):
+        """`budget`: what this side may spend on reading the other (default: `ReadBudget`'s
+        defaults on the hub side; a peer reads its hub unmetered)."""
         self.side = side
         self.state = S.AWAIT_HELLO if side is Side.HUB else S.CONNECTED
         self.last_heard = now
         self.hello: m.Hello | None = None
         self.welcome: m.Welcome | None = None
+        self.limits = m.FROM_PEER if side is Side.HUB else m.FROM_HUB
+        self.budget = budget if budget is not None or side is Side.PEER else ReadBudget(now)
 
     def receive(self, data: bytes, now: float) -> m.Message:
         """Decode, validate and account one incoming frame."""
-        msg = m.decode(data)
+        msg, values = m.decode_counted(data, self.limits)
+        if self.budget is not None:
+            self.budget.charge(len(data), values, now)
         nxt = TRANSITIONS.get((self.side, self.state, RECV, type(msg)))
         if nxt is None:
             raise RemoteProtocolError(
                 f"unexpected {msg.TYPE} in state {self.state.value}", m.CLOSE_UNEXPECTED_MESSAGE)
-        if isinstance(msg, m.RolloutSubmission):
-            check_rollout(msg, self.welcome)
+        if self.side is Side.HUB:
+            check_from_peer(msg, self.welcome)
         self.last_heard = now
         self._advance(msg, nxt)
         return msg
@@ -99,23 +109,8 @@ class Session:
         """Seconds since the other side last sent anything."""
         return now - self.last_heard
 
+    def pause_s(self, now: float) -> float:
+        """Seconds the shell should stop reading this connection before its next frame: the
+        other side spent its read budget (0 when it has not, or nothing is metered)."""
+        return self.budget.pause_s(now) if self.budget is not None else 0.0
 
-def check_rollout(msg: m.RolloutSubmission, welcome: m.Welcome | None) -> None:
-    """Reject a structurally impossible rollout (wrong G, ragged arrays, over the token cap)."""
-
-    def bad(why: str) -> RemoteProtocolError:
-        return RemoteProtocolError(f"bad rollout {msg.lease_id[:40]!r}: {why}", m.CLOSE_PROTOCOL_ERROR)
-
-    if welcome is not None and len(msg.samples) != welcome.group_size:
-        raise bad(f"{len(msg.samples)} samples, expected {welcome.group_size}")
-    if msg.version < 0:
-        raise bad("negative version")
-    for s in msg.samples:
-        if len(s.token_ids) % 4 or len(s.logprobs) != len(s.token_ids):
-            raise bad("token_ids and logprobs must be packed arrays of equal length")
-        if s.n_tokens == 0 or (welcome is not None and s.n_tokens > welcome.max_new_tokens):
-            raise bad(f"{s.n_tokens} completion tokens")
-        if s.finish_reason not in m.FINISH_REASONS:
-            raise bad(f"finish_reason {s.finish_reason[:20]!r}")
-        if not math.isfinite(s.reward):
-            raise bad("reward is not finite")

@@ -34,20 +34,65 @@ def public_key(private_key: bytes) -> bytes:
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def _ticket_bytes(run_id: str, peer_id: str) -> bytes:
-    return b"echo2p2p-ticket-v1\0" + run_id.encode() + b"\0" + peer_id.encode()
+def _ticket_bytes(run_id: str, peer_id: str, peer_key: bytes) -> bytes:
+    return (b"echo2p2p-ticket-v2\0" + run_id.encode() + b"\0" + peer_id.encode() + b"\0"
+            + peer_key)
 
 
-def sign_ticket(private_key: bytes, run_id: str, peer_id: str) -> bytes:
-    """The hub's word that `peer_id` belongs to run `run_id`: what other peers' chunk servers
-    (and the hub's) ask of whoever requests a chunk."""
-    return Ed25519PrivateKey.from_private_bytes(private_key).sign(_ticket_bytes(run_id, peer_id))
+def sign_ticket(private_key: bytes, run_id: str, peer_id: str, peer_key: bytes) -> bytes:
+    """The hub's word that `peer_id`, holding the private half of `peer_key`, belongs to run
+    `run_id`: what chunk servers (the hub's and every peer's) ask of whoever requests a chunk.
+    A ticket alone opens nothing: each request also carries the holder's `chunk_auth` for the
+    server asked, so a server that sees a ticket cannot replay it to another."""
+    return _sign(private_key, _ticket_bytes(run_id, peer_id, peer_key))
 
 
-def verify_ticket(hub_key: bytes, run_id: str, peer_id: str, ticket: bytes) -> bool:
-    """Whether `ticket` is the hub's signature admitting `peer_id` to run `run_id`."""
+def verify_ticket(hub_key: bytes, run_id: str, peer_id: str, peer_key: bytes,
+                  ticket: bytes) -> bool:
+    """Whether `ticket` is the hub's signature admitting (`peer_id`, `peer_key`) to `run_id`."""
+    return _verify(hub_key, ticket, _ticket_bytes(run_id, peer_id, peer_key))
+
+
+def _auth_bytes(run_id: str, audience: str) -> bytes:
+    return b"echo2p2p-chunk-auth-v1\0" + run_id.encode() + b"\0" + audience.encode()
+
+
+def chunk_auth(private_key: bytes, run_id: str, audience: str) -> bytes:
+    """A requester's signature, by its own key, naming the one server it is addressed to
+    (`audience`: that server's peer id, or "hub")."""
+    return _sign(private_key, _auth_bytes(run_id, audience))
+
+
+def verify_chunk_auth(peer_key: bytes, run_id: str, audience: str, auth: bytes) -> bool:
+    return _verify(peer_key, auth, _auth_bytes(run_id, audience))
+
+
+def _welcome_bytes(nonce: bytes, run_id: str, peer_id: str, peer_key: bytes) -> bytes:
+    return (b"echo2p2p-welcome-v1\0" + len(nonce).to_bytes(1, "big") + nonce + run_id.encode()
+            + b"\0" + peer_id.encode() + b"\0" + peer_key)
+
+
+def sign_welcome(private_key: bytes, nonce: bytes, run_id: str, peer_id: str,
+                 peer_key: bytes) -> bytes:
+    """The hub's proof that it holds its key: a signature over the peer's fresh hello nonce
+    and what the welcome gives it (run, peer id) and the peer key its ticket binds."""
+    return _sign(private_key, _welcome_bytes(nonce, run_id, peer_id, peer_key))
+
+
+def verify_welcome(hub_key: bytes, nonce: bytes, run_id: str, peer_id: str, peer_key: bytes,
+                   proof: bytes) -> bool:
+    return _verify(hub_key, proof, _welcome_bytes(nonce, run_id, peer_id, peer_key))
+
+
+def _sign(private_key: bytes, data: bytes) -> bytes:
+    return Ed25519PrivateKey.from_private_bytes(private_key).sign(data)
+
+
+def _verify(public_key: bytes, signature: bytes, data: bytes) -> bool:
+    if len(public_key) != KEY_BYTES:
+        return False
     try:
-        Ed25519PublicKey.from_public_bytes(hub_key).verify(ticket, _ticket_bytes(run_id, peer_id))
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
     except (InvalidSignature, ValueError):
         return False
     return True

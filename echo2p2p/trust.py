@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk")
+EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,11 @@ class TrustPolicy:
     penalties: dict[str, float] = field(default_factory=lambda: {
         "reward_mismatch": 0.2,  # a claimed reward the hub's verifier disagrees with
         "logprob_mismatch": 0.3,  # behaviour logprobs the claimed version does not reproduce
-        "bad_chunk": 0.2,  # a chunk it relayed failed its digest (one per reporting peer)
+        # The hub fetched the chunk from it itself and the digest failed: proof, not a report
+        # (an honest relay serves only chunks it verified), so one quarantines.
+        "bad_chunk": 0.6,
+        "text_mismatch": 0.2,  # a sample's text is not the decoding of its token ids
+        "false_report": 0.3,  # it accused a relay of a corrupt chunk the hub found intact
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

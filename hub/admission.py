@@ -2,20 +2,24 @@
 
 A submission's lease is closed (a duplicate is acknowledged again, an unknown or expired one
 rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
-forged tag; the staleness rule judges the version; the task's verifier re-scores every sample;
-a share of submissions have their behaviour logprobs recomputed under the claimed version
-(`hub.spotcheck`) before they are acknowledged. What is admitted is journaled (`hub.durable`)
-before the peer hears of it, so a hub killed after the ack still has it when resumed.
+forged tag; the staleness rule judges the version. Then one task per submission scores every
+sample from its token ids, decoded as the engines decode (`echo2p2p.scoring.text`), with the
+task's verifier in the scorer's worker processes, off the event loop and under a deadline
+(`echo2p2p.scoring.Scorer`); the peer's text and reward are only checked against that. A share
+of submissions also have their behaviour logprobs recomputed under the claimed version
+(`hub.spotcheck`). Nothing is acknowledged before it is judged. What is admitted is journaled
+(`hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
+resumed.
 
 `Admission` is a part of `hub.server.Hub`, kept apart so that each file reads as one concern; it
-uses the hub's lease book, buffer, trust book, pool, spot-checker and journal.
+uses the hub's lease book, buffer, trust book, pool, scorer, spot-checker and journal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from echo2p2p import messages as m
@@ -27,6 +31,8 @@ from .durable import group_from_wire, group_to_wire
 from .peers import PeerConn
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
+    from echo2p2p.scoring import Scored
+
     from .spotcheck import SpotResult
 
 log = logging.getLogger("hub.server")  # one logger for the hub's peer-facing side
@@ -64,52 +70,89 @@ class Admission:
             conn.post(m.Reject(msg.lease_id, verdict.value))
             self.dispatch()
             return
+        if self.scorer is None:  # a hub built without the run's tokenizer cannot score ids
+            log.error("rollout %s refused: this hub has no decoder to score token ids",
+                      msg.lease_id)
+            self._refuse(conn, lease, "unscorable")
+            return
+        # Queued for scoring now (a task would start it an event loop turn later).
+        scoring = self.scorer.submit_ids(lease.problem.problem.answer,
+                                         [s.token_ids for s in msg.samples],
+                                         [s.text for s in msg.samples])
+        pending = None
+        if self.spot is not None and self.spot.wants():
+            # The claimed version's weights are taken now, not once scored (they may rotate out).
+            pending = self.spot.check(_unscored(lease, msg))
+        # One task per submission, scoring then spot-checking; no ack until both are done. It
+        # holds lease budget meanwhile (`Hub.dispatch` counts `_checks`).
+        task = asyncio.create_task(self._judge(conn, lease, msg, scoring, pending))
+        self._checks.add(task)
+        task.add_done_callback(self._check_done)
+
+    async def _judge(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission,
+                     scoring: asyncio.Future[Scored],
+                     pending: Coroutine[Any, Any, SpotResult] | None) -> bool:
+        """Await `scoring`, `msg`'s samples scored from their token ids in the scorer's worker
+        processes, then, if sampled, `pending`, its spot-check; admit what passes (True). The
+        peer may have left meanwhile: a group that checks out is still admitted."""
         problem = lease.problem.problem
-        # Re-score with the task's own verifier: a peer's claimed reward is never used, and a
-        # claim above the verifier's counts against the peer. (A claim below it is no gain to
+        try:
+            scored = await scoring
+        except BaseException:
+            if pending is not None:
+                pending.close()
+            self.leases.requeue(lease)  # not judged (shutdown, or a bug): the prompt goes back
+            raise
+        if scored.malformed:  # ids no engine emits: out of vocabulary, or after the EOS
+            if pending is not None:
+                pending.close()
+            self._refuse(conn, lease, "bad_tokens")
+            return False
+        # The hub scores the decoding of the ids it will train on: a peer's text and claimed
+        # reward are never used. A text that is not that decoding is a lie (once per
+        # submission), and so is a claim above the verifier's. (A claim below it is no gain to
         # a liar, and an honest peer whose checker lacks math-verify can make one.)
-        rewards = [self.task.reward(problem.answer, s.text) for s in msg.samples]
+        rewards = scored.rewards
+        honest = not scored.mismatched
+        if not honest:
+            self._distrust(conn, "text_mismatch")
         fair = not any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards))
         if not fair:
             self._distrust(conn, "reward_mismatch")
-            if self._quarantined(conn):
-                self._refuse(conn, lease, "quarantined")
-                return
-        group = ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids, msg.version,
-                            msg.samples, rewards)
-        if self.spot is not None and self.spot.wants():
-            # No ack until the check is done; it runs in a worker thread, the loop serves on.
-            pending = self.spot.check(group)  # the claimed version's weights are taken now
-            task = asyncio.create_task(self._spot_check(conn, lease, group, pending, fair))
-            self._checks.add(task)
-            task.add_done_callback(self._check_done)
-            return
-        self._admit(conn, group)
-
-    async def _spot_check(self, conn: PeerConn, lease: Any, group: ScoredGroup,
-                          pending: Awaitable[SpotResult], fair: bool) -> None:
-        """Admit `group` once `pending`, its spot-check, passes; else count the forgery. The
-        peer may have left meanwhile: a group that checks out is still admitted."""
-        try:
-            result = await pending
-        except BaseException:
-            self.leases.requeue(lease)  # nothing was judged (shutdown, or a bug): the prompt goes back
-            raise
-        self.counters.spot_checked += 1
-        if not result.passed:
-            self._forged(conn, lease, result.reason, result.detail())
-        elif self._quarantined(conn):  # by another of its rollouts while this one was checked
+        if self._quarantined(conn):  # by these lies, or by another submission meanwhile
+            if pending is not None:
+                pending.close()
             self._refuse(conn, lease, "quarantined")
-        else:
-            if fair:
+            return False
+        if pending is not None:
+            try:
+                result = await pending
+            except BaseException:
+                self.leases.requeue(lease)
+                raise
+            self.counters.spot_checked += 1
+            if not result.passed:
+                self._forged(conn, lease, result.reason, result.detail())
+                return False
+            if self._quarantined(conn):  # by another of its rollouts while this one was checked
+                self._refuse(conn, lease, "quarantined")
+                return False
+            if fair and honest:
                 self.trust.good(conn.identity)
-            self._admit(conn, group)
+        self._admit(conn, ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
+                                      msg.version, msg.samples, rewards))
+        return True
 
     def _check_done(self, task: asyncio.Task) -> None:
-        """A check ended: it holds no lease budget now; a crash is logged (its prompt went back)."""
+        """A submission was judged. Admitted, it holds the same lease budget in the buffer;
+        otherwise the budget it held is free again (a crash is logged; its prompt went back)."""
         self._checks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("spot-check failed", exc_info=task.exception())
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("judging a rollout failed", exc_info=task.exception())
+        elif task.result():
+            return
         self.dispatch()
 
     def _forged(self, conn: PeerConn, lease: Any, reason: str, detail: dict[str, Any]) -> None:
@@ -189,6 +232,12 @@ class Admission:
                 group = group_from_wire(record[0])
                 self.leases.replay(("done", group.lease_id), now)
                 self.buffer.put(group)
+
+
+def _unscored(lease: Any, msg: m.RolloutSubmission) -> ScoredGroup:
+    """`msg` as a group for its spot-check, which reads everything but the rewards."""
+    return ScoredGroup(msg.lease_id, lease.problem.problem.id, lease.problem.prompt_ids,
+                       msg.version, msg.samples, [])
 
 
 def _now() -> float:

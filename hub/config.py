@@ -92,6 +92,9 @@ class HubConfig:
     """A peer silent this long is disconnected and its leases re-issued."""
     max_frame_bytes: int = 4 << 20
     """Largest websocket frame accepted from a peer."""
+    max_peers_per_address: int = 256
+    """Joined connections accepted from one IP address; more are refused (close code 4005).
+    Bounds what one attacker's many connections can cost; raise it for a lab behind one NAT."""
     spot_check_fraction: float = 0.05
     """Share of rollout groups whose behaviour logprobs the hub recomputes under the version the
     peer claims (0 = off, 1 = every group); a mismatch counts against the peer's trust. Costs
@@ -106,6 +109,15 @@ class HubConfig:
     log(1 + clip_eps); 7x the p99 and 2x the worst of honest bf16 peers (GPU engines like vLLM:
     ~1e-2 a token), 1e5x fp32 ones (bench/spotcheck.py). Lower: more forgeries caught, honest
     bf16 peers at risk; raise it for MoE or FP8 peers (~0.5)."""
+    score_timeout_s: float = 5.0
+    """Deadline for scoring one completion with the task's verifier, which runs in worker
+    processes off the event loop; a completion past it scores 0, its worker is killed and
+    restarted, and the event is counted (math-verify can run for ever on some answers).
+    Lower: a hostile completion stalls scoring for less time; too low scores slow but honest
+    answers 0."""
+    score_workers: int = 1
+    """Worker processes scoring rollouts (each a full Python with the task's verifier). More:
+    a verifier that overruns stalls only one of them, and scoring uses more cores."""
     tokens: str = ""
     """Token file (`echo2-hub token create --file FILE`): only peers presenting one of its
     unrevoked tokens may join. '' = anyone may join."""
@@ -124,15 +136,19 @@ class HubConfig:
 
     def __post_init__(self) -> None:
         positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
-                    "max_frame_bytes")
+                    "max_frame_bytes", "score_workers")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ConfigError("group_size", "GRPO needs at least 2 samples per group")
-        for name in ("lr", "temperature", "lease_timeout_s", "heartbeat_s", "peer_timeout_s"):
+        if not 2 <= self.group_size <= 1024:  # 1024: what the wire decoder takes from a peer
+            raise ConfigError("group_size", f"GRPO needs 2 to 1024 samples per group, got "
+                                            f"{self.group_size}")
+        for name in ("lr", "temperature", "lease_timeout_s", "heartbeat_s", "peer_timeout_s",
+                     "score_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.score_timeout_s == float("inf"):  # a deadline that never comes is none
+            raise ConfigError("score_timeout_s", "must be finite")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
         if not 0 <= self.port < 65536:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.messages import unpack_ids, unpack_logprobs
+from echo2p2p.scoring import CompletionDecoder
 
 from . import grpo
 
@@ -283,18 +284,21 @@ class Learner:
         self,
         tokenizer,
         problems: Sequence,
-        reward: Callable[[str, str], float],
+        score: Callable[[list[tuple[str, str]]], list[float]],
         *,
         max_new_tokens: int,
         batch_size: int = 64,
     ) -> float:
-        """Mean reward of greedy completions of `problems` (held-out accuracy)."""
+        """Mean reward of greedy completions of `problems` (held-out accuracy). `score` maps
+        a batch of (answer, completion text) to rewards (`echo2p2p.scoring.Scorer`, so that a
+        verifier that hangs costs a deadline, not the run); texts follow the peers' rule."""
         if not problems:
             return 0.0
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
         dev = self.device
+        decoder = CompletionDecoder(tokenizer)
         total = 0.0
         self.model.eval()
         try:
@@ -312,11 +316,8 @@ class Learner:
                     do_sample=False, max_new_tokens=max_new_tokens,
                     pad_token_id=pad, eos_token_id=eos,
                 )  # (B, P + N)
-                for p, row in zip(batch, out[:, width:].tolist()):
-                    if eos is not None and eos in row:
-                        row = row[:row.index(eos)]
-                    text = tokenizer.decode(row, skip_special_tokens=True)
-                    total += float(reward(p.answer, text))
+                texts = [decoder.completion(row).text for row in out[:, width:].tolist()]
+                total += sum(float(r) for r in score([(p.answer, t) for p, t in zip(batch, texts)]))
         finally:
             self.model.train()
         return total / len(problems)

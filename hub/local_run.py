@@ -1,4 +1,4 @@
-"""The synchronous single-process baseline (S = 0): generate, score, learn, in turn.
+"""The synchronous baseline (S = 0): generate, score (in a worker process), learn, in turn.
 
 The reference the distributed run is measured against (learning parity): the same learner,
 the same engine and the same weight path as a peer gets (the learner's version exported in
@@ -37,6 +37,7 @@ def train_sync(
     eval_problems: int = 128,
     weights_dtype: Any = "bfloat16",
     on_step: Callable[[dict], None] | None = None,
+    score_timeout_s: float = 5.0,
 ) -> list[dict]:
     """Run `steps` synchronous GRPO steps on AdditionTask(seed); one record per step.
 
@@ -44,12 +45,14 @@ def train_sync(
     the step trained on, drawn from version `step`), gen_s, the learner's `train/...` metrics,
     and eval_accuracy (greedy, held-out) when version % eval_every == 0 or at the last step;
     the first record also holds eval_accuracy_initial (version 0) when eval_every > 0.
-    `weights_dtype` is a torch dtype or its name.
+    `weights_dtype` is a torch dtype or its name. Rewards are computed in a scoring worker
+    process, `score_timeout_s` per completion, as on the hub.
     """
     import torch
 
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.messages import Sample, pack_ids, pack_logprobs
+    from echo2p2p.scoring import Scorer
     from echo2p2p.tasks import AdditionTask
     from peer.engine import TransformersEngine
     from peer.model import load_policy
@@ -69,45 +72,49 @@ def train_sync(
     random.Random(seed).shuffle(order)
     held_out = list(task.problems("eval"))[:eval_problems]
 
-    def evaluate() -> float:
-        return learner.evaluate(tokenizer, held_out, task.reward, max_new_tokens=max_new_tokens)
+    with Scorer(task.reward, timeout_s=score_timeout_s, name="local-scorer") as scorer:
+        def score(items: list[tuple[str, str]]) -> list[float]:
+            return scorer.score_blocking(items).rewards
 
-    initial = evaluate() if eval_every else None
-    records: list[dict] = []
-    cursor = 0
-    for step in range(steps):
-        t0 = time.perf_counter()
-        engine.load_weights(learner.export_weights(dtype))  # exactly what a peer would hold
-        groups = []
-        for j in range(prompts_per_step):
-            problem = train[order[cursor % len(order)]]
-            cursor += 1
-            prompt_ids = encode_prompt(tokenizer, problem.prompt)
-            completions = engine.generate(
-                prompt_ids, group_size, temperature=temperature, top_p=top_p,
-                max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + cursor,
-            )
-            rewards = [float(task.reward(problem.answer, c.text)) for c in completions]
-            samples = [
-                Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
-                       text=c.text, reward=r, finish_reason=c.finish_reason)
-                for c, r in zip(completions, rewards)
-            ]
-            groups.append(ScoredGroup(f"sync-{step}-{j}", problem.id, prompt_ids,
-                                      learner.version, samples, rewards))
-        gen_s = time.perf_counter() - t0
-        stats = learner.step(groups)
-        record: dict[str, Any] = {
-            "step": step, "version": stats.version, "reward_mean": stats.reward_mean,
-            "gen_s": gen_s, **stats.metrics(),
-        }
-        if step == 0 and initial is not None:
-            record["eval_accuracy_initial"] = initial
-        if eval_every and (stats.version % eval_every == 0 or step == steps - 1):
-            record["eval_accuracy"] = evaluate()
-        records.append(record)
-        if on_step is not None:
-            on_step(record)
+        def evaluate() -> float:
+            return learner.evaluate(tokenizer, held_out, score, max_new_tokens=max_new_tokens)
+
+        initial = evaluate() if eval_every else None
+        records: list[dict] = []
+        cursor = 0
+        for step in range(steps):
+            t0 = time.perf_counter()
+            engine.load_weights(learner.export_weights(dtype))  # exactly what a peer would hold
+            groups = []
+            for j in range(prompts_per_step):
+                problem = train[order[cursor % len(order)]]
+                cursor += 1
+                prompt_ids = encode_prompt(tokenizer, problem.prompt)
+                completions = engine.generate(
+                    prompt_ids, group_size, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + cursor,
+                )
+                rewards = score([(problem.answer, c.text) for c in completions])
+                samples = [
+                    Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
+                           text=c.text, reward=r, finish_reason=c.finish_reason)
+                    for c, r in zip(completions, rewards)
+                ]
+                groups.append(ScoredGroup(f"sync-{step}-{j}", problem.id, prompt_ids,
+                                          learner.version, samples, rewards))
+            gen_s = time.perf_counter() - t0
+            stats = learner.step(groups)
+            record: dict[str, Any] = {
+                "step": step, "version": stats.version, "reward_mean": stats.reward_mean,
+                "gen_s": gen_s, **stats.metrics(),
+            }
+            if step == 0 and initial is not None:
+                record["eval_accuracy_initial"] = initial
+            if eval_every and (stats.version % eval_every == 0 or step == steps - 1):
+                record["eval_accuracy"] = evaluate()
+            records.append(record)
+            if on_step is not None:
+                on_step(record)
     return records
 
 

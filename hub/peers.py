@@ -10,6 +10,7 @@ from aiohttp import web
 from echo2p2p import messages as m
 from echo2p2p.relay import Member
 from echo2p2p.session import Session, State
+from peer.relay import server_base
 
 
 @dataclass
@@ -21,6 +22,7 @@ class PeerConn:
     ws: web.WebSocketResponse
     session: Session
     transport: asyncio.BaseTransport | None
+    remote: str | None = None  # its IP address
     credits: int = 0
     held_version: int | None = None  # loaded in its engine
     held_max: int = -1  # the newest version it ever reported holding
@@ -28,6 +30,7 @@ class PeerConn:
     upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
     last_done: float = 0.0  # when its last submission arrived (see Hub._measure)
     announced: int = -1  # newest version announced to it
+    relay: str = "unprobed"  # its chunk server: unprobed, ok (the hub reached it), failed
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
     @property
@@ -37,12 +40,16 @@ class PeerConn:
         token_id = self.hello.token.partition(".")[0]
         return f"token:{token_id}" if token_id else self.peer_id
 
+    @property
+    def server_url(self) -> str | None:
+        """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
+        return server_base(self.hello.listen_addr) if self.hello.listen_addr else None
+
     def member(self, relays: bool = True) -> Member:
-        """This peer in a broadcast: a relay if it advertised a plausible chunk server URL (and
+        """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
         `relays`: a quarantined peer only pulls)."""
-        url = self.hello.listen_addr
-        plausible = relays and url and len(url) <= 200 and url.startswith(("http://", "https://"))
-        return Member(self.peer_id, url if plausible else None, self.upload_bps)
+        relays = relays and self.relay == "ok"
+        return Member(self.peer_id, self.server_url if relays else None, self.upload_bps)
 
     def post(self, msg: m.Message) -> None:
         """Queue `msg` for this peer's writer task; never waits on the socket."""

@@ -18,6 +18,7 @@ the total of peers that left.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from echo2p2p.activation import Activator, Selection, Worker, lp_lower_bound
@@ -36,6 +37,12 @@ class Account:
     admitted: int = 0  # completions admitted, for $ per rollout
     usd: float = 0.0  # accrued up to `since`
     active_since: float | None = None  # None while on standby
+
+    def __post_init__(self) -> None:
+        # The hub's session bounds what the wire says (echo2p2p.bounds); this is the last line:
+        # a NaN or negative price here would poison the cost meter and every later plan.
+        _finite_non_negative("price_per_hour", self.price_per_hour)
+        _finite_non_negative("rollouts_per_s", self.rollouts_per_s)
 
     def accrue(self, now: float) -> None:
         if self.active_since is not None:
@@ -75,6 +82,7 @@ class Pool:
 
     def rate(self, peer_id: str, rollouts_per_s: float, weight: float = 0.3) -> None:
         """Fold one measurement of a peer's generation rate into its EWMA."""
+        _finite_non_negative("rollouts_per_s", rollouts_per_s)
         account = self.accounts.get(peer_id)
         if account is not None:
             old = account.rollouts_per_s
@@ -138,3 +146,8 @@ class Pool:
                       "active": a.active_since is not None,
                       "rollouts_per_s": round(a.rollouts_per_s, 3), "admitted": a.admitted,
                       "usd": round(a.usd, 6)} for pid, a in self.accounts.items()}
+
+
+def _finite_non_negative(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")

@@ -37,11 +37,13 @@ from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.relay import Broadcast, Member
+from echo2p2p.scoring import CompletionDecoder, Scorer
 from echo2p2p.session import Session, Side, State
 from echo2p2p.staleness import lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
 
-from peer.relay import GONE, Tickets, TokenBucket, UploadMeter, chunk_handler
+from peer import http_deadlines
+from peer.relay import GONE, Credentials, Tickets, TokenBucket, UploadMeter, chunk_handler
 
 from echo2p2p.trust import TrustBook
 
@@ -50,6 +52,7 @@ from .config import HubConfig
 from .durable import Journal
 from .peers import PeerConn
 from .pool import Pool
+from .relays import RelayCheck, RelayJudge
 from .tokens import TokenBook
 from .versions import Propagation, Published, Snapshot
 
@@ -59,6 +62,7 @@ if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must 
 log = logging.getLogger(__name__)
 
 CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
+MAX_RATE_BYTES_S = 12.5e9  # 100 Gbit/s: a reported transfer faster than this is not believed
 
 
 @dataclass(frozen=True)
@@ -88,10 +92,12 @@ class Hub(Admission):
     def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
                  signing_key: bytes = b"",
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 spot: SpotChecker | None = None):
+                 spot: SpotChecker | None = None, decode: CompletionDecoder | None = None):
         """`signing_key`: the hub's Ed25519 private key, for the tickets it hands peers (b"": a
         bench rig without tickets; manifests are signed by the caller). `spot`: recomputes the
-        behaviour logprobs of a share of the rollouts (None: no spot-checks)."""
+        behaviour logprobs of a share of the rollouts (None: no spot-checks). `decode`: the
+        run's tokenizer as `echo2p2p.scoring.CompletionDecoder`, which rollouts are scored by
+        (None: a hub that refuses every rollout, e.g. a broadcast bench)."""
         self.cfg = cfg
         self._signing_key = signing_key
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
@@ -110,12 +116,20 @@ class Hub(Admission):
         self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
         self.trust = TrustBook()
-        self._corrupt_reports: set[tuple[str, str]] = set()  # (reporter, reported) identities
+        credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
+            signing_key, run_id, "hub", self.hub_key)) if signing_key else None
+        self.relays = RelayJudge(RelayCheck(credentials), distrust=self._distrust,
+                                 failed=self._relay_failed,
+                                 on_event=lambda r: self.on_event({**r, "step": self.step}))
         self.on_event = on_event or (lambda record: None)
         self._admitted = asyncio.Event()
         self._next_peer = 0
         self.spot = spot
-        self._checks: set[asyncio.Task] = set()  # spot-checks under way
+        self._checks: set[asyncio.Task] = set()  # submissions being judged (hub.admission)
+        self.decode = decode
+        self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
+            task.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
+            workers=cfg.score_workers, name="hub-scorer")
         self.journal: Journal | None = None  # where changes since the last checkpoint go
         self.leases.on_change = lambda change: self._journal("lease", *change)
 
@@ -177,9 +191,8 @@ class Hub(Admission):
 
     async def chunk_lookup(self, version: int, base: int | None, index: int, wait_s: float) -> bytes:
         """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
-        pub = self.published.get(version)
-        snap = pub and (pub.full if base is None else pub.delta)
-        if snap is None or snap.manifest.base_version != base or not 0 <= index < len(snap.chunks):
+        snap = self._snapshot(version, base)
+        if snap is None or not 0 <= index < len(snap.chunks):
             return GONE
         return snap.chunks[index]
 
@@ -277,13 +290,20 @@ class Hub(Admission):
                         log.info("closing %s: %s", conn.peer_id if conn else request.remote, exc.reason)
                         await _close(ws, session, exc.code, exc.reason, request.transport)
                         break
+                    if (pause_s := session.pause_s(_now())) > 0:  # over its read budget: a rate
+                        await asyncio.sleep(pause_s)  # limit, not a sync; backpressures this peer
                     if isinstance(msg, m.Hello):
                         if (why := self._refusal(msg.token)) is not None:
                             self.counters.refused += 1
                             log.info("refused %s: %s", request.remote, why)
                             await _close(ws, session, m.CLOSE_UNAUTHORIZED, why, request.transport)
                             break
-                        conn = self._join(ws, session, msg, request.transport)
+                        if self._crowded(request.remote):
+                            self.counters.refused += 1
+                            await _close(ws, session, m.CLOSE_TOO_MANY, "too many connections "
+                                         "from this address", request.transport)
+                            break
+                        conn = self._join(ws, session, msg, request.transport, request.remote)
                         helpers = [tg.create_task(self._write(conn)),
                                    tg.create_task(self._keep_alive(conn))]
                     elif isinstance(msg, m.Goodbye):
@@ -313,22 +333,30 @@ class Hub(Admission):
                 m.CLOSE_TOO_BIG)
         return frame.data
 
+    def _crowded(self, remote: str | None) -> bool:
+        """Whether `remote` already holds its cap of joined connections (one attacker's many
+        connections are bounded; a lab behind one NAT raises --max-peers-per-address)."""
+        return sum(c.remote == remote for c in self.peers.values()) >= self.cfg.max_peers_per_address
+
     def _join(self, ws: web.WebSocketResponse, session: Session, hello: m.Hello,
-              transport: asyncio.BaseTransport | None) -> PeerConn:
+              transport: asyncio.BaseTransport | None, remote: str | None = None) -> PeerConn:
         self._next_peer += 1
         self._journal("peer", self._next_peer)  # a resumed hub never hands out an id again
         peer_id = f"p{self._next_peer}"
-        conn = PeerConn(peer_id, hello, ws, session, transport)
+        conn = PeerConn(peer_id, hello, ws, session, transport, remote=remote)
         cfg = self.cfg
         newest = self.newest
+        key = self._signing_key
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.model, self.task.kind, newest.version if newest else 0,
             cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
             cfg.seed * 100_003 + self._next_peer, self.hub_key,
-            signing.sign_ticket(self._signing_key, self.run_id, peer_id) if self._signing_key
-            else b""))
+            signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
+            signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
+            if key and hello.nonce else b""))
         self.peers[peer_id] = conn
         self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
+        self.relays.probe(conn, newest.version if newest else 0)
         self._catch_up(conn)
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
                  hello.device, hello.price_per_hour)
@@ -374,6 +402,8 @@ class Hub(Admission):
         elif isinstance(msg, m.RolloutSubmission):
             self._on_rollout(conn, msg)
         elif isinstance(msg, m.VersionHeld):
+            if self.newest is None or msg.version > self.newest.version:
+                return  # a version this hub never published: nobody could hold it
             conn.held_version = msg.version
             conn.held_max = max(conn.held_max, msg.version)
             log.debug("%s holds v%d", conn.peer_id, msg.version)
@@ -384,33 +414,52 @@ class Hub(Admission):
         # Heartbeat: the session already noted that the peer is alive.
 
     def _on_transfer(self, conn: PeerConn, msg: m.TransferReport) -> None:
-        if msg.version not in self.published:
+        snap = self._snapshot(msg.version, msg.base_version)
+        if snap is None:
             return
         conn.stream_version = max(msg.version, conn.stream_version or 0)
         prop = self.propagation.get(msg.version)
         if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
             return  # not a version being tracked, or not the first report: nothing to count
         prop.done_after_s[conn.peer_id] = _now() - prop.started
-        prop.bytes_from_peers += max(msg.bytes_from_peers, 0)
+        # Only what this manifest could have carried counts: no source sent more than the
+        # whole of it, faster than any link, and nobody is its own source.
+        size = snap.wire_bytes
+        prop.bytes_from_peers += min(max(msg.bytes_from_peers, 0), size)
+        seen: set[str] = set()
         for src in msg.sources:
-            if src.peer_id in prop.expected and src.nbytes > 0 and src.span_s > 0:
+            if (src.peer_id in prop.expected and src.peer_id != conn.peer_id
+                    and src.peer_id not in seen and 0 < src.nbytes <= size
+                    and src.span_s >= src.nbytes / MAX_RATE_BYTES_S):
+                seen.add(src.peer_id)
                 prop.received.setdefault(src.peer_id, []).append((src.nbytes, src.span_s))
         self._report_propagation(prop)
 
+    def _snapshot(self, version: int, base: int | None) -> Snapshot | None:
+        """The published manifest (version, base) this hub still keeps, if any."""
+        pub = self.published.get(version)
+        snap = pub and (pub.full if base is None else pub.delta)
+        return snap if snap is not None and snap.manifest.base_version == base else None
+
     def _on_relay_report(self, conn: PeerConn, msg: m.RelayReport) -> None:
-        if msg.reason not in m.RELAY_FAULTS or msg.peer_id == conn.peer_id or msg.peer_id not in self.peers:
+        """An accusation: the hub looks for itself before anything follows from it."""
+        accused = self.peers.get(msg.peer_id)
+        if accused is None or accused is conn or msg.reason not in m.RELAY_FAULTS:
             return  # nonsense, or about a peer already gone (and so already routed around)
         self.counters.relay_reports[(msg.peer_id, msg.reason)] += 1
-        culprit = self.peers[msg.peer_id]
-        if msg.reason == "corrupt" and (conn.identity, culprit.identity) not in self._corrupt_reports:
-            # Once per reporter: one liar cannot report an honest relay into quarantine alone.
-            self._corrupt_reports.add((conn.identity, culprit.identity))
-            self._distrust(culprit, "bad_chunk")
-        log.warning("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id[:40], msg.version,
-                    msg.reason)
-        for (version, _), broadcast in self.broadcasts.items():
-            if version == msg.version and conn.peer_id in broadcast.members:
-                self._reroute(broadcast, msg.peer_id)
+        log.info("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id, msg.version,
+                 msg.reason)
+        # Only a chunk the accuser was told to fetch from the accused is worth a look.
+        broadcast = self.broadcasts.get((msg.version, msg.base_version))
+        snap = self._snapshot(msg.version, msg.base_version)
+        if (snap is not None and broadcast is not None and conn.peer_id in broadcast.members
+                and broadcast.owner(msg.index) == accused.peer_id):
+            self.relays.accused(conn, accused, msg.reason, snap.manifest, msg.index)
+
+    def _relay_failed(self, conn: PeerConn) -> None:
+        """`conn`'s chunk server failed the hub's own check: route around it everywhere."""
+        for broadcast in self.broadcasts.values():
+            self._reroute(broadcast, conn.peer_id)
 
     def _report_propagation(self, prop: Propagation, final: bool = False) -> None:
         """Log how `prop`'s version spread, once every expected peer that is still here has it
@@ -500,6 +549,9 @@ class Hub(Admission):
         for task in checks:
             task.cancel()
         await asyncio.gather(*checks, return_exceptions=True)
+        if self.scorer is not None:
+            self.scorer.close()
+        await self.relays.close()
         for conn in list(self.peers.values()):
             await _close(conn.ws, conn.session, m.CLOSE_GOING_AWAY, reason, conn.transport)
 
@@ -514,10 +566,10 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     limiter = TokenBucket(hub.cfg.upload_limit_mbps * 1e6) if hub.cfg.upload_limit_mbps else None
     app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
         hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served,
-        authorize=Tickets(hub.hub_key, hub.run_id)))
+        authorize=Tickets(hub.hub_key, hub.run_id, "hub")))
     for path, handler in (routes or {}).items():
         app.router.add_get(path, handler)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     tls = None
     if hub.cfg.tls_cert:

@@ -26,11 +26,14 @@ from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction, requir
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
+from echo2p2p.scoring import CompletionDecoder, Scorer
 from echo2p2p.staleness import is_publish_version, lag_versions
 from echo2p2p.tasks import AdditionTask, MathTask
+from peer.relay import Tickets
 
 from .config import HubConfig
 from .durable import Checkpoints
+from .model_files import ModelFiles, model_routes, token_facts
 from .runlog import RunLog
 from .server import Hub, TokenizedProblem, serve
 from .versions import Published, Snapshot
@@ -53,8 +56,12 @@ class HubRun:
     """A running hub: the server, the learner and the run log."""
 
     def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog,
-                 signing_key: bytes, checkpoints: Checkpoints | None = None):
+                 signing_key: bytes, checkpoints: Checkpoints | None = None,
+                 eval_scorer: Scorer | None = None):
+        """`eval_scorer`: runs the task's reward on held-out completions (its own workers, so
+        that an evaluation's batch never queues ahead of admission); None: the hub's."""
         self.cfg = cfg
+        self.eval_scorer = eval_scorer or hub.scorer
         self.checkpoints = checkpoints
         self.resumed = False
         self.signing_key = signing_key
@@ -140,8 +147,12 @@ class HubRun:
 
     async def evaluate(self) -> float:
         problems = self.hub.task.problems("eval")[: self.cfg.eval_problems]
-        return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems,
-                                       self.hub.task.reward, max_new_tokens=self.cfg.max_new_tokens)
+
+        def score(items: list[tuple[str, str]]) -> list[float]:
+            return self.eval_scorer.score_blocking(items).rewards
+
+        return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
+                                       max_new_tokens=self.cfg.max_new_tokens)
 
     async def train(self) -> None:
         """The learner loop; returns after max_steps steps (never if 0)."""
@@ -185,6 +196,7 @@ class HubRun:
                 "hub/learner_busy_frac": busy_s / max(now - start, 1e-9),
                 "hub/peers": len(hub.peers),
                 "hub/closed_for_protocol_total": c.closed_for_protocol,
+                "hub/score_timeouts_total": hub.scorer.statistics().timeouts,
                 "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
                 **self.capacity_metrics(),
                 **hub.pool.meter(hub.now()),
@@ -278,9 +290,11 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
         runlog.event(record, line)
 
     spot = SpotChecker(learner.model, cfg) if cfg.spot_check_fraction > 0 else None
-    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot)
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
+              decode=CompletionDecoder(tokenizer))
     checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
-    run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints)
+    eval_scorer = Scorer(task.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
+    run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer)
     if saved is not None:
         run.resume(saved)
     await run.publish()
@@ -288,8 +302,15 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
     async def handle_status(request: web.Request) -> web.Response:
         return web.json_response(status(run))
 
+    # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9).
+    files = await asyncio.to_thread(ModelFiles.for_model, cfg.model,
+                                    token_facts(tokenizer, learner.vocab_size))
+    routes = {"/status": handle_status,
+              **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
     try:
-        async with serve(hub, cfg.host, cfg.port, {"/status": handle_status}) as port:
+        if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
+            await hub.scorer.start()
+        async with serve(hub, cfg.host, cfg.port, routes) as port:
             run.port = port
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d); run dir %s; "
                      "hub key %s", run_id, run.url, cfg.model, task.kind, cfg.max_lag, cfg.kappa,
@@ -302,6 +323,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
                     for task_ in tasks:
                         task_.cancel()
     finally:
+        eval_scorer.close()
+        if hub.scorer is not None:
+            hub.scorer.close()  # serve() closed it already, unless it never started serving
         if hub.journal is not None:
             hub.journal.close()
         runlog.close()
@@ -336,8 +360,10 @@ def status(run: HubRun) -> dict[str, Any]:
         "run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
         "published_version": hub.newest.version if hub.newest else None,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
-                              "held_version": p.held_version, "relay_url": p.hello.listen_addr,
-                              "upload_mbps": round(p.upload_bps / 1e6, 2),
+                              "held_version": p.held_version, "relay_url": p.server_url,
+                              "relay": p.relay, "upload_mbps": round(p.upload_bps / 1e6, 2),
+                              "trust": round(hub.trust.score(p.identity), 3),
+                              "quarantined": p.identity in hub.trust.quarantined,
                               **accounts.get(p.peer_id, {})}
                   for p in hub.peers.values()},
         "capacity": run.capacity_metrics(),

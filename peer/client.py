@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import socket
 import ssl
 import threading
@@ -37,13 +38,16 @@ from aiohttp import web
 from echo2p2p import messages as m
 from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
+from echo2p2p import signing
 from echo2p2p.signing import verify_manifest
+from echo2p2p.scoring import Scorer
 from echo2p2p.tasks import reward_fn
 
+from . import http_deadlines
 from .config import PeerConfig, normalize_url
 from .outbox import Outbox
-from .relay import (ChunkStore, Download, Tickets, TokenBucket, UploadMeter, chunk_handler,
-                    ticket_header)
+from .relay import (ChunkStore, Credentials, Download, Tickets, TokenBucket, UploadMeter,
+                    chunk_handler)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,8 @@ class PeerClient:
         self.store = ChunkStore(cfg.keep_versions)
         self.meter = UploadMeter()
         self.tickets = Tickets()  # who may fetch from our chunk server: set at welcome
+        self._key = signing.new_private_key()  # signs our chunk requests; the hub's ticket binds it
+        self.credentials: Credentials | None = None  # what we show chunk servers: set at welcome
         self.served_url: str | None = None  # where other peers reach our chunk server
         self._download: tuple[Download, asyncio.Task] | None = None
         self._building: tuple[str, asyncio.Future] | None = None  # (model, engine on its way)
@@ -151,7 +157,7 @@ class PeerClient:
         app.router.add_get("/chunk/{version}/{base}/{index}",
                            chunk_handler(lambda *a: self.store.chunk(*a), self.meter, limiter,
                                          authorize=self.tickets))
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner = http_deadlines.runner(app)  # idle and request-head deadlines
         await runner.setup()
         host, port = self.cfg.listen_host_port
         site = web.TCPSite(runner, host, port)
@@ -211,9 +217,11 @@ class PeerClient:
         """Hello -> Welcome, and the pinned key checked (the caller adopts the welcome)."""
         cfg = self.cfg
         session = Session(Side.PEER, _now())
+        nonce = secrets.token_bytes(32)
+        peer_key = signing.public_key(self._key)
         await ws.send_bytes(session.send(m.Hello(
             cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, self.served_url,
-            cfg.token)))
+            cfg.token, nonce, peer_key)))
         frame = await ws.receive()
         if frame.type is not aiohttp.WSMsgType.BINARY:
             raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
@@ -226,9 +234,17 @@ class PeerClient:
         if pinned is not None and welcome.hub_key != pinned:
             raise RemoteProtocolError(f"hub {self.url} signs with key "
                                       f"{welcome.hub_key.hex() or '(none)'}, not the pinned --hub-key")
+        # Echoing a public key proves nothing: the hub signs our fresh nonce with its key.
+        if (pinned is not None or welcome.hub_key) and not signing.verify_welcome(
+                welcome.hub_key, nonce, welcome.run_id, welcome.peer_id, peer_key, welcome.proof):
+            raise RemoteProtocolError(f"hub {self.url} cannot prove it holds key "
+                              f"{welcome.hub_key.hex()[:16]}...: its welcome is not signed by it")
         return session, welcome
 
     async def _adopt(self, welcome: m.Welcome) -> None:
+        # First, so that our chunk server answers the hub's probe while an engine is built.
+        self.tickets.admit(welcome.hub_key, welcome.run_id, welcome.peer_id)
+        self.credentials = Credentials(welcome.run_id, welcome.peer_id, self._key, welcome.ticket)
         new_model = self.engine is None or (self.welcome and self.welcome.model != welcome.model)
         if new_model and self.cfg.engine != "relay":
             if self._building is None or self._building[0] != welcome.model:
@@ -257,7 +273,6 @@ class PeerClient:
             self.store = ChunkStore(self.cfg.keep_versions)
         self.welcome = welcome
         self.reward = reward_fn(welcome.task)
-        self.tickets.admit(welcome.hub_key, welcome.run_id)
 
     # --- reader --------------------------------------------------------------------------
 
@@ -320,7 +335,7 @@ class PeerClient:
         cfg = self.cfg
         download = Download(self.store, held, http=conn.http, hub_base_url=_http_base(self.url),
                             me=self.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s,
-                            headers=ticket_header(self.welcome.peer_id, self.welcome.ticket))
+                            credentials=self.credentials)
         self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
 
     async def _fetch_version(self, conn: _Conn, download: Download) -> None:
@@ -383,31 +398,42 @@ class PeerClient:
 
     async def _work(self) -> None:
         """Leases to rollouts, connected or not: a rollout made while the hub is away waits in
-        the outbox, which the next connection sends first."""
-        while True:
-            lease, deadline = await self._leases.get()
-            self._generating = 1
-            try:
-                if not await self._wait_version(lease.min_version, deadline):
-                    await self._send(m.LeaseRequest(1))  # too late; the hub re-issues it
-                    continue
-                self._draw += 1
-                version, completions = await asyncio.to_thread(
-                    self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
-                if version is None or version < lease.min_version:
+        the outbox, which the next connection sends first. The claimed rewards are scored in a
+        worker process under a deadline (`echo2p2p.scoring`), never on the event loop."""
+        scorer: Scorer | None = None
+        try:
+            while True:
+                lease, deadline = await self._leases.get()
+                self._generating = 1
+                try:
+                    if not await self._wait_version(lease.min_version, deadline):
+                        await self._send(m.LeaseRequest(1))  # too late; the hub re-issues it
+                        continue
+                    self._draw += 1
+                    version, completions = await asyncio.to_thread(
+                        self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
+                    if version is None or version < lease.min_version:
+                        await self._send(m.LeaseRequest(1))
+                        continue
+                    if scorer is None or scorer.reward is not self.reward:  # first, or a new task
+                        if scorer is not None:
+                            scorer.close()
+                        scorer = Scorer(self.reward, timeout_s=self.cfg.score_timeout_s,
+                                        name="peer-scorer")
+                    scored = await scorer.score([(lease.answer, c.text) for c in completions])
+                    samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
+                                        c.text, r, c.finish_reason)
+                               for c, r in zip(completions, scored.rewards)]
+                    sub = m.RolloutSubmission(lease.lease_id, version, samples)
+                    self.outbox.put(sub)
+                    self._submitted += 1
+                    await self._send(sub)
                     await self._send(m.LeaseRequest(1))
-                    continue
-                reward = self.reward
-                samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text,
-                                    reward(lease.answer, c.text), c.finish_reason)
-                           for c in completions]
-                sub = m.RolloutSubmission(lease.lease_id, version, samples)
-                self.outbox.put(sub)
-                self._submitted += 1
-                await self._send(sub)
-                await self._send(m.LeaseRequest(1))
-            finally:
-                self._generating = 0
+                finally:
+                    self._generating = 0
+        finally:
+            if scorer is not None:
+                scorer.close()
 
     async def _send(self, msg: m.Message) -> None:
         """Send on the connection now, if there is one; else (or if it breaks) drop: what must

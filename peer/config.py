@@ -7,9 +7,10 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from echo2p2p.errors import ConfigError
-
-ENGINES = ("transformers", "vllm", "relay")
+from echo2p2p import messages as m
+from echo2p2p.bounds import check_from_peer
+from echo2p2p.errors import ConfigError, RemoteProtocolError
+from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class PeerConfig:
     """Most unanswered rollouts to keep; past it the oldest is dropped (its prompt is re-issued)."""
     spool_dir: str = ""
     """Where rollouts past --outbox-memory-mb go ('' = the system's temporary directory)."""
+    score_timeout_s: float = 5.0
+    """Deadline for scoring one completion (the reward this peer claims), in a worker process
+    off the event loop; past it the worker is killed and the completion claims 0."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -85,13 +89,23 @@ class PeerConfig:
             raise ConfigError("advertise", f"expected http://HOST:PORT, got {self.advertise!r}")
         self.listen_host_port  # noqa: B018  (parsed now, so a bad address fails at start)
         for name in ("connect_timeout_s", "reconnect_max_s", "heartbeat_s", "hub_timeout_s",
-                     "relay_stall_s"):
+                     "relay_stall_s", "score_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.score_timeout_s == float("inf"):  # a deadline that never comes is none
+            raise ConfigError("score_timeout_s", "must be finite")
         normalize_url(self.hub_url)
         if self.ca_cert and not os.path.isfile(self.ca_cert):
             raise ConfigError("ca_cert", f"no such file: {self.ca_cert}")
         self.pinned_hub_key  # noqa: B018  (parsed now, so a bad pin fails at start naming hub_key)
+        # The hub refuses a hello outside echo2p2p.bounds (a NaN price, a long name): refuse it
+        # here, naming the flag, rather than reconnect to the same refusal forever.
+        try:
+            check_from_peer(m.Hello(self.display_name, self.engine, self.device,
+                                    self.price_per_hour, self.advertise or None, self.token), None)
+        except RemoteProtocolError as exc:
+            name = exc.reason.removeprefix("bad field hello.").split(":")[0]
+            raise ConfigError("advertise" if name == "listen_addr" else name, exc.reason) from None
 
     @property
     def pinned_hub_key(self) -> bytes | None:

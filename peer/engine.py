@@ -7,7 +7,8 @@ Neither knows about tasks, rewards or the network.
 Logprobs are those of the distribution actually sampled from: log_softmax(logits / T), restricted
 to the top-p nucleus and renormalised when top_p < 1 (vLLM's "processed_logprobs"); top-k is off.
 A completion that samples EOS ends there, and the EOS token and its logprob are kept, so the
-learner also trains on when to stop; `text` is decoded without special tokens.
+learner also trains on when to stop; `text` is decoded without special tokens, by the rule the
+hub scores with (`echo2p2p.scoring.CompletionDecoder.completion`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from echo2p2p.scoring import CompletionDecoder
 
 from .config import ENGINES
 from .model import load_policy
@@ -110,6 +113,7 @@ class TransformersEngine:
         self.device = torch.device(device)
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
+        self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         copy_state(self.model, named_tensors)
@@ -141,13 +145,9 @@ class TransformersEngine:
         return [self._completion(row, lps) for row, lps in zip(tokens.tolist(), logprobs.tolist())]
 
     def _completion(self, row: list[int], lps: list[float]) -> Completion:
-        if self.eos_id in row:
-            cut = row.index(self.eos_id) + 1
-            row, lps, reason = row[:cut], lps[:cut], "stop"
-        else:
-            reason = "length"
-        text = self.tokenizer.decode(row, skip_special_tokens=True)
-        return Completion(token_ids=row, logprobs=lps, text=text, finish_reason=reason)
+        done = self.decoder.completion(row)
+        return Completion(token_ids=done.token_ids, logprobs=lps[:len(done.token_ids)],
+                          text=done.text, finish_reason="stop" if done.stopped else "length")
 
 
 class VLLMEngine:
@@ -179,6 +179,7 @@ class VLLMEngine:
                        gpu_memory_utilization=gpu_memory_utilization,
                        logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
+        self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         check_names(self._state_names, self._required_names, named_tensors)
@@ -199,11 +200,12 @@ class VLLMEngine:
                                        use_tqdm=False)
         completions = []
         for out in request.outputs:
-            ids = list(out.token_ids)  # ends with EOS when finish_reason is "stop"
+            # Ends with EOS when finish_reason is "stop"; cut by the hub's rule all the same.
+            done = self.decoder.completion(out.token_ids)
+            ids = done.token_ids
             lps = [step[tok].logprob for tok, step in zip(ids, out.logprobs)]
             reason = "stop" if out.finish_reason == "stop" else "length"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            completions.append(Completion(ids, lps, text, reason))
+            completions.append(Completion(ids, lps, done.text, reason))
         return completions
 
 

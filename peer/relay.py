@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -45,7 +46,7 @@ PIECE_BYTES = 64 << 10  # uploads are written (and rate-limited) in pieces of th
 MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
 WRITE_DEADLINE_S = 10.0  # a chunk receiver that takes no piece for this long is cut off
 HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
-TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex of the hub's ticket signature>"
+TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex peer key>.<hex ticket>.<hex auth>"
 UPLOAD_SLOTS = 2  # responses a chunk server sends at once (see chunk_handler)
 
 
@@ -165,17 +166,20 @@ Lookup = Callable[[int, int | None, int, float], Awaitable[bytes | None]]
 
 
 class Tickets:
-    """Who may fetch chunks: holders of a ticket the hub signed for this run. Until `admit`
-    names the hub's key and run (a peer learns them in its welcome) nobody may; a hub without a
-    signing key (a bench rig) issues no tickets, and then anyone may."""
+    """Who may fetch chunks from this server, `audience` (our peer id, or "hub"): holders of a
+    ticket the hub signed for this run whose request also carries their own signature naming
+    this server (`signing.chunk_auth`), so a header seen by one server opens no other. Until
+    `admit` names the hub's key, the run and who we are (a peer learns them in its welcome)
+    nobody may; a hub without a signing key (a bench rig) issues no tickets, and then anyone may.
+    """
 
-    def __init__(self, hub_key: bytes | None = None, run_id: str = "") -> None:
-        self.hub_key, self.run_id = hub_key, run_id
+    def __init__(self, hub_key: bytes | None = None, run_id: str = "", audience: str = "") -> None:
+        self.hub_key, self.run_id, self.audience = hub_key, run_id, audience
         self._valid: set[str] = set()  # header values already verified
 
-    def admit(self, hub_key: bytes, run_id: str) -> None:
-        if (hub_key, run_id) != (self.hub_key, self.run_id):
-            self.hub_key, self.run_id, self._valid = hub_key, run_id, set()
+    def admit(self, hub_key: bytes, run_id: str, audience: str) -> None:
+        if (hub_key, run_id, audience) != (self.hub_key, self.run_id, self.audience):
+            self.hub_key, self.run_id, self.audience, self._valid = hub_key, run_id, audience, set()
 
     def __call__(self, request: web.Request) -> bool:
         if self.hub_key == b"":
@@ -183,20 +187,59 @@ class Tickets:
         value = request.headers.get(TICKET_HEADER, "")
         if value in self._valid:
             return True
-        peer_id, _, sig = value.rpartition(".")
-        try:
-            ok = self.hub_key is not None and signing.verify_ticket(
-                self.hub_key, self.run_id, peer_id, bytes.fromhex(sig))
-        except ValueError:
-            ok = False
+        ok = self.hub_key is not None and len(value) <= 512 and self._verify(value)
         if ok and len(self._valid) < 100_000:
             self._valid.add(value)
         return ok
 
+    def _verify(self, value: str) -> bool:
+        parts = value.split(".")
+        if len(parts) != 4:
+            return False
+        peer_id = parts[0]
+        try:
+            peer_key, ticket, auth = (bytes.fromhex(p) for p in parts[1:])
+        except ValueError:
+            return False
+        return (signing.verify_ticket(self.hub_key, self.run_id, peer_id, peer_key, ticket)
+                and signing.verify_chunk_auth(peer_key, self.run_id, self.audience, auth))
 
-def ticket_header(peer_id: str, ticket: bytes) -> dict[str, str]:
-    """The header a chunk request carries."""
-    return {TICKET_HEADER: f"{peer_id}.{ticket.hex()}"} if ticket else {}
+
+class Credentials:
+    """What this side shows chunk servers: its peer id, its key pair, the hub's ticket for
+    them, and a signature per server asked (made once, kept)."""
+
+    def __init__(self, run_id: str, peer_id: str, private_key: bytes, ticket: bytes) -> None:
+        self.run_id, self.peer_id, self.ticket = run_id, peer_id, ticket
+        self._key = private_key
+        self._prefix = f"{peer_id}.{signing.public_key(private_key).hex()}.{ticket.hex()}."
+        self._headers: dict[str, dict[str, str]] = {}
+
+    def header(self, audience: str) -> dict[str, str]:
+        """The ticket header for a request to the server of `audience` (a peer id or "hub")."""
+        if not self.ticket:
+            return {}
+        if audience not in self._headers:
+            if len(self._headers) > 10_000:  # peer ids come and go over a long run
+                self._headers.clear()
+            auth = signing.chunk_auth(self._key, self.run_id, audience)
+            self._headers[audience] = {TICKET_HEADER: self._prefix + auth.hex()}
+        return self._headers[audience]
+
+
+def server_base(url: str) -> str | None:
+    """scheme://host:port of an advertised chunk server URL, or None if it has no such form.
+    Requests are built from these parts only: a path, query, fragment or user name someone
+    else put in the URL never reaches a request (nor does our ticket go to a URL they chose)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host or port is None or len(url) > 256:
+        return None
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | None = None,
@@ -276,9 +319,9 @@ class Download:
     def __init__(self, store: ChunkStore, held: Held, *, http: aiohttp.ClientSession,
                  hub_base_url: str, me: str, report: Callable[[m.RelayReport], Awaitable[None]],
                  window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0,
-                 headers: dict[str, str] | None = None):
+                 credentials: Credentials | None = None):
         self.store, self.held, self.http = store, held, http
-        self.headers = headers or {}  # the ticket
+        self.credentials = credentials  # None: a hub that issues no tickets
         self.hub_base_url, self.me, self.report = hub_base_url, me, report
         self.window, self.stall_s, self.replan_wait_s = window, stall_s, replan_wait_s
         self.revision = 0
@@ -305,7 +348,11 @@ class Download:
         self.revision = plan.revision
         ids = [HUB if o == m.HUB_OWNER or plan.sources[o].peer_id == self.me
                else plan.sources[o].peer_id for o in owners]
-        self._urls.update({s.peer_id: s.url.rstrip("/") for s in plan.sources})
+        for source in plan.sources:
+            if (base := server_base(source.url)) is not None:
+                self._urls[source.peer_id] = base
+        # A source without a usable URL cannot be asked: its chunks come from the hub.
+        ids = [HUB if i not in self._urls else i for i in ids]
         self._owners = ids
         self._changed.set()
 
@@ -350,7 +397,8 @@ class Download:
                         self._failed[source] = time.monotonic()
                         log.warning("source %s %s on v%d; reporting it", source, fault,
                                     manifest.version)
-                        await self.report(m.RelayReport(manifest.version, source, fault))
+                        await self.report(m.RelayReport(manifest.version, source, fault, i,
+                                                        manifest.base_version))
         finally:
             for task in in_flight:
                 task.cancel()
@@ -377,6 +425,7 @@ class Download:
         m_ = self.held.manifest
         entry = m_.chunks[index]
         url = self._urls[source] + chunk_path(m_.version, m_.base_version, index)
+        headers = self.credentials.header(source) if self.credentials is not None else {}
         poll_s = self.stall_s / 2
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.stall_s, sock_read=self.stall_s)
         asked = time.monotonic()
@@ -384,7 +433,7 @@ class Download:
             try:
                 async with asyncio.timeout(poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S):
                     async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout,
-                                             headers=self.headers) as resp:
+                                             headers=headers) as resp:
                         if resp.status == 503:  # the source is alive but does not have it yet
                             if time.monotonic() - asked > self.stall_s:
                                 return "stall"

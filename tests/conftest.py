@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from echo2p2p import signing
+from echo2p2p.scoring import CompletionDecoder
 from echo2p2p.tasks import AdditionTask
 from hub.config import HubConfig
 from hub.server import Hub, TokenizedProblem, serve
@@ -61,14 +62,17 @@ async def running_peers(url: str, n: int = 1, engines: list | None = None,
 @contextlib.asynccontextmanager
 async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
-    plans their broadcast. `setup(hub)` runs before it serves. Yields (hub, signing key, ws URL,
-    the records it logged)."""
+    plans their broadcast, and scores rollouts by the built-in tokenizer. `setup(hub)` runs
+    before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
+    from peer.model import build_char_tokenizer
+
     cfg = replace(HubConfig(port=0, chunk_bytes=16 << 10), **overrides)
     key = signing.new_private_key()
     task = AdditionTask(seed=0)
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     records: list[dict] = []
-    hub = Hub(cfg, "run", task, problems, key, on_event=records.append)
+    hub = Hub(cfg, "run", task, problems, key, on_event=records.append,
+              decode=CompletionDecoder(build_char_tokenizer()))
     if setup is not None:
         setup(hub)
     scheme = "wss" if cfg.tls_cert else "ws"

@@ -11,15 +11,17 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
+from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.errors import ConfigError, JoinRefused
+from echo2p2p.session import Session, Side
 from hub.cli import main as hub_main
 from hub.config import HubConfig
 from hub.versions import blob_version
 from hub.tokens import TokenBook
 from peer.client import PeerClient
 from peer.config import PeerConfig
-from peer.relay import ticket_header
+from peer.relay import TICKET_HEADER, Credentials
 
 from conftest import tracker, wait_until
 
@@ -155,26 +157,59 @@ async def test_unloadable_certificate_names_the_field(tmp_path):
 
 async def test_chunks_go_only_to_holders_of_this_runs_ticket():
     """The hub's chunk route and a peer's chunk server answer 403 without a ticket, with one
-    signed by another key, or with one for another run or peer id; 200 with a valid one."""
+    signed by another key, for another run, peer id or peer key, or with a request signature
+    addressed to another server (a replayed header); 200 with a valid one for that server."""
     async with tracker() as (hub, key, url, _):
         hub.publish(blob_version(key, 0, b"\7" * 4096))
         peer = relay_peer(url, listen="127.0.0.1:0")
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))
         await wait_until(lambda: peer.store.newest_stream() == 0)
+        await wait_until(lambda: peer.welcome is not None)
         hub_base = url.replace("ws://", "http://").removesuffix("/ws")
-        other_key = signing.new_private_key()
-        bad = [{}, ticket_header("p9", signing.sign_ticket(other_key, "run", "p9")),
-               ticket_header("p9", signing.sign_ticket(key, "another run", "p9")),
-               {"X-Echo2-Ticket": "p9." + signing.sign_ticket(key, "run", "p8").hex()},
-               {"X-Echo2-Ticket": "p9.not-hex"}]
-        good = ticket_header("p9", signing.sign_ticket(key, "run", "p9"))
+        other_key, mine = signing.new_private_key(), signing.new_private_key()
+        pub = signing.public_key(mine)
+
+        def creds(ticket: bytes, private: bytes = mine, peer_id: str = "p9") -> Credentials:
+            return Credentials("run", peer_id, private, ticket)
+
+        honest = creds(signing.sign_ticket(key, "run", "p9", pub))
+        servers = ((hub_base, "hub"), (peer.served_url, peer.welcome.peer_id))
         async with aiohttp.ClientSession() as http:
-            for base in (hub_base, peer.served_url):
+            for (base, audience), (_, elsewhere) in zip(servers, reversed(servers)):
+                bad = [{}, creds(signing.sign_ticket(other_key, "run", "p9", pub)).header(audience),
+                       creds(signing.sign_ticket(key, "another run", "p9", pub)).header(audience),
+                       creds(signing.sign_ticket(key, "run", "p8", pub)).header(audience),
+                       creds(signing.sign_ticket(key, "run", "p9", pub), other_key).header(audience),
+                       honest.header(elsewhere),  # seen by the other server, replayed here
+                       {TICKET_HEADER: "p9.not-hex"}]
                 for headers in bad:
                     async with http.get(f"{base}/chunk/0/full/0", headers=headers) as resp:
                         assert resp.status == 403, (base, headers)
-                async with http.get(f"{base}/chunk/0/full/0", headers=good) as resp:
+                async with http.get(f"{base}/chunk/0/full/0", headers=honest.header(audience)) as resp:
                     assert resp.status == 200 and len(await resp.read()) > 0
         stop.set()
         await running
+
+
+async def test_one_address_gets_only_its_share_of_connections():
+    """Past --max-peers-per-address joined connections from one IP, the next hello is refused
+    with close code 4005 and a reason; the ones already joined stay."""
+    async with tracker(max_peers_per_address=2) as (hub, _, url, _):
+        async with aiohttp.ClientSession() as http:
+            joined = []
+            for _ in range(2):
+                ws = await http.ws_connect(url)
+                session = Session(Side.PEER, 0.0)
+                await ws.send_bytes(session.send(m.Hello("many", "relay", "cpu")))
+                assert isinstance(session.receive((await ws.receive()).data, 0.0), m.Welcome)
+                joined.append(ws)
+            async with http.ws_connect(url) as third:
+                session = Session(Side.PEER, 0.0)
+                await third.send_bytes(session.send(m.Hello("many", "relay", "cpu")))
+                goodbye = session.receive((await third.receive()).data, 0.0)
+                assert isinstance(goodbye, m.Goodbye) and goodbye.code == m.CLOSE_TOO_MANY
+                assert "too many connections" in goodbye.reason
+            assert len(hub.peers) == 2 and hub.counters.refused == 1
+            for ws in joined:
+                await ws.close()

@@ -211,7 +211,8 @@ def test_evaluate_greedy_left_padded_matches_single_decoding():
         return 1.0 if text in expected.values() else 0.0
 
     learner = Learner(model, lr=1e-3)
-    acc = learner.evaluate(tok, problems, reward, max_new_tokens=5, batch_size=2)
+    acc = learner.evaluate(tok, problems, lambda items: [reward(a, t) for a, t in items],
+                           max_new_tokens=5, batch_size=2)
     assert acc == 1.0 and sorted(seen) == sorted(expected.values())
     assert model.training
 

@@ -219,3 +219,107 @@ def test_pack_logprobs_rounds_to_float32():
     """Python floats are rounded to float32 on the wire."""
     (back,) = m.unpack_logprobs(m.pack_logprobs([-0.1]))
     assert back != -0.1 and math.isclose(back, -0.1, rel_tol=1e-7)
+
+
+# --- bounded decoding ---------------------------------------------------------------------------
+
+PEER_TO_HUB = [m.Hello, m.Heartbeat, m.LeaseRequest, m.RolloutSubmission, m.VersionHeld,
+               m.TransferReport, m.RelayReport, m.Goodbye]
+LIMITED = ["max_str_len", "max_bin_len", "max_array_len", "max_map_len", "max_ext_len"]
+
+
+def _oversized(kind: str, n: int):
+    """A msgpack value whose length, for the limit `kind`, is n."""
+    return {"max_str_len": lambda: "s" * n, "max_bin_len": lambda: b"b" * n,
+            "max_array_len": lambda: [0] * n, "max_map_len": lambda: {f"k{i}": 0 for i in range(n)},
+            "max_ext_len": lambda: msgpack.ExtType(1, b"e" * n)}[kind]()
+
+
+# FROM_HUB's caps run to millions: the same decoder under smaller numbers keeps examples quick.
+SMALL_HUB = dataclasses.replace(m.FROM_HUB, max_str_len=5000, max_bin_len=5000, max_array_len=5000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(LIMITED), over=st.integers(1, 3000), where=st.sampled_from(
+    ["unknown key", "known field", "nested"]), limits=st.sampled_from([m.FROM_PEER, SMALL_HUB]))
+def test_a_value_over_a_decoder_limit_is_refused(kind, over, where, limits):
+    """Any string, bin, array, map or ext longer than its limit, wherever it sits in the frame,
+    is refused with RemoteProtocolError (1002) naming the limit; never another exception."""
+    value = _oversized(kind, getattr(limits, kind) + over)
+    body = {"junk": value} if where == "unknown key" else \
+        {"name": value} if where == "known field" else {"junk": [[{"x": value}]]}
+    data = _frame("hello", engine="relay", device="cpu", **({} if "name" in body else {"name": "a"}),
+                  **body)
+    with pytest.raises(RemoteProtocolError) as info:
+        m.decode(data, limits)
+    assert info.value.code == m.CLOSE_PROTOCOL_ERROR and kind in info.value.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(width=st.integers(0, 20), depth=st.integers(1, 3), maps=st.booleans())
+def test_values_past_max_objects_are_refused(width, depth, maps):
+    """A frame that builds more than max_objects values (each array or map adds its length
+    + 1) is refused; one that builds no more decodes."""
+    limits = dataclasses.replace(m.FROM_PEER, max_objects=2000)
+
+    def tree(d):
+        if d == 0:
+            return None
+        return {f"k{i}": tree(d - 1) for i in range(width)} if maps else \
+            [tree(d - 1) for _ in range(width)]
+
+    def built(value) -> int:  # the definition in `Limits`, counted independently
+        if isinstance(value, dict):
+            return len(value) + 1 + sum(built(v) for v in value.values())
+        if isinstance(value, list):
+            return len(value) + 1 + sum(built(v) for v in value)
+        return 0
+
+    frame = {"p": 1, "t": "heartbeat", "junk": tree(depth)}
+    data = msgpack.packb(frame, use_bin_type=True)
+    if built(frame) > limits.max_objects:
+        with pytest.raises(RemoteProtocolError) as info:
+            m.decode(data, limits)
+        assert "values" in info.value.reason
+    else:
+        assert m.decode_counted(data, limits) == (m.Heartbeat(), built(frame))
+
+
+def test_the_reported_flood_is_refused_at_the_map_header():
+    """The issue's frame, a 4 MB heartbeat with 590,000 unknown keys, is refused for its map
+    length; 4 MB of small nested maps within every length cap is refused for its value count."""
+    keys = msgpack.packb({"p": 1, "t": "heartbeat", **{f"k{i}": 0 for i in range(590_000)}})
+    assert "max_map_len" in _decode_error_with(keys, m.FROM_PEER).reason
+    nested = msgpack.packb({"p": 1, "t": "heartbeat", "x": [
+        [{f"{j}": None for j in range(32)} for _ in range(1000)] for _ in range(40)]})
+    assert len(nested) > 1 << 20
+    assert "values" in _decode_error_with(nested, m.FROM_PEER).reason
+
+
+def _decode_error_with(data: bytes, limits: m.Limits) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as info:
+        m.decode(data, limits)
+    return info.value
+
+
+def test_limits_are_sized_per_direction():
+    """A manifest of 20,000 chunks decodes under FROM_HUB (what a peer reads) and is refused
+    under FROM_PEER (the hub never reads one); a rollout of G = 64 long samples passes FROM_PEER."""
+    chunks = [m.ChunkEntry(1 << 16, 1000, bytes(32))] * 20_000
+    manifest = m.Manifest(3, None, "zstd", "blake2b-256", 1 << 16, 20_000 << 16,
+                          [m.TensorEntry("w", "bfloat16", [20_000, 1 << 15], 0, 20_000 << 16)],
+                          chunks)
+    frame = m.encode(m.VersionAnnouncement(manifest, bytes(64)))
+    assert m.decode(frame, m.FROM_HUB).manifest == manifest
+    assert "max_array_len" in _decode_error_with(frame, m.FROM_PEER).reason
+    sample = m.Sample(m.pack_ids([7] * 4096), m.pack_logprobs([-0.5] * 4096), "word " * 4096, 1.0,
+                      "length")
+    rollout = m.RolloutSubmission("L9", 3, [sample] * 64)
+    assert m.decode(m.encode(rollout), m.FROM_PEER) == rollout
+
+
+@FAST
+@given(msg=st.one_of(*[strategy_for(cls) for cls in PEER_TO_HUB]))
+def test_peer_messages_round_trip_under_the_hubs_limits(msg):
+    """Everything a peer may send decodes under FROM_PEER as it was."""
+    assert m.decode(m.encode(msg), m.FROM_PEER) == msg

@@ -41,13 +41,21 @@ class Peers:
         self.tasks[self.clients.index(client)].cancel()
 
 
+def propagation(records: list[dict], version: int) -> dict | None:
+    """The hub's propagation record of `version`, once logged."""
+    return next((r for r in records if r.get("event") == "propagation"
+                 and r["version"] == version), None)
+
+
 def holds(client: PeerClient, version: int) -> bool:
     return client.store.newest_stream() == version
 
 
 async def joined(hub: Hub, n: int) -> None:
+    """`n` peers hold v0 and the hub has probed every chunk server advertised."""
     await wait_until(lambda: len(hub.peers) == n and all(
-        p.stream_version == 0 for p in hub.peers.values()))
+        p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
+        for p in hub.peers.values()))
 
 
 async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once():
@@ -59,11 +67,11 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: any(r.get("version") == 1 for r in records))
+        await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) for c in [*relays, leaf])
         assert all(bytes(c.store._streams[1]) == data for c in [*relays, leaf])
         assert leaf.served_url is None and leaf.meter.served_bytes == 0
-    record = next(r for r in records if r.get("version") == 1)
+    record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 5 and record["t100_s"] is not None
     assert record["hub_upload_copies"] <= 1.3
     assert record["bytes_from_peers"] >= 3 * len(data)
@@ -75,8 +83,8 @@ async def test_star_sends_everything_from_the_hub():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 3)
         hub.publish(blob_version(key, 1, os.urandom(256 << 10), chunk_bytes=CHUNK))
-        await wait_until(lambda: any(r.get("version") == 1 for r in records))
-    record = next(r for r in records if r.get("version") == 1)
+        await wait_until(lambda: propagation(records, 1))
+    record = propagation(records, 1)
     assert record["hub_upload_copies"] == pytest.approx(3.0, abs=0.01)
     assert record["bytes_from_peers"] == 0 and all(c.meter.served_bytes == 0 for c in relays)
 
@@ -96,17 +104,18 @@ async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
             assert not all(holds(c, 1) for c in relays), "the transfer was over before the kill"
             peers.kill(victim)
             survivors = [c for c in relays if c is not victim]
-            await wait_until(lambda: any(r.get("version") == 1 for r in records))
+            await wait_until(lambda: propagation(records, 1))
             assert all(holds(c, 1) and bytes(c.store._streams[1]) == data for c in survivors)
-    record = next(r for r in records if r.get("version") == 1)
+    record = propagation(records, 1)
     assert record["complete"]
     assert sum(b.revision for k, b in hub.broadcasts.items() if k[0] == 1) >= 2  # re-dealt
 
 
 async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere():
     """A relay that flips a byte in every chunk it serves: receivers reject each bad chunk by
-    its digest, report the relay, and complete from other sources; the hub stops routing
-    through it, and counts one bad chunk per reporting peer against its trust."""
+    its digest and report the relay with the chunk's index; the hub fetches that chunk from it
+    itself, finds the wrong digest, counts it against the relay's trust once per chunk checked
+    and stops routing through it; receivers complete from other sources."""
     data = os.urandom(512 << 10)
     async with tracker() as (hub, key, url, records), Peers(url, 4) as relays:
         bad = relays[0]
@@ -120,16 +129,17 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 4)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: any(r.get("version") == 1 for r in records))
+        await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) and bytes(c.store._streams[1]) == data for c in relays[1:])
     reports = hub.counters.relay_reports
     bad_id = next(pid for pid, n in reports if n == "corrupt")
     assert reports[(bad_id, "corrupt")] >= 1 and {pid for pid, _ in reports} == {bad_id}
     assert bad_id in hub.broadcasts[(1, None)].excluded
-    # Each honest peer that caught it counts once against its trust.
-    reporters = {reporter for reporter, culprit in hub._corrupt_reports if culprit == bad_id}
-    assert reporters and hub.trust.events[bad_id]["bad_chunk"] == len(reporters)
-    assert (bad_id in hub.trust.quarantined) == (len(reporters) >= 3)
+    checks = [r for r in records if r.get("event") == "relay_check"]
+    assert checks and all(r["accused"] == bad_id and r["verdict"] == "corrupt" for r in checks)
+    convicted = {r["chunk"] for r in checks}
+    assert hub.trust.events[bad_id]["bad_chunk"] == len(convicted)
+    assert bad_id in hub.relays.bad  # kept out of the next versions' plans too
 
 
 async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
@@ -144,12 +154,12 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
         await wait_until(lambda: len(hub.peers) == 3 and all(
             p.stream_version == 1 for p in hub.peers.values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
-        await wait_until(lambda: any(r.get("version") == 2 for r in records))
+        await wait_until(lambda: propagation(records, 2))
         assert all(bytes(c.store._streams[2]) == v2 for c in relays)
         async with Peers(url, 1) as (late,):
             await wait_until(lambda: holds(late, 2))
             assert bytes(late.store._streams[2]) == v2
-    record = next(r for r in records if r.get("version") == 2)
+    record = propagation(records, 2)
     assert record["peers_on_delta"] == 3 and record["complete"]
     assert record["delta_wire_bytes"] < record["full_wire_bytes"] / 5
     assert record["bytes_from_hub"] + record["bytes_from_peers"] <= 3 * record["delta_wire_bytes"] * 1.01

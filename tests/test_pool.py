@@ -99,3 +99,20 @@ def test_noisy_rates_do_not_flap_the_active_set():
         fresh = now
     assert fresh_changes >= 20
     assert changes <= 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_poisoned_price_or_rate_is_refused_where_it_enters(bad):
+    """A non-finite or negative price (join) or rate (measurement) raises ValueError at once,
+    so the cost meter and later plans never hold it (the wire refuses them before this)."""
+    pool = Pool()
+    with pytest.raises(ValueError, match="price_per_hour"):
+        pool.join("a", "a", bad, True, 0.0)
+    assert "a" not in pool.accounts
+    pool.join("b", "b", 1.0, True, 0.0)
+    with pytest.raises(ValueError, match="rollouts_per_s"):
+        pool.rate("b", bad)
+    assert pool.accounts["b"].rollouts_per_s == 0.0
+    pool.rate("b", 5.0)
+    pool.replan(1.0, 1.0)
+    assert pool.usd_total(3600.0) == pytest.approx(1.0)

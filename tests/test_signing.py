@@ -64,9 +64,10 @@ async def test_peer_rejects_an_unsigned_manifest():
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         s = Session(Side.HUB, 0.0)
-        s.receive((await ws.receive()).data, 0.0)
+        hello = s.receive((await ws.receive()).data, 0.0)
+        proof = signing.sign_welcome(key, hello.nonce, "run", "p1", hello.peer_key)
         await ws.send_bytes(s.send(m.Welcome("p1", "run", "tiny", "addition", 3, 1, 2, 1.0, 1.0,
-                                             4, 0, signing.public_key(key))))
+                                             4, 0, signing.public_key(key), proof=proof)))
         await ws.send_bytes(s.send(m.VersionAnnouncement(MANIFEST, b"\0" * 64)))
         async for _ in ws:
             pass
@@ -87,3 +88,42 @@ async def test_peer_rejects_an_unsigned_manifest():
         await runner.cleanup()
     assert closed == [(m.CLOSE_PROTOCOL_ERROR, "")]
     assert peer.version is None
+
+
+@pytest.mark.parametrize("signer", ["none", "other key", "other nonce"])
+async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(signer):
+    """A hub that welcomes with the real hub's public key but cannot sign the peer's fresh
+    nonce with it (no proof, another key's, or a proof replayed from another hello) is refused
+    by a peer pinning that key: the handshake fails and nothing is adopted."""
+    real = signing.new_private_key()
+
+    async def impostor(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        s = Session(Side.HUB, 0.0)
+        hello = s.receive((await ws.receive()).data, 0.0)
+        proof = {"none": b"",
+                 "other key": signing.sign_welcome(signing.new_private_key(), hello.nonce, "run",
+                                                   "p1", hello.peer_key),
+                 "other nonce": signing.sign_welcome(real, b"\1" * 32, "run", "p1",
+                                                     hello.peer_key)}[signer]
+        await ws.send_bytes(s.send(m.Welcome("p1", "run", "tiny", "addition", 3, 1, 2, 1.0, 1.0,
+                                             4, 0, signing.public_key(real), proof=proof)))
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", impostor)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+        peer = PeerClient(PeerConfig(hub_url=url, hub_key=signing.public_key(real).hex()))
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(RemoteProtocolError, match="cannot prove"):
+                await peer._connection(http)
+    finally:
+        await runner.cleanup()
+    assert peer.welcome is None and peer.engine is None

@@ -13,19 +13,22 @@ from conftest import tracker
 
 
 def test_penalties_quarantine_below_the_threshold_and_for_good():
+    """Penalties add up to quarantine below the threshold; checked rollouts earn a little back,
+    capped at 1; quarantine is for good."""
     book = TrustBook(TrustPolicy(threshold=0.5))
     assert not book.record("a", "reward_mismatch")  # 0.8
-    assert not book.record("a", "bad_chunk")  # 0.6
+    assert not book.record("a", "text_mismatch")  # 0.6
     for _ in range(30):
         book.good("a")
     assert book.score("a") == pytest.approx(0.9)  # credit 0.01 each, capped at 1
     assert not book.record("a", "logprob_mismatch")  # 0.6
     assert book.record("a", "logprob_mismatch")  # 0.3: quarantined now
-    assert not book.record("a", "bad_chunk")  # reported once only
+    assert not book.record("a", "false_report")  # already quarantined
     for _ in range(200):
         book.good("a")
     assert book.quarantined == {"a"} and book.score("a") < 0.5  # no way back
     assert book.score("b") == 1.0 and book.events["a"]["logprob_mismatch"] == 2
+    assert book.record("c", "bad_chunk")  # the hub's own proof of a corrupt chunk: at once
     with pytest.raises(ValueError, match="unknown trust event"):
         book.record("a", "rudeness")
     with pytest.raises(ValueError, match="threshold"):
@@ -40,7 +43,9 @@ async def submit(ws, session: Session, claim: float, group_size: int) -> m.Messa
         pass
     if isinstance(msg, m.Reject):
         return msg
-    sample = m.Sample(m.pack_ids([5]), m.pack_logprobs([-1.0]), "not the answer", claim, "stop")
+    # Token 5 of the built-in tokenizer is "\n": the text is the decoding of the ids, as the
+    # hub checks, and no sum.
+    sample = m.Sample(m.pack_ids([5]), m.pack_logprobs([-1.0]), "\n", claim, "stop")
     await ws.send_bytes(session.send(m.RolloutSubmission(msg.lease_id, 0, [sample] * group_size)))
     while not isinstance(reply := session.receive((await ws.receive()).data, 0.0), (m.Ack, m.Reject)):
         pass
@@ -65,7 +70,7 @@ async def test_reward_forger_is_quarantined_and_its_prompts_go_back():
             # Ask for leases, then resubmit an old lease: its (duplicate) ack comes after the
             # hub handled the request, and no lease came before it.
             await ws.send_bytes(s.send(m.LeaseRequest(4)))
-            sample = m.Sample(m.pack_ids([5]), m.pack_logprobs([-1.0]), "x", 0.0, "stop")
+            sample = m.Sample(m.pack_ids([5]), m.pack_logprobs([-1.0]), "\n", 0.0, "stop")
             old = m.RolloutSubmission(honest[0].lease_id, 0, [sample] * welcome.group_size)
             await ws.send_bytes(s.send(old))
             reply = s.receive((await ws.receive()).data, 0.0)

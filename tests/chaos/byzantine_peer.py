@@ -56,6 +56,11 @@ class ForgingEngine:
                 for c in self.engine.generate(prompt_ids, n, **kwargs)]
 
 
+def full_marks(answer: str, text: str) -> float:
+    """The forged reward: a module-level function, so the peer's scoring worker can load it."""
+    return 1.0
+
+
 class ByzantinePeer(PeerClient):
     def __init__(self, cfg: PeerConfig, attacks: set[str]):
         super().__init__(cfg)
@@ -71,7 +76,7 @@ class ByzantinePeer(PeerClient):
                 and not isinstance(self.engine, ForgingEngine):
             self.engine = ForgingEngine(self.engine)
         if "forge-rewards" in self.attacks:
-            self.reward = lambda answer, text: 1.0
+            self.reward = full_marks
 
     def _generate(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
         version, out = super()._generate(lease, seed)

@@ -1,0 +1,182 @@
+"""The hub's own evidence about the peers' chunk servers: no report is believed without it.
+
+A peer advertises a chunk server URL in its hello; the hub deals it chunks only once it has
+asked that server itself (`probe`: any authorised answer within the deadline). A peer that
+accuses a relay of a corrupt chunk, a stall or no answer names the chunk, and the hub fetches
+that chunk from the accused with its own ticket (`fetch`): a chunk that arrives whole and
+matches the signed manifest's digest clears the accused (and a "corrupt" accuser has lied); a
+wrong digest convicts it; no answer in time keeps it out of relaying. Requests go to the
+scheme, host and port of the advertised URL only, never to a path someone chose.
+
+`RelayCheck` does the HTTP; `RelayJudge` keeps the verdicts (who relays, who lied) and runs
+the checks as tasks that end with the hub; hub.server routes around a failed relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from echo2p2p import messages as m
+from echo2p2p.snapshot import chunk_digest
+from peer.relay import Credentials, chunk_path
+
+from .peers import PeerConn
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0  # an advertised chunk server must answer the hub's probe within this
+PROBE_ATTEMPTS = 3  # probes before a server that does not answer stays a leaf
+PROBE_RETRY_S = 2.0  # between probe attempts
+FETCH_WAIT_S = 10.0  # how long the accused may long-poll for the contested chunk
+MIN_RATE_BYTES_S = 256 << 10  # as peer.relay: slower than this counts as a stall
+CHECKS_AT_ONCE = 8  # hub-side probes and fetches in flight; more wait their turn
+MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
+
+VERDICTS = ("intact", "corrupt", "stall", "unreachable")
+
+
+class RelayCheck:
+    """Probes and contested-chunk fetches, made with the hub's own credentials."""
+
+    def __init__(self, credentials: Credentials | None):
+        self.credentials = credentials
+        self._http: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(CHECKS_AT_ONCE)
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    def _headers(self, audience: str) -> dict[str, str]:
+        return self.credentials.header(audience) if self.credentials is not None else {}
+
+    async def probe(self, base_url: str, audience: str, version: int) -> bool:
+        """Whether the chunk server at `base_url` answers us, as `audience`'s server, in time:
+        a chunk request for `version` with no wait; 200, 404 and 503 all prove it serves."""
+        url = base_url + chunk_path(version, None, 0)
+        for attempt in range(PROBE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(PROBE_RETRY_S)  # a retry timer, not a synchronisation
+            try:
+                async with self._slots, asyncio.timeout(PROBE_TIMEOUT_S):
+                    async with self._session().get(url, params={"wait": "0"},
+                                                   headers=self._headers(audience)) as resp:
+                        if resp.status in (200, 404, 503):
+                            return True
+                        log.debug("probe of %s answered %d", base_url, resp.status)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                log.debug("probe of %s failed: %s", base_url, type(exc).__name__)
+        return False
+
+    async def fetch(self, base_url: str, audience: str, manifest: m.Manifest, index: int) -> str:
+        """Fetch chunk `index` of `manifest` from `audience`'s server and judge it: one of
+        VERDICTS."""
+        entry = manifest.chunks[index]
+        url = base_url + chunk_path(manifest.version, manifest.base_version, index)
+        deadline_s = FETCH_WAIT_S + PROBE_TIMEOUT_S + entry.wire_bytes / MIN_RATE_BYTES_S
+        try:
+            async with self._slots, asyncio.timeout(deadline_s):
+                async with self._session().get(url, params={"wait": str(FETCH_WAIT_S)},
+                                               headers=self._headers(audience)) as resp:
+                    if resp.status == 503:
+                        return "stall"  # alive, but it never got the chunk it should serve
+                    if resp.status != 200:
+                        return "unreachable"
+                    if resp.content_length != entry.wire_bytes:
+                        return "corrupt"
+                    data = await resp.content.readexactly(entry.wire_bytes)
+        except TimeoutError:
+            return "stall"
+        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
+            return "unreachable"
+        return "intact" if chunk_digest(data) == entry.digest else "corrupt"
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+
+class RelayJudge:
+    """Who may relay, on the hub's own evidence. `distrust(conn, event)` counts a trust event,
+    `failed(conn)` routes every plan around a relay that failed a check, `on_event(record)`
+    writes the run log."""
+
+    def __init__(self, check: RelayCheck, *, distrust: Callable[[PeerConn, str], None],
+                 failed: Callable[[PeerConn], None], on_event: Callable[[dict[str, Any]], None]):
+        self.check = check
+        self._distrust, self._failed, self._on_event = distrust, failed, on_event
+        self.bad: set[str] = set()  # identities whose chunk server failed a check: never again
+        self._accusations: set[tuple[str, str, tuple]] = set()  # (accuser, accused, manifest)
+        self._convictions: set[tuple[str, tuple, int]] = set()  # (identity, manifest, chunk)
+        self._tasks: set[asyncio.Task] = set()
+
+    def probe(self, conn: PeerConn, version: int) -> None:
+        """Ask `conn`'s advertised chunk server before it is dealt any chunk."""
+        if conn.server_url is not None and conn.identity not in self.bad:
+            self._spawn(self._probe(conn, version))
+
+    def accused(self, accuser: PeerConn, accused: PeerConn, reason: str, manifest: m.Manifest,
+                index: int) -> None:
+        """`accuser` says `accused` served chunk `index` of `manifest` badly (`reason`)."""
+        key = (manifest.version, manifest.base_version)
+        if accused.relay != "ok" or (accuser.identity, accused.peer_id, key) in self._accusations:
+            return  # it relays nothing already, or this accuser was heard on this manifest
+        if len(self._tasks) >= MAX_PENDING:
+            log.warning("%d relay checks pending: not checking %s's report", MAX_PENDING,
+                        accuser.peer_id)
+            return
+        self._accusations.add((accuser.identity, accused.peer_id, key))
+        self._spawn(self._judge(accuser, accused, reason, manifest, index))
+
+    async def _probe(self, conn: PeerConn, version: int) -> None:
+        ok = await self.check.probe(conn.server_url, conn.peer_id, version)
+        if conn.relay == "unprobed":  # not judged meanwhile
+            conn.relay = "ok" if ok else "failed"
+            log.info("chunk server of %s at %s: %s", conn.peer_id, conn.server_url,
+                     "reachable" if ok else "no answer, so it only pulls")
+
+    async def _judge(self, accuser: PeerConn, accused: PeerConn, reason: str,
+                     manifest: m.Manifest, index: int) -> None:
+        verdict = await self.check.fetch(accused.server_url, accused.peer_id, manifest, index)
+        log.warning("checked %s's report of %s (%s, chunk %d of v%d): %s", accuser.peer_id,
+                    accused.peer_id, reason, index, manifest.version, verdict)
+        self._on_event({"event": "relay_check", "accuser": accuser.peer_id,
+                        "accused": accused.peer_id, "reason": reason,
+                        "version": manifest.version, "chunk": index, "verdict": verdict})
+        if verdict == "intact":
+            if reason == "corrupt":  # the chunk is whole: the accusation was a lie
+                self._distrust(accuser, "false_report")
+            return
+        key = (accused.identity, (manifest.version, manifest.base_version), index)
+        if verdict == "corrupt" and key not in self._convictions:
+            self._convictions.add(key)
+            self._distrust(accused, "bad_chunk")
+        if accused.relay != "failed":
+            accused.relay = "failed"
+            self.bad.add(accused.identity)
+            self._failed(accused)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("relay check failed", exc_info=task.exception())
+
+    async def close(self) -> None:
+        """Stop every check under way, and the HTTP client."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.check.close()

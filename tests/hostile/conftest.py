@@ -1,0 +1,127 @@
+"""The hostile suite's fixtures: the suite table (one row per attack, from measured values
+only, printed at the end of the pytest run) and the honest baseline run that the poisoning
+attacks' held-out accuracy is compared with."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass, replace
+
+import pytest
+
+from hub.config import HubConfig
+from hub.trainer import start_hub
+
+from conftest import running_peers
+
+ACCURACY_STEPS = 40
+NOISE = 0.1  # |accuracy difference| within noise (as tests/test_learning.py: ~3 standard errors)
+
+
+def accuracy_cfg(run_dir: str) -> HubConfig:
+    """The learning run of tests/test_learning.py (~0.25 -> ~0.75 in 40 steps), with every
+    rollout group spot-checked, as the report of the text lie had it."""
+    return HubConfig(port=0, max_steps=ACCURACY_STEPS, max_lag=2, prompts_per_step=8,
+                     group_size=8, eval_every=ACCURACY_STEPS, eval_problems=200,
+                     spot_check_fraction=1.0, run_dir=run_dir, torch_threads=1, seed=1)
+
+
+@dataclass
+class Row:
+    """One attack as the table shows it; a test fills it in as it measures."""
+
+    attack: str
+    reaction: str = "?"
+    hub_alive: str = "?"
+    honest_training: str = "?"
+    accuracy: str = "-"  # "without / with" for poisoning attacks
+    note: str = ""
+    result: str = "?"
+
+
+ROWS: list[Row] = []
+COLUMNS = ("attack", "hub's reaction (close code, reason, counter/trust event)", "hub alive",
+           "honest peer still training", "held-out accuracy without / with attacker", "note",
+           "test")
+
+
+_OUTCOME = pytest.StashKey[str]()  # the test's outcome, for its row
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.failed):
+        item.stash[_OUTCOME] = report.outcome
+    return report
+
+
+@pytest.fixture
+def row(request):
+    """A `Row` for this test's attack, added to the table whether the test passes or not."""
+    made: list[Row] = []
+
+    def start(attack: str) -> Row:
+        made.append(Row(attack))
+        return made[-1]
+
+    yield start
+    outcome = request.node.stash.get(_OUTCOME, "error")
+    for r in made:
+        ROWS.append(replace(r, result={"passed": "pass", "failed": "FAIL"}.get(outcome, outcome)))
+
+
+def yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def cell_accuracy(without: float, with_: float) -> str:
+    return f"{without:.3f} / {with_:.3f}"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    base: float  # v0, before training
+    final: float  # after ACCURACY_STEPS steps, one honest peer, no attacker
+
+
+@pytest.fixture(scope="session")
+def honest_baseline(tmp_path_factory) -> Baseline:
+    """The honest run (one peer, no attacker) that every poisoning attack is compared with:
+    run once per session, on its own event loop in a thread, so any test loop can use it."""
+
+    async def honest() -> Baseline:
+        cfg = accuracy_cfg(str(tmp_path_factory.mktemp("baseline") / "run"))
+        async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1, torch_threads=1):
+            await asyncio.wait_for(run.finished.wait(), 240)
+        evals = [r["eval/accuracy"] for r in run.records if "eval/accuracy" in r]
+        return Baseline(evals[0], evals[-1])
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        baseline = pool.submit(asyncio.run, honest()).result()
+    assert baseline.final - baseline.base >= 0.25, f"the honest run did not learn: {baseline}"
+    return baseline
+
+
+def _by_item(r: Row) -> tuple[int, str]:
+    """Rows in the issue's order: attacks are labelled "<item number>. ..."."""
+    number = r.attack.split(".", 1)[0]
+    return (int(number[:-1] if number[-1:].isalpha() else number), r.attack)
+
+
+def table(rows: list[Row]) -> list[str]:
+    cells = [COLUMNS] + [(r.attack, r.reaction, r.hub_alive, r.honest_training, r.accuracy,
+                          r.note, r.result) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not ROWS:
+        return
+    terminalreporter.write_sep("=", "hostile-peer suite")
+    for line in table(sorted(ROWS, key=_by_item)):
+        terminalreporter.write_line(line)

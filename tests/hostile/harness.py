@@ -1,0 +1,109 @@
+"""A real training hub in-process with one honest peer, and what the suite measures of them:
+whether the hub still serves, whether the honest peer still trains after an attack began, and
+the records the hub wrote (quarantines, relay reports).
+
+Everything runs on one event loop: the hub, the honest peer (a real `PeerClient` with the real
+CPU engine) and the attacker. Waits are on events or on a condition polled with a deadline
+(`wait_until`), never on sleeps; nothing here asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hub.config import HubConfig
+from hub.trainer import HubRun, start_hub
+from peer.client import PeerClient
+
+from conftest import running_peers, wait_until
+
+HONEST = "test-0"  # running_peers' name for the first peer
+START_STEPS = 2  # learner steps taken before an attack begins: training is under way
+AFTER_STEPS = 5  # learner steps that must follow the attack for "the honest peer still trains"
+
+
+def small_cfg(tmp_path: Path, **overrides: Any) -> HubConfig:
+    """The hub of most attacks: built-in model and task, 4 prompts x 4 samples a step, no
+    evaluation, running until the test is done (max_steps 0) unless told otherwise."""
+    cfg = HubConfig(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
+                    run_dir=str(tmp_path / "run"), torch_threads=1, seed=1)
+    return replace(cfg, **overrides)
+
+
+def steps(run: HubRun) -> int:
+    """Learner steps taken so far."""
+    return sum(1 for r in run.records if "step" in r)
+
+
+def peer_id(run: HubRun, name: str) -> str:
+    """The hub's id for the connected peer called `name` (what an attacker learns from the
+    sources of a relay plan)."""
+    ids = [pid for pid, conn in run.hub.peers.items() if conn.hello.name == name]
+    assert len(ids) == 1, f"{len(ids)} peers named {name!r}"
+    return ids[0]
+
+
+@contextlib.asynccontextmanager
+async def hub_and_honest_peer(cfg: HubConfig, **peer_overrides: Any
+                              ) -> AsyncIterator[tuple[HubRun, PeerClient]]:
+    """A training hub and one honest peer, once START_STEPS learner steps were taken."""
+    async with start_hub(cfg, stream=None) as run, \
+            running_peers(run.url, 1, torch_threads=1, **peer_overrides) as [honest]:
+        await wait_until(lambda: steps(run) >= START_STEPS, 120)
+        yield run, honest
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where training stood when an attack began."""
+
+    steps: int
+    acked: int
+    loaded: int
+
+
+def mark(run: HubRun, honest: PeerClient) -> Mark:
+    s = honest.statistics()
+    return Mark(steps(run), s.acked, s.versions_loaded)
+
+
+async def still_training(run: HubRun, honest: PeerClient, since: Mark,
+                         n_steps: int = AFTER_STEPS) -> str:
+    """Wait for `n_steps` learner steps after `since`, with a rollout of the honest peer's
+    admitted and a new version loaded by it meanwhile; the table's account of it."""
+
+    def going() -> bool:
+        s = honest.statistics()
+        return (steps(run) >= since.steps + n_steps and s.acked > since.acked
+                and s.versions_loaded > since.loaded)
+
+    await wait_until(going, 120)
+    s = honest.statistics()
+    return (f"yes: {steps(run) - since.steps} steps, {s.acked - since.acked} groups acked, "
+            f"{s.versions_loaded - since.loaded} versions loaded since")
+
+
+async def hub_alive(run: HubRun) -> bool:
+    """The hub's /status answers, for this run. (The hub is in-process: had its task group
+    died, as the transfer report and price bombs made it, the test would end in that error.)"""
+    timeout = aiohttp.ClientTimeout(total=30)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http, \
+                http.get(f"http://127.0.0.1:{run.port}/status") as resp:
+            return resp.status == 200 and (await resp.json())["run_id"] == run.hub.run_id
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+def run_events(run: HubRun, kind: str) -> list[dict[str, Any]]:
+    """The run log's records of one event kind (quarantine, propagation, ...)."""
+    path = Path(run.runlog.run_dir) / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == kind]

@@ -1,0 +1,85 @@
+"""`--help` of every command and subcommand answers (exit 0, some text), walking each parser's
+subcommand tree so that a subcommand added later is covered too."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from echo2p2p.config import add_arguments
+from hub import base_checkpoint, local_run
+from hub import cli as hub_cli
+from peer import cli as peer_cli
+
+
+def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
+    """Every command path of `parser`: () for the top level, ("serve",), ..."""
+    paths = [prefix]
+    for action in parser._actions:  # argparse keeps its subcommands nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths += command_paths(sub, prefix + (name,))
+    return paths
+
+
+HUB_PATHS = command_paths(hub_cli.build_parser())
+PEER_PATHS = command_paths(peer_cli.build_parser())
+
+
+def test_the_walk_finds_the_subcommands():
+    """The walk sees the subcommands we know of (guards against passing over nothing)."""
+    assert {("serve",), ("demo",), ("plan",), ("token",)} <= set(HUB_PATHS)
+    assert ("join",) in PEER_PATHS
+
+
+def _help(main, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, f"{argv} exited {exit_.value.code}"
+    return out
+
+
+@pytest.mark.parametrize("path", HUB_PATHS, ids=lambda p: " ".join(("echo2-hub",) + p))
+def test_hub_help(path, capsys):
+    """`echo2-hub [SUBCOMMAND] --help` exits 0 and prints usage."""
+    out = _help(hub_cli.main, [*path, "--help"], capsys)
+    assert out.startswith("usage: echo2-hub") and len(out) > 100
+
+
+@pytest.mark.parametrize("action", ["create", "list", "revoke"])
+def test_hub_token_actions_help(action, capsys):
+    """`echo2-hub token ACTION --help` answers too (the action is a positional, not a parser)."""
+    assert "create" in _help(hub_cli.main, ["token", action, "--help"], capsys)
+
+
+@pytest.mark.parametrize("path", PEER_PATHS, ids=lambda p: " ".join(("echo2-peer",) + p))
+def test_peer_help(path, capsys):
+    """`echo2-peer [SUBCOMMAND] --help` exits 0 and prints usage."""
+    out = _help(peer_cli.main, [*path, "--help"], capsys)
+    assert out.startswith("usage: echo2-peer") and len(out) > 100
+
+
+@pytest.mark.parametrize("main", [base_checkpoint.main, local_run.main],
+                         ids=["hub.base_checkpoint", "hub.local_run"])
+def test_module_entrypoints_help(main, capsys):
+    """The `python -m` entrypoints answer `--help` as well."""
+    assert _help(main, ["--help"], capsys).startswith("usage:")
+
+
+def test_percent_in_a_field_docstring_is_literal(capsys):
+    """A "%" in a config field's docstring shows as itself in `--help` (argparse would
+    otherwise read it as a format directive and raise)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        margin: float = 0.1
+        """Provision 10 % more, or 100%."""
+
+    parser = argparse.ArgumentParser(prog="knobs")
+    add_arguments(parser, Knobs)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "Provision 10 % more, or 100%." in " ".join(capsys.readouterr().out.split())
