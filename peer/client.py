@@ -39,6 +39,7 @@ from echo2p2p import messages as m
 from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
 from echo2p2p import signing
+from echo2p2p.bounds import check_from_peer
 from echo2p2p.signing import verify_manifest
 from echo2p2p.scoring import Scorer
 from echo2p2p.tasks import reward_fn
@@ -425,6 +426,12 @@ class PeerClient:
                                         c.text, r, c.finish_reason)
                                for c, r in zip(completions, scored.rewards)]
                     sub = m.RolloutSubmission(lease.lease_id, version, samples)
+                    try:  # what the hub would refuse by closing us (and again at every resend)
+                        check_from_peer(sub, self.welcome)
+                    except RemoteProtocolError as exc:
+                        log.warning("dropping rollout %s: %s", lease.lease_id, exc.reason)
+                        await self._send(m.LeaseRequest(1))
+                        continue
                     self.outbox.put(sub)
                     self._submitted += 1
                     await self._send(sub)

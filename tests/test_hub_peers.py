@@ -232,3 +232,34 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
         await wait_until(lambda: run.hub.step >= steps_then + 3)
     assert stuck.peer_id not in run.hub.peers
     assert run.hub.counters.cut_off == 1
+
+
+class NaNEngine:
+    """The real engine, whose first `bad` generations carry a NaN behaviour logprob."""
+
+    def __init__(self, bad: int):
+        self.inner = TransformersEngine("tiny")
+        self.tokenizer = self.inner.tokenizer
+        self.bad = bad
+
+    def load_weights(self, state):
+        self.inner.load_weights(state)
+
+    def generate(self, prompt_ids, n, **kw):
+        out = self.inner.generate(prompt_ids, n, **kw)
+        if self.bad > 0:
+            self.bad -= 1
+            out[0] = replace(out[0], logprobs=[float("nan")] + list(out[0].logprobs[1:]))
+        return out
+
+
+async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hub_cfg):
+    """A rollout whose engine produced a NaN logprob would close the connection at the hub (and
+    again at every resend from the outbox): the peer drops it and asks for another lease, so it
+    stays connected and its good rollouts are admitted."""
+    cfg = replace(hub_cfg, max_steps=3)
+    async with start_hub(cfg, stream=None) as run:
+        async with running_peers(run.url, 1, engines=[NaNEngine(bad=2)]) as (peer,):
+            await asyncio.wait_for(run.finished.wait(), 120)
+    assert peer.statistics().connections == 1 and run.hub.counters.closed_for_protocol == 0
+    assert peer.statistics().acked >= cfg.prompts_per_step * 3 and not peer.outbox.pending()

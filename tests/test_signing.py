@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 
 import aiohttp
@@ -55,6 +56,20 @@ async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
     assert pinned.version == 0
 
 
+@contextlib.asynccontextmanager
+async def fake_hub(handler):
+    """A websocket route /ws on 127.0.0.1 served by `handler`; yields its URL."""
+    app = web.Application()
+    app.router.add_get("/ws", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    finally:
+        await runner.cleanup()
+
+
 async def test_peer_rejects_an_unsigned_manifest():
     """A hub that announces a manifest its key did not sign gets the connection closed."""
     key = signing.new_private_key()
@@ -74,18 +89,9 @@ async def test_peer_rejects_an_unsigned_manifest():
         closed.append((ws.close_code, ""))
         return ws
 
-    app = web.Application()
-    app.router.add_get("/ws", impostor)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    async with fake_hub(impostor) as url, aiohttp.ClientSession() as http:
         peer = PeerClient(PeerConfig(hub_url=url))
-        async with aiohttp.ClientSession() as http:
-            assert await peer._connection(http)  # welcomed, then it hangs up on the manifest
-    finally:
-        await runner.cleanup()
+        assert await peer._connection(http)  # welcomed, then it hangs up on the manifest
     assert closed == [(m.CLOSE_PROTOCOL_ERROR, "")]
     assert peer.version is None
 
@@ -113,17 +119,8 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(signer):
             pass
         return ws
 
-    app = web.Application()
-    app.router.add_get("/ws", impostor)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    async with fake_hub(impostor) as url, aiohttp.ClientSession() as http:
         peer = PeerClient(PeerConfig(hub_url=url, hub_key=signing.public_key(real).hex()))
-        async with aiohttp.ClientSession() as http:
-            with pytest.raises(RemoteProtocolError, match="cannot prove"):
-                await peer._connection(http)
-    finally:
-        await runner.cleanup()
+        with pytest.raises(RemoteProtocolError, match="cannot prove"):
+            await peer._connection(http)
     assert peer.welcome is None and peer.engine is None
