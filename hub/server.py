@@ -62,7 +62,6 @@ if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must 
 log = logging.getLogger(__name__)
 
 CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
-MAX_RATE_BYTES_S = 12.5e9  # 100 Gbit/s: a reported transfer faster than this is not believed
 
 
 @dataclass(frozen=True)
@@ -422,17 +421,7 @@ class Hub(Admission):
         if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
             return  # not a version being tracked, or not the first report: nothing to count
         prop.done_after_s[conn.peer_id] = _now() - prop.started
-        # Only what this manifest could have carried counts: no source sent more than the
-        # whole of it, faster than any link, and nobody is its own source.
-        size = snap.wire_bytes
-        prop.bytes_from_peers += min(max(msg.bytes_from_peers, 0), size)
-        seen: set[str] = set()
-        for src in msg.sources:
-            if (src.peer_id in prop.expected and src.peer_id != conn.peer_id
-                    and src.peer_id not in seen and 0 < src.nbytes <= size
-                    and src.span_s >= src.nbytes / MAX_RATE_BYTES_S):
-                seen.add(src.peer_id)
-                prop.received.setdefault(src.peer_id, []).append((src.nbytes, src.span_s))
+        prop.count(conn.peer_id, msg, snap.wire_bytes)
         self._report_propagation(prop)
 
     def _snapshot(self, version: int, base: int | None) -> Snapshot | None:

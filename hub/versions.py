@@ -13,6 +13,7 @@ from echo2p2p.relay import propagation
 from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
 
 MIN_MEASURED_BYTES = 256 << 10  # less from one source says nothing about its upload
+MAX_RATE_BYTES_S = 12.5e9  # 100 Gbit/s: a reported transfer faster than this is not believed
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,18 @@ class Propagation:
     bytes_from_peers: int = 0  # as the peers report
     on_delta: int = 0
     received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
+
+    def count(self, reporter: str, report: m.TransferReport, size: int) -> None:
+        """`reporter`'s transfer report of a manifest of `size` wire bytes, believed only as far
+        as that manifest could carry: no source sent more than the whole of it, faster than any
+        link, or twice, and nobody is its own source."""
+        self.bytes_from_peers += min(report.bytes_from_peers, size)
+        seen: set[str] = set()
+        for src in report.sources:
+            if (src.peer_id in self.expected and src.peer_id not in (reporter, *seen)
+                    and 0 < src.nbytes <= size and src.span_s >= src.nbytes / MAX_RATE_BYTES_S):
+                seen.add(src.peer_id)
+                self.received.setdefault(src.peer_id, []).append((src.nbytes, src.span_s))
 
     def upload_rates(self) -> dict[str, float]:
         """Each source's upload, bits/s: what receivers got from it over their median span."""
