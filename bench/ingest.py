@@ -33,7 +33,7 @@ import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from echo2p2p import messages as m  # noqa: E402
-from echo2p2p.scoring import CompletionDecoder  # noqa: E402
+from echo2p2p.completions import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 from hub.config import HubConfig  # noqa: E402

@@ -3,9 +3,9 @@
 A submission's lease is closed (a duplicate is acknowledged again, an unknown or expired one
 rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
 forged tag; the staleness rule judges the version. Then one task per submission scores every
-sample from its token ids, decoded as the engines decode (`echo2p2p.scoring.text`), with the
+sample from its token ids, decoded as the engines decode (`echo2p2p.completions`), with the
 task's verifier in the scorer's worker processes, off the event loop and under a deadline
-(`echo2p2p.scoring.Scorer`); the peer's text and reward are only checked against that. A share
+(`peer.scorer.Scorer`); the peer's text and reward are only checked against that. A share
 of submissions also have their behaviour logprobs recomputed under the claimed version
 (`hub.spotcheck`). Nothing is acknowledged before it is judged. What is admitted is journaled
 (`hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
@@ -31,7 +31,7 @@ from .durable import group_from_wire, group_to_wire
 from .peers import PeerConn
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
-    from echo2p2p.scoring import Scored
+    from peer.scorer import Scored
 
     from .spotcheck import SpotResult
 

@@ -52,7 +52,7 @@ def train_sync(
 
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.messages import Sample, pack_ids, pack_logprobs
-    from echo2p2p.scoring import Scorer
+    from peer.scorer import Scorer
     from echo2p2p.tasks import AdditionTask
     from peer.engine import TransformersEngine
     from peer.model import load_policy

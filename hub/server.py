@@ -37,7 +37,8 @@ from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.relay import Broadcast, Member
-from echo2p2p.scoring import CompletionDecoder, Scorer
+from echo2p2p.completions import CompletionDecoder
+from peer.scorer import Scorer
 from echo2p2p.session import Session, Side, State
 from echo2p2p.staleness import lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
@@ -95,7 +96,7 @@ class Hub(Admission):
         """`signing_key`: the hub's Ed25519 private key, for the tickets it hands peers (b"": a
         bench rig without tickets; manifests are signed by the caller). `spot`: recomputes the
         behaviour logprobs of a share of the rollouts (None: no spot-checks). `decode`: the
-        run's tokenizer as `echo2p2p.scoring.CompletionDecoder`, which rollouts are scored by
+        run's tokenizer as `echo2p2p.completions.CompletionDecoder`, which rollouts are scored by
         (None: a hub that refuses every rollout, e.g. a broadcast bench)."""
         self.cfg = cfg
         self._signing_key = signing_key

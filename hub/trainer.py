@@ -26,7 +26,8 @@ from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction, requir
 from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
-from echo2p2p.scoring import CompletionDecoder, Scorer
+from echo2p2p.completions import CompletionDecoder
+from peer.scorer import Scorer
 from echo2p2p.staleness import is_publish_version, lag_versions
 from echo2p2p.tasks import AdditionTask, MathTask
 from peer.relay import Tickets

@@ -41,7 +41,7 @@ from echo2p2p.session import Session, Side
 from echo2p2p import signing
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.signing import verify_manifest
-from echo2p2p.scoring import Scorer
+from peer.scorer import Scorer
 from echo2p2p.tasks import reward_fn
 
 from . import http_deadlines
@@ -400,7 +400,7 @@ class PeerClient:
     async def _work(self) -> None:
         """Leases to rollouts, connected or not: a rollout made while the hub is away waits in
         the outbox, which the next connection sends first. The claimed rewards are scored in a
-        worker process under a deadline (`echo2p2p.scoring`), never on the event loop."""
+        worker process under a deadline (`peer.scorer`), never on the event loop."""
         scorer: Scorer | None = None
         try:
             while True:

@@ -8,7 +8,7 @@ Logprobs are those of the distribution actually sampled from: log_softmax(logits
 to the top-p nucleus and renormalised when top_p < 1 (vLLM's "processed_logprobs"); top-k is off.
 A completion that samples EOS ends there, and the EOS token and its logprob are kept, so the
 learner also trains on when to stop; `text` is decoded without special tokens, by the rule the
-hub scores with (`echo2p2p.scoring.CompletionDecoder.completion`).
+hub scores with (`echo2p2p.completions.CompletionDecoder.completion`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from echo2p2p.scoring import CompletionDecoder
+from echo2p2p.completions import CompletionDecoder
 
 from .config import ENGINES
 from .model import load_policy

@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from echo2p2p import signing
-from echo2p2p.scoring import CompletionDecoder
+from echo2p2p.completions import CompletionDecoder
 from echo2p2p.tasks import AdditionTask
 from hub.config import HubConfig
 from hub.server import Hub, TokenizedProblem, serve

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from echo2p2p import messages as m
-from echo2p2p.scoring import CompletionDecoder
+from echo2p2p.completions import CompletionDecoder
 from echo2p2p.session import Session, Side
 from echo2p2p.tasks import MathTask, addition_reward
 from hub.config import HubConfig

@@ -1,8 +1,4 @@
-"""The sans-IO boundary: no core module under echo2p2p/ imports an IO, clock or tensor library.
-
-The sub-packages that do I/O by nature are listed in SUBPACKAGES with what they may import
-beyond the core; they still never import torch, transformers, vllm or a network library.
-"""
+"""The sans-IO boundary: no module under echo2p2p/ imports an IO, clock or tensor library."""
 
 from __future__ import annotations
 
@@ -13,16 +9,7 @@ import pytest
 
 CORE = Path(__file__).resolve().parents[1] / "echo2p2p"
 FORBIDDEN = {"asyncio", "aiohttp", "torch", "transformers", "vllm", "uvloop", "socket", "time"}
-# scoring: reward functions in worker processes under a deadline (driver threads, the clock,
-# and futures awaited from the event loop).
-SUBPACKAGES = {"scoring": {"asyncio", "time"}}
 CORE_FILES = sorted(CORE.rglob("*.py"))
-
-
-def allowed_for(path: Path) -> set[str]:
-    """What `path` may import beyond the core's rule (nothing for a core module)."""
-    parts = path.relative_to(CORE).parts
-    return SUBPACKAGES.get(parts[0], set()) if len(parts) > 1 else set()
 
 
 def imported_roots(tree: ast.AST) -> list[tuple[int, str]]:
@@ -43,27 +30,16 @@ def imported_roots(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_core_files_found():
-    """The scan sees the core package and its sub-packages (guards against a wrong path
-    passing vacuously), and a listed sub-package exists."""
-    assert CORE / "messages.py" in CORE_FILES and CORE / "scoring" / "scorer.py" in CORE_FILES
-    assert all((CORE / name).is_dir() for name in SUBPACKAGES)
-
-
-def test_only_listed_subpackages_are_exempt():
-    """Core modules, and tasks/, get no exemption; scoring/ gets asyncio and time only."""
-    assert allowed_for(CORE / "messages.py") == set()
-    assert allowed_for(CORE / "tasks" / "math.py") == set()
-    assert allowed_for(CORE / "scoring" / "scorer.py") == {"asyncio", "time"}
+    """The scan sees the core package (guards against a wrong path passing vacuously)."""
+    assert CORE / "messages.py" in CORE_FILES
 
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(CORE)))
 def test_core_module_imports_no_io(path):
     """A core module imports none of asyncio, aiohttp, torch, transformers, vllm, uvloop,
-    socket or time, at top level or inside a function; a listed sub-package only what it is
-    allowed besides."""
+    socket or time, at top level or inside a function."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    forbidden = FORBIDDEN - allowed_for(path)
-    bad = [f"line {line}: {root}" for line, root in imported_roots(tree) if root in forbidden]
+    bad = [f"line {line}: {root}" for line, root in imported_roots(tree) if root in FORBIDDEN]
     assert not bad, f"{path.relative_to(CORE.parent)} crosses the core boundary: {bad}"
 
 

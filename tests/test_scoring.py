@@ -10,7 +10,8 @@ import pytest
 
 from echo2p2p import messages as m
 from echo2p2p.errors import ScoringError
-from echo2p2p.scoring import CompletionDecoder, Scorer
+from echo2p2p.completions import CompletionDecoder
+from peer.scorer import Scorer
 from echo2p2p.tasks import addition_reward, math_reward
 
 BOMB = r"\boxed{9^{9^{9^{9}}}}"  # math-verify with its timeouts off never finishes on this

@@ -1,6 +1,6 @@
 """Reward functions run in worker processes, off the event loop, each completion under a deadline.
 
-Theory of operation. A `Scorer` owns `workers` child processes (`echo2p2p.scoring.worker`) and
+Theory of operation. A `Scorer` owns `workers` child processes (`peer.score_worker`) and
 drives them from one event loop: the loop of its first `await scorer.score(...)`, or a private
 loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
 evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ScoringError
-from . import worker as w
+from echo2p2p.errors import ScoringError
+from . import score_worker as w
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The scoring worker: a child process that runs a reward function over batches of completions.
 
-Started by `echo2p2p.scoring.Scorer` (spawn, never fork: the parent holds torch and threads).
+Started by `peer.scorer.Scorer` (spawn, never fork: the parent holds torch and threads).
 It is handed the reward function, and for the hub a `CompletionDecoder`, pickled once at
 start; then it reads batches of items from its pipe and answers each batch with one list of
 `(reward, note)`. Before each completion it stamps its index and start time into a
@@ -11,7 +11,7 @@ the thread that spawned it, so with the hub or peer (Linux: the kernel's parent-
 elsewhere at its next read).
 
 Items are `(answer, text)`, scored as they are, or `(answer, packed_ids, claimed_text)`:
-the ids are decoded by the completion rule (`echo2p2p.scoring.text`), that text is scored, and
+the ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and
 the note says whether the claim was the decoding.
 """
 

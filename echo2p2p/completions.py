@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..messages import unpack_ids
+from .messages import unpack_ids
 
 
 @dataclass(frozen=True)
