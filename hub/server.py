@@ -126,7 +126,6 @@ class Hub(Admission):
         self._next_peer = 0
         self.spot = spot
         self._checks: set[asyncio.Task] = set()  # submissions being judged (hub.admission)
-        self.decode = decode
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
             task.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
             workers=cfg.score_workers, name="hub-scorer")

@@ -91,6 +91,7 @@ class PeerClient:
         self._conn: _Conn | None = None  # the connection now, if any
         self._leases: asyncio.Queue[tuple[m.LeaseGrant, float]] = asyncio.Queue()
         self._generating = 0
+        self._scorer: Scorer | None = None  # claimed rewards (`_scorer_for`)
         self.outbox = Outbox(int(cfg.outbox_memory_mb * (1 << 20)), cfg.outbox_max, cfg.spool_dir)
 
     def statistics(self) -> PeerStats:
@@ -146,6 +147,9 @@ class PeerClient:
                 for task in tasks:
                     task.cancel()
                 self.outbox.close()
+                if self._scorer is not None:
+                    self._scorer.close()
+                    self._scorer = None
 
     @contextlib.asynccontextmanager
     async def _chunk_server(self):
@@ -401,46 +405,46 @@ class PeerClient:
         """Leases to rollouts, connected or not: a rollout made while the hub is away waits in
         the outbox, which the next connection sends first. The claimed rewards are scored in a
         worker process under a deadline (`peer.scorer`), never on the event loop."""
-        scorer: Scorer | None = None
-        try:
-            while True:
-                lease, deadline = await self._leases.get()
-                self._generating = 1
-                try:
-                    if not await self._wait_version(lease.min_version, deadline):
-                        await self._send(m.LeaseRequest(1))  # too late; the hub re-issues it
-                        continue
-                    self._draw += 1
-                    version, completions = await asyncio.to_thread(
-                        self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
-                    if version is None or version < lease.min_version:
-                        await self._send(m.LeaseRequest(1))
-                        continue
-                    if scorer is None or scorer.reward is not self.reward:  # first, or a new task
-                        if scorer is not None:
-                            scorer.close()
-                        scorer = Scorer(self.reward, timeout_s=self.cfg.score_timeout_s,
-                                        name="peer-scorer")
-                    scored = await scorer.score([(lease.answer, c.text) for c in completions])
-                    samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
-                                        c.text, r, c.finish_reason)
-                               for c, r in zip(completions, scored.rewards)]
-                    sub = m.RolloutSubmission(lease.lease_id, version, samples)
-                    try:  # what the hub would refuse by closing us (and again at every resend)
-                        check_from_peer(sub, self.welcome)
-                    except RemoteProtocolError as exc:
-                        log.warning("dropping rollout %s: %s", lease.lease_id, exc.reason)
-                        await self._send(m.LeaseRequest(1))
-                        continue
-                    self.outbox.put(sub)
-                    self._submitted += 1
-                    await self._send(sub)
+        while True:
+            lease, deadline = await self._leases.get()
+            self._generating = 1
+            try:
+                if not await self._wait_version(lease.min_version, deadline):
+                    await self._send(m.LeaseRequest(1))  # too late; the hub re-issues it
+                    continue
+                self._draw += 1
+                version, completions = await asyncio.to_thread(
+                    self._generate, lease, self.welcome.seed * 1_000_003 + self._draw)
+                if version is None or version < lease.min_version:
                     await self._send(m.LeaseRequest(1))
-                finally:
-                    self._generating = 0
-        finally:
-            if scorer is not None:
-                scorer.close()
+                    continue
+                scored = await self._scorer_for(self.reward).score(
+                    [(lease.answer, c.text) for c in completions])
+                samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
+                                    c.text, r, c.finish_reason)
+                           for c, r in zip(completions, scored.rewards)]
+                sub = m.RolloutSubmission(lease.lease_id, version, samples)
+                try:  # what the hub would refuse by closing us (and again at every resend)
+                    check_from_peer(sub, self.welcome)
+                except RemoteProtocolError as exc:
+                    log.warning("dropping rollout %s: %s", lease.lease_id, exc.reason)
+                    await self._send(m.LeaseRequest(1))
+                    continue
+                self.outbox.put(sub)
+                self._submitted += 1
+                await self._send(sub)
+                await self._send(m.LeaseRequest(1))
+            finally:
+                self._generating = 0
+
+    def _scorer_for(self, reward: Any) -> Scorer:
+        """The scorer of `reward`: made on first use, and again when a welcome brings another
+        task's reward function (the old one's workers are stopped)."""
+        if self._scorer is None or self._scorer.reward is not reward:
+            if self._scorer is not None:
+                self._scorer.close()
+            self._scorer = Scorer(reward, timeout_s=self.cfg.score_timeout_s, name="peer-scorer")
+        return self._scorer
 
     async def _send(self, msg: m.Message) -> None:
         """Send on the connection now, if there is one; else (or if it breaks) drop: what must

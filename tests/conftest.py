@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from aiohttp import web
 
 # Tests never download: a hub id that is not on disk must fail at once, not after network retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,6 +79,28 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     scheme = "wss" if cfg.tls_cert else "ws"
     async with serve(hub, "127.0.0.1", 0) as port:
         yield hub, key, f"{scheme}://127.0.0.1:{port}/ws", records
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, runner: web.AppRunner | None = None
+                  ) -> AsyncIterator[int]:
+    """`app` served on 127.0.0.1 port 0 (by `runner`, default a plain AppRunner), stopped on
+    exit; yields the bound port."""
+    runner = runner or web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def markdown_table(cells: list[tuple[str, ...]]) -> list[str]:
+    """A header row and data rows of strings as the lines of an aligned markdown table."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return lines
 
 
 async def wait_until(condition, timeout_s: float = 60.0) -> None:

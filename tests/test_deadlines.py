@@ -11,7 +11,7 @@ from aiohttp import web
 from echo2p2p import messages as m
 from peer.relay import UploadMeter, chunk_handler
 
-from conftest import tracker
+from conftest import serving, tracker
 
 
 async def test_hub_closes_a_connection_that_never_says_hello():
@@ -36,11 +36,7 @@ async def test_chunk_server_cuts_off_a_receiver_that_stops_reading():
     app = web.Application()
     app.router.add_get("/chunk/{version}/{base}/{index}",
                        chunk_handler(lookup, UploadMeter(), slots=1, write_deadline_s=0.5))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(app) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /chunk/1/full/0 HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
@@ -56,5 +52,3 @@ async def test_chunk_server_cuts_off_a_receiver_that_stops_reading():
             pass
         assert received < len(data)  # cut off: it never got the whole chunk
         writer.close()
-    finally:
-        await runner.cleanup()

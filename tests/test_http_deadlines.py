@@ -14,7 +14,7 @@ from aiohttp import web
 
 from peer import http_deadlines
 
-from conftest import running_peers, tracker, wait_until
+from conftest import running_peers, serving, tracker, wait_until
 
 DEADLINE_S = 0.3  # short, so that the tests below see the server's close quickly
 GUARD_S = 60.0  # a test that hangs fails here instead; it is not what the tests assert
@@ -28,13 +28,8 @@ async def hello(request: web.Request) -> web.Response:
 async def small_server(idle_s: float):
     app = web.Application()
     app.router.add_get("/hello", hello)
-    runner = http_deadlines.runner(app, idle_s)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with serving(app, http_deadlines.runner(app, idle_s)) as port:
+        yield port
 
 
 async def closed_by_server(port: int, send: bytes) -> bool:

@@ -17,6 +17,8 @@ from aiohttp import web
 from echo2p2p import signing
 from hub.model_files import ALLOWED, ModelFiles, model_dir, model_routes
 
+from conftest import serving
+
 CONFIG = b'{"architectures": ["Qwen3ForCausalLM"], "eos_token_id": 1}\n'
 TOKENIZER = bytes(range(256)) * 3  # any bytes: served as read, never re-encoded
 
@@ -42,13 +44,8 @@ async def served(files: ModelFiles, authorize=None):
     app = web.Application()
     for path, handler in model_routes(files, authorize).items():
         app.router.add_get(path, handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with serving(app) as port:
+        yield port
 
 
 async def raw_status(port: int, target: str) -> int:

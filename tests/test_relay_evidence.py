@@ -20,7 +20,7 @@ from echo2p2p.session import Session, Side
 from hub.versions import blob_version
 from peer.relay import ChunkStore, Credentials, Download, server_base
 
-from conftest import tracker, wait_until
+from conftest import serving, tracker, wait_until
 from test_overlay import CHUNK, Peers, joined
 
 V0 = b"\0" * 1024
@@ -49,6 +49,13 @@ async def raw_peer(url: str, listen_addr: str | None = None, name: str = "raw"):
             reader.cancel()
 
 
+async def v0_held(hub, key: bytes, n: int):
+    """Publish v0 and wait until the `n` relays hold it and the hub probed them; the first."""
+    hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+    await joined(hub, n)
+    return next(iter(hub.peers.values()))
+
+
 def publish_owned(hub, key: bytes, peer_id: str) -> int:
     """Publish v1 (16 chunks) and return a chunk `peer_id` relays in its plan."""
     hub.publish(blob_version(key, 1, os.urandom(16 * CHUNK), chunk_bytes=CHUNK))
@@ -61,9 +68,7 @@ async def test_accusations_about_chunks_the_accused_was_not_dealt_are_not_checke
     manifest it was not sent, a version long gone) gets no check: the hub never asks, so the
     accused is never judged on it."""
     async with tracker() as (hub, key, url, records), Peers(url, 2):
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-        await joined(hub, 2)
-        target = next(iter(hub.peers.values()))
+        target = await v0_held(hub, key, 2)
         async with raw_peer(url) as (send, welcome, _):
             index = publish_owned(hub, key, target.peer_id)
             other = next(i for i in range(16) if hub.broadcasts[(1, None)].owner(i) != target.peer_id)
@@ -81,9 +86,7 @@ async def test_a_false_corrupt_accusation_costs_the_accuser_not_the_accused():
     that chunk from the relay itself, finds it intact, and each accuser (not the relay) takes a
     false_report; the relay keeps relaying and is never quarantined."""
     async with tracker() as (hub, key, url, records), Peers(url, 2) as relays:
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-        await joined(hub, 2)
-        target = next(iter(hub.peers.values()))
+        target = await v0_held(hub, key, 2)
         async with contextlib.AsyncExitStack() as stack:
             accusers = [await stack.enter_async_context(raw_peer(url, name=f"liar-{i}"))
                         for i in range(3)]
@@ -104,9 +107,7 @@ async def test_one_accuser_is_heard_once_per_manifest():
     """The same accusation repeated on one connection is checked once: a peer cannot make the
     hub fetch a chunk over and over."""
     async with tracker() as (hub, key, url, records), Peers(url, 1):
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-        await joined(hub, 1)
-        target = next(iter(hub.peers.values()))
+        target = await v0_held(hub, key, 1)
         async with raw_peer(url) as (send, welcome, _):
             index = publish_owned(hub, key, target.peer_id)
             for _ in range(20):
@@ -215,10 +216,6 @@ async def test_a_download_never_requests_a_path_or_query_the_source_chose():
 
     app = web.Application()
     app.router.add_route("GET", "/{tail:.*}", record)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
     key = signing.new_private_key()
     pub = blob_version(key, 0, os.urandom(64 << 10), chunk_bytes=CHUNK)
     hub_app = web.Application()
@@ -227,26 +224,19 @@ async def test_a_download_never_requests_a_path_or_query_the_source_chose():
         return web.Response(body=pub.full.chunks[int(request.match_info["index"])])
 
     hub_app.router.add_get("/chunk/{version}/{base}/{index}", from_hub)
-    hub_runner = web.AppRunner(hub_app, access_log=None)
-    await hub_runner.setup()
-    await web.TCPSite(hub_runner, "127.0.0.1", 0).start()
     me = signing.new_private_key()
     creds = Credentials("run", "p1", me, signing.sign_ticket(key, "run", "p1", signing.public_key(me)))
-    try:
-        store = ChunkStore()
-        held = store.begin(pub.full.manifest)
-        n = len(pub.full.chunks)
-        async with aiohttp.ClientSession() as http:
-            download = Download(store, held, http=http, me="p1", stall_s=2.0, replan_wait_s=0.1,
-                                hub_base_url=f"http://127.0.0.1:{hub_runner.addresses[0][1]}",
-                                report=lambda msg: asyncio.sleep(0), credentials=creds)
-            download.set_plan(m.RelayPlan(0, None, 1, [m.RelaySource(
-                "p7", f"http://127.0.0.1:{port}/anything?x=/chunk/120/full/1&wait=5.0")],
-                b"\0\0\0\0" * n))
-            await download.run()
-    finally:
-        await runner.cleanup()
-        await hub_runner.cleanup()
+    store = ChunkStore()
+    held = store.begin(pub.full.manifest)
+    n = len(pub.full.chunks)
+    async with serving(app) as port, serving(hub_app) as hub_port, aiohttp.ClientSession() as http:
+        download = Download(store, held, http=http, me="p1", stall_s=2.0, replan_wait_s=0.1,
+                            hub_base_url=f"http://127.0.0.1:{hub_port}",
+                            report=lambda msg: asyncio.sleep(0), credentials=creds)
+        download.set_plan(m.RelayPlan(0, None, 1, [m.RelaySource(
+            "p7", f"http://127.0.0.1:{port}/anything?x=/chunk/120/full/1&wait=5.0")],
+            b"\0\0\0\0" * n))
+        await download.run()
     assert seen, "the source was never asked"
     for path, ticket in seen:
         assert path.startswith("/chunk/0/full/") and "anything" not in path, path

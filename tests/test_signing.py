@@ -19,6 +19,8 @@ from hub.trainer import start_hub
 from peer.client import PeerClient
 from peer.config import PeerConfig
 
+from conftest import serving
+
 MANIFEST, CHUNKS = build_snapshot(3, [("w", "float32", [4], bytes(range(16)))], chunk_bytes=8)
 
 
@@ -61,13 +63,8 @@ async def fake_hub(handler):
     """A websocket route /ws on 127.0.0.1 served by `handler`; yields its URL."""
     app = web.Application()
     app.router.add_get("/ws", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as port:
+        yield f"ws://127.0.0.1:{port}/ws"
 
 
 async def test_peer_rejects_an_unsigned_manifest():

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from conftest import markdown_table
+
 from .harness import Cluster
 
 
@@ -47,10 +49,7 @@ def table(rows: list[Row]) -> list[str]:
                           "yes" if r.survivors_hold_new_versions else "NO", r.forger_quarantined,
                           "-" if r.recover_s is None else f"{r.recover_s:.2f}", r.note)
                          for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return lines
+    return markdown_table(cells)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -25,6 +25,8 @@ from aiohttp import web
 from echo2p2p import signing
 from echo2p2p.messages import to_wire
 
+from conftest import serving
+
 Frame = dict[str, Any]
 
 
@@ -221,14 +223,9 @@ async def recording_relay(lookup: Callable[..., Any]) -> AsyncIterator[Recording
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    relay.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serving(app) as port:
+        relay.url = f"http://127.0.0.1:{port}"
         yield relay
-    finally:
-        await runner.cleanup()
 
 
 @dataclass
@@ -295,11 +292,6 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
     app = web.Application()
     app.router.add_get("/ws", ws_handler)
     app.router.add_get(f"/chunk/{newest.manifest.version}/full/{{index}}", chunk)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    impostor.url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
-    try:
+    async with serving(app) as port:
+        impostor.url = f"ws://127.0.0.1:{port}/ws"
         yield impostor
-    finally:
-        await runner.cleanup()

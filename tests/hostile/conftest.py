@@ -13,7 +13,7 @@ import pytest
 from hub.config import HubConfig
 from hub.trainer import start_hub
 
-from conftest import running_peers
+from conftest import markdown_table, running_peers
 
 ACCURACY_STEPS = 40
 NOISE = 0.1  # |accuracy difference| within noise (as tests/test_learning.py: ~3 standard errors)
@@ -111,12 +111,8 @@ def _by_item(r: Row) -> tuple[int, str]:
 
 
 def table(rows: list[Row]) -> list[str]:
-    cells = [COLUMNS] + [(r.attack, r.reaction, r.hub_alive, r.honest_training, r.accuracy,
-                          r.note, r.result) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return lines
+    return markdown_table([COLUMNS] + [(r.attack, r.reaction, r.hub_alive, r.honest_training,
+                                        r.accuracy, r.note, r.result) for r in rows])
 
 
 def pytest_terminal_summary(terminalreporter):
