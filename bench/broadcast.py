@@ -57,9 +57,9 @@ async def hub_main(args: argparse.Namespace) -> None:
     JSON line when each is published and its propagation record when it has spread."""
     from echo2p2p import signing
     from echo2p2p.tasks import AdditionTask
-    from hub.config import HubConfig
-    from hub.server import Hub, TokenizedProblem, serve
-    from hub.versions import blob_version
+    from echo2p2p.hub.config import HubConfig
+    from echo2p2p.hub.server import Hub, TokenizedProblem, serve
+    from echo2p2p.hub.versions import blob_version
 
     cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
@@ -108,7 +108,7 @@ class Cluster:
             cap = [] if bed else ["--upload-limit-mbps", str(rates_bps[i] / 1e6)]
             listen = f"{bed.hosts[i].ip if bed else '127.0.0.1'}:0"
             self.procs.append(self._start(i, [
-                sys.executable, "-m", "peer.cli", "join", f"ws://{host}:{port}/ws",
+                sys.executable, "-m", "echo2p2p.peer.cli", "join", f"ws://{host}:{port}/ws",
                 "--engine", "relay", "--name", f"peer{i}", "--listen", listen,
                 "--log-level", "error", *cap]))
 

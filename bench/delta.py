@@ -40,8 +40,8 @@ def build_model(quick: bool):
 
 
 def bf16_stream(model) -> bytes:
-    """The bytes a snapshot of this version carries, as `peer.weights` lays them out."""
-    from peer.weights import state_to_tensors
+    """The bytes a snapshot of this version carries, as `echo2p2p.policy.weights` lays them out."""
+    from echo2p2p.policy.weights import state_to_tensors
 
     return b"".join(bytes(raw) for _, _, _, raw in state_to_tensors(model.state_dict()))
 

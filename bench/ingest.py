@@ -1,6 +1,6 @@
 """How fast the hub admits rollouts: 64 websocket peers on loopback, 256-token rollouts.
 
-The hub side is the real network shell (`hub.server.Hub` behind aiohttp: session validation,
+The hub side is the real network shell (`echo2p2p.hub.server.Hub` behind aiohttp: session validation,
 lease book, staleness check, each sample's token ids decoded and scored with the task verifier
 in the scorer's worker processes, buffer, acks); a drain task stands in for the learner and
 discards batches, so this measures ingest alone. The peers run in a second process (one event
@@ -36,8 +36,8 @@ from echo2p2p import messages as m  # noqa: E402
 from echo2p2p.completions import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
-from hub.config import HubConfig  # noqa: E402
-from hub.server import Hub, TokenizedProblem  # noqa: E402
+from echo2p2p.hub.config import HubConfig  # noqa: E402
+from echo2p2p.hub.server import Hub, TokenizedProblem  # noqa: E402
 
 
 # --- peers (second process) ------------------------------------------------------------------
@@ -85,7 +85,7 @@ async def peer(url: str, args: argparse.Namespace, rate: float, until: float, la
 
 
 async def peers_main(args: argparse.Namespace) -> None:
-    from peer.model import build_char_tokenizer
+    from echo2p2p.policy.model import build_char_tokenizer
 
     decoder = CompletionDecoder(build_char_tokenizer())  # before the clock: imports transformers
     lat: list[float] = []
@@ -130,7 +130,7 @@ async def drain(hub: Hub) -> None:
 
 
 async def hub_main(args: argparse.Namespace) -> None:
-    from peer.model import build_char_tokenizer
+    from echo2p2p.policy.model import build_char_tokenizer
 
     cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
                     max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers)

@@ -1,8 +1,8 @@
 """How far claimed behaviour logprobs land from the hub's recomputation, honest and forged.
 
-The built-in tiny model learns the addition task with the real learner (`hub.learner.Learner`,
+The built-in tiny model learns the addition task with the real learner (`echo2p2p.hub.learner.Learner`,
 the hub's defaults: lr 1e-3, G = 8, 8 groups a step). At every version the published bf16
-weights go into the hub's `SpotChecker` and into real CPU engines (`peer.engine`, as peers run
+weights go into the hub's `SpotChecker` and into real CPU engines (`echo2p2p.policy.engines`, as peers run
 them), which generate real groups; each group's claimed logprobs are then checked under the
 version it is tagged with. Rows:
 
@@ -69,11 +69,11 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     from echo2p2p import messages as m
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.tasks import AdditionTask
-    from hub.config import HubConfig
-    from hub.learner import Learner, encode_prompt
-    from hub.spotcheck import SpotChecker
-    from peer.engine import TransformersEngine
-    from peer.model import load_policy
+    from echo2p2p.hub.config import HubConfig
+    from echo2p2p.hub.learner import Learner, encode_prompt
+    from echo2p2p.hub.spotcheck import SpotChecker
+    from echo2p2p.policy.engines import TransformersEngine
+    from echo2p2p.policy.model import load_policy
 
     torch.manual_seed(0)
     cfg = HubConfig()

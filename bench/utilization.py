@@ -1,7 +1,7 @@
 """Learner utilization: the pool the provisioning rule picks, against the synchronous baseline.
 
-A real hub (`hub.trainer.start_hub`, real websockets on 127.0.0.1, the built-in tiny model)
-trains with real in-process peers (`peer.client.PeerClient`). Three things are held to chosen
+A real hub (`echo2p2p.hub.trainer.start_hub`, real websockets on 127.0.0.1, the built-in tiny model)
+trains with real in-process peers (`echo2p2p.peer.client.PeerClient`). Three things are held to chosen
 values, so that a small CPU (2 cores here) is never the bottleneck:
 - the learner's step takes T_train: the real GRPO step, then a sleep for the rest of T_train;
 - peer i makes at most mu_i rollouts/s: the real transformers engine generates a group of G,
@@ -71,7 +71,7 @@ class ThrottledEngine:
     peer's worker thread, with the engine lock held, as a busy GPU would hold it)."""
 
     def __init__(self, model: str, rollouts_per_s: float):
-        from peer.engine import TransformersEngine
+        from echo2p2p.policy.engines import TransformersEngine
 
         self.inner = TransformersEngine(model)
         self.rollouts_per_s = rollouts_per_s
@@ -91,9 +91,9 @@ def version_wire_bytes(model: str) -> int:
     import torch
 
     from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
-    from hub.learner import Learner
-    from peer.model import load_policy
-    from peer.weights import state_to_tensors
+    from echo2p2p.hub.learner import Learner
+    from echo2p2p.policy.model import load_policy
+    from echo2p2p.policy.weights import state_to_tensors
 
     policy, _ = load_policy(model)
     weights = Learner(policy, lr=1e-3).export_weights(torch.bfloat16)
@@ -107,8 +107,8 @@ def version_wire_bytes(model: str) -> int:
 async def running_peers(url: str, pool: list[Worker], model: str,
                         rate_mbps: float) -> AsyncIterator[None]:
     """One real peer per pool member, throttled to its mu, stopped on exit."""
-    from peer.client import PeerClient
-    from peer.config import PeerConfig
+    from echo2p2p.peer.client import PeerClient
+    from echo2p2p.peer.config import PeerConfig
 
     engines = [await asyncio.to_thread(ThrottledEngine, model, w.rollouts_per_s) for w in pool]
     stop = asyncio.Event()
@@ -126,9 +126,9 @@ async def running_peers(url: str, pool: list[Worker], model: str,
 async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
                     run_dir: Path, timeout_s: float) -> dict:
     """Train `args.steps` steps with `pool` at staleness bound `max_lag`; the measurements."""
-    from hub.config import HubConfig
-    from hub.learner import hold_step_time
-    from hub.trainer import start_hub
+    from echo2p2p.hub.config import HubConfig
+    from echo2p2p.hub.learner import hold_step_time
+    from echo2p2p.hub.trainer import start_hub
 
     # Everything shares one process, so the default executor (min(32, cores + 4) threads) would
     # be too small: each peer parks a thread in generate and another waiting to load weights.

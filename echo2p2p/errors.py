@@ -58,5 +58,5 @@ class SnapshotError(Echo2Error):
 
 
 class ScoringError(Echo2Error):
-    """A `peer.scorer.Scorer` cannot score: its worker does not start, or it was closed.
+    """A `echo2p2p.scoring.scorer.Scorer` cannot score: its worker does not start, or it was closed.
     (A completion that overruns its deadline is not an error: it scores 0 and is counted.)"""

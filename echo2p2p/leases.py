@@ -8,7 +8,7 @@ for a completed lease is answered as a duplicate (idempotent), never admitted tw
 Invariant: every problem handed out is, at any time, in exactly one of: pending (re-issue
 queue), an open lease, or done.
 
-Durability (the hub's journal and checkpoints, `hub.durable`): `state()` is the whole book as
+Durability (the hub's journal and checkpoints, `echo2p2p.hub.durable`): `state()` is the whole book as
 plain data, and every change after it is reported to `on_change` as a small tuple that `replay`
 applies to a restored book, so a hub killed at any moment comes back with the same leases. Open
 leases of a restored book are orphans: their peers reconnect under new ids, so any peer may

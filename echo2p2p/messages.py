@@ -34,7 +34,7 @@ import msgpack
 
 from .errors import LocalProtocolError, RemoteProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the first relay plan travels inside the version announcement
 
 # Close codes: RFC 6455 ones where they fit, 4000-4999 (application range) for the rest.
 CLOSE_NORMAL = 1000
@@ -254,10 +254,12 @@ class Manifest:
 
 @dataclass(frozen=True)
 class VersionAnnouncement:
-    """A new version exists; a `RelayPlan` says where to fetch its chunks."""
+    """A new version exists, and `plan` (revision 1 or later, for this very manifest) says where
+    to fetch its chunks; later revisions come as `RelayPlan` messages."""
 
     TYPE: ClassVar[str] = "version"
     manifest: Manifest
+    plan: RelayPlan
     signature: bytes = b""  # Ed25519 by the hub's key over signing.manifest_bytes(manifest)
 
 

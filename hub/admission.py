@@ -5,13 +5,13 @@ rejected); a quarantined peer's rollout is rejected; a version the hub never pub
 forged tag; the staleness rule judges the version. Then one task per submission scores every
 sample from its token ids, decoded as the engines decode (`echo2p2p.completions`), with the
 task's verifier in the scorer's worker processes, off the event loop and under a deadline
-(`peer.scorer.Scorer`); the peer's text and reward are only checked against that. A share
+(`echo2p2p.scoring.scorer.Scorer`); the peer's text and reward are only checked against that. A share
 of submissions also have their behaviour logprobs recomputed under the claimed version
-(`hub.spotcheck`). Nothing is acknowledged before it is judged. What is admitted is journaled
-(`hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
+(`echo2p2p.hub.spotcheck`). Nothing is acknowledged before it is judged. What is admitted is journaled
+(`echo2p2p.hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
 resumed.
 
-`Admission` is a part of `hub.server.Hub`, kept apart so that each file reads as one concern; it
+`Admission` is a part of `echo2p2p.hub.server.Hub`, kept apart so that each file reads as one concern; it
 uses the hub's lease book, buffer, trust book, pool, scorer, spot-checker and journal.
 """
 
@@ -31,15 +31,15 @@ from .durable import group_from_wire, group_to_wire
 from .peers import PeerConn
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
-    from peer.scorer import Scored
+    from echo2p2p.scoring.scorer import Scored
 
     from .spotcheck import SpotResult
 
-log = logging.getLogger("hub.server")  # one logger for the hub's peer-facing side
+log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
 
 
 class Admission:
-    """The rollout path and the checkpointed state of `hub.server.Hub`."""
+    """The rollout path and the checkpointed state of `echo2p2p.hub.server.Hub`."""
 
     def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
@@ -200,7 +200,7 @@ class Admission:
         if busy_s > 0 and samples:
             self.pool.rate(conn.peer_id, samples / busy_s)
 
-    # --- durability (hub.durable) ------------------------------------------------------
+    # --- durability (echo2p2p.hub.durable) ------------------------------------------------------
 
     def _journal(self, kind: str, *record: Any) -> None:
         if self.journal is not None:

@@ -1,4 +1,4 @@
-"""Make the shipped base checkpoint of the built-in model: `python -m hub.base_checkpoint`.
+"""Make the shipped base checkpoint of the built-in model: `python -m echo2p2p.hub.base_checkpoint`.
 
 Builds the character tokenizer and the tiny Qwen3 (peer/model.py), then runs a short supervised
 warm-up on the AdditionTask train split (loss on the answer and EOS only). The warm-up targets
@@ -39,7 +39,7 @@ def greedy_accuracy(model, tokenizer, problems: Sequence, reward, *, max_new_tok
     """Exact-match accuracy of greedy completions; prompts batched by length (no padding)."""
     import torch
 
-    from peer.engine import forward_cached
+    from echo2p2p.policy.sampling import forward_cached
 
     by_len: dict[int, list] = {}
     for p in problems:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from echo2p2p.tasks import AdditionTask
-    from peer.model import build_char_tokenizer, build_tiny_model, builtin_dir
+    from echo2p2p.policy.model import build_char_tokenizer, build_tiny_model, builtin_dir
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

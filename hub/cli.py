@@ -16,7 +16,7 @@ from pathlib import Path
 from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError
 
-from peer import process
+from echo2p2p.runtime import process
 
 from .config import HubConfig
 from .plan import PlanConfig

@@ -33,7 +33,7 @@ async def run_demo(cfg: HubConfig, n_peers: int) -> int:
               f"{cfg.prompts_per_step} prompts/step, {cfg.max_steps or 'unlimited'} steps)", flush=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         peers = [await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "peer.cli", "join", run.url, "--name", f"local-{i}",
+            sys.executable, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
             "--torch-threads", "1", "--log-level", "warning", env=env) for i in range(n_peers)]
         try:
             await run.finished.wait()

@@ -1,7 +1,7 @@
 """GRPO maths: group-normalised advantages and a clipped, staleness-corrected surrogate loss.
 
 Pure functions over tensors; no state, no optimiser, no knowledge of peers or the wire. The
-learner (`hub.learner`) builds the batch and owns the optimiser.
+learner (`echo2p2p.hub.learner`) builds the batch and owns the optimiser.
 
 Simplifications chosen (in the spirit of nanochat's `scripts/chat_rl.py`):
 

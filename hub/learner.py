@@ -290,7 +290,7 @@ class Learner:
         batch_size: int = 64,
     ) -> float:
         """Mean reward of greedy completions of `problems` (held-out accuracy). `score` maps
-        a batch of (answer, completion text) to rewards (`peer.scorer.Scorer`, so that a
+        a batch of (answer, completion text) to rewards (`echo2p2p.scoring.scorer.Scorer`, so that a
         verifier that hangs costs a deadline, not the run); texts follow the peers' rule."""
         if not problems:
             return 0.0

@@ -5,7 +5,7 @@ the same engine and the same weight path as a peer gets (the learner's version e
 `weights_dtype` and loaded into a `TransformersEngine`), but no network, no leases and no
 staleness: every group of step t is sampled from version t. Deterministic given `seed`.
 
-    python -m hub.local_run --steps 100 --prompts-per-step 16 --group-size 8 --lr 1e-5
+    python -m echo2p2p.hub.local_run --steps 100 --prompts-per-step 16 --group-size 8 --lr 1e-5
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def train_sync(
 
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.messages import Sample, pack_ids, pack_logprobs
-    from peer.scorer import Scorer
+    from echo2p2p.scoring.scorer import Scorer
     from echo2p2p.tasks import AdditionTask
-    from peer.engine import TransformersEngine
-    from peer.model import load_policy
+    from echo2p2p.policy.engines import TransformersEngine
+    from echo2p2p.policy.model import load_policy
 
     from .learner import Learner, encode_prompt
 
@@ -120,7 +120,7 @@ def train_sync(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: one line per step on stdout, then the last record as JSON."""
-    p = argparse.ArgumentParser(prog="python -m hub.local_run", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m echo2p2p.hub.local_run", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny", help="built-in name, HF hub id or local path")
     p.add_argument("--steps", type=int, required=True, help="learner steps")
     p.add_argument("--prompts-per-step", type=int, default=16, help="groups per step")

@@ -8,7 +8,7 @@ through the overlay (a signed manifest and chunks) like every other version.
 Only names in `ALLOWED` are ever served, and only the files that were read when the hub
 started: a request names a key of an in-memory table, never a path, so no request can reach
 another file (no traversal, no symlink swapped in later). Where the directory comes from is the
-policy loader's rule (`peer.model.model_source`): the shipped built-in checkpoint for "tiny", a
+policy loader's rule (`echo2p2p.policy.model.model_source`): the shipped built-in checkpoint for "tiny", a
 local directory, or the snapshot of a Hugging Face hub id in the local cache (never downloaded
 here). Knows nothing of tickets: whoever builds the routes passes `authorize`.
 """
@@ -95,7 +95,7 @@ class ModelFiles:
 def model_dir(model: str, *, cache_dir: str | None = None) -> Path:
     """The directory `load_policy(model)` loads from; a hub id resolves to its snapshot in the
     local Hugging Face cache (offline; FileNotFoundError if it is not there)."""
-    from peer.model import model_source  # the loader's own rule, so the two never disagree
+    from echo2p2p.policy.model import model_source  # the loader's own rule, so the two never disagree
 
     source = model_source(model)
     if Path(source).is_dir():

@@ -10,7 +10,7 @@ from aiohttp import web
 from echo2p2p import messages as m
 from echo2p2p.relay import Member
 from echo2p2p.session import Session, State
-from peer.relay import server_base
+from echo2p2p.overlay.tickets import server_base
 
 
 @dataclass

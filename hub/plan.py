@@ -103,7 +103,7 @@ def model_bytes(cfg: PlanConfig) -> float:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from peer.model import model_source
+    from echo2p2p.policy.model import model_source
 
     config = AutoConfig.from_pretrained(model_source(cfg.model))
     with torch.device("meta"):

@@ -23,7 +23,8 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
-from peer.relay import Credentials, chunk_path
+from echo2p2p.overlay.store import chunk_path
+from echo2p2p.overlay.tickets import Credentials
 
 from .peers import PeerConn
 

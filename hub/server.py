@@ -2,7 +2,7 @@
 
 Each connection's handler reads a frame, feeds it to its `Session` (validation and the state
 table live there), and acts on the message: leases from the `LeaseBook`, rollouts through
-`hub.admission` into the `RolloutBuffer`, acks and rejects back. Replies never wait on a
+`echo2p2p.hub.admission` into the `RolloutBuffer`, acks and rejects back. Replies never wait on a
 socket: they go into the peer's outbox, which a writer task drains under a deadline, so one peer
 that stops reading is closed instead of stalling lease dispatch for all. Another task per connection
 sends heartbeats. A misbehaving peer is closed with a code and a short reason; nothing it sends
@@ -14,7 +14,7 @@ Versions: the hub is the overlay's tracker. `publish` announces each version to 
 share). Plans are re-dealt when a relaying peer leaves or is reported; each peer's report of a
 finished transfer feeds its measured upload bandwidth and the per-version propagation record.
 
-The learner loop itself lives in `hub.trainer`; it calls `publish`, `dispatch` and
+The learner loop itself lives in `echo2p2p.hub.trainer`; it calls `publish`, `dispatch` and
 `wait_batch` here.
 """
 
@@ -38,13 +38,15 @@ from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.relay import Broadcast, Member
 from echo2p2p.completions import CompletionDecoder
-from peer.scorer import Scorer
+from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.session import Session, Side, State
 from echo2p2p.staleness import lease_budget, min_fresh_version
 from echo2p2p.tasks import Problem
 
-from peer import http_deadlines
-from peer.relay import GONE, Credentials, Tickets, TokenBucket, UploadMeter, chunk_handler
+from echo2p2p.runtime import http_deadlines
+from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
+from echo2p2p.overlay.store import GONE
+from echo2p2p.overlay.tickets import Credentials, Tickets
 
 from echo2p2p.trust import TrustBook
 
@@ -125,7 +127,7 @@ class Hub(Admission):
         self._admitted = asyncio.Event()
         self._next_peer = 0
         self.spot = spot
-        self._checks: set[asyncio.Task] = set()  # submissions being judged (hub.admission)
+        self._checks: set[asyncio.Task] = set()  # submissions being judged (echo2p2p.hub.admission)
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
             task.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
             workers=cfg.score_workers, name="hub-scorer")
@@ -179,8 +181,7 @@ class Hub(Admission):
             plan = broadcast.start([self._member(c) for c in members])
             for conn in members:
                 conn.announced = version.version
-                conn.post(m.VersionAnnouncement(snap.manifest, snap.signature))
-                conn.post(plan)
+                conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
 
     def _broadcast(self, snap: Snapshot) -> Broadcast:
         key = (snap.manifest.version, snap.manifest.base_version)
@@ -368,10 +369,10 @@ class Hub(Admission):
         if newest is None or conn.announced >= newest.version:
             return
         conn.announced = newest.version
-        conn.post(m.VersionAnnouncement(newest.full.manifest, newest.full.signature))
         broadcast = self._broadcast(newest.full)
-        conn.post(broadcast.join(self._member(conn)) if broadcast.members
-                  else broadcast.start([self._member(conn)]))
+        plan = (broadcast.join(self._member(conn)) if broadcast.members
+                else broadcast.start([self._member(conn)]))
+        conn.post(m.VersionAnnouncement(newest.full.manifest, plan, newest.full.signature))
 
     def _leave(self, conn: PeerConn) -> None:
         self.peers.pop(conn.peer_id, None)

@@ -46,7 +46,7 @@ import torch
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.messages import unpack_ids, unpack_logprobs
-from peer.engine import copy_state, nucleus_logprobs
+from echo2p2p.policy.sampling import copy_state, nucleus_logprobs
 
 from . import grpo
 from .config import HubConfig

@@ -27,10 +27,10 @@ from echo2p2p import snapshot as snap
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
 from echo2p2p.completions import CompletionDecoder
-from peer.scorer import Scorer
+from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import is_publish_version, lag_versions
 from echo2p2p.tasks import AdditionTask, MathTask
-from peer.relay import Tickets
+from echo2p2p.overlay.tickets import Tickets
 
 from .config import HubConfig
 from .durable import Checkpoints
@@ -125,7 +125,7 @@ class HubRun:
         """The version in full, and as a delta against the last one unless it is an anchor."""
         import torch
 
-        from peer.weights import state_to_tensors
+        from echo2p2p.policy.weights import state_to_tensors
 
         dtype = getattr(torch, self.cfg.weights_dtype)
         weights = self.learner.export_weights(dtype)
@@ -260,7 +260,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
     train in the background; stop on exit."""
     import torch
 
-    from peer.model import load_policy
+    from echo2p2p.policy.model import load_policy
 
     from .learner import Learner, encode_prompt
     from .spotcheck import SpotChecker

@@ -15,7 +15,7 @@ from typing import Any
 from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError, JoinRefused
 
-from . import process
+from echo2p2p.runtime import process
 from .config import PeerConfig
 
 

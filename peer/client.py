@@ -5,7 +5,7 @@ version -> score -> submit, tagged with the version actually used) and the swapp
 complete version into the engine between two generations: the swap is atomic, generation goes
 on with the old weights while a download is under way). Each connection adds the reader (frames
 through the core `Session`), the heartbeat, and one download per announced version, which pulls
-its chunks over HTTP by the hub's relay plan (`peer.relay`). The peer's own chunk server,
+its chunks over HTTP by the hub's relay plan (`echo2p2p.overlay`). The peer's own chunk server,
 started once, serves what it holds to the other peers.
 
 When the hub goes away the peer keeps generating the leases it holds, keeps every rollout the
@@ -41,14 +41,16 @@ from echo2p2p.session import Session, Side
 from echo2p2p import signing
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.signing import verify_manifest
-from peer.scorer import Scorer
+from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.tasks import reward_fn
 
-from . import http_deadlines
+from echo2p2p.runtime import http_deadlines
 from .config import PeerConfig, normalize_url
 from .outbox import Outbox
-from .relay import (ChunkStore, Credentials, Download, Tickets, TokenBucket, UploadMeter,
-                    chunk_handler)
+from echo2p2p.overlay.download import Download
+from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
+from echo2p2p.overlay.store import ChunkStore
+from echo2p2p.overlay.tickets import Credentials, Tickets
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +315,10 @@ class PeerClient:
                 elif isinstance(msg, m.VersionAnnouncement):
                     if self.welcome.hub_key:  # a manifest we cannot trust is never assembled
                         verify_manifest(self.welcome.hub_key, msg.manifest, msg.signature)
-                    self._start_download(conn, msg.manifest)
+                    if (msg.plan.version, msg.plan.base_version) != (
+                            msg.manifest.version, msg.manifest.base_version):
+                        raise RemoteProtocolError("a version announced with another's relay plan")
+                    self._start_download(conn, msg.manifest, msg.plan)
                 elif isinstance(msg, m.RelayPlan):
                     if self._download is not None:
                         held = self._download[0].held
@@ -325,7 +330,7 @@ class PeerClient:
                 await conn.close(getattr(exc, "code", m.CLOSE_PROTOCOL_ERROR), reason)
                 return
 
-    def _start_download(self, conn: _Conn, manifest: m.Manifest) -> None:
+    def _start_download(self, conn: _Conn, manifest: m.Manifest, plan: m.RelayPlan) -> None:
         """Fetch the announced version, dropping an older download still under way."""
         if self._download is not None:
             if self._download[0].held.manifest.version >= manifest.version:
@@ -341,6 +346,7 @@ class PeerClient:
         download = Download(self.store, held, http=conn.http, hub_base_url=_http_base(self.url),
                             me=self.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s,
                             credentials=self.credentials)
+        download.set_plan(plan)
         self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
 
     async def _fetch_version(self, conn: _Conn, download: Download) -> None:
@@ -367,7 +373,7 @@ class PeerClient:
             self.version = version
             await conn.send(m.VersionHeld(version))
             return
-        from .weights import tensors_to_state
+        from echo2p2p.policy.weights import tensors_to_state
 
         state = await asyncio.to_thread(lambda: tensors_to_state(held.assembler.tensors()))
         self._staged = (version, state)
@@ -404,7 +410,7 @@ class PeerClient:
     async def _work(self) -> None:
         """Leases to rollouts, connected or not: a rollout made while the hub is away waits in
         the outbox, which the next connection sends first. The claimed rewards are scored in a
-        worker process under a deadline (`peer.scorer`), never on the event loop."""
+        worker process under a deadline (`echo2p2p.scoring.scorer`), never on the event loop."""
         while True:
             lease, deadline = await self._leases.get()
             self._generating = 1
@@ -508,7 +514,7 @@ class _Conn:
 def _build_engine(cfg: PeerConfig, model: str) -> Any:
     """Import torch and the engine, then build it: for a worker thread, since the first import
     alone takes seconds (tens of them on a loaded machine) and would stall the event loop."""
-    from .engine import make_engine
+    from echo2p2p.policy.engines import make_engine
 
     if cfg.torch_threads:
         import torch

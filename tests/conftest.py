@@ -18,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from echo2p2p import signing
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.tasks import AdditionTask
-from hub.config import HubConfig
-from hub.server import Hub, TokenizedProblem, serve
-from peer.client import PeerClient
-from peer.config import PeerConfig
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.server import Hub, TokenizedProblem, serve
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
 
 
 def pytest_addoption(parser):
@@ -65,7 +65,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
     plans their broadcast, and scores rollouts by the built-in tokenizer. `setup(hub)` runs
     before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
-    from peer.model import build_char_tokenizer
+    from echo2p2p.policy.model import build_char_tokenizer
 
     cfg = replace(HubConfig(port=0, chunk_bytes=16 << 10), **overrides)
     key = signing.new_private_key()

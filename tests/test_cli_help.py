@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from echo2p2p.config import add_arguments
-from hub import base_checkpoint, local_run
-from hub import cli as hub_cli
-from peer import cli as peer_cli
+from echo2p2p.hub import base_checkpoint, local_run
+from echo2p2p.hub import cli as hub_cli
+from echo2p2p.peer import cli as peer_cli
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
@@ -63,7 +63,7 @@ def test_peer_help(path, capsys):
 
 
 @pytest.mark.parametrize("main", [base_checkpoint.main, local_run.main],
-                         ids=["hub.base_checkpoint", "hub.local_run"])
+                         ids=["echo2p2p.hub.base_checkpoint", "echo2p2p.hub.local_run"])
 def test_module_entrypoints_help(main, capsys):
     """The `python -m` entrypoints answer `--help` as well."""
     assert _help(main, ["--help"], capsys).startswith("usage:")

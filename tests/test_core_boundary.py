@@ -1,4 +1,14 @@
-"""The sans-IO boundary: no module under echo2p2p/ imports an IO, clock or tensor library."""
+"""The house's boundaries, module by module: what each part of echo2p2p may import.
+
+- The core (`echo2p2p/*.py`, `echo2p2p/tasks/`) is sans-IO: it may import only the pure
+  standard-library modules and codecs listed in CORE_STDLIB and CORE_THIRD_PARTY. No clock, no
+  threads, no files, no sockets, no processes, no event loop, no torch.
+- Each I/O sub-package may import what its job needs (SUBPACKAGES) and the core, never the
+  applications.
+- The applications `hub/` and `peer/` never import each other, under either import path, and
+  nothing imports them by their folder names.
+The lists are allow-lists: a new import fails here until someone decides where it belongs.
+"""
 
 from __future__ import annotations
 
@@ -7,45 +17,118 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "echo2p2p"
-FORBIDDEN = {"asyncio", "aiohttp", "torch", "transformers", "vllm", "uvloop", "socket", "time"}
-CORE_FILES = sorted(CORE.rglob("*.py"))
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "echo2p2p"
+
+CORE_STDLIB = {"__future__", "argparse", "ast", "collections", "dataclasses", "enum", "hashlib",
+               "heapq", "json", "math", "operator", "random", "re", "string", "struct",
+               "textwrap", "types", "typing", "urllib"}
+CORE_THIRD_PARTY = {"cryptography", "msgpack", "numpy", "zstandard", "math_verify"}
+IO_COMMON = {"collections", "contextlib", "dataclasses", "logging", "math", "sys", "time",
+             "typing", "__future__"}
+SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
+    "policy": {"inspect", "os", "pathlib", "string", "threading", "numpy", "tokenizers",
+               "torch", "transformers", "vllm"},
+    "overlay": {"asyncio", "aiohttp", "tqdm", "urllib"},
+    "scoring": {"asyncio", "concurrent", "ctypes", "multiprocessing", "os", "pickle", "signal",
+                "threading"},
+    "runtime": {"asyncio", "aiohttp", "os", "uvloop"},
+}
+APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 
 
-def imported_roots(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import anywhere in `tree`, nested ones too,
-    plus `importlib.import_module("x")` / `__import__("x")` calls with a literal name."""
+def imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import anywhere in `tree`, nested ones too, plus
+    `importlib.import_module("x")` / `__import__("x")` calls with a literal name. Relative
+    imports are reported as ".name" (level dots, then the module)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, "." * node.level + (node.module or "")))
         elif (isinstance(node, ast.Call) and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
               and (getattr(node.func, "id", None) == "__import__"
                    or getattr(node.func, "attr", None) == "import_module")):
-            found.append((node.lineno, node.args[0].value.split(".")[0]))
+            found.append((node.lineno, node.args[0].value))
     return found
 
 
-def test_core_files_found():
-    """The scan sees the core package (guards against a wrong path passing vacuously)."""
-    assert CORE / "messages.py" in CORE_FILES
+def violations(source: str, allowed: set[str], internal_ok: set[str]) -> list[str]:
+    """Imports in `source` outside `allowed` top-level names or, inside echo2p2p, outside the
+    `internal_ok` second-level names ("" = the core modules themselves)."""
+    bad = []
+    for line, name in imports(ast.parse(source)):
+        if name.startswith("."):
+            continue  # inside its own package; the package's own rule covers it
+        parts = name.split(".")
+        if parts[0] == "echo2p2p":
+            second = parts[1] if len(parts) > 1 else ""
+            if second in SUBPACKAGES or second in APPLICATIONS:
+                if second not in internal_ok:
+                    bad.append(f"line {line}: {name}")
+            continue
+        if parts[0] not in allowed:
+            bad.append(f"line {line}: {name}")
+    return bad
+
+
+CORE_FILES = sorted([*CORE.glob("*.py"), *(CORE / "tasks").glob("*.py")])
+SUB_FILES = sorted((pkg, f) for pkg in SUBPACKAGES for f in (CORE / pkg).glob("*.py"))
+APP_FILES = sorted((app, f) for app, d in APPLICATIONS.items() for f in d.rglob("*.py"))
+
+
+def test_every_module_is_covered():
+    """Each .py file under echo2p2p/ falls under one rule (a new sub-package must be given one)."""
+    covered = set(CORE_FILES) | {f for _, f in SUB_FILES}
+    assert CORE / "messages.py" in covered and CORE / "overlay" / "download.py" in covered
+    assert not set(CORE.rglob("*.py")) - covered
 
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(CORE)))
-def test_core_module_imports_no_io(path):
-    """A core module imports none of asyncio, aiohttp, torch, transformers, vllm, uvloop,
-    socket or time, at top level or inside a function."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    bad = [f"line {line}: {root}" for line, root in imported_roots(tree) if root in FORBIDDEN]
-    assert not bad, f"{path.relative_to(CORE.parent)} crosses the core boundary: {bad}"
+def test_core_module_is_sans_io(path):
+    """A core module imports only pure standard-library modules and codecs, and no sub-package."""
+    bad = violations(path.read_text(encoding="utf-8"), CORE_STDLIB | CORE_THIRD_PARTY, set())
+    assert not bad, f"{path.relative_to(ROOT)} crosses the core boundary: {bad}"
 
 
-def test_scanner_catches_nested_and_dynamic_imports():
-    """The scanner finds imports inside functions and importlib calls, and skips relative ones."""
-    src = ("from .errors import X\n"
-           "def f():\n    import torch.nn as nn\n    from time import monotonic\n"
-           "    importlib.import_module('asyncio')\n")
-    assert {root for _, root in imported_roots(ast.parse(src))} == {"torch", "time", "asyncio"}
+@pytest.mark.parametrize("pkg,path", SUB_FILES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_subpackage_imports_what_it_owns(pkg, path):
+    """A sub-package imports its own tools and the core; never an application."""
+    others = set(SUBPACKAGES) - {pkg}
+    bad = violations(path.read_text(encoding="utf-8"), IO_COMMON | SUBPACKAGES[pkg] | CORE_STDLIB | CORE_THIRD_PARTY,
+                     internal_ok=others)
+    assert not bad, f"{path.relative_to(ROOT)} imports outside its rule: {bad}"
+
+
+@pytest.mark.parametrize("app,path", APP_FILES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_planes_never_import_each_other(app, path):
+    """hub/ never imports peer/ and the reverse, as echo2p2p.x or by the folder's name."""
+    other = ({"hub", "peer"} - {app}).pop()
+    bad = [f"line {line}: {name}" for line, name in
+           imports(ast.parse(path.read_text(encoding="utf-8")))
+           if name.split(".")[0] in APPLICATIONS or name.startswith(f"echo2p2p.{other}")]
+    assert not bad, f"{path.relative_to(ROOT)} imports another plane or a bare name: {bad}"
+
+
+def test_one_import_path_everywhere():
+    """Code, tests and benches import the applications as echo2p2p.hub / echo2p2p.peer only."""
+    files = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("examples/**/*.py"),
+             *CORE.rglob("*.py"), *(f for _, f in APP_FILES)]
+    bad = [f"{f.relative_to(ROOT)}:{line}: {name}" for f in files
+           for line, name in imports(ast.parse(f.read_text(encoding="utf-8")))
+           if name.split(".")[0] in APPLICATIONS]
+    assert not bad, bad
+
+
+def test_scanner_catches_what_a_violation_looks_like():
+    """The rules fail on a core module with a clock, a thread or a sub-package import, and on a
+    plane importing the other (each rule can go red)."""
+    src = ("from .errors import X\nimport time\n"
+           "def f():\n    import threading\n    from echo2p2p.overlay.store import ChunkStore\n"
+           "    importlib.import_module('os')\n")
+    bad = violations(src, CORE_STDLIB | CORE_THIRD_PARTY, internal_ok=set())
+    assert [b.split(": ")[1] for b in bad] == ["time", "threading", "echo2p2p.overlay.store", "os"]
+    plane = imports(ast.parse("from echo2p2p.peer.client import PeerClient\nimport hub.server\n"))
+    assert [n for _, n in plane] == ["echo2p2p.peer.client", "hub.server"]

@@ -10,7 +10,7 @@ ATTACKS (any of):
                     logprob spot-checks recompute them under the claimed version)
   --forge-version   tag each rollout with one version newer than the one that generated it
 
-Everything else is the honest `peer.client.PeerClient`: the lies sit in a subclass, a chunk
+Everything else is the honest `echo2p2p.peer.client.PeerClient`: the lies sit in a subclass, a chunk
 store and an engine wrapper, so the hub meets the same protocol an honest peer speaks.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, when run as a file
 
 from echo2p2p import messages as m  # noqa: E402
-from peer import cli as peer_cli  # noqa: E402
-from peer.client import PeerClient  # noqa: E402
-from peer.config import PeerConfig  # noqa: E402
-from peer.relay import ChunkStore  # noqa: E402
+from echo2p2p.peer import cli as peer_cli  # noqa: E402
+from echo2p2p.peer.client import PeerClient  # noqa: E402
+from echo2p2p.peer.config import PeerConfig  # noqa: E402
+from echo2p2p.overlay.store import ChunkStore  # noqa: E402
 
 ATTACKS = ("corrupt-chunks", "forge-rewards", "forge-logprobs", "forge-version")
 

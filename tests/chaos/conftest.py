@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import markdown_table
+from tests.conftest import markdown_table
 
 from .harness import Cluster
 

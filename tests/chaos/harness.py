@@ -116,7 +116,7 @@ class Cluster:
                   name: str = "hub") -> HubProc:
         """`echo2-hub serve` (or `serve --resume run_dir`); returns once it listens."""
         where = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
-        argv = [sys.executable, "-m", "hub.cli", "serve", *where, "--port", str(port),
+        argv = [sys.executable, "-m", "echo2p2p.hub.cli", "serve", *where, "--port", str(port),
                 *HUB_FLAGS, *flags]
         hub = self._spawn(name, "hub", argv, HubProc, run_dir=run_dir)
         listening = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)/ws")
@@ -132,7 +132,7 @@ class Cluster:
     def start_peer(self, hub: HubProc, name: str, *flags: str, engine: str = "transformers",
                    byzantine: tuple[str, ...] = ()) -> Proc:
         """`echo2-peer join` (or tests/chaos/byzantine_peer.py with `byzantine` attack flags)."""
-        entry = [str(BYZANTINE), *byzantine] if byzantine else ["-m", "peer.cli"]
+        entry = [str(BYZANTINE), *byzantine] if byzantine else ["-m", "echo2p2p.peer.cli"]
         argv = [sys.executable, *entry, "join", hub.url, "--name", name, "--engine", engine,
                 *PEER_FLAGS, *flags]
         role = "byzantine" if byzantine else ("relay" if engine == "relay" else "peer")
@@ -280,7 +280,7 @@ def final_state(run_dir: Path) -> FinalState:
     import msgpack
 
     from echo2p2p.leases import LeaseBook
-    from hub.durable import read_journal
+    from echo2p2p.hub.durable import read_journal
 
     root = run_dir / "checkpoints"
     number = int((root / "LATEST").read_text())

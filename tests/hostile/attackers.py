@@ -2,7 +2,7 @@
 attacker runs beside it (a relay that never answers, a relay that records what it is sent) and
 a hub that is not the hub.
 
-`RawPeer` builds every frame as a plain msgpack map (`{"p": 1, "t": type, ...}`, as
+`RawPeer` builds every frame as a plain msgpack map (`{"p": 2, "t": type, ...}`, as
 docs/PROTOCOL.md describes it), so values the honest `Session` would refuse to send (a NaN price,
 a 590,000-key map) still go out, and it records every frame and the close it gets. It never
 generates and never downloads: it says what it says and watches the hub's answer.
@@ -23,9 +23,10 @@ import msgpack
 from aiohttp import web
 
 from echo2p2p import signing
+from echo2p2p import messages as m
 from echo2p2p.messages import to_wire
 
-from conftest import serving
+from tests.conftest import serving
 
 Frame = dict[str, Any]
 
@@ -57,7 +58,7 @@ class RawPeer:
         return f"closed {self.close_code} {self.close_reason!r}"
 
     async def send(self, t: str, **fields: Any) -> None:
-        await self.send_bytes(msgpack.packb({"p": 1, "t": t, **fields}, use_bin_type=True))
+        await self.send_bytes(msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True))
 
     async def send_bytes(self, data: bytes) -> None:
         await self.ws.send_bytes(data)
@@ -250,7 +251,7 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
     problem = real.task.problems("train")[0]
 
     def frame(t: str, **fields: Any) -> bytes:
-        return msgpack.packb({"p": 1, "t": t, **fields}, use_bin_type=True)
+        return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True)
 
     async def ws_handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(compress=False)
@@ -275,11 +276,9 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
                 version=newest.manifest.version, max_lag=cfg.max_lag, group_size=cfg.group_size,
                 temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                 seed=1, hub_key=real.hub_key, ticket=b"", proof=bytes(64)))
-            await ws.send_bytes(frame("version", manifest=to_wire(newest.manifest),
-                                      signature=newest.signature))
-            await ws.send_bytes(frame(
-                "relay_plan", version=newest.manifest.version, base_version=None, revision=1,
-                sources=[], owners=b"\xff\xff\xff\xff" * len(newest.chunks)))
+            await ws.send_bytes(frame("version", manifest=to_wire(newest.manifest), plan=dict(
+                version=newest.manifest.version, base_version=None, revision=1, sources=[],
+                owners=b"\xff\xff\xff\xff" * len(newest.chunks)), signature=newest.signature))
         impostor.hung_up += 1
         return ws
 

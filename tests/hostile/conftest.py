@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from hub.config import HubConfig
-from hub.trainer import start_hub
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.trainer import start_hub
 
-from conftest import markdown_table, running_peers
+from tests.conftest import markdown_table, running_peers
 
 ACCURACY_STEPS = 40
 NOISE = 0.1  # |accuracy difference| within noise (as tests/test_learning.py: ~3 standard errors)

@@ -18,11 +18,11 @@ from typing import Any
 
 import aiohttp
 
-from hub.config import HubConfig
-from hub.trainer import HubRun, start_hub
-from peer.client import PeerClient
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.trainer import HubRun, start_hub
+from echo2p2p.peer.client import PeerClient
 
-from conftest import running_peers, wait_until
+from tests.conftest import running_peers, wait_until
 
 HONEST = "test-0"  # running_peers' name for the first peer
 START_STEPS = 2  # learner steps taken before an attack begins: training is under way

@@ -20,7 +20,7 @@ HALF_HEAD = b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # ...and nev
 async def test_half_sent_requests_are_closed_by_the_servers(tmp_path, row, monkeypatch):
     """Half-sent request heads are closed by the hub's and the peer's HTTP servers; both go on."""
     r = row(f"9. slowloris: {SLOW_CLIENTS} half-sent request heads each to hub and peer")
-    monkeypatch.setattr("peer.http_deadlines.IDLE_S", HEAD_DEADLINE_S)  # read when a server starts
+    monkeypatch.setattr("echo2p2p.runtime.http_deadlines.IDLE_S", HEAD_DEADLINE_S)  # read when a server starts
     async with hub_and_honest_peer(small_cfg(tmp_path)) as (run, honest), \
             contextlib.AsyncExitStack() as stack:
         peer_port = urlsplit(honest.served_url).port

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from peer.client import PeerClient
-from peer.config import PeerConfig
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
 
-from conftest import wait_until
+from tests.conftest import wait_until
 from .attackers import impostor_hub
 from .conftest import yes
 from .harness import hub_alive, hub_and_honest_peer, mark, small_cfg, still_training
@@ -21,7 +21,7 @@ from .harness import hub_alive, hub_and_honest_peer, mark, small_cfg, still_trai
 async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(tmp_path, row, caplog):
     """A peer pinned to the hub key refuses an impostor echoing it: asks no work, does none."""
     r = row("8. impostor hub echoing the real hub key (peer pinned with --hub-key)")
-    caplog.set_level(logging.WARNING, logger="peer.client")
+    caplog.set_level(logging.WARNING, logger="echo2p2p.peer.client")
     async with hub_and_honest_peer(small_cfg(tmp_path)) as (run, honest), \
             impostor_hub(run) as impostor:
         since = mark(run, honest)
@@ -38,7 +38,7 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(tmp_path,
             finally:
                 stop.set()
         why = [rec.getMessage().replace(impostor.url, "IMPOSTOR") for rec in caplog.records
-               if rec.name == "peer.client" and impostor.url in rec.getMessage()]
+               if rec.name == "echo2p2p.peer.client" and impostor.url in rec.getMessage()]
         s = victim.statistics()
         r.reaction = (f"victim: {impostor.hellos} hellos, {impostor.hung_up} hang-ups, "
                       f"sent it {sorted(set(impostor.received)) or 'nothing else'}, "

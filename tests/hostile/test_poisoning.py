@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 
 from echo2p2p.tasks import addition_reward
-from hub.trainer import start_hub
-from peer.client import PeerClient
-from peer.config import PeerConfig
+from echo2p2p.hub.trainer import start_hub
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
 
-from conftest import running_peers
+from tests.conftest import running_peers
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
 from .harness import HONEST, hub_alive, peer_id, run_events, steps
 

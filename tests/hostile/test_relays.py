@@ -12,9 +12,9 @@ import struct
 
 import aiohttp
 
-from peer.relay import TICKET_HEADER
+from echo2p2p.overlay.tickets import TICKET_HEADER
 
-from conftest import wait_until
+from tests.conftest import wait_until
 from .attackers import Request, dead_relay, raw_peer, recording_relay
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
@@ -22,6 +22,11 @@ from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, sma
 
 ACCUSERS = 3  # the report's number: 3 x bad_chunk 0.2 took an honest peer below 0.5
 RUN_STEPS = 40  # max_steps of the relay runs: they must get there, not only start
+
+
+def plan_in(frame: dict) -> dict | None:
+    """The relay plan a frame carries: a re-deal, or the first plan inside an announcement."""
+    return frame if frame["t"] == "relay_plan" else frame.get("plan") if frame["t"] == "version" else None
 
 
 def sources(plan: dict) -> set[str]:
@@ -48,8 +53,8 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
         since = mark(run, honest)
         for i, accuser in enumerate(accusers):
             assert await accuser.hello(name=f"accuser-{i}") is not None, accuser.reaction()
-            plan = await accuser.wait_frame(lambda f: f["t"] == "relay_plan"
-                                            and owner_of_first_chunk(f) == honest_id)
+            plan = plan_in(await accuser.wait_frame(
+                lambda f: (p := plan_in(f)) is not None and owner_of_first_chunk(p) == honest_id))
             await accuser.send("relay_report", version=plan["version"],
                                base_version=plan["base_version"], peer_id=honest_id,
                                reason="corrupt", index=0)
@@ -67,7 +72,7 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
         # Still a relay: a plan made after the verdicts routes chunks through it.
         later = len(accusers[0].frames)
         relays_on = await accusers[0].wait_frame(
-            lambda f: f["t"] == "relay_plan" and honest_id in sources(f), since=later,
+            lambda f: (p := plan_in(f)) is not None and honest_id in sources(p), since=later,
             allow_close=True)
         false_reports = [trust.events.get(a.peer_id, {}).get("false_report", 0) for a in accusers]
         r.reaction = (f"accusers: false_report {false_reports}, "
@@ -101,7 +106,7 @@ async def test_dead_relay_is_never_dealt_chunks(tmp_path, row):
         since = mark(run, honest)
         await wait_until(lambda: run.finished.is_set() or stalls_about(run, attacker.peer_id), 240)
         dealt = [f["version"] for f in attacker.frames
-                 if f["t"] == "relay_plan" and attacker.peer_id in sources(f)]
+                 if (p := plan_in(f)) is not None and attacker.peer_id in sources(p)]
         asked_by_honest = [q for q in dead.requests if ticket(q).startswith(f"{honest_id}.")]
         probes = len(dead.requests) - len(asked_by_honest)
         r.reaction = (f"an owner in {len(dealt)} relay plans; {probes} requests from the hub "

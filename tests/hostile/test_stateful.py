@@ -36,9 +36,9 @@ from hypothesis import strategies as st
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from hub.versions import blob_version
+from echo2p2p.hub.versions import blob_version
 
-from conftest import tracker, wait_until
+from tests.conftest import tracker, wait_until
 
 QUICK, SLOW = 60, 500
 GUARD_S = 60.0  # an example that hangs fails here; this is not what the test asserts

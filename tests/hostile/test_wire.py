@@ -15,10 +15,11 @@ import time
 import aiohttp
 import msgpack
 
-from peer.client import PeerClient
-from peer.config import PeerConfig
+from echo2p2p import messages as m
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
 
-from conftest import wait_until
+from tests.conftest import wait_until
 from .attackers import raw_peer
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
@@ -103,7 +104,7 @@ async def test_nan_and_negative_prices_are_refused_at_hello(tmp_path, row):
 @functools.cache
 def bomb_heartbeat() -> bytes:
     """A heartbeat with 590,000 unknown keys, each 0: hex keys keep it just under 4 MiB."""
-    return msgpack.packb({"p": 1, "t": "heartbeat",
+    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat",
                           **{format(i, "x"): 0 for i in range(BOMB_KEYS)}}, use_bin_type=True)
 
 
@@ -192,7 +193,7 @@ class Flood:
         self.sent = 0
 
     async def run(self) -> None:
-        frame = msgpack.packb({"p": 1, "t": "heartbeat"})
+        frame = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat"})
         with contextlib.suppress(ConnectionError):
             for _ in range(FLOOD_FRAMES):
                 if self.peer.closed.is_set():

@@ -1,0 +1,102 @@
+"""The policy loader shared by the hub and the peers, and the built-in tiny model.
+
+`load_policy(name)` accepts the built-in name "tiny" (a character-level Qwen3 of 0.75 M
+parameters shipped in `peer/assets/tiny-base`, made by `python -m echo2p2p.hub.base_checkpoint`), a local
+directory written by `save_pretrained`, or a Hugging Face hub id. It returns the model in eval mode
+and a tokenizer with pad and eos tokens set. The built-in tokenizer is made in code (no download):
+one token per printable ASCII character plus tab and newline, and four special tokens.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import string
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
+                          Qwen3Config, Qwen3ForCausalLM)
+
+BUILTIN_MODEL = "tiny"
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0..3
+CHARACTERS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # printable ASCII, space included
+
+
+def builtin_dir() -> pathlib.Path:
+    """Where the shipped base checkpoint of the built-in model lives."""
+    return pathlib.Path(__file__).resolve().parent / "assets" / "tiny-base"
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: 4 special tokens, then one token per character."""
+    assert set(string.printable) <= set(CHARACTERS) | {"\r", "\x0b", "\x0c"}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
+    # BPE without merges and without a pre-tokenizer maps every character to its own token and
+    # anything else to <unk>; Fuse() decodes by plain concatenation (no spaces inserted).
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
+                                   bos_token="<bos>", unk_token="<unk>")
+
+
+def tiny_config(vocab_size: int) -> Qwen3Config:
+    """The built-in architecture: 3 layers, width 128, 4 heads of 32 (2 KV heads), tied embeddings."""
+    return Qwen3Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+        tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-6,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3ForCausalLM:
+    """A freshly initialised built-in model sized to `tokenizer` (seeded, fp32)."""
+    config = tiny_config(len(tokenizer))
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.float()
+
+
+def model_source(name: str) -> str:
+    """Where to load `name` from: the shipped built-in checkpoint, a local directory, or a hub id."""
+    if name == BUILTIN_MODEL:
+        path = builtin_dir()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"built-in model missing at {path}: run "
+                                    f"`python -m echo2p2p.hub.base_checkpoint --out {path}`")
+        return str(path)
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    return name  # a Hugging Face hub id
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for the built-in name, a local directory or a hub id; model in eval mode."""
+    source = model_source(name)
+    try:
+        with _LOAD_LOCK:  # from_pretrained's meta-device init is process-global: one at a time
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as e:
+        raise OSError(f"cannot load model {name!r}: not the built-in {BUILTIN_MODEL!r}, not a "
+                      f"local directory, and not loadable as a Hugging Face hub id (offline, or "
+                      f"the id does not exist): {e}") from e
+    if tokenizer.eos_token is None:
+        raise ValueError(f"model {name!r}: its tokenizer has no eos token")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # the usual choice for decoder-only models
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"model {name!r}: tokenizer has {len(tokenizer)} tokens but the model "
+                         f"only {model.config.vocab_size}")
+    model.to(device).eval()
+    return model, tokenizer

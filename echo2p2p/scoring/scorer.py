@@ -1,0 +1,439 @@
+"""Reward functions run in worker processes, off the event loop, each completion under a deadline.
+
+Theory of operation. A `Scorer` owns `workers` child processes (`echo2p2p.scoring.worker`) and
+drives them from one event loop: the loop of its first `await scorer.score(...)`, or a private
+loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
+evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
+GRPO group, an evaluation batch); a worker that is idle gets everything queued, up to
+`MAX_BATCH_ITEMS` completions (one pipe round trip for many groups under load), and the loop
+reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
+a submission costs two process wake-ups and no GIL hand-off.
+
+The worker stamps the index and start time of the completion it is on into shared memory. A
+timer on the loop fires at that completion's deadline, `timeout_s` after it started; if the
+worker has not moved on, it is killed. That completion scores 0, is counted in
+`statistics().timeouts` and logged at WARNING; a fresh worker scores the rest of the batch
+(those before the culprit again: reward functions are pure). A worker that dies on its own is
+handled the same way and counted in `failures`. A kill costs a worker start (~0.1-0.5 s:
+an interpreter, and the imports the reward function needs), during which other workers serve.
+
+Workers are spawned (never forked: the parent holds torch and threads, which fork copies
+half-made; and under forkserver a worker's parent would be the fork server, which lives as
+long as any of its children, so a worker deep in a verifier would outlive a killed hub), always
+by one long-lived thread of the Scorer, and each asks the kernel to kill it when that thread
+goes (Linux's parent-death signal): with the hub, or at `close()`. The reward function (and the
+hub's `CompletionDecoder`) must be picklable: a module-level function, or a bound method of a
+picklable task, pickled once here and loaded once per worker start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from echo2p2p.errors import ScoringError
+from . import worker as w
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue up
+START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The rewards of one submitted batch, in order, and what went wrong with any of them."""
+
+    rewards: list[float]
+    timed_out: int = 0  # completions that ran past the deadline (scored 0)
+    failed: int = 0  # the reward function raised, returned a non-number, or its worker died (0)
+    mismatched: int = 0  # ids given: the claimed text was not the decoding of the ids
+    malformed: int = 0  # ids given: no completion (out of vocabulary, ids after EOS) (0)
+
+
+@dataclass(frozen=True)
+class ScorerStats:
+    calls: int  # batches submitted
+    completions: int  # items scored (or given up on)
+    timeouts: int  # completions killed at the deadline
+    failures: int  # completions whose reward raised, was not finite, or whose worker died
+    restarts: int  # workers started to replace one killed or dead
+    round_trips: int  # batches sent to a worker (fewer than calls when jobs queue up)
+    worker_pids: tuple[int, ...]  # the live worker processes
+
+
+class _Job:
+    """Items to score, their results as they come, and the future that waits for all."""
+
+    def __init__(self, items: list[tuple], future: asyncio.Future):
+        self.items, self.future = items, future
+        self.results: list[tuple[float, int] | None] = [None] * len(items)
+        self.missing = len(items)
+
+    def put(self, index: int, result: tuple[float, int]) -> None:
+        self.results[index] = result
+        self.missing -= 1
+        if not self.missing and not self.future.done():
+            self.future.set_result(_tally(self.results))
+
+
+class _Worker:
+    """One child process, its pipe, its progress stamp and the batch it is scoring."""
+
+    def __init__(self, ctx: Any, reward_blob: bytes, decoder_blob: bytes | None, name: str):
+        """Spawns the process and waits until it is ready: run in the Scorer's spawner thread."""
+        self.conn, child = ctx.Pipe()
+        self.progress = ctx.RawArray("d", [-1.0, 0.0])  # [index started, its monotonic start]
+        self.process = ctx.Process(target=w.serve, name=name, daemon=True,
+                                   args=(child, self.progress, reward_blob, decoder_blob))
+        self.process.start()
+        child.close()
+        self.started = 0  # completions this worker has begun, as of the batch now sent
+        self.sent_at = 0.0  # when that batch was sent (time.monotonic, as the stamps)
+        self.listening = False  # the loop watches its pipe for the answer
+        self.batch: list[tuple[_Job, int]] | None = None  # (job, item index) being scored
+        self.timer: asyncio.TimerHandle | None = None
+        try:
+            ready = self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == w.READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise ScoringError(f"the scoring worker did not start (exit code "
+                               f"{self.process.exitcode}); see its traceback above")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """Stop the process now (idle or deep in a verifier) and reap it."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10.0)
+        self.conn.close()
+
+
+class Scorer:
+    """Worker processes running `reward(answer, completion)`, `timeout_s` per completion."""
+
+    def __init__(self, reward: Callable[[str, str], float], *, decoder: Any = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer"):
+        """`decoder`: a `CompletionDecoder`, needed by `score_ids`."""
+        if not timeout_s > 0 or workers < 1:
+            raise ValueError(f"need timeout_s > 0 and workers >= 1, got {timeout_s}, {workers}")
+        try:  # now, so that an unpicklable reward fails at start, not at the first rollout
+            self._reward_blob = pickle.dumps(reward)
+            self._decoder_blob = pickle.dumps(decoder) if decoder is not None else None
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ValueError(f"the reward function must be picklable to run in a worker "
+                             f"process (a module-level function or a task's method): "
+                             f"{exc}") from None
+        self.reward, self.has_decoder = reward, decoder is not None
+        self.timeout_s, self.n_workers, self.name = timeout_s, workers, name
+        self._ctx = multiprocessing.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one loop that drives it all
+        self._own_loop: threading.Thread | None = None  # that loop's thread, if it is ours
+        self._own_loop_lock = threading.Lock()
+        self._spawner: ThreadPoolExecutor | None = None
+        self._queue: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._starting = 0  # workers being spawned
+        self._ready: asyncio.Future | None = None  # None once every worker started, or the error
+        self._closed = False
+        self._calls = self._completions = self._timeouts = self._failures = self._restarts = 0
+        self._round_trips = 0
+
+    # --- scoring -------------------------------------------------------------------------
+
+    async def score(self, items: Sequence[tuple[str, str]]) -> Scored:
+        """Score `(answer, completion text)` pairs; the event loop goes on meanwhile."""
+        return await self.submit(items)
+
+    async def score_ids(self, answer: str, packed_ids: Sequence[bytes],
+                        claimed: Sequence[str]) -> Scored:
+        """`submit_ids`, awaited."""
+        return await self.submit_ids(answer, packed_ids, claimed)
+
+    def submit(self, items: Sequence[tuple[str, str]]) -> asyncio.Future[Scored]:
+        """Queue `(answer, completion text)` pairs now, from a coroutine or callback of the
+        driving loop (the first one used); a future of their `Scored`. Cancelling it drops
+        what is still queued of them."""
+        return self._submit([(answer, text) for answer, text in items])
+
+    def submit_ids(self, answer: str, packed_ids: Sequence[bytes],
+                   claimed: Sequence[str]) -> asyncio.Future[Scored]:
+        """`submit` for completions given as packed token ids (as on the wire), each decoded by
+        the completion rule; `claimed` are the texts a peer says they decode to."""
+        if not self.has_decoder:
+            raise ScoringError("this scorer has no decoder: it can only score texts")
+        return self._submit([(answer, ids, text)
+                             for ids, text in zip(packed_ids, claimed, strict=True)])
+
+    def score_blocking(self, items: Sequence[tuple[str, str]]) -> Scored:
+        """`score` from a plain thread (never the driving loop's own): waits for the result."""
+        with self._own_loop_lock:
+            loop = self._loop or self._start_own_loop()
+        if _running_loop() is loop:
+            raise RuntimeError("score_blocking called on the scorer's own event loop: "
+                               "await score() there")
+        return asyncio.run_coroutine_threadsafe(self.score(items), loop).result()
+
+    async def start(self) -> None:
+        """Start every worker now (else they start on first use) and wait until each has
+        loaded the reward function; ScoringError if one cannot."""
+        self._bind()
+        self._spawn_missing()
+        if (error := await asyncio.shield(self._ready)) is not None:
+            raise error
+
+    def _submit(self, items: list[tuple]) -> asyncio.Future[Scored]:
+        self._bind()
+        self._calls += 1
+        job = _Job(items, self._loop.create_future())
+        if not items:
+            job.future.set_result(Scored([]))
+            return job.future
+        self._queue.extend((job, i) for i in range(len(items)))
+        job.future.add_done_callback(self._forget)
+        self._spawn_missing()
+        self._pump()
+        return job.future
+
+    def _forget(self, future: asyncio.Future) -> None:
+        """A job was cancelled (its admission was): drop what is still queued of it."""
+        if future.cancelled():
+            self._queue = collections.deque(e for e in self._queue if e[0].future is not future)
+
+    def statistics(self) -> ScorerStats:
+        workers = [*self._idle, *self._busy]
+        return ScorerStats(self._calls, self._completions, self._timeouts, self._failures,
+                           self._restarts, self._round_trips, tuple(wk.pid for wk in workers))
+
+    # --- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill the workers and cancel what waits; idempotent, from any thread."""
+        loop = self._loop
+        if loop is not None and loop.is_running() and _running_loop() is not loop:
+            asyncio.run_coroutine_threadsafe(self._aclose(), loop).result()
+        else:
+            self._close_here()
+        if self._own_loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            self._own_loop.join()
+            loop.close()
+            self._own_loop = None
+
+    async def _aclose(self) -> None:
+        self._close_here()
+
+    def _close_here(self) -> None:
+        """On the driving loop's thread (or with no loop running)."""
+        if self._closed:
+            return
+        self._closed = True
+        waiting = [*self._queue, *(e for wk in self._busy for e in wk.batch or ())]
+        for worker in [*self._idle, *self._busy]:
+            self._drop(worker)
+        self._idle.clear()
+        self._busy.clear()
+        for job in {job for job, _ in waiting}:  # their callers are going too
+            job.future.cancel()
+        self._queue.clear()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(ScoringError("the scorer was closed"))
+        if self._spawner is not None:
+            # Its thread exits once a spawn under way is done; the kernel then kills any
+            # worker that thread spawned (the parent-death signal), so none outlives us.
+            self._spawner.shutdown(wait=False)
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- on the driving loop -------------------------------------------------------------
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise ScoringError("the scorer is closed")
+        if self._loop is None:
+            self._loop = loop
+            self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-spawner")
+            self._ready = loop.create_future()
+        elif self._loop is not loop:
+            raise RuntimeError("a Scorer is driven by one event loop; use score_blocking "
+                               "from other threads")
+
+    def _start_own_loop(self) -> asyncio.AbstractEventLoop:
+        """A private loop in a thread, for a Scorer whose callers are all plain threads."""
+        loop = asyncio.new_event_loop()
+        self._own_loop = threading.Thread(target=loop.run_forever, daemon=True,
+                                          name=f"{self.name}-loop")
+        self._own_loop.start()
+        asyncio.run_coroutine_threadsafe(self._abind(), loop).result()
+        return loop
+
+    async def _abind(self) -> None:
+        self._bind()
+
+    def _spawn_missing(self) -> None:
+        while (not self._closed
+               and len(self._idle) + len(self._busy) + self._starting < self.n_workers):
+            self._starting += 1
+            future = self._loop.run_in_executor(
+                self._spawner, _Worker, self._ctx, self._reward_blob, self._decoder_blob,
+                f"{self.name}-worker")
+            future.add_done_callback(self._spawned)
+
+    def _spawned(self, future: asyncio.Future) -> None:
+        self._starting -= 1
+        if future.cancelled():  # the loop is shutting down
+            return
+        error = future.exception()
+        if self._closed:
+            if error is None:
+                future.result().kill()
+            return
+        if error is not None:  # every waiter learns it; the next submission tries again
+            failure = error if isinstance(error, ScoringError) else ScoringError(repr(error))
+            for job in {job for job, _ in self._queue}:
+                if not job.future.done():
+                    job.future.set_exception(failure)
+            self._queue.clear()
+            if not self._ready.done():
+                self._ready.set_result(failure)
+            return
+        worker = future.result()
+        self._idle.append(worker)
+        if not self._ready.done() and len(self._idle) + len(self._busy) == self.n_workers:
+            self._ready.set_result(None)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Give queued items to idle workers."""
+        while self._idle and self._queue:
+            worker = self._idle.pop()
+            batch = []
+            while self._queue and len(batch) < MAX_BATCH_ITEMS:
+                job, i = self._queue.popleft()
+                if not job.future.done():
+                    batch.append((job, i))
+            if not batch:
+                self._idle.append(worker)
+                return
+            self._send(worker, batch)
+
+    def _send(self, worker: _Worker, batch: list[tuple[_Job, int]]) -> None:
+        worker.batch = batch
+        self._busy.add(worker)
+        self._round_trips += 1
+        try:
+            # An idle worker is blocked reading its pipe, so this write does not wait on it.
+            worker.conn.send([job.items[i] for job, i in batch])
+        except OSError:  # died while idle: none of the batch is to blame
+            self._replace(worker, culprit=None)
+            return
+        worker.sent_at = time.monotonic()
+        self._loop.add_reader(worker.conn.fileno(), self._on_answer, worker)
+        worker.listening = True
+        worker.timer = self._loop.call_later(self.timeout_s, self._check_deadline, worker)
+
+    def _on_answer(self, worker: _Worker) -> None:
+        # Blocking again before reading (uvloop made the fd non-blocking for its poll), so a
+        # whole answer is read; it is on its way: the worker writes it in one go.
+        self._loop.remove_reader(worker.conn.fileno())
+        os.set_blocking(worker.conn.fileno(), True)
+        try:
+            out = worker.conn.recv()
+        except (EOFError, OSError):  # died (killed from outside, out of memory, ...)
+            worker.listening = False
+            self._replace(worker, culprit=self._current(worker)[0], timed_out=False)
+            return
+        worker.listening = False
+        worker.timer.cancel()
+        batch, worker.batch = worker.batch, None
+        worker.started += len(batch)
+        self._busy.discard(worker)
+        self._idle.append(worker)
+        self._completions += len(batch)
+        for (job, i), result in zip(batch, out):
+            self._failures += result[1] == w.FAILED
+            job.put(i, result)
+        self._pump()
+
+    def _current(self, worker: _Worker) -> tuple[int, float]:
+        """(position in its batch, monotonic start) of the completion the worker is on."""
+        index, began = int(worker.progress[0]), worker.progress[1]
+        if index < worker.started:  # still reading the batch: its first item's clock runs
+            return 0, worker.sent_at
+        return index - worker.started, began
+
+    def _check_deadline(self, worker: _Worker) -> None:
+        position, began = self._current(worker)
+        left_s = began + self.timeout_s - time.monotonic()
+        if left_s > 0:  # it moved on since: wait for this completion's own deadline
+            worker.timer = self._loop.call_later(left_s, self._check_deadline, worker)
+            return
+        self._replace(worker, culprit=position, timed_out=True)
+
+    def _replace(self, worker: _Worker, culprit: int | None, timed_out: bool = False) -> None:
+        """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
+        batch = worker.batch or []
+        self._busy.discard(worker)
+        self._drop(worker)
+        if culprit is not None and culprit < len(batch):
+            job, i = batch[culprit]
+            if timed_out:
+                self._timeouts += 1
+            else:
+                self._failures += 1
+            self._completions += 1
+            item = job.items[i]
+            log.warning("%s: a completion %s; it scores 0 and a fresh worker takes the rest "
+                        "(%d timeouts so far). Completion: %.80r", self.name,
+                        f"ran past the {self.timeout_s:g} s deadline, its worker was killed"
+                        if timed_out else "killed its worker", self._timeouts,
+                        item[1] if len(item) == 2 else "(decoded from ids)")
+            job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED))
+            batch = batch[:culprit] + batch[culprit + 1:]
+        self._queue.extendleft(reversed(batch))
+        self._restarts += 1
+        self._spawn_missing()
+
+    def _drop(self, worker: _Worker) -> None:
+        if worker.timer is not None:
+            worker.timer.cancel()
+        if not worker.conn.closed:
+            if worker.listening and not self._loop.is_closed():
+                self._loop.remove_reader(worker.conn.fileno())
+            worker.kill()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _tally(results: list[tuple[float, int]]) -> Scored:
+    notes = [note for _, note in results]
+    return Scored([r for r, _ in results], timed_out=notes.count(w.TIMEOUT),
+                  failed=notes.count(w.FAILED), mismatched=notes.count(w.MISMATCH),
+                  malformed=notes.count(w.MALFORMED))

@@ -1,0 +1,95 @@
+"""The scoring worker: a child process that runs a reward function over batches of completions.
+
+Started by `echo2p2p.scoring.scorer.Scorer` (spawn, never fork: the parent holds torch and threads).
+It is handed the reward function, and for the hub a `CompletionDecoder`, pickled once at
+start; then it reads batches of items from its pipe and answers each batch with one list of
+`(reward, note)`. Before each completion it stamps its index and start time into a
+shared array, so the parent can see which one overran its deadline and kill the process: a
+verifier stuck in C code (math-verify on `\\boxed{9^{9^{9^{9}}}}` runs for ever) cannot be
+interrupted any other way. It never sees a socket or the parent's event loop, and it dies with
+the thread that spawned it, so with the hub or peer (Linux: the kernel's parent-death signal;
+elsewhere at its next read).
+
+Items are `(answer, text)`, scored as they are, or `(answer, packed_ids, claimed_text)`:
+the ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and
+the note says whether the claim was the decoding.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import signal
+import sys
+import time
+from typing import Any
+
+# What the parent learns of each completion besides its reward (always 0.0 unless OK/MISMATCH).
+OK = 0  # scored
+MISMATCH = 1  # scored from the decoded ids; the claimed text was something else
+MALFORMED = 2  # the ids are no completion (out of vocabulary, after EOS, empty)
+FAILED = 3  # the reward function raised or returned a non-finite value
+TIMEOUT = 4  # set by the parent: ran past the deadline, the worker was killed
+
+READY = "ready"
+
+
+def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | None) -> None:
+    """The worker's main: load, say READY, then score batches until EOF or None."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    reward = pickle.loads(reward_blob)
+    decoder = pickle.loads(decoder_blob) if decoder_blob is not None else None
+    conn.send(READY)
+    started = 0
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        if batch is None:
+            return
+        out = []
+        for item in batch:
+            progress[1] = time.monotonic()  # the start first: the parent reads the index first
+            progress[0] = started
+            started += 1
+            out.append(score_item(reward, decoder, item))
+        conn.send(out)
+
+
+def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int]:
+    """`(reward, note)` of one item (see the module docstring)."""
+    answer, *rest = item
+    note = OK
+    if len(rest) == 2:
+        decoded = decoder.from_wire(rest[0]) if decoder is not None else None
+        if decoded is None:
+            return 0.0, MALFORMED
+        text = decoded.text
+        note = OK if rest[1] == text else MISMATCH
+    else:
+        text = rest[0]
+    try:
+        value = float(reward(answer, text))
+    except Exception:  # a task's reward must not raise; if it does, this completion scores 0
+        return 0.0, FAILED
+    return (value, note) if math.isfinite(value) else (0.0, FAILED)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us when our parent goes (Linux), even mid-verifier."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import multiprocessing
+    import os
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl (an unusual libc): EOF on the pipe still ends us
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it went before we asked
+        os._exit(1)

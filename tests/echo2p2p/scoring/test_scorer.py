@@ -1,0 +1,168 @@
+"""The scorer: reward functions in worker processes, a deadline per completion, the decode rule."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from echo2p2p import messages as m
+from echo2p2p.errors import ScoringError
+from echo2p2p.completions import CompletionDecoder
+from echo2p2p.scoring.scorer import Scorer
+from echo2p2p.tasks import addition_reward, math_reward
+
+BOMB = r"\boxed{9^{9^{9^{9}}}}"  # math-verify with its timeouts off never finishes on this
+
+
+def char_tokenizer():
+    """The built-in tokenizer (imported here: a worker that loads this module's reward
+    functions need not import torch)."""
+    from echo2p2p.policy.model import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def raising_reward(answer: str, text: str) -> float:
+    """A user reward that breaks the task contract on one input."""
+    if text == "boom":
+        raise RuntimeError("a bug in someone's verifier")
+    return 1.0
+
+
+@pytest.mark.timeout(120)
+async def test_math_bomb_is_killed_at_its_deadline_and_the_group_is_scored():
+    """From async code, with the loop free meanwhile: the completion that hangs math-verify
+    scores 0 and is counted as a timeout; the others of its group are scored right; a fresh
+    worker serves the next call."""
+    pytest.importorskip("math_verify")
+    with Scorer(math_reward, timeout_s=2.0) as scorer:
+        group = [("3", r"\boxed{3}"), ("3", BOMB), ("4", r"so \boxed{4}"), ("3", r"\boxed{5}")]
+        pending = asyncio.create_task(scorer.score(group))
+        while not pending.done():  # the loop keeps turning while the worker is stuck
+            await asyncio.to_thread(lambda: None)
+        scored = pending.result()
+        assert scored.rewards == [1.0, 0.0, 1.0, 0.0] and scored.timed_out == 1
+        first = scorer.statistics()
+        assert first.timeouts == 1 and first.restarts == 1 and first.completions == 4
+        again = await scorer.score([("7", r"\boxed{7}"), ("7", r"\boxed{8}")])
+        assert again.rewards == [1.0, 0.0] and again.timed_out == 0
+        assert scorer.statistics().worker_pids == first.worker_pids  # the fresh one, kept
+
+
+@pytest.mark.timeout(120)
+def test_blocking_use_from_a_thread_and_a_whole_bombed_batch():
+    """`score_blocking` (as evaluation calls it from a worker thread) gets a 0 for every bomb
+    of a batch made only of bombs, one kill each, and the killed workers are gone."""
+    pytest.importorskip("math_verify")
+    with Scorer(math_reward, timeout_s=1.0) as scorer:
+        assert scorer.score_blocking([("1", r"\boxed{1}")]).rewards == [1.0]
+        (pid,) = scorer.statistics().worker_pids
+        scored = scorer.score_blocking([("3", BOMB), ("2", BOMB)])
+        assert scored.rewards == [0.0, 0.0] and scored.timed_out == 2
+        assert scorer.statistics().timeouts == 2 and not alive(pid)
+
+
+async def test_close_kills_every_worker_and_refuses_more_work():
+    """After close() no worker process is left and a new submission raises ScoringError."""
+    scorer = Scorer(addition_reward, workers=2)
+    await scorer.start()
+    scored = await asyncio.gather(*(scorer.score([("12", "12"), ("12", "13")]) for _ in range(8)))
+    assert all(s.rewards == [1.0, 0.0] for s in scored)
+    pids = scorer.statistics().worker_pids
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    scorer.close()
+    assert not any(alive(pid) for pid in pids) and scorer.statistics().worker_pids == ()
+    with pytest.raises(ScoringError):
+        await scorer.score([("1", "1")])
+
+
+async def test_close_mid_verifier_cancels_the_waiter_and_kills_the_busy_worker():
+    """A worker deep in a verifier that would never return is killed by close(), and its
+    caller's future is cancelled, not left waiting."""
+    pytest.importorskip("math_verify")
+    scorer = Scorer(math_reward, timeout_s=600.0)
+    await scorer.start()
+    (pid,) = scorer.statistics().worker_pids
+    waiting = scorer.submit([("3", BOMB)])  # sent at once: the worker is idle
+    scorer.close()
+    assert waiting.cancelled() and not alive(pid)
+
+
+def test_a_raising_reward_scores_zero_and_is_counted():
+    """A reward function that raises costs that completion only (0, a failure), not the worker."""
+    with Scorer(raising_reward) as scorer:
+        scored = scorer.score_blocking([("x", "fine"), ("x", "boom"), ("x", "fine")])
+        assert scored.rewards == [1.0, 0.0, 1.0] and scored.failed == 1
+        assert scorer.statistics().failures == 1 and scorer.statistics().restarts == 0
+
+
+def test_an_unpicklable_reward_is_refused_at_construction():
+    """A lambda cannot reach a worker process: the scorer says so at once, naming the cause."""
+    with pytest.raises(ValueError, match="picklable"):
+        Scorer(lambda answer, text: 1.0)
+
+
+async def test_ids_are_decoded_and_scored_and_the_claimed_text_is_only_compared():
+    """`score_ids` scores the decoding of the ids: a right answer under a wrong text scores 1
+    and is a mismatch; out-of-vocabulary ids and ids after EOS are malformed and score 0."""
+    tok = char_tokenizer()
+
+    def ids(text: str, eos: bool = True) -> bytes:
+        return m.pack_ids(tok.encode(text, add_special_tokens=False) + [tok.eos_token_id] * eos)
+
+    rows = [ids("57"), ids("57"), ids("12"), m.pack_ids([20, len(tok)]),
+            ids("57") + ids("57"), ids("57", eos=False)]
+    claimed = ["57", "wrong", "57", "57", "57", "57"]
+    with Scorer(addition_reward, decoder=CompletionDecoder(tok)) as scorer:
+        scored = await scorer.score_ids("57", rows, claimed)
+    assert scored.rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert scored.mismatched == 2 and scored.malformed == 2
+
+
+def test_the_decode_rule_cuts_after_the_first_eos_and_drops_special_tokens():
+    """Padding after EOS is no part of the completion; EOS is kept in the ids, not in the text."""
+    tok = char_tokenizer()
+    row = tok.encode("42", add_special_tokens=False) + [tok.eos_token_id, tok.pad_token_id, 9]
+    decoder = CompletionDecoder(tok)
+    done = decoder.completion(row)
+    assert done.token_ids == row[:3] and done.text == "42" and done.stopped
+    capped = decoder.completion(row[:2])
+    assert capped.token_ids == row[:2] and capped.text == "42" and not capped.stopped
+
+
+def test_the_decoders_text_is_exactly_the_tokenizers_decode():
+    """The decoder's fast path returns `tokenizer.decode(ids, skip_special_tokens=True)` for any
+    ids, special tokens and ids the tokenizer does not know included."""
+    tok = char_tokenizer()
+    decoder = CompletionDecoder(tok)
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(len(tok) + 3) for _ in range(rng.randrange(1, 30))]
+        ids = [i for i in ids if i != tok.eos_token_id]  # the cut at EOS is tested above
+        assert decoder.completion(ids).text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_scoring_deadlines_and_workers_are_validated_in_both_configs():
+    """A non-positive deadline or no worker is refused at start, naming the field."""
+    from echo2p2p.errors import ConfigError
+    from echo2p2p.hub.config import HubConfig
+    from echo2p2p.peer.config import PeerConfig
+
+    for bad in ({"score_timeout_s": 0.0}, {"score_timeout_s": float("nan")},
+                {"score_timeout_s": float("inf")}, {"score_workers": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            HubConfig(**bad)
+    with pytest.raises(ConfigError, match="score_timeout_s"):
+        PeerConfig(score_timeout_s=-1.0)
+    assert HubConfig().score_timeout_s == PeerConfig().score_timeout_s == 5.0

@@ -1,0 +1,122 @@
+"""Configs and CLIs: defaults, TOML and flags layered; bad values name their field."""
+
+import subprocess
+import sys
+
+import pytest
+
+from echo2p2p.config import field_docs, resolve
+from echo2p2p.errors import ConfigError
+from echo2p2p.hub import cli as hub_cli
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.peer import cli as peer_cli
+from echo2p2p.peer.config import PeerConfig, normalize_url
+
+
+def test_every_config_field_has_help():
+    """Each field's docstring is its --help text."""
+    for cls in (HubConfig, PeerConfig):
+        docs = field_docs(cls)
+        missing = [f for f in cls.__dataclass_fields__ if not docs.get(f)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_flags_override_toml_override_defaults():
+    """defaults < TOML < flags, with types converted."""
+    cfg = resolve(HubConfig, {"max_lag": 4, "lr": 0.01}, {"max_lag": "3", "port": None})
+    assert (cfg.max_lag, cfg.lr, cfg.port) == (3, 0.01, 8765)
+    assert cfg.kappa == 2
+
+
+@pytest.mark.parametrize("toml, flags, field", [
+    ({"max_lagg": 1}, {}, "max_lagg"),
+    ({}, {"max_lag": "-1"}, "max_lag"),
+    ({}, {"lr": "fast"}, "lr"),
+    ({"max_lag": 1, "publish_every": 3}, {}, "publish_every"),
+    ({}, {"group_size": "1"}, "group_size"),
+    ({}, {"weights_dtype": "int8"}, "weights_dtype"),
+    ({"relay": "mesh"}, {}, "relay"),
+    ({}, {"chunk_bytes": "-1"}, "chunk_bytes"),
+    ({}, {"anchor_every": "0"}, "anchor_every"),
+    ({"keep_versions": 1}, {}, "keep_versions"),
+    ({}, {"spot_check_fraction": "1.5"}, "spot_check_fraction"),
+    ({"spot_check_tokens": -1}, {}, "spot_check_tokens"),
+    ({}, {"spot_check_tolerance": "0"}, "spot_check_tolerance"),
+])
+def test_bad_config_names_the_field(toml, flags, field):
+    """A bad value raises ConfigError that names the offending field."""
+    with pytest.raises(ConfigError) as info:
+        resolve(HubConfig, toml, flags)
+    assert info.value.field == field and field in str(info.value)
+
+
+def test_hub_cli_reports_bad_toml_field(tmp_path, capsys):
+    """`echo2-hub serve --config bad.toml` exits 2 naming the field, before loading anything."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[hub]\nmax_lag = 1\npublish_every = 5\n")
+    assert hub_cli.main(["serve", "--config", str(bad)]) == 2
+    assert "publish_every" in capsys.readouterr().err
+
+
+def test_peer_cli_rejects_unknown_engine(capsys):
+    """`echo2-peer join --engine nope` exits 2 naming the field."""
+    assert peer_cli.main(["join", "127.0.0.1:1", "--engine", "nope"]) == 2
+    assert "engine" in capsys.readouterr().err
+
+
+def test_hub_url_spellings():
+    """host:port, http:// and ws:// all become ws://host:port/ws."""
+    assert normalize_url("10.0.0.5:8765") == "ws://10.0.0.5:8765/ws"
+    assert normalize_url("http://h:1") == "ws://h:1/ws"
+    assert normalize_url("wss://h:1/ws") == "wss://h:1/ws"
+    with pytest.raises(ConfigError):
+        normalize_url("ftp://h:1")
+
+
+def test_help_does_not_import_torch():
+    """--help answers without importing torch, transformers or vllm."""
+    code = ("import sys; from hub import cli; "
+            "sys.argv=['echo2-hub','serve','--help']\n"
+            "try: cli.main()\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--max-lag" in done.stdout and "staleness bound" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "math.toml"])
+def test_example_configs_are_valid(name):
+    """The shipped example configs resolve to valid hub configs."""
+    import pathlib
+    import tomllib
+
+    path = pathlib.Path(__file__).parents[2] / "examples" / name
+    cfg = resolve(HubConfig, tomllib.loads(path.read_text())["hub"])
+    assert cfg.kappa <= cfg.max_lag + 1
+
+
+@pytest.mark.parametrize("pin", ["zz" * 32, "ab" * 31])
+def test_bad_hub_key_pin_names_the_field(pin):
+    """--hub-key must be 64 hex digits; anything else is refused naming hub_key."""
+    with pytest.raises(ConfigError) as info:
+        PeerConfig(hub_key=pin)
+    assert info.value.field == "hub_key"
+    assert PeerConfig(hub_key="ab" * 32).pinned_hub_key == bytes.fromhex("ab" * 32)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"listen": "nope"}, "listen"),
+    ({"listen": "host:99999"}, "listen"),
+    ({"advertise": "203.0.113.7:7000"}, "advertise"),
+    ({"keep_versions": 1}, "keep_versions"),
+    ({"upload_limit_mbps": -1.0}, "upload_limit_mbps"),
+    ({"relay_stall_s": 0.0}, "relay_stall_s"),
+])
+def test_bad_relay_settings_name_the_field(fields, field):
+    """The peer's chunk-server and download settings are checked at start, naming the field."""
+    with pytest.raises(ConfigError) as info:
+        PeerConfig(**fields)
+    assert info.value.field == field
+    assert PeerConfig(listen="").listen_host_port == ("", 0)
+    assert PeerConfig(listen="[::1]:7000").listen_host_port == ("::1", 7000)

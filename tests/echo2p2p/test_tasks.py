@@ -1,0 +1,153 @@
+"""Tasks: rewards, deterministic held-out splits, JSONL parsing errors, the reward registry."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+
+import pytest
+
+from echo2p2p.tasks import AdditionTask, MathTask, Problem, Task, reward_fn
+from echo2p2p.tasks.math import normalize_answer
+
+TASKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "echo2p2p" / "tasks"
+
+
+def test_tasks_import_no_heavy_or_io_modules():
+    """The tasks package is pure: no torch, transformers, asyncio or aiohttp imports, no open()."""
+    banned = {"torch", "transformers", "asyncio", "aiohttp", "vllm"}
+    for path in TASKS_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                roots = set()
+            assert not roots & banned, f"{path.name} imports {roots & banned}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id != "open", f"{path.name} opens a file"
+
+
+def test_addition_problems_are_correct_sums():
+    """Every addition prompt is "a+b=" and its answer is the decimal sum."""
+    task = AdditionTask(seed=3, train_size=300, eval_size=50)
+    for p in [*task.problems("train"), *task.problems("eval")]:
+        a, b = p.prompt.removesuffix("=").split("+")
+        assert p.prompt.endswith("=") and p.answer == str(int(a) + int(b))
+        assert max(len(a), len(b)) <= task.max_digits
+
+
+def test_addition_splits_deterministic_and_disjoint():
+    """Same seed gives the same splits; eval never shares a problem with train; seeds differ."""
+    a, b = AdditionTask(seed=1), AdditionTask(seed=1)
+    assert a.problems("train") == b.problems("train") and a.problems("eval") == b.problems("eval")
+    train_ids = {p.id for p in a.problems("train")}
+    eval_ids = {p.id for p in a.problems("eval")}
+    assert len(train_ids) == len(a.problems("train")) and len(eval_ids) == len(a.problems("eval"))
+    assert not train_ids & eval_ids
+    assert {p.prompt for p in a.problems("train")}.isdisjoint(p.prompt for p in a.problems("eval"))
+    assert AdditionTask(seed=2).problems("eval") != a.problems("eval")
+
+
+def test_addition_reward_exact_match():
+    """Addition reward is 1 only for the exact answer (outer whitespace ignored), else 0."""
+    r = reward_fn("addition")
+    assert r("432", "432") == 1.0
+    assert r("432", " 432\n") == 1.0
+    assert r("432", "4321") == 0.0
+    assert r("432", "43") == 0.0
+    assert r("432", "") == 0.0
+    assert AdditionTask(train_size=10, eval_size=10).reward("5", "5") == 1.0
+
+
+def test_addition_partial_credit():
+    """Partial credit: 1 for exact, 0.5 x digits in place for a same-length miss, else 0."""
+    task = AdditionTask(train_size=10, eval_size=10, partial_credit=True)
+    assert task.kind == "addition-partial" and reward_fn(task.kind) is task._reward
+    assert task.reward("432", "432") == 1.0
+    assert task.reward("432", "431") == pytest.approx(1 / 3)
+    assert task.reward("432", "999") == 0.0
+    assert task.reward("432", "43") == 0.0 and task.reward("432", "4320") == 0.0
+    assert AdditionTask(train_size=10, eval_size=10).kind == "addition"
+
+
+def test_unknown_split_raises():
+    """Asking for a split other than train or eval names the valid ones."""
+    with pytest.raises(ValueError, match="train"):
+        AdditionTask(train_size=10, eval_size=10).problems("test")
+
+
+def _rows(n: int) -> list[str]:
+    return [json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(n)]
+
+
+def test_math_task_from_lines_splits():
+    """MathTask holds out eval_size shuffled rows, deterministically, disjoint from train."""
+    lines = _rows(50) + [""]
+    a = MathTask.from_lines(lines, eval_size=10, seed=4)
+    b = MathTask.from_lines(lines, eval_size=10, seed=4)
+    assert isinstance(a, Task) and a.kind == "math"
+    assert len(a.problems("eval")) == 10 and len(a.problems("train")) == 40
+    assert a.problems("eval") == b.problems("eval") and a.problems("train") == b.problems("train")
+    assert not {p.id for p in a.problems("eval")} & {p.id for p in a.problems("train")}
+    assert MathTask.from_lines(lines, eval_size=10, seed=5).problems("eval") != a.problems("eval")
+    assert all("What is" in p.prompt for p in a.problems("train"))
+
+
+def test_math_task_gsm8k_answer_and_ids():
+    """A "#### 72" answer keeps only 72; a row id is used when present."""
+    row = {"id": "q7", "question": "How many?", "answer": "Half of 144 is 72.\n#### 72"}
+    task = MathTask.from_lines([json.dumps(row), *_rows(3)], eval_size=0)
+    assert Problem("q7", task.problems("train")[0].prompt, "72") in task.problems("train")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "line 2: not valid JSON"),
+    ('["a", "b"]', "line 2: expected a JSON object"),
+    ('{"answer": "3"}', "line 2: .*'question'"),
+    ('{"question": "Q?"}', "line 2: .*'answer'"),
+    ('{"question": "Q?", "answer": null}', "line 2: .*'answer'"),
+    ('{"question": "Q?", "answer": "  "}', "line 2: empty 'answer'"),
+])
+def test_math_task_bad_rows_name_the_line(line, message):
+    """A malformed JSONL row raises ValueError naming its line number."""
+    with pytest.raises(ValueError, match=message):
+        MathTask.from_lines([_rows(1)[0], line, _rows(1)[0]])
+
+
+def test_math_task_empty_input():
+    """Input with no rows at all is an error, not an empty task."""
+    with pytest.raises(ValueError, match="no problems"):
+        MathTask.from_lines(["", "  \n"])
+
+
+@pytest.mark.parametrize("gold, completion, expected", [
+    ("72", "The answer is \\boxed{72}.", 1.0),
+    ("72", "The answer is 72", 1.0),
+    ("72", "so 72.0", 1.0),
+    ("1,000", "It costs $1000.", 1.0),
+    ("72", "<answer>72</answer> and later 5", 1.0),
+    ("72", "I think 71", 0.0),
+    ("72", "\\boxed{7}2", 0.0),
+    ("72", "", 0.0),
+    ("-3", "x = -3", 1.0),
+])
+def test_math_reward(gold, completion, expected):
+    """Math reward compares final answers after normalisation (or via math_verify)."""
+    assert reward_fn("math")(gold, completion) == expected
+
+
+def test_normalize_answer():
+    """The fallback normaliser keeps the last number-like token of the boxed or plain text."""
+    assert normalize_answer("\\boxed{\\frac{1}{2}} or \\boxed{3,500.50}") == "3500.5"
+    assert normalize_answer("$12.00$") == "12"
+    assert normalize_answer("no number") == "no number"
+
+
+def test_reward_fn_unknown_kind():
+    """An unknown task kind raises ValueError naming it and the known kinds."""
+    with pytest.raises(ValueError, match="'poetry'.*addition"):
+        reward_fn("poetry")

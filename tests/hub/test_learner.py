@@ -1,0 +1,247 @@
+"""The GRPO learner on a tiny real Qwen3: updates, versions, hostile data, export, evaluation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import transformers
+
+from echo2p2p.buffer import ScoredGroup
+from echo2p2p.messages import Sample, pack_ids, pack_logprobs
+from echo2p2p.hub.grpo import token_logprobs
+from echo2p2p.hub.learner import Learner, StepStats
+
+VOCAB = 48
+PROMPT = [3, 4, 5]
+COMPLETIONS = [[10, 11, 12, 1], [20, 21, 22, 23], [30, 31, 1], [40, 41, 42]]
+
+
+def tiny_model(seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
+    )
+    return transformers.Qwen3ForCausalLM(config).float()
+
+
+def sequence_logprobs(model, prompt: list[int], completions: list[list[int]]) -> list[list[float]]:
+    """Per-token logprobs of each completion under `model`, one sequence at a time."""
+    out = []
+    with torch.no_grad():
+        for c in completions:
+            ids = torch.tensor([prompt + c])  # (1, T)
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            mask[0, len(prompt):] = True
+            lp = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)  # (1, T)
+            out.append(lp[0, len(prompt):].tolist())
+    return out
+
+
+def make_group(model, rewards: list[float], completions=COMPLETIONS, lease: str = "l0",
+               logprobs: list[list[float]] | None = None) -> ScoredGroup:
+    """A group whose behaviour logprobs are `model`'s own (on-policy) unless given."""
+    logprobs = logprobs or sequence_logprobs(model, PROMPT, completions)
+    samples = [
+        Sample(token_ids=pack_ids(c), logprobs=pack_logprobs(lp), text="", reward=r,
+               finish_reason="stop")
+        for c, lp, r in zip(completions, logprobs, rewards)
+    ]
+    return ScoredGroup(lease_id=lease, problem_id="p0", prompt_ids=list(PROMPT), version=0,
+                       samples=samples, rewards=list(rewards))
+
+
+def test_step_reinforces_rewarded_completion():
+    """One step raises the logprob of the rewarded completion and lowers the others'."""
+    model = tiny_model()
+    learner = Learner(model, lr=3e-3)
+    before = [sum(lp) for lp in sequence_logprobs(model, PROMPT, COMPLETIONS)]
+    stats = learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])])
+    after = [sum(lp) for lp in sequence_logprobs(model, PROMPT, COMPLETIONS)]
+    assert after[0] > before[0]
+    assert all(a < b for a, b in zip(after[1:], before[1:]))
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-4)
+    assert stats.tokens == sum(len(c) for c in COMPLETIONS)
+    assert stats.groups == 1 and stats.samples == 4 and not stats.skipped
+
+
+def test_version_counts_steps():
+    """Version 0 is the initial policy; each step produces the next version."""
+    model = tiny_model()
+    learner = Learner(model, lr=1e-3)
+    assert learner.version == 0
+    assert learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])]).version == 1
+    assert learner.version == 1
+    assert learner.step([]).version == 2
+
+
+def test_metrics_keys():
+    """metrics() gives flat train/ keys with float values."""
+    model = tiny_model()
+    m = Learner(model, lr=1e-3).step([make_group(model, [1.0, 0.0, 0.0, 0.0])]).metrics()
+    for key in ("train/policy_loss", "train/reward_mean", "train/clip_frac", "train/grad_norm",
+                "train/tokens", "train/kl", "train/ratio_mean"):
+        assert isinstance(m[key], float) and math.isfinite(m[key])
+    assert m["train/reward_mean"] == 0.25
+
+
+def test_hostile_samples_are_dropped_and_counted():
+    """Non-finite logprobs, out-of-vocab ids and bad lengths are dropped, never raised."""
+    model = tiny_model()
+    learner = Learner(model, lr=1e-3)
+    good = sequence_logprobs(model, PROMPT, COMPLETIONS)
+    bad = [list(lp) for lp in good]
+    bad[1][2] = float("nan")
+    bad[2][0] = float("-inf")
+    completions = [list(c) for c in COMPLETIONS]
+    completions[3] = [40, VOCAB + 7, 42]  # id out of vocabulary
+    group = make_group(model, [1.0, 0.0, 1.0, 0.0], completions=completions, logprobs=bad)
+    torn = Sample(token_ids=pack_ids([10, 11]) + b"\x01", logprobs=pack_logprobs([-1.0, -1.0]),
+                  text="", reward=0.0, finish_reason="stop")  # 9 bytes of ids
+    short = Sample(token_ids=pack_ids([10, 11, 12]), logprobs=pack_logprobs([-1.0]),
+                   text="", reward=0.0, finish_reason="stop")  # length mismatch
+    group2 = ScoredGroup("l1", "p1", list(PROMPT), 0, [torn, short, group.samples[0]],
+                         [0.0, 0.0, 1.0])
+    bad_prompt = ScoredGroup("l2", "p2", [3, VOCAB], 0, group.samples[:2], [1.0, 0.0])
+    stats = learner.step([group, group2, bad_prompt])
+    assert stats.dropped_samples == 3 + 2 + 2
+    assert stats.dropped_groups == 1
+    assert stats.samples == 2 and stats.groups == 2
+    assert stats.tokens == len(completions[0]) * 2
+    assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm) and not stats.skipped
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_zero_variance_groups_counted_without_update():
+    """Groups whose rewards are all equal are counted but move no weight."""
+    model = tiny_model()
+    learner = Learner(model, lr=1e-2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner.step([make_group(model, [1.0] * 4), make_group(model, [0.0] * 4, lease="b")])
+    assert stats.groups == 2 and stats.zero_variance_groups == 2 and stats.skipped
+    assert stats.tokens == 2 * sum(len(c) for c in COMPLETIONS)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_micro_batches_match_full_batch():
+    """Gradient accumulation over micro-batches of 1 gives the full batch's update."""
+    groups_model = tiny_model()
+    groups = [make_group(groups_model, [1.0, 0.0, 0.5, 0.0]),
+              make_group(groups_model, [0.0, 0.0, 0.0, 1.0], lease="b")]
+    a, b = tiny_model(), tiny_model()
+    sa = Learner(a, lr=1e-3, micro_batch=64).step(groups)
+    sb = Learner(b, lr=1e-3, micro_batch=1).step(groups)
+    assert sa.loss == pytest.approx(sb.loss, rel=1e-4, abs=1e-6)
+    assert sa.grad_norm == pytest.approx(sb.grad_norm, rel=1e-4)
+    for (k, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(pa, pb, atol=1e-5), k  # Adam: ~lr * sign(g) where g ~ 0
+
+
+def test_kl_reference_is_frozen_copy():
+    """With kl_coef > 0 the reference stays at version 0 and the KL becomes positive."""
+    model = tiny_model()
+    learner = Learner(model, lr=1e-2, kl_coef=0.1)
+    ref0 = {k: v.clone() for k, v in learner.reference.state_dict().items()}
+    first = learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])])
+    second = learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])])
+    assert first.kl == pytest.approx(0.0, abs=1e-6) and second.kl > 0
+    assert all(torch.equal(ref0[k], v) for k, v in learner.reference.state_dict().items())
+
+
+def test_export_weights_bf16_hf_names():
+    """export_weights gives detached contiguous CPU bf16 copies under HF names."""
+    model = tiny_model()
+    weights = Learner(model, lr=1e-3).export_weights()
+    assert "model.embed_tokens.weight" in weights
+    assert "model.layers.0.self_attn.q_proj.weight" in weights
+    assert "lm_head.weight" not in weights  # tied to the embedding: exported once
+    for name, t in weights.items():
+        assert t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
+        assert not t.requires_grad
+    emb = weights["model.embed_tokens.weight"]
+    emb += 1  # a copy: the master weights must not move
+    assert not torch.equal(model.model.embed_tokens.weight.bfloat16(), emb)
+    reloaded = tiny_model(seed=1)
+    reloaded.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    assert torch.equal(reloaded.lm_head.weight, reloaded.model.embed_tokens.weight)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    id: str
+    prompt: str
+    answer: str
+
+
+class _CharTokenizer:
+    """Just enough tokenizer for `Learner.evaluate`: one id per character, 1 is EOS."""
+
+    eos_token_id = 1
+    pad_token_id = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [2 + (ord(ch) % (VOCAB - 2)) for ch in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(str(i) for i in ids if not (skip_special_tokens and i < 2))
+
+
+def test_evaluate_greedy_left_padded_matches_single_decoding():
+    """Batched, left-padded greedy evaluation scores what one-by-one greedy decoding says."""
+    model = tiny_model()
+    tok = _CharTokenizer()
+    problems = [_Problem(str(i), p, "") for i, p in enumerate(["1+2=", "12+34=", "7="])]
+    expected = {}
+    with torch.no_grad():
+        for p in problems:
+            ids = torch.tensor([tok.encode(p.prompt)])
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 do_sample=False, max_new_tokens=5, pad_token_id=0,
+                                 eos_token_id=1)[0, ids.shape[1]:].tolist()
+            if 1 in out:
+                out = out[:out.index(1)]
+            expected[p.prompt] = tok.decode(out, skip_special_tokens=True)
+    seen = []
+
+    def reward(answer: str, text: str) -> float:
+        seen.append(text)
+        return 1.0 if text in expected.values() else 0.0
+
+    learner = Learner(model, lr=1e-3)
+    acc = learner.evaluate(tok, problems, lambda items: [reward(a, t) for a, t in items],
+                           max_new_tokens=5, batch_size=2)
+    assert acc == 1.0 and sorted(seen) == sorted(expected.values())
+    assert model.training
+
+
+def test_step_stats_is_frozen():
+    """StepStats cannot be mutated after the fact."""
+    model = tiny_model()
+    stats = Learner(model, lr=1e-3).step([])
+    assert isinstance(stats, StepStats) and stats.skipped and stats.tokens == 0
+    with pytest.raises(AttributeError):
+        stats.version = 5
+
+
+def test_train_sync_smoke(tmp_path):
+    """Three synchronous steps on a tiny built-in-architecture model give three finite records."""
+    from echo2p2p.hub.local_run import train_sync
+    from echo2p2p.policy.model import build_char_tokenizer, build_tiny_model
+
+    # the built-in architecture with fresh weights, so the test does not need peer/assets
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    seen = []
+    records = train_sync(model=str(tmp_path), steps=3, prompts_per_step=2, group_size=4, lr=1e-4,
+                         seed=0, max_new_tokens=6, eval_every=3, eval_problems=4,
+                         on_step=seen.append)
+    assert [r["step"] for r in records] == [0, 1, 2] and seen == records
+    assert [r["version"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+        assert r["train/groups"] == 2.0 and r["train/dropped_samples"] == 0.0
+    assert 0.0 <= records[-1]["eval_accuracy"] <= 1.0

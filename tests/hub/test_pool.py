@@ -1,0 +1,118 @@
+"""The hub's pool: who is active, on trial or on standby, and the cost meter (explicit clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo2p2p.hub.pool import Pool
+
+
+def joined(pool: Pool, now: float = 0.0, **peers: tuple[float, float]) -> None:
+    """Join peers given as name=(price $/h, measured rollouts/s; 0 = not measured yet)."""
+    for name, (price, rate) in peers.items():
+        pool.join(name, name, price, True, now)
+        if rate:
+            pool.rate(name, rate)
+
+
+def active(pool: Pool) -> set[str]:
+    return {p for p in pool.accounts if pool.is_active(p)}
+
+
+def test_everyone_works_until_a_requirement_is_known():
+    pool = Pool()
+    joined(pool, cheap=(0.5, 10.0), dear=(3.0, 10.0))
+    assert pool.replan(None, 1.0) == ([], [])
+    assert active(pool) == {"cheap", "dear"}
+
+
+def test_cheapest_cover_works_and_the_rest_waits_on_standby():
+    pool = Pool(margin=0.1)
+    joined(pool, free=(0.0, 4.0), cheap=(0.5, 10.0), dear=(3.0, 10.0))
+    activated, standby = pool.replan(12.0, 1.0)  # needs 13.2: free + cheap
+    assert activated == [] and standby == ["dear"]
+    assert active(pool) == {"free", "cheap"}
+    assert pool.usd_per_hour() == pytest.approx(0.5)
+    assert pool.lp_bound() == pytest.approx(0.5 * (13.2 - 4.0) / 10.0)
+
+
+def test_unmeasured_and_relay_peers_stay_active():
+    pool = Pool()
+    joined(pool, known=(0.5, 10.0), new=(0.1, 0.0))
+    pool.join("relay", "relay", 1.0, False, 0.0)
+    pool.replan(1.0, 1.0)
+    assert active(pool) == {"known", "new", "relay"}
+    pool.rate("new", 50.0)  # measured now: cheaper per rollout, and enough alone
+    pool.activator.switch_gain, pool.activator.patience = 0.0, 1
+    assert pool.replan(1.0, 2.0) == ([], ["known"])
+
+
+def test_policy_all_never_puts_anyone_on_standby():
+    pool = Pool(policy="all")
+    joined(pool, cheap=(0.5, 10.0), dear=(3.0, 10.0))
+    pool.replan(1.0, 1.0)
+    assert active(pool) == {"cheap", "dear"}
+    with pytest.raises(ValueError, match="policy"):
+        Pool(policy="cheapest")
+
+
+def test_cost_accrues_only_while_active_and_survives_leaving():
+    pool = Pool(margin=0.0)
+    joined(pool, 0.0, a=(3.6, 10.0), b=(7.2, 10.0))  # $0.001/s and $0.002/s
+    pool.replan(5.0, 100.0)  # a alone covers 5/s: b on standby after 100 s
+    assert pool.usd_total(100.0) == pytest.approx(0.1 + 0.2)
+    assert pool.usd_total(1100.0) == pytest.approx(0.3 + 1.0)  # only a accrued
+    pool.replan(15.0, 1100.0)  # b back
+    pool.leave("a", 1200.0)
+    assert pool.usd_total(1200.0) == pytest.approx(1.3 + 0.1 + 0.2)
+    pool.accounts["b"].admitted = 1000
+    pool.admitted_left = 1000
+    meter = pool.meter(1200.0)
+    assert meter["cost/usd_per_1k_rollouts"] == pytest.approx(1.6 / 2)
+    assert meter["pool/active"] == 1 and meter["cost/usd_per_hour"] == pytest.approx(7.2)
+
+
+def test_noisy_rates_do_not_flap_the_active_set():
+    """Rates with +-5 % noise and the requirement with +-3 % at every re-plan: a fresh plan each
+    time would change the set dozens of times; with the pool's hysteresis it barely moves."""
+    import random
+
+    from echo2p2p.activation import Worker, choose_active
+
+    rng = random.Random(3)
+    base = {f"w{i}": (0.3 + 0.1 * i, 2.0 + i) for i in range(12)}
+    pool = Pool(margin=0.1)
+    joined(pool, **base)
+    pool.replan(20.0, 0.0)
+    changes = fresh_changes = 0
+    fresh = set(pool.plan.active)
+    for step in range(1, 200):
+        for name, (_, rate) in base.items():
+            pool.accounts[name].rollouts_per_s = rate * rng.uniform(0.95, 1.05)
+        required = 20.0 * rng.uniform(0.97, 1.03)
+        activated, standby = pool.replan(required, float(step))
+        changes += len(activated) + len(standby)
+        assert pool.plan.rollouts_per_s >= required  # never short of the requirement itself
+        now = set(choose_active([Worker(n, a.price_per_hour, a.rollouts_per_s)
+                                 for n, a in pool.accounts.items()], required, 0.1).active)
+        fresh_changes += len(now ^ fresh)
+        fresh = now
+    assert fresh_changes >= 20
+    assert changes <= 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_poisoned_price_or_rate_is_refused_where_it_enters(bad):
+    """A non-finite or negative price (join) or rate (measurement) raises ValueError at once,
+    so the cost meter and later plans never hold it (the wire refuses them before this)."""
+    pool = Pool()
+    with pytest.raises(ValueError, match="price_per_hour"):
+        pool.join("a", "a", bad, True, 0.0)
+    assert "a" not in pool.accounts
+    pool.join("b", "b", 1.0, True, 0.0)
+    with pytest.raises(ValueError, match="rollouts_per_s"):
+        pool.rate("b", bad)
+    assert pool.accounts["b"].rollouts_per_s == 0.0
+    pool.rate("b", 5.0)
+    pool.replan(1.0, 1.0)
+    assert pool.usd_total(3600.0) == pytest.approx(1.0)
