@@ -98,8 +98,9 @@ def version_wire_bytes(model: str) -> int:
     policy, _ = load_policy(model)
     weights = Learner(policy, lr=1e-3).export_weights(torch.bfloat16)
     tensors = state_to_tensors(weights, torch.bfloat16)
-    manifest, _ = build_snapshot(0, tensors, chunk_bytes=auto_chunk_bytes(
-        sum(len(t[3]) for t in tensors)))
+    with ThreadPoolExecutor() as coder:  # as the hub does: chunks coded in parallel
+        manifest, _ = build_snapshot(0, tensors, chunk_bytes=auto_chunk_bytes(
+            sum(len(t[3]) for t in tensors)), map_chunks=coder.map)
     return sum(c.wire_bytes for c in manifest.chunks)
 
 

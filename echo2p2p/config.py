@@ -3,8 +3,8 @@
 A config class is a frozen dataclass whose every field carries a docstring right below it (the
 CleanRL `Args` convention). `add_arguments` turns the fields into flags (`max_lag` ->
 `--max-lag`); `resolve` layers defaults < TOML table < flags and names the field on any bad
-value. The only I/O here is reading the config class's own source for its docstrings; the
-TOML file itself is read by the caller.
+value. No I/O here: the shell that defines a config class reads its source
+(`inspect.getsource`) and passes the text to `field_docs`; the TOML file is read by the caller.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import inspect
 import textwrap
 import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from .errors import ConfigError
@@ -22,9 +22,10 @@ from .errors import ConfigError
 C = TypeVar("C")
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, by field name."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+def field_docs(source: str) -> dict[str, str]:
+    """The docstring under each field of the dataclass whose source text is `source` (the class
+    statement, as `inspect.getsource` gives it), by field name."""
+    tree = ast.parse(textwrap.dedent(source))
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
@@ -35,9 +36,10 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One `--flag` per field; defaults are left as None so TOML can sit underneath."""
-    docs = field_docs(cls)
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), *,
+                  docs: Mapping[str, str]) -> None:
+    """One `--flag` per field, helped by `docs` (`field_docs` of the class's source); defaults
+    are left as None so TOML can sit underneath."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:

@@ -13,21 +13,18 @@ A receiver holding the base rebuilds every range bit for bit as the chunk arrive
 relays and pipelines exactly like a full version, and the manifest digest checks the rebuilt
 stream.
 
-This module knows no torch, sockets, files or clocks: tensors come in and go out as
+This module knows no torch, sockets, files, threads or clocks: tensors come in and go out as
 (name, dtype name, shape, raw little-endian bytes). Building copies only the raw pieces that
-straddle tensor boundaries and codes chunks on a thread pool; assembling writes each verified
-chunk straight into one buffer of `total_bytes`. python-zstandard releases the GIL, so shells may call `ChunkAssembler.add` from
-several threads at once for different chunks.
+straddle tensor boundaries and codes chunks through the caller's `map_chunks` (a thread pool's
+`map`, if the caller wants one). It checks a manifest's layout (`validate_manifest`); the
+receiving side, rebuilding a version from its chunks, is `echo2p2p.assembler`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 
 import zstandard
 
@@ -122,6 +119,8 @@ def _as_bytes_view(data: bytes | memoryview, name: str) -> memoryview:
 
 # --- building ------------------------------------------------------------------------------
 
+MapChunks = Callable[..., Iterable[tuple[ChunkEntry, bytes]]]
+
 
 def build_snapshot(
     version: int,
@@ -130,12 +129,14 @@ def build_snapshot(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     zstd_level: int = 3,
     base: tuple[int, bytes | memoryview] | None = None,
-    threads: int = 0,
+    map_chunks: MapChunks = map,
 ) -> tuple[Manifest, list[bytes]]:
     """The manifest and the compressed chunks of `tensors` as policy `version`; with
     `base=(base_version, base_stream)`, a delta against that version's raw stream.
 
-    Chunks are coded on `threads` threads (0 = one per CPU).
+    Chunks are independent, and zstd, numpy and blake2b release the GIL: a caller that wants
+    them coded in parallel passes `map_chunks=pool.map` of its own `ThreadPoolExecutor`; the
+    default, `map`, codes them one after the other in the calling thread.
     Raises LocalProtocolError if a tensor's byte count does not match its dtype and shape, a
     name repeats, `version`/`chunk_bytes` are out of range, or the base stream's length differs.
     """
@@ -143,7 +144,46 @@ def build_snapshot(
         raise LocalProtocolError(f"version must be an int >= 0, got {version!r}")
     if not _is_count(chunk_bytes) or chunk_bytes == 0:
         raise LocalProtocolError(f"chunk_bytes must be an int > 0, got {chunk_bytes!r}")
+    entries, views = _lay_out(tensors)
+    total_bytes = sum(e.nbytes for e in entries)
+    base_view = memoryview(base[1]).cast("B") if base is not None else None
+    if base_view is not None and base_view.nbytes != total_bytes:
+        raise LocalProtocolError(
+            f"base stream has {base_view.nbytes} bytes, this version {total_bytes}")
+    # Deltas code words of the dominant dtype, so that each byte plane is one byte of a weight.
+    word = DTYPE_BYTES[max(entries, key=lambda t: t.nbytes).dtype] if entries else 1
 
+    def code(index: int, raw: bytes | memoryview) -> tuple[ChunkEntry, bytes]:
+        if base_view is None:
+            wire = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
+        else:
+            start = index * chunk_bytes
+            wire = delta.encode(raw, base_view[start:start + len(raw)],
+                                word_bytes=word if len(raw) % word == 0 else 1, level=zstd_level)
+        return ChunkEntry(len(raw), len(wire), chunk_digest(wire)), wire
+
+    stream_hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for view in views:
+        stream_hash.update(view)
+    pieces = _cut_pieces(views, chunk_bytes)
+    coded = list(map_chunks(code, range(len(pieces)), pieces))
+    manifest = Manifest(
+        version=version,
+        base_version=base[0] if base is not None else None,
+        codec=CODEC if base is None else CODEC_DELTA,
+        hash_algo=HASH_ALGO,
+        chunk_bytes=chunk_bytes,
+        total_bytes=total_bytes,
+        tensors=entries,
+        chunks=[entry for entry, _ in coded],
+        digest=stream_hash.digest(),
+    )
+    return manifest, [wire for _, wire in coded]
+
+
+def _lay_out(tensors: Sequence[TensorBytes]) -> tuple[list[TensorEntry], list[memoryview]]:
+    """Each tensor's entry (laid back to back from offset 0) and its bytes as a flat view.
+    Raises LocalProtocolError for an empty or repeated name, or bytes that do not match."""
     entries: list[TensorEntry] = []
     views: list[memoryview] = []
     seen: set[str] = set()
@@ -163,29 +203,18 @@ def build_snapshot(
         entries.append(TensorEntry(name, dtype, shape_list, offset, view.nbytes))
         views.append(view)
         offset += view.nbytes
+    return entries, views
 
-    base_view = memoryview(base[1]).cast("B") if base is not None else None
-    if base_view is not None and base_view.nbytes != offset:
-        raise LocalProtocolError(f"base stream has {base_view.nbytes} bytes, this version {offset}")
-    # Deltas code words of the dominant dtype, so that each byte plane is one byte of a weight.
-    word = DTYPE_BYTES[max(entries, key=lambda t: t.nbytes).dtype] if entries else 1
 
-    def code(index: int, raw: bytes | memoryview) -> tuple[ChunkEntry, bytes]:
-        if base_view is None:
-            wire = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
-        else:
-            start = index * chunk_bytes
-            wire = delta.encode(raw, base_view[start:start + len(raw)],
-                                word_bytes=word if len(raw) % word == 0 else 1, level=zstd_level)
-        return ChunkEntry(len(raw), len(wire), chunk_digest(wire)), wire
+def _cut_pieces(views: Sequence[memoryview], chunk_bytes: int) -> list[bytes | memoryview]:
+    """The raw pieces of `chunk_bytes` (the last may be shorter) of the views laid end to end.
 
-    stream_hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    Only pieces that straddle tensor boundaries are copied (they gather in `pending`); whole
+    chunks inside one tensor go to the compressor straight from the caller's memory.
+    """
     pieces: list[bytes | memoryview] = []
-    # `pending` gathers pieces that straddle tensor boundaries; whole chunks inside one tensor
-    # go to the compressor straight from the caller's memory, without a copy.
     pending = bytearray()
     for view in views:
-        stream_hash.update(view)
         pos = 0
         while pos < view.nbytes:
             if not pending and view.nbytes - pos >= chunk_bytes:
@@ -200,31 +229,10 @@ def build_snapshot(
                 pending.clear()
     if pending:
         pieces.append(bytes(pending))
-    # Chunks are independent and zstd, numpy and blake2b release the GIL: code them in threads.
-    workers = min(threads or os.cpu_count() or 1, len(pieces))
-    if workers > 1:
-        with ThreadPoolExecutor(workers) as pool:
-            coded = list(pool.map(code, range(len(pieces)), pieces))
-    else:
-        coded = [code(i, raw) for i, raw in enumerate(pieces)]
-    chunk_entries = [entry for entry, _ in coded]
-    chunks = [wire for _, wire in coded]
-
-    manifest = Manifest(
-        version=version,
-        base_version=base[0] if base is not None else None,
-        codec=CODEC if base is None else CODEC_DELTA,
-        hash_algo=HASH_ALGO,
-        chunk_bytes=chunk_bytes,
-        total_bytes=offset,
-        tensors=entries,
-        chunks=chunk_entries,
-        digest=stream_hash.digest(),
-    )
-    return manifest, chunks
+    return pieces
 
 
-# --- assembling ----------------------------------------------------------------------------
+# --- checking a manifest ----------------------------------------------------------------------
 
 
 def validate_manifest(manifest: Manifest) -> None:
@@ -275,125 +283,3 @@ def validate_manifest(manifest: Manifest) -> None:
             raise SnapshotError(f"chunk {i}: implausible wire_bytes")
         if not isinstance(c.digest, bytes) or len(c.digest) != DIGEST_BYTES:
             raise SnapshotError(f"chunk {i}: digest is not a blake2b-256 digest")
-
-
-class ChunkAssembler:
-    """Rebuilds one version from its chunks, in any order, verifying each one.
-
-    A delta manifest needs `base`, the raw stream of its base version; each chunk is rebuilt
-    against it as it arrives.
-    """
-
-    def __init__(self, manifest: Manifest, *, base: bytes | memoryview | None = None,
-                 max_total_bytes: int | None = None) -> None:
-        validate_manifest(manifest)
-        if max_total_bytes is not None and manifest.total_bytes > max_total_bytes:
-            raise SnapshotError(
-                f"snapshot of {manifest.total_bytes} bytes exceeds the {max_total_bytes} allowed")
-        if (manifest.codec == CODEC_DELTA) != (base is not None):
-            raise SnapshotError("a delta needs its base stream, a full snapshot takes none")
-        if base is not None and memoryview(base).nbytes != manifest.total_bytes:
-            raise SnapshotError(f"base stream has {memoryview(base).nbytes} bytes, "
-                                f"the manifest {manifest.total_bytes}")
-        self.manifest = manifest
-        self._base = memoryview(base).cast("B") if base is not None else None
-        self._buffer = bytearray(manifest.total_bytes)
-        self._have: set[int] = set()
-        self._claimed: set[int] = set()  # being written by some thread right now
-        self._received_bytes = 0
-        self._lock = threading.Lock()
-        self._stream_verified = False
-
-    @property
-    def missing(self) -> list[int]:
-        """Indices of the chunks not yet in, ascending."""
-        with self._lock:
-            return [i for i in range(len(self.manifest.chunks)) if i not in self._have]
-
-    @property
-    def complete(self) -> bool:
-        return len(self._have) == len(self.manifest.chunks)
-
-    @property
-    def received_bytes(self) -> int:
-        """Wire bytes of the verified chunks taken so far (duplicates not counted)."""
-        return self._received_bytes
-
-    def add(self, index: int, data: bytes | memoryview) -> bool:
-        """Verify chunk `index` and write it in; True once every chunk is in.
-
-        Raises SnapshotError for a bad index, size, hash or payload; the assembler is unchanged
-        then and still takes the right bytes later. A chunk already in (or being written by
-        another thread) is checked against its digest, then ignored: so whoever gets no error
-        holds verified bytes, and may serve them.
-        """
-        chunks = self.manifest.chunks
-        if type(index) is not int or not 0 <= index < len(chunks):
-            raise SnapshotError(f"chunk index {str(index)[:20]} out of range 0..{len(chunks) - 1}")
-        entry = chunks[index]
-        nbytes = memoryview(data).nbytes
-        if nbytes != entry.wire_bytes:
-            raise SnapshotError(f"chunk {index}: {nbytes} bytes, manifest says {entry.wire_bytes}")
-        if chunk_digest(data) != entry.digest:
-            raise SnapshotError(f"chunk {index}: digest mismatch")
-        with self._lock:
-            if index in self._have or index in self._claimed:
-                return self.complete
-        start = index * self.manifest.chunk_bytes
-        if self._base is None:
-            raw = _decompress_exactly(data, entry.raw_bytes, index)
-        else:
-            raw = delta.decode(data, self._base[start:start + entry.raw_bytes])
-
-        with self._lock:
-            if index in self._have or index in self._claimed:
-                return self.complete
-            self._claimed.add(index)
-        # Chunks own disjoint slices of the buffer, so the copy needs no lock.
-        self._buffer[start:start + entry.raw_bytes] = raw
-        with self._lock:
-            self._claimed.discard(index)
-            self._have.add(index)
-            self._received_bytes += entry.wire_bytes
-            return self.complete
-
-    def tensors(self) -> list[tuple[str, str, list[int], memoryview]]:
-        """(name, dtype, shape, raw bytes) per tensor, views into the assembled stream.
-
-        Raises SnapshotError if chunks are missing or the stream fails the manifest digest.
-        """
-        view = self.stream()
-        return [(t.name, t.dtype, list(t.shape), view[t.offset:t.offset + t.nbytes])
-                for t in self.manifest.tensors]
-
-    def stream(self) -> memoryview:
-        """The whole verified raw stream (a base for the next delta).
-
-        Raises SnapshotError if chunks are missing or the stream fails the manifest digest.
-        """
-        if not self.complete:
-            raise SnapshotError(f"{len(self.missing)} chunks still missing")
-        if not self._stream_verified:
-            if chunk_digest(self._buffer) != self.manifest.digest:
-                raise SnapshotError("assembled stream does not match the manifest digest")
-            self._stream_verified = True
-            self._base = None  # no longer needed: let the base version go
-        return memoryview(self._buffer)
-
-
-def _decompress_exactly(data: bytes | memoryview, raw_bytes: int, index: int) -> bytes:
-    """One zstd frame that must inflate to exactly `raw_bytes`.
-
-    python-zstandard trusts a frame's declared content size over `max_output_size`, so the
-    header is checked first: a forged header cannot make us allocate more than the manifest says.
-    """
-    try:
-        declared = zstandard.frame_content_size(data)
-        if declared not in (-1, raw_bytes):  # -1: size not written in the header
-            raise SnapshotError(f"chunk {index}: frame declares {declared} bytes, not {raw_bytes}")
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_bytes)
-    except zstandard.ZstdError:
-        raise SnapshotError(f"chunk {index}: not a valid zstd frame") from None
-    if len(raw) != raw_bytes:
-        raise SnapshotError(f"chunk {index}: inflates to {len(raw)} bytes, not {raw_bytes}")
-    return raw

@@ -18,7 +18,7 @@ from echo2p2p.errors import ConfigError
 
 from echo2p2p.runtime import process
 
-from .config import HubConfig
+from .config import HubConfig, help_texts
 from .plan import PlanConfig
 
 log = logging.getLogger(__name__)
@@ -38,14 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (serve, demo):
         p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
-        add_arguments(p, HubConfig)
+        add_arguments(p, HubConfig, docs=help_texts(HubConfig))
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
     plan = sub.add_parser("plan", help="offline: required rollout throughput, feasible S/kappa, "
                                        "which workers to activate and what it costs")
     plan.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    add_arguments(plan, PlanConfig)
+    add_arguments(plan, PlanConfig, docs=help_texts(PlanConfig))
     token = sub.add_parser("token", help="join tokens: create, list or revoke (serve --tokens FILE)")
     token.add_argument("action", choices=("create", "list", "revoke"))
     token.add_argument("token_id", nargs="?", help="for revoke: the id `list` shows")

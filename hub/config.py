@@ -5,8 +5,10 @@ Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
+from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
@@ -187,3 +189,9 @@ class HubConfig:
     def kappa(self) -> int:
         """The publication period actually used."""
         return self.publish_every or default_publish_every(self.max_lag)
+
+
+def help_texts(cls: type) -> dict[str, str]:
+    """The `--help` text of each field of config class `cls`: the docstring under it, read from
+    the class's source file (the core's `field_docs` parses the text)."""
+    return field_docs(inspect.getsource(cls))

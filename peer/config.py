@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from urllib.parse import urlsplit
 
 from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
+from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
 
@@ -144,3 +146,9 @@ def normalize_url(url: str) -> str:
     if scheme is None or not parts.hostname:
         raise ConfigError("hub_url", f"expected ws://HOST:PORT/ws, got {url!r}")
     return f"{scheme}://{parts.netloc}{parts.path if parts.path not in ('', '/') else '/ws'}"
+
+
+def help_texts(cls: type) -> dict[str, str]:
+    """The `--help` text of each field of config class `cls`: the docstring under it, read from
+    the class's source file (the core's `field_docs` parses the text)."""
+    return field_docs(inspect.getsource(cls))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 
 import pytest
 
-from echo2p2p.config import add_arguments
+from echo2p2p.config import add_arguments, field_docs
 from echo2p2p.hub import base_checkpoint, local_run
 from echo2p2p.hub import cli as hub_cli
 from echo2p2p.peer import cli as peer_cli
@@ -79,7 +80,7 @@ def test_percent_in_a_field_docstring_is_literal(capsys):
         """Provision 10 % more, or 100%."""
 
     parser = argparse.ArgumentParser(prog="knobs")
-    add_arguments(parser, Knobs)
+    add_arguments(parser, Knobs, docs=field_docs(inspect.getsource(Knobs)))
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     assert "Provision 10 % more, or 100%." in " ".join(capsys.readouterr().out.split())

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from echo2p2p import messages as m
-from echo2p2p.snapshot import ChunkAssembler
+from echo2p2p.assembler import ChunkAssembler
 
 Key = tuple[int, int | None]  # (version, base version or None for a full snapshot)
 GONE = b""  # what a lookup answers for a version this host no longer keeps
@@ -67,9 +67,23 @@ class ChunkStore:
         return held
 
     async def add(self, held: Held, index: int, data: bytes) -> bool:
-        """Verify chunk `index` (in a thread) and keep it to serve; True once all are in.
-        Raises SnapshotError if it fails verification."""
-        complete = await asyncio.to_thread(held.assembler.add, index, data)
+        """Verify chunk `index` and keep it to serve; True once all are in.
+        Raises SnapshotError if it fails verification.
+
+        Hashing and inflating run in threads; the assembler's claims stay on this loop, so a
+        copy that arrives while another is being written is verified, then ignored.
+        """
+        assembler = held.assembler
+        await asyncio.to_thread(assembler.verify, index, data)
+        if assembler.claim(index):
+            try:
+                await asyncio.to_thread(assembler.write, index, data)
+            except BaseException:
+                assembler.release(index)
+                raise
+            complete = assembler.commit(index)
+        else:
+            complete = assembler.complete
         if held.wires[index] is None:
             held.wires[index] = data
             self._notify()

@@ -9,13 +9,12 @@ GRPO group, an evaluation batch); a worker that is idle gets everything queued, 
 reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
 a submission costs two process wake-ups and no GIL hand-off.
 
-The worker stamps the index and start time of the completion it is on into shared memory. A
-timer on the loop fires at that completion's deadline, `timeout_s` after it started; if the
-worker has not moved on, it is killed. That completion scores 0, is counted in
-`statistics().timeouts` and logged at WARNING; a fresh worker scores the rest of the batch
-(those before the culprit again: reward functions are pure). A worker that dies on its own is
-handled the same way and counted in `failures`. A kill costs a worker start (~0.1-0.5 s:
-an interpreter, and the imports the reward function needs), during which other workers serve.
+The worker (`echo2p2p.scoring.worker.WorkerProcess`) stamps the index and start time of the
+completion it is on into shared memory. A timer on the loop fires at that completion's deadline,
+`timeout_s` after it started; a worker that has not moved on is killed. That completion scores
+0, is counted in `statistics().timeouts` and logged at WARNING; a fresh worker scores the
+others, those before it again (reward functions are pure). A worker that dies on its own is
+handled alike, counted in `failures`. A kill costs a worker start (~0.1-0.5 s).
 
 Workers are spawned (never forked: the parent holds torch and threads, which fork copies
 half-made; and under forkserver a worker's parent would be the fork server, which lives as
@@ -47,7 +46,6 @@ from . import worker as w
 log = logging.getLogger(__name__)
 
 MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue up
-START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
 DEFAULT_TIMEOUT_S = 5.0
 
 
@@ -88,43 +86,6 @@ class _Job:
             self.future.set_result(_tally(self.results))
 
 
-class _Worker:
-    """One child process, its pipe, its progress stamp and the batch it is scoring."""
-
-    def __init__(self, ctx: Any, reward_blob: bytes, decoder_blob: bytes | None, name: str):
-        """Spawns the process and waits until it is ready: run in the Scorer's spawner thread."""
-        self.conn, child = ctx.Pipe()
-        self.progress = ctx.RawArray("d", [-1.0, 0.0])  # [index started, its monotonic start]
-        self.process = ctx.Process(target=w.serve, name=name, daemon=True,
-                                   args=(child, self.progress, reward_blob, decoder_blob))
-        self.process.start()
-        child.close()
-        self.started = 0  # completions this worker has begun, as of the batch now sent
-        self.sent_at = 0.0  # when that batch was sent (time.monotonic, as the stamps)
-        self.listening = False  # the loop watches its pipe for the answer
-        self.batch: list[tuple[_Job, int]] | None = None  # (job, item index) being scored
-        self.timer: asyncio.TimerHandle | None = None
-        try:
-            ready = self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == w.READY
-        except (EOFError, OSError):
-            ready = False
-        if not ready:
-            self.kill()
-            raise ScoringError(f"the scoring worker did not start (exit code "
-                               f"{self.process.exitcode}); see its traceback above")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self) -> None:
-        """Stop the process now (idle or deep in a verifier) and reap it."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10.0)
-        self.conn.close()
-
-
 class Scorer:
     """Worker processes running `reward(answer, completion)`, `timeout_s` per completion."""
 
@@ -148,8 +109,8 @@ class Scorer:
         self._own_loop_lock = threading.Lock()
         self._spawner: ThreadPoolExecutor | None = None
         self._queue: collections.deque[tuple[_Job, int]] = collections.deque()
-        self._idle: list[_Worker] = []
-        self._busy: set[_Worker] = set()
+        self._idle: list[w.WorkerProcess] = []
+        self._busy: set[w.WorkerProcess] = set()
         self._starting = 0  # workers being spawned
         self._ready: asyncio.Future | None = None  # None once every worker started, or the error
         self._closed = False
@@ -297,7 +258,7 @@ class Scorer:
                and len(self._idle) + len(self._busy) + self._starting < self.n_workers):
             self._starting += 1
             future = self._loop.run_in_executor(
-                self._spawner, _Worker, self._ctx, self._reward_blob, self._decoder_blob,
+                self._spawner, w.WorkerProcess, self._ctx, self._reward_blob, self._decoder_blob,
                 f"{self.name}-worker")
             future.add_done_callback(self._spawned)
 
@@ -339,7 +300,7 @@ class Scorer:
                 return
             self._send(worker, batch)
 
-    def _send(self, worker: _Worker, batch: list[tuple[_Job, int]]) -> None:
+    def _send(self, worker: w.WorkerProcess, batch: list[tuple[_Job, int]]) -> None:
         worker.batch = batch
         self._busy.add(worker)
         self._round_trips += 1
@@ -354,7 +315,7 @@ class Scorer:
         worker.listening = True
         worker.timer = self._loop.call_later(self.timeout_s, self._check_deadline, worker)
 
-    def _on_answer(self, worker: _Worker) -> None:
+    def _on_answer(self, worker: w.WorkerProcess) -> None:
         # Blocking again before reading (uvloop made the fd non-blocking for its poll), so a
         # whole answer is read; it is on its way: the worker writes it in one go.
         self._loop.remove_reader(worker.conn.fileno())
@@ -377,14 +338,14 @@ class Scorer:
             job.put(i, result)
         self._pump()
 
-    def _current(self, worker: _Worker) -> tuple[int, float]:
+    def _current(self, worker: w.WorkerProcess) -> tuple[int, float]:
         """(position in its batch, monotonic start) of the completion the worker is on."""
         index, began = int(worker.progress[0]), worker.progress[1]
         if index < worker.started:  # still reading the batch: its first item's clock runs
             return 0, worker.sent_at
         return index - worker.started, began
 
-    def _check_deadline(self, worker: _Worker) -> None:
+    def _check_deadline(self, worker: w.WorkerProcess) -> None:
         position, began = self._current(worker)
         left_s = began + self.timeout_s - time.monotonic()
         if left_s > 0:  # it moved on since: wait for this completion's own deadline
@@ -392,7 +353,7 @@ class Scorer:
             return
         self._replace(worker, culprit=position, timed_out=True)
 
-    def _replace(self, worker: _Worker, culprit: int | None, timed_out: bool = False) -> None:
+    def _replace(self, worker: w.WorkerProcess, culprit: int | None, timed_out: bool = False) -> None:
         """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
         batch = worker.batch or []
         self._busy.discard(worker)
@@ -416,7 +377,7 @@ class Scorer:
         self._restarts += 1
         self._spawn_missing()
 
-    def _drop(self, worker: _Worker) -> None:
+    def _drop(self, worker: w.WorkerProcess) -> None:
         if worker.timer is not None:
             worker.timer.cancel()
         if not worker.conn.closed:

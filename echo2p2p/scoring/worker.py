@@ -10,7 +10,8 @@ interrupted any other way. It never sees a socket or the parent's event loop, an
 the thread that spawned it, so with the hub or peer (Linux: the kernel's parent-death signal;
 elsewhere at its next read).
 
-Items are `(answer, text)`, scored as they are, or `(answer, packed_ids, claimed_text)`:
+`WorkerProcess` is the parent's side of one such child: spawn it, wait until it is ready, kill
+it. Items are `(answer, text)`, scored as they are, or `(answer, packed_ids, claimed_text)`:
 the ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and
 the note says whether the claim was the decoding.
 """
@@ -24,6 +25,8 @@ import sys
 import time
 from typing import Any
 
+from echo2p2p.errors import ScoringError
+
 # What the parent learns of each completion besides its reward (always 0.0 unless OK/MISMATCH).
 OK = 0  # scored
 MISMATCH = 1  # scored from the decoded ids; the claimed text was something else
@@ -32,6 +35,7 @@ FAILED = 3  # the reward function raised or returned a non-finite value
 TIMEOUT = 4  # set by the parent: ran past the deadline, the worker was killed
 
 READY = "ready"
+START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
 
 
 def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | None) -> None:
@@ -93,3 +97,41 @@ def _die_with_parent() -> None:
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # it went before we asked
         os._exit(1)
+
+
+class WorkerProcess:
+    """The parent's handle on one child: its pipe, its progress stamp and the batch it is
+    scoring (the `Scorer`'s bookkeeping, kept here so the handle is one object)."""
+
+    def __init__(self, ctx: Any, reward_blob: bytes, decoder_blob: bytes | None, name: str):
+        """Spawns the process and waits until it is ready: run in the Scorer's spawner thread."""
+        self.conn, child = ctx.Pipe()
+        self.progress = ctx.RawArray("d", [-1.0, 0.0])  # [index started, its monotonic start]
+        self.process = ctx.Process(target=serve, name=name, daemon=True,
+                                   args=(child, self.progress, reward_blob, decoder_blob))
+        self.process.start()
+        child.close()
+        self.started = 0  # completions this worker has begun, as of the batch now sent
+        self.sent_at = 0.0  # when that batch was sent (time.monotonic, as the stamps)
+        self.listening = False  # the loop watches its pipe for the answer
+        self.batch: list[tuple[Any, int]] | None = None  # (the Scorer's job, item index)
+        self.timer: Any = None  # the loop's TimerHandle for this batch's deadline
+        try:
+            ready = self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise ScoringError(f"the scoring worker did not start (exit code "
+                               f"{self.process.exitcode}); see its traceback above")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """Stop the process now (idle or deep in a verifier) and reap it."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10.0)
+        self.conn.close()

@@ -3,10 +3,16 @@ the evidence a run leaves behind.
 
 Faults are what an operator's world does to processes: SIGKILL (no goodbye, sockets reset by the
 kernel), never a call into a process. Evidence is only what the processes write: the hub's
-debug log (grants, admissions, staleness drops, departures), its run log (metrics.jsonl), its
-/status route, its checkpoints and journals on disk, and each peer's log ("vN complete"). The
-accounting in `chaos_accounting` is computed from those, so a bookkeeping bug in the hub shows
-up as a loss instead of being trusted.
+debug log (grants, admissions, staleness drops, departures, versions held), its live step
+lines, its run log (metrics.jsonl), its /status route, its checkpoints and journals on disk,
+and each peer's log ("vN complete"). The accounting in `chaos_accounting` is computed from
+those, so a bookkeeping bug in the hub shows up as a loss instead of being trusted.
+
+Faults fire from events, not from polling: each process's output is read as a stream, line by
+line, by a thread that tees it to the process's log file and, for the hub, folds it into a live
+`HubLog`. `Cluster.wait_for(condition)` evaluates its condition once per batch of new lines (or
+a process exit) and returns on the record that makes it true; nothing sleeps or looks again on
+a timer.
 
 Every process is started with PR_SET_PDEATHSIG (on Linux), so a pytest that dies takes them
 along; `Cluster.close` ends the rest, even when a test fails.
@@ -21,6 +27,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -30,25 +37,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 BYZANTINE = Path(__file__).resolve().parent / "byzantine_peer.py"
-POLL_S = 0.05  # how often a wait looks again
 
 # Small and fast everywhere: the tiny built-in model, one torch thread per process.
 HUB_FLAGS = ("--prompts-per-step", "4", "--group-size", "4", "--eval-every", "0",
              "--torch-threads", "1", "--seed", "1", "--log-level", "debug")
 PEER_FLAGS = ("--torch-threads", "1", "--log-level", "info", "--listen", "127.0.0.1:0",
               "--reconnect-max-s", "1", "--relay-stall-s", "3")
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll `condition` until it returns something truthy (returned), or fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -64,6 +58,7 @@ class Proc:
     role: str  # "hub", "peer" (generates), "relay" (relays only), "byzantine"
     popen: subprocess.Popen
     log: Path
+    lines: list[str] = field(default_factory=list)  # its output so far, as the reader got it
 
     @property
     def alive(self) -> bool:
@@ -72,15 +67,22 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def heard(self, number: int, line: str) -> None:
+        """Line `number` of this process's output has arrived (called by its reader thread)."""
+
 
 @dataclass
 class HubProc(Proc):
     run_dir: Path = Path()
     port: int = 0
+    live: HubLog = field(default_factory=lambda: HubLog())  # its debug log, as it is written
 
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
+
+    def heard(self, number: int, line: str) -> None:
+        self.live.feed(number, line)
 
     def status(self) -> dict[str, Any] | None:
         """GET /status, or None while the hub does not answer; fails if the hub has exited."""
@@ -101,32 +103,78 @@ class Cluster:
         self.env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                     "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                     "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self._news = threading.Condition()  # notified on every line read and every exit
+        self._threads: list[threading.Thread] = []
+
+    def wait_for(self, condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Evaluate `condition` now and again after each batch of new output (or an exit) from
+        any process, until it returns something truthy (returned); fail naming `what` once
+        `timeout_s` pass without it. The condition runs with the readers held off, so it sees
+        every process's `lines` (and the hub's `live` log) in one consistent state."""
+        deadline = time.monotonic() + timeout_s
+        with self._news:
+            while True:
+                result = condition()
+                if result:
+                    return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+                self._news.wait(remaining)
 
     def _spawn(self, name: str, role: str, argv: list[str], cls=Proc, **extra) -> Proc:
-        log = self.root / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        proc = cls(name, role, popen, log, **extra)
+        popen = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        proc = cls(name, role, popen, self.root / f"{name}.log", **extra)
         self.procs.append(proc)
+        for target in (self._read, self._watch_exit):
+            thread = threading.Thread(target=target, args=(proc,), name=f"{target.__name__}-{name}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return proc
+
+    def _read(self, proc: Proc) -> None:
+        """Tee `proc`'s output to its log file, line by line, and announce each line."""
+        with proc.log.open("ab") as out:
+            for raw in proc.popen.stdout:
+                out.write(raw)
+                out.flush()
+                line = raw.decode(errors="replace").rstrip("\n")
+                with self._news:
+                    proc.lines.append(line)
+                    proc.heard(len(proc.lines) - 1, line)
+                    self._news.notify_all()
+        with self._news:
+            self._news.notify_all()
+
+    def _watch_exit(self, proc: Proc) -> None:
+        """Announce `proc`'s exit (its output may stay open in a child for a while)."""
+        proc.popen.wait()
+        with self._news:
+            self._news.notify_all()
+
+    def wait_exit(self, proc: Proc, timeout_s: float, what: str) -> None:
+        """Block until `proc` has exited and its reader has taken all it wrote."""
+        self.wait_for(lambda: not proc.alive, timeout_s, what)
+        for thread in self._threads:
+            if thread.name == f"_read-{proc.name}":
+                thread.join(timeout_s)
 
     def start_hub(self, run_dir: Path, *flags: str, resume: bool = False, port: int = 0,
                   name: str = "hub") -> HubProc:
-        """`echo2-hub serve` (or `serve --resume run_dir`); returns once it listens."""
+        """`echo2-hub serve` (or `serve --resume run_dir`); returns once it says it listens."""
         where = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
         argv = [sys.executable, "-m", "echo2p2p.hub.cli", "serve", *where, "--port", str(port),
                 *HUB_FLAGS, *flags]
         hub = self._spawn(name, "hub", argv, HubProc, run_dir=run_dir)
-        listening = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)/ws")
 
         def bound() -> int | None:
             assert hub.alive, f"{name} exited ({hub.popen.returncode}):\n{hub.text()[-3000:]}"
-            found = listening.search(hub.text())
-            return int(found.group(1)) if found else None
+            return hub.live.port
 
-        hub.port = wait_for(bound, 120, f"{name} to listen")
+        hub.port = self.wait_for(bound, 120, f"{name} to listen")
         return hub
 
     def start_peer(self, hub: HubProc, name: str, *flags: str, engine: str = "transformers",
@@ -146,7 +194,8 @@ class Cluster:
         return at
 
     def close(self) -> None:
-        """SIGTERM everything still running (peers stop cleanly on it), SIGKILL what lingers."""
+        """SIGTERM everything still running (peers stop cleanly on it), SIGKILL what lingers;
+        then let the readers take the last of the output."""
         for proc in self.procs:
             if proc.alive:
                 proc.popen.terminate()
@@ -157,6 +206,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait(timeout=10)
+        for thread in self._threads:
+            thread.join(10)
 
 
 # --- the hub's evidence ---------------------------------------------------------------------
@@ -170,6 +221,10 @@ PUBLISHED = re.compile(r"published v(\d+):")
 QUARANTINED = re.compile(r"quarantined (p\d+) \(")
 REPORTED = re.compile(r"(p\d+) reports relay (p\d+) on v\d+: (\w+)")
 SPOT_FAILED = re.compile(r"(p\d+) \(.*?\) failed a spot-check")
+HOLDS = re.compile(r"(p\d+) holds v(\d+)$")
+STEP = re.compile(r"^step +(\d+) +v(\d+) +reward ")  # the live line of each learner step
+RESUMED = re.compile(r"^resumed at v(\d+): ")
+LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)/ws")
 
 
 @dataclass
@@ -189,34 +244,54 @@ class HubLog:
     admitted_line: dict[str, int] = field(default_factory=dict)  # lease -> line number
     reported: set[tuple[str, str]] = field(default_factory=set)  # (relay, reason) reported
     spot_failed: set[str] = field(default_factory=set)  # peers that failed a spot-check
+    holds: dict[str, int] = field(default_factory=dict)  # peer id -> version it last said it holds
+    steps: list[int] = field(default_factory=list)  # learner steps, as their live lines came
+    resumed_at: int | None = None  # the version a resumed hub came back at
+    port: int | None = None  # where it listens, once it says so
 
     @classmethod
     def read(cls, path: Path) -> HubLog:
         log = cls()
         for number, line in enumerate(path.read_text(errors="replace").splitlines()):
-            if m := GRANTED.search(line):
-                log.granted[m[1]] = (int(m[2]), m[3])
-            elif m := ADMITTED.search(line):
-                log.admitted[m[1]] = (int(m[2]), m[3])
-                log.admitted_line[m[1]] = number
-            elif m := DROPPED.search(line):
-                log.dropped.add(m[1])
-            elif m := LEFT.search(line):
-                log.left[m[1]] = int(m[3])
-                log.left_line[m[1]] = number
-            elif m := JOINED.search(line):
-                log.names[m[1]] = m[2]
-                log.joined_line[m[1]] = number
-            elif m := PUBLISHED.search(line):
-                log.published.append(int(m[1]))
-                log.published_line[int(m[1])] = number
-            elif m := QUARANTINED.search(line):
-                log.quarantined.setdefault(m[1], number)
-            elif m := REPORTED.search(line):
-                log.reported.add((m[2], m[3]))
-            elif m := SPOT_FAILED.search(line):
-                log.spot_failed.add(m[1])
+            log.feed(number, line)
         return log
+
+    def feed(self, number: int, line: str) -> None:
+        """Take line `number` of the hub's output into account."""
+        if m := GRANTED.search(line):
+            self.granted[m[1]] = (int(m[2]), m[3])
+        elif m := ADMITTED.search(line):
+            self.admitted[m[1]] = (int(m[2]), m[3])
+            self.admitted_line[m[1]] = number
+        elif m := DROPPED.search(line):
+            self.dropped.add(m[1])
+        elif m := HOLDS.search(line):
+            self.holds[m[1]] = int(m[2])
+        elif m := LEFT.search(line):
+            self.left[m[1]] = int(m[3])
+            self.left_line[m[1]] = number
+        elif m := JOINED.search(line):
+            self.names[m[1]] = m[2]
+            self.joined_line[m[1]] = number
+        elif m := PUBLISHED.search(line):
+            self.published.append(int(m[1]))
+            self.published_line[int(m[1])] = number
+        elif m := QUARANTINED.search(line):
+            self.quarantined.setdefault(m[1], number)
+        elif m := REPORTED.search(line):
+            self.reported.add((m[2], m[3]))
+        elif m := SPOT_FAILED.search(line):
+            self.spot_failed.add(m[1])
+        elif m := STEP.search(line):
+            self.steps.append(int(m[1]))
+        elif m := RESUMED.search(line):
+            self.resumed_at = int(m[1])
+        elif m := LISTENING.search(line):
+            self.port = int(m[1])
+
+    def connected(self) -> dict[str, str]:
+        """name -> peer id of the peers joined and not left."""
+        return {name: pid for pid, name in self.names.items() if pid not in self.left}
 
     def published_after(self, line: int, final_version: int) -> list[int]:
         """Versions published after log line `line`, without `final_version`: the hub stops

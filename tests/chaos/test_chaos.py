@@ -19,30 +19,32 @@ from echo2p2p.tasks import AdditionTask
 from .accounting import Accounting, Incarnation, account
 from .conftest import Row
 from .harness import (Cluster, HubLog, HubProc, Proc, events, final_state, read_metrics, steps,
-                      versions_held, wait_for)
+                      versions_held)
 
 SEED = 5  # which peers die
 START_S = 180  # deadline for processes to start and join (2 loaded cores, torch imports)
 RUN_S = 240  # deadline for a run to reach max_steps
 
 
-def joined(hub: HubProc, n: int) -> dict | None:
-    """/status once `n` peers are connected and every one holds a version."""
-    s = hub.status()
-    if s and len(s["peers"]) == n and all(p["held_version"] is not None for p in s["peers"].values()):
-        return s
+def alive(hub: HubProc) -> None:
+    assert hub.alive, f"{hub.name} exited ({hub.popen.returncode}):\n{hub.text()[-3000:]}"
+
+
+def joined(hub: HubProc, n: int) -> dict[str, str] | None:
+    """name -> the hub's peer id, once the hub's log says `n` peers are connected and every one
+    holds a version."""
+    alive(hub)
+    peers = hub.live.connected()
+    if len(peers) == n and all(pid in hub.live.holds for pid in peers.values()):
+        return peers
     return None
 
 
-def peer_ids(status: dict) -> dict[str, str]:
-    """name -> the hub's peer id."""
-    return {p["name"]: pid for pid, p in status["peers"].items()}
-
-
-def wait_next_step(hub: HubProc, after_step: int) -> float:
-    """Block until a learner step after `after_step` is logged; the monotonic time it was seen."""
-    wait_for(lambda: any(r["step"] > after_step for r in steps(read_metrics(hub.run_dir))),
-             RUN_S, f"a learner step after step {after_step}")
+def wait_next_step(cluster: Cluster, hub: HubProc, after_step: int) -> float:
+    """Block until the live line of a learner step after `after_step` comes; the monotonic time
+    it came."""
+    cluster.wait_for(lambda: any(step > after_step for step in hub.live.steps), RUN_S,
+                     f"a learner step after step {after_step}")
     return time.monotonic()
 
 
@@ -50,9 +52,9 @@ def last_step(hub: HubProc) -> int:
     return max((r["step"] for r in steps(read_metrics(hub.run_dir))), default=-1)
 
 
-def finish(hub: HubProc, max_steps: int) -> list[dict]:
+def finish(cluster: Cluster, hub: HubProc, max_steps: int) -> list[dict]:
     """Wait for the hub to stop by itself at max_steps; its run log."""
-    wait_for(lambda: not hub.alive, RUN_S, f"the hub to reach max_steps={max_steps} and exit")
+    cluster.wait_exit(hub, RUN_S, f"the hub to reach max_steps={max_steps} and exit")
     assert hub.popen.returncode == 0, hub.text()[-3000:]
     records = read_metrics(hub.run_dir)
     assert steps(records)[-1]["step"] == max_steps - 1
@@ -106,27 +108,30 @@ def test_kill_30pct_during_broadcast(cluster: Cluster, report, tmp_path):
                             "--upload-limit-mbps", "3", "--chunk-bytes", "65536")
     peers = [cluster.start_peer(hub, f"gen-{i}") for i in range(3)]
     peers += [cluster.start_peer(hub, f"relay-{i}", engine="relay") for i in range(4)]
-    wait_for(lambda: joined(hub, len(peers)), START_S, "7 peers to join")
+    cluster.wait_for(lambda: joined(hub, len(peers)), START_S, "7 peers to join")
 
-    def broadcasting() -> dict | None:
-        """/status while a version >= 2 spreads: all 7 hold the one before, some lack it."""
-        s = hub.status()
-        if not s or len(s["peers"]) != len(peers) or (v := s["published_version"]) < 2:
+    def broadcasting() -> tuple[int, dict[str, str]] | None:
+        """On the hub's records: while a version >= 2 spreads (it is published), all 7 hold the
+        one before and some lack it; that version, and name -> peer id."""
+        alive(hub)
+        connected = hub.live.connected()
+        if len(connected) != len(peers) or not hub.live.published:
             return None
-        held = [p["held_version"] for p in s["peers"].values()]
+        if (v := hub.live.published[-1]) < 2:
+            return None
+        held = [hub.live.holds.get(pid) for pid in connected.values()]
         if all(h is not None and h >= v - 1 for h in held) and any(h < v for h in held):
-            return s
+            return v, connected
         return None
 
-    at_fault = wait_for(broadcasting, RUN_S, "a version being broadcast")
+    fault_version, ids = cluster.wait_for(broadcasting, RUN_S, "a version being broadcast")
     victims = random.Random(SEED).sample(peers, round(0.3 * len(peers)))
-    fault_version, step_before = at_fault["published_version"], last_step(hub)
+    step_before = last_step(hub)
     t_fault = min(cluster.kill(p) for p in victims)
-    recover_s = wait_next_step(hub, step_before) - t_fault
-    records = finish(hub, max_steps)
+    recover_s = wait_next_step(cluster, hub, step_before) - t_fault
+    records = finish(cluster, hub, max_steps)
 
     log = HubLog.read(hub.log)
-    ids = peer_ids(at_fault)
     acc = lossless([Incarnation(log, steps(records))], hub, max_steps)
     gone = max(log.left_line.get(ids[v.name], 0) for v in victims)
     gaps = version_gaps(records, [p for p in peers if p not in victims],
@@ -148,23 +153,27 @@ def test_kill_30pct_during_generation(cluster: Cluster, report, tmp_path):
     max_steps = 8
     hub = cluster.start_hub(tmp_path / "run", "--max-steps", str(max_steps), "--max-lag", "0")
     peers = [cluster.start_peer(hub, f"gen-{i}") for i in range(3)]
-    ids = peer_ids(wait_for(lambda: joined(hub, len(peers)), START_S, "3 peers to join"))
+    ids = cluster.wait_for(lambda: joined(hub, len(peers)), START_S, "3 peers to join")
 
     def generating() -> dict[str, set[str]] | None:
-        """Peers' open leases (by the log) once step 2 is done and leases are out."""
-        s = hub.status()
-        if not s or s["step"] < 2 or s["open_leases"] == 0:
+        """Peers' open leases (by the log) once step 2 is done and leases are out: looked at on
+        each of the hub's records, confirmed by its /status once the log says so."""
+        alive(hub)
+        if len(hub.live.steps) < 2:
             return None
-        log = HubLog.read(hub.log)
-        holding = {p.name: log.open_leases_of(ids[p.name]) for p in peers}
-        return {name: leases for name, leases in holding.items() if leases} or None
+        holding = {p.name: hub.live.open_leases_of(ids[p.name]) for p in peers}
+        holding = {name: leases for name, leases in holding.items() if leases}
+        if not holding:
+            return None
+        s = hub.status()
+        return holding if s and s["step"] >= 2 and s["open_leases"] else None
 
-    holding = wait_for(generating, RUN_S, "peers generating on open leases")
+    holding = cluster.wait_for(generating, RUN_S, "peers generating on open leases")
     step_before = last_step(hub)
     victims = random.Random(SEED).sample(sorted(holding), max(1, round(0.3 * len(peers))))
     t_fault = min(cluster.kill(p) for p in peers if p.name in victims)
-    recover_s = wait_next_step(hub, step_before) - t_fault
-    records = finish(hub, max_steps)
+    recover_s = wait_next_step(cluster, hub, step_before) - t_fault
+    records = finish(cluster, hub, max_steps)
 
     log = HubLog.read(hub.log)
     acc = lossless([Incarnation(log, steps(records))], hub, max_steps)
@@ -197,30 +206,38 @@ def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path):
     hub = cluster.start_hub(run_dir, "--max-steps", str(max_steps), "--max-lag", str(max_lag),
                             "--publish-every", "3", "--lease-timeout-s", "15")
     peers = [cluster.start_peer(hub, f"gen-{i}") for i in range(3)]
-    wait_for(lambda: joined(hub, len(peers)), START_S, "3 peers to join")
+    cluster.wait_for(lambda: joined(hub, len(peers)), START_S, "3 peers to join")
+    admissions_seen = [0]
 
     def busy() -> dict | None:
+        """/status, asked right after an admission record (a group has just been queued), once
+        it shows leases open and groups queued."""
+        alive(hub)
+        if len(hub.live.admitted) == admissions_seen[0]:
+            return None
+        admissions_seen[0] = len(hub.live.admitted)
+        if not 4 <= len(hub.live.steps) <= max_steps - 10:
+            return None
         s = hub.status()
         # Past a checkpoint (steps to redo), and early enough for versions to follow. The
-        # window is wide: a fast hub runs several steps between two polls, and the queue is
-        # empty right after each batch is taken.
+        # window is wide: a fast hub runs several steps between two admissions, and the queue
+        # is empty right after each batch is taken.
         if not s or not 4 <= s["step"] <= max_steps - 10 or s["step"] % 3 == 0:
             return None
         return s if s["open_leases"] and s["queued_groups"] else None
 
-    at_fault = wait_for(busy, RUN_S, "the hub to have leases open and groups queued")
+    at_fault = cluster.wait_for(busy, RUN_S, "the hub to have leases open and groups queued")
     t_fault = cluster.kill(hub)
     killed_log = HubLog.read(hub.log)
     checkpointed = final_state(run_dir)  # what the next hub must come back to
     held_at_kill = max(p["held_version"] or 0 for p in at_fault["peers"].values())
 
     hub2 = cluster.start_hub(run_dir, resume=True, port=hub.port, name="hub-resumed")
-    resumed_at = wait_for(lambda: events(read_metrics(run_dir), "resume"), START_S,
-                          "the resume record")[0]
-    wait_for(lambda: steps(split_at_resume(read_metrics(run_dir))[1]), RUN_S,
-             "the resumed hub's first step")
+    cluster.wait_for(lambda: hub2.live.resumed_at is not None, START_S, "the resume record")
+    resumed_at = events(read_metrics(run_dir), "resume")[0]  # written before it is printed
+    cluster.wait_for(lambda: hub2.live.steps, RUN_S, "the resumed hub's first step")
     recover_s = time.monotonic() - t_fault
-    records = finish(hub2, max_steps)
+    records = finish(cluster, hub2, max_steps)
 
     before, after = split_at_resume(records)
     log2 = HubLog.read(hub2.log)
@@ -282,19 +299,20 @@ def test_byzantine_peers(cluster: Cluster, report, tmp_path):
     caught_at: dict[str, float] = {}  # when its quarantine record was first seen
 
     def all_caught() -> bool:
+        """On each of the hub's records: who has lied yet, and who is quarantined."""
         assert hub.alive, f"the hub exited before every liar was caught:\n{hub.text()[-3000:]}"
         now = time.monotonic()
-        log = HubLog.read(hub.log)
+        log = hub.live
         for pid, name in log.names.items():
             if name in FORGERS and _lie_seen(log, pid, name):
                 lied_at.setdefault(name, now)
-        for r in events(read_metrics(hub.run_dir), "quarantine"):
-            caught_at.setdefault(r["name"], now)
+        for pid in log.quarantined:
+            caught_at.setdefault(log.names.get(pid, pid), now)
         return set(FORGERS) <= caught_at.keys()
 
-    wait_for(all_caught, START_S + RUN_S, "every liar to be quarantined")
+    cluster.wait_for(all_caught, START_S + RUN_S, "every liar to be quarantined")
     recover_s = max(caught_at[n] - lied_at.get(n, caught_at[n]) for n in FORGERS)
-    records = finish(hub, max_steps)
+    records = finish(cluster, hub, max_steps)
 
     log = HubLog.read(hub.log)
     ids = {name: pid for pid, name in log.names.items()}

@@ -8,17 +8,31 @@ import pytest
 from echo2p2p.config import field_docs, resolve
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub import cli as hub_cli
-from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.config import HubConfig, help_texts as hub_help
 from echo2p2p.peer import cli as peer_cli
-from echo2p2p.peer.config import PeerConfig, normalize_url
+from echo2p2p.peer.config import PeerConfig, help_texts as peer_help, normalize_url
 
 
 def test_every_config_field_has_help():
     """Each field's docstring is its --help text."""
-    for cls in (HubConfig, PeerConfig):
-        docs = field_docs(cls)
+    for cls, help_texts in ((HubConfig, hub_help), (PeerConfig, peer_help)):
+        docs = help_texts(cls)
         missing = [f for f in cls.__dataclass_fields__ if not docs.get(f)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_field_docs_reads_the_docstring_under_each_field_of_a_source_text():
+    """field_docs parses source text (no file read): a field without a docstring has none, and
+    a docstring's whitespace is folded to single spaces."""
+    source = (
+        "    @dataclass(frozen=True)\n"
+        "    class Knobs:\n"
+        "        lag: int = 2\n"
+        '        """How far\n           behind."""\n'
+        "        bare: int = 0\n"
+        "        rate: float = 1.0\n"
+        '        """Per second."""\n')
+    assert field_docs(source) == {"lag": "How far behind.", "rate": "Per second."}
 
 
 def test_flags_override_toml_override_defaults():

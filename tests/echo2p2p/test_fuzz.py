@@ -19,7 +19,8 @@ from echo2p2p import delta
 from echo2p2p import messages as m
 from echo2p2p.errors import ProtocolError, RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side, State
-from echo2p2p.snapshot import ChunkAssembler, build_snapshot
+from echo2p2p.assembler import ChunkAssembler
+from echo2p2p.snapshot import build_snapshot
 
 from tests.echo2p2p.test_messages import any_message, msgpack_objects
 

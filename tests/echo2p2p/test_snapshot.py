@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from echo2p2p import messages as m
 from echo2p2p.errors import LocalProtocolError, SnapshotError
 from echo2p2p.messages import ChunkEntry
-from echo2p2p.snapshot import (
-    DTYPE_BYTES, ChunkAssembler, build_snapshot, chunk_digest, validate_manifest,
-)
+from echo2p2p.assembler import ChunkAssembler
+from echo2p2p.snapshot import DTYPE_BYTES, build_snapshot, chunk_digest, validate_manifest
 from echo2p2p.policy.weights import state_to_tensors, tensors_to_state
 
 FAST = settings(max_examples=60, deadline=None)
@@ -86,18 +85,42 @@ def test_duplicate_add_is_ignored():
     assert asm.received_bytes == before and asm.missing == list(range(1, len(chunks)))
 
 
-def test_concurrent_adds_from_threads():
-    """Chunks (each sent three times) added from many threads at once assemble exactly once."""
+def test_concurrent_writes_from_threads():
+    """Chunks (each sent three times) verified and written from many threads, their claims kept
+    by one owner, assemble exactly once."""
     from concurrent.futures import ThreadPoolExecutor
 
     raw = bytes(range(256)) * 64
     manifest, chunks = build_snapshot(1, [("w", "uint8", [len(raw)], raw)], chunk_bytes=100)
     asm = ChunkAssembler(manifest)
+    copies = [i % len(chunks) for i in range(3 * len(chunks))]
     with ThreadPoolExecutor(8) as pool:
-        done = list(pool.map(lambda i: asm.add(i % len(chunks), chunks[i % len(chunks)]),
-                             range(3 * len(chunks))))
-    assert any(done) and asm.complete and asm.received_bytes == sum(map(len, chunks))
+        list(pool.map(lambda i: asm.verify(i, chunks[i]), copies))
+        claimed = [i for i in copies if asm.claim(i)]  # the owner's thread: no lock needed
+        assert sorted(claimed) == list(range(len(chunks)))  # every duplicate refused a claim
+        list(pool.map(lambda i: asm.write(i, chunks[i]), claimed))
+    done = [asm.commit(i) for i in claimed]
+    assert done[-1] and not any(done[:-1])
+    assert asm.complete and asm.received_bytes == sum(map(len, chunks))
     assert bytes(asm.tensors()[0][3]) == raw
+
+
+def test_a_failed_write_releases_its_claim():
+    """A claimed chunk whose write fails is released: the next copy claims and completes it; a
+    write or commit without a claim is our bug (LocalProtocolError)."""
+    manifest, chunks = build_snapshot(1, [("w", "uint8", [300], bytes(300))], chunk_bytes=100)
+    asm = ChunkAssembler(manifest)
+    with pytest.raises(LocalProtocolError):
+        asm.write(0, chunks[0])
+    with pytest.raises(LocalProtocolError):
+        asm.commit(0)
+    assert asm.claim(0) and not asm.claim(0)
+    with pytest.raises(SnapshotError):
+        asm.write(0, b"not zstd" + bytes(len(chunks[0])))
+    asm.release(0)
+    assert asm.missing == [0, 1, 2] and asm.received_bytes == 0
+    assert not asm.add(0, chunks[0]) and asm.missing == [1, 2]
+    assert not asm.add(0, chunks[0]) and asm.received_bytes == len(chunks[0])  # repeat ignored
 
 
 @FAST
