@@ -48,6 +48,20 @@ def min_fresh_version(step: int, max_lag: int) -> int:
     return max(0, step - max_lag)
 
 
+def consume_step(step: int, training: bool, outstanding: int, prompts_per_step: int) -> int:
+    """The learner step that will train on a group leased now: the one after the batches ahead
+    of it (`outstanding` groups queued, in flight or being judged) are consumed, and after the
+    step running now (`training`), whose batch has already left the queue."""
+    return step + int(training) + outstanding // prompts_per_step
+
+
+def lease_min_version(step: int, training: bool, outstanding: int, prompts_per_step: int,
+                      max_lag: int) -> int:
+    """The oldest version a lease granted now may be generated with and still be fresh when
+    its group is trained on."""
+    return min_fresh_version(consume_step(step, training, outstanding, prompts_per_step), max_lag)
+
+
 def default_publish_every(max_lag: int) -> int:
     """kappa = max(1, S - 1), the paper's default publication period."""
     return max(1, max_lag - 1)

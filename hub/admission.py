@@ -11,69 +11,96 @@ of submissions also have their behaviour logprobs recomputed under the claimed v
 (`echo2p2p.hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
 resumed.
 
-`Admission` is a part of `echo2p2p.hub.server.Hub`, kept apart so that each file reads as one concern; it
-uses the hub's lease book, buffer, trust book, pool, scorer, spot-checker and journal.
+What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
+(a value); `Admission` executes it, over the collaborators its constructor names (lease book,
+buffer, pool, trust guard, scorer, spot-checker, journal, clock). It never grants leases (it
+asks the hub to `dispatch`) and never touches a socket (answers go to `PeerConn.post`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from echo2p2p import messages as m
-from echo2p2p.buffer import ScoredGroup
-from echo2p2p.leases import Completion
-from echo2p2p.staleness import Verdict, judge
+from echo2p2p.admission import Action, decide_submission
+from echo2p2p.buffer import RolloutBuffer, ScoredGroup
+from echo2p2p.leases import LeaseBook
+from echo2p2p.rows import SampleRow, parse_samples
 
-from .durable import group_from_wire, group_to_wire
+from .config import HubConfig
+from .durable import group_to_wire
 from .peers import PeerConn
+from .pool import Pool
+from .quarantine import TrustGuard
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
-    from echo2p2p.scoring.scorer import Scored
+    from echo2p2p.scoring.scorer import Scored, Scorer
 
-    from .spotcheck import SpotResult
+    from .spotcheck import SpotChecker, SpotResult
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
 
 
 class Admission:
-    """The rollout path and the checkpointed state of `echo2p2p.hub.server.Hub`."""
+    """The rollout path: decide, score, spot-check, admit or refuse, over explicit parts."""
 
-    def _on_rollout(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
+    def __init__(self, cfg: HubConfig, leases: LeaseBook, buffer: RolloutBuffer, pool: Pool,
+                 counters: Any, trust: TrustGuard, *, scorer: Scorer | None,
+                 spot: SpotChecker | None, step: Callable[[], int],
+                 newest_version: Callable[[], int | None], dispatch: Callable[[], None],
+                 journal: Callable[..., None], on_event: Callable[[dict[str, Any]], None],
+                 now: Callable[[], float], vocab_size: int | None = None):
+        """`counters`: the hub's `Counters`; `step`: the learner's step now; `newest_version`:
+        the newest published (None: none yet); `dispatch`: grant leases (budget came free);
+        `journal(kind, *record)`: write to the hub's journal; `on_event`: the run log;
+        `vocab_size`: ids at or above it are refused (None: left to the scorer's decoder)."""
+        self.cfg, self.leases, self.buffer, self.pool = cfg, leases, buffer, pool
+        self.counters, self.trust, self.scorer, self.spot = counters, trust, scorer, spot
+        self._step, self._newest_version, self._dispatch = step, newest_version, dispatch
+        self._journal, self._on_event, self._now = journal, on_event, now
+        self.vocab_size = vocab_size
+        self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
+        self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
+
+    def submit(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
+        """Take `msg` from `conn`: decide (`echo2p2p.admission`), then act on the decision."""
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
-        if outcome is Completion.DUPLICATE:
+        if lease is not None:
+            self._measure(conn, lease.granted, len(msg.samples))
+        decision = decide_submission(
+            outcome, lease is not None, self.trust.quarantined(conn),
+            conn.protocol.claims_unpublished(msg.version, self._newest_version()),
+            self._step(), msg.version, self.cfg.max_lag, self.scorer is not None)
+        action = decision.action
+        if action is Action.ACK_DUPLICATE:
             self.counters.duplicates += 1
             conn.post(m.Ack(msg.lease_id, duplicate=True))
-            return
-        if lease is None:
+        elif action is Action.REJECT:
             self.counters.rejected += 1
-            conn.post(m.Reject(msg.lease_id, outcome.value))
-            return
-        self._measure(conn, lease.granted, len(msg.samples))
-        if self._quarantined(conn):
-            self._refuse(conn, lease, "quarantined")
-            return
-        newest = self.newest
-        if newest is not None and msg.version > max(newest.version, conn.held_max):
-            # Never published: no honest peer generated with it, so this is caught whether the
-            # rollout is sampled for a check or not. (A version the peer said it holds may be
-            # one a hub resumed from an older checkpoint had published: staleness judges it.)
+            conn.post(m.Reject(msg.lease_id, decision.reason))
+        elif action is Action.REFUSE:
+            if decision.reason == "unscorable":  # a hub built without the run's tokenizer
+                log.error("rollout %s refused: this hub has no decoder to score token ids",
+                          msg.lease_id)
+            self._refuse(conn, lease, decision.reason)
+        elif action is Action.FORGED:
             self.counters.spot_checked += 1
-            self._forged(conn, lease, "version", {"version": msg.version})
-            return
-        verdict = judge(self.step, msg.version, self.cfg.max_lag)
-        if verdict is not Verdict.FRESH:
+            self._forged(conn, lease, decision.reason, {"version": msg.version})
+        elif action is Action.STALE:
             self.leases.requeue(lease)
             self.counters.stale_on_arrival += 1
-            conn.post(m.Reject(msg.lease_id, verdict.value))
-            self.dispatch()
-            return
-        if self.scorer is None:  # a hub built without the run's tokenizer cannot score ids
-            log.error("rollout %s refused: this hub has no decoder to score token ids",
-                      msg.lease_id)
-            self._refuse(conn, lease, "unscorable")
+            conn.post(m.Reject(msg.lease_id, decision.reason))
+            self._dispatch()
+        else:
+            self._score(conn, lease, msg)
+
+    def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission) -> None:
+        rows = parse_samples(msg.samples, self.vocab_size)  # parsed and validated once, here
+        if isinstance(rows, str):
+            self._refuse(conn, lease, rows)
             return
         # Queued for scoring now (a task would start it an event loop turn later).
         scoring = self.scorer.submit_ids(lease.problem.problem.answer,
@@ -82,15 +109,15 @@ class Admission:
         pending = None
         if self.spot is not None and self.spot.wants():
             # The claimed version's weights are taken now, not once scored (they may rotate out).
-            pending = self.spot.check(_unscored(lease, msg))
+            pending = self.spot.check(_unscored(lease, msg, rows))
         # One task per submission, scoring then spot-checking; no ack until both are done. It
-        # holds lease budget meanwhile (`Hub.dispatch` counts `_checks`).
-        task = asyncio.create_task(self._judge(conn, lease, msg, scoring, pending))
-        self._checks.add(task)
+        # holds lease budget meanwhile (`Hub.dispatch` counts `judging`).
+        task = asyncio.create_task(self._judge(conn, lease, msg, rows, scoring, pending))
+        self.judging.add(task)
         task.add_done_callback(self._check_done)
 
     async def _judge(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission,
-                     scoring: asyncio.Future[Scored],
+                     rows: tuple[SampleRow, ...], scoring: asyncio.Future[Scored],
                      pending: Coroutine[Any, Any, SpotResult] | None) -> bool:
         """Await `scoring`, `msg`'s samples scored from their token ids in the scorer's worker
         processes, then, if sampled, `pending`, its spot-check; admit what passes (True). The
@@ -115,11 +142,11 @@ class Admission:
         rewards = scored.rewards
         honest = not scored.mismatched
         if not honest:
-            self._distrust(conn, "text_mismatch")
+            self.trust.distrust(conn, "text_mismatch")
         fair = not any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards))
         if not fair:
-            self._distrust(conn, "reward_mismatch")
-        if self._quarantined(conn):  # by these lies, or by another submission meanwhile
+            self.trust.distrust(conn, "reward_mismatch")
+        if self.trust.quarantined(conn):  # by these lies, or by another submission meanwhile
             if pending is not None:
                 pending.close()
             self._refuse(conn, lease, "quarantined")
@@ -134,26 +161,33 @@ class Admission:
             if not result.passed:
                 self._forged(conn, lease, result.reason, result.detail())
                 return False
-            if self._quarantined(conn):  # by another of its rollouts while this one was checked
+            if self.trust.quarantined(conn):  # by another of its rollouts while this one was checked
                 self._refuse(conn, lease, "quarantined")
                 return False
             if fair and honest:
-                self.trust.good(conn.identity)
+                self.trust.good(conn)
         self._admit(conn, ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
-                                      msg.version, msg.samples, rewards))
+                                      msg.version, rows, rewards))
         return True
+
+    async def cancel(self) -> None:
+        """Stop judging: every submission under way is cancelled (its prompt goes back)."""
+        checks = list(self.judging)
+        for task in checks:
+            task.cancel()
+        await asyncio.gather(*checks, return_exceptions=True)
 
     def _check_done(self, task: asyncio.Task) -> None:
         """A submission was judged. Admitted, it holds the same lease budget in the buffer;
         otherwise the budget it held is free again (a crash is logged; its prompt went back)."""
-        self._checks.discard(task)
+        self.judging.discard(task)
         if task.cancelled():
             return
         if task.exception() is not None:
             log.error("judging a rollout failed", exc_info=task.exception())
         elif task.result():
             return
-        self.dispatch()
+        self._dispatch()
 
     def _forged(self, conn: PeerConn, lease: Any, reason: str, detail: dict[str, Any]) -> None:
         """A rollout its claimed version does not reproduce ("logprob"), or with a version this
@@ -161,14 +195,14 @@ class Admission:
         a logprob_mismatch against the peer's trust."""
         self.counters.spot_failed += 1
         self._refuse(conn, lease, "logprob_mismatch" if reason == "logprob" else reason)
-        record = {"event": "spot_check", "step": self.step, "peer": conn.peer_id,
+        record = {"event": "spot_check", "step": self._step(), "peer": conn.peer_id,
                   "name": conn.hello.name, "identity": conn.identity, "lease_id": lease.lease_id,
                   "reason": reason, **detail}
         log.warning("%s (%s) failed a spot-check of %s: %s %s", conn.peer_id, conn.hello.name,
                     lease.lease_id, reason, detail)
-        self.on_event(record)
-        self._distrust(conn, "logprob_mismatch")
-        self.dispatch()
+        self._on_event(record)
+        self.trust.distrust(conn, "logprob_mismatch")
+        self._dispatch()
 
     def _refuse(self, conn: PeerConn, lease: Any, reason: str) -> None:
         """Reject `lease`'s rollout for `reason`; its prompt goes back to the queue, for others."""
@@ -185,7 +219,7 @@ class Admission:
         self.counters.admitted_samples += len(group.samples)
         if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left
             account.admitted += len(group.samples)
-        self._admitted.set()
+        self.admitted.set()
         conn.post(m.Ack(group.lease_id))
 
     def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
@@ -194,51 +228,13 @@ class Admission:
         lease was granted or when its previous submission arrived, whichever is later; idle time
         waiting for leases does not count, so the rate is what the peer can do, not what the
         hub happened to ask of it."""
-        now = _now()
-        busy_s = now - max(granted, conn.last_done)
-        conn.last_done = now
+        busy_s = conn.protocol.busy_s(granted, self._now())
         if busy_s > 0 and samples:
             self.pool.rate(conn.peer_id, samples / busy_s)
 
-    # --- durability (echo2p2p.hub.durable) ------------------------------------------------------
 
-    def _journal(self, kind: str, *record: Any) -> None:
-        if self.journal is not None:
-            self.journal.write([kind, *record])
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the hub, as plain data."""
-        return {"run_id": self.run_id, "step": self.step, "next_peer": self._next_peer,
-                "leases": self.leases.state(),
-                "buffer": [group_to_wire(g) for g in self.buffer.groups()],
-                "trust": self.trust.state()}
-
-    def restore(self, state: dict[str, Any], journal: list[list]) -> None:
-        """Come back to `state` plus the journal after it: the lease table, the data cursor,
-        every admitted group not yet trained on, and trust. The caller restores the learner
-        at `state["step"]`; groups it can no longer train on wait for the staleness rule."""
-        now = _now()
-        self.step, self._next_peer = state["step"], state["next_peer"]
-        self.leases.restore(state["leases"], now)
-        for wire in state["buffer"]:
-            self.buffer.put(group_from_wire(wire))
-        self.trust.restore(state["trust"])
-        for kind, *record in journal:
-            if kind == "lease":
-                self.leases.replay(tuple(record), now)
-            elif kind == "peer":
-                self._next_peer = max(self._next_peer, record[0])
-            elif kind == "admit":
-                group = group_from_wire(record[0])
-                self.leases.replay(("done", group.lease_id), now)
-                self.buffer.put(group)
-
-
-def _unscored(lease: Any, msg: m.RolloutSubmission) -> ScoredGroup:
+def _unscored(lease: Any, msg: m.RolloutSubmission, rows: tuple[SampleRow, ...]) -> ScoredGroup:
     """`msg` as a group for its spot-check, which reads everything but the rewards."""
     return ScoredGroup(msg.lease_id, lease.problem.problem.id, lease.problem.prompt_ids,
-                       msg.version, msg.samples, [])
+                       msg.version, rows, [])
 
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

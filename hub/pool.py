@@ -130,6 +130,16 @@ class Pool:
         """What the active set costs now."""
         return sum(a.price_per_hour for a in self.accounts.values() if a.active_since is not None)
 
+    def activation_record(self, step: int, required: float | None, activated: list[str],
+                          standby: list[str]) -> dict:
+        """The run log's "activation" record of a replan at `step` that changed the active set."""
+        return {"event": "activation", "step": step, "required_rollouts_per_s": required,
+                "activated": activated, "standby": standby,
+                "active": sorted(p for p in self.accounts if self.is_active(p)),
+                "usd_per_hour": round(self.usd_per_hour(), 4),
+                "lp_bound_usd_per_hour": self.lp_bound(),
+                "planned_rollouts_per_s": round(self.plan.rollouts_per_s, 3) if self.plan else None}
+
     def meter(self, now: float) -> dict[str, float | None]:
         """The cost meter's totals, for the run log."""
         usd = self.usd_total(now)

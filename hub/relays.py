@@ -25,8 +25,10 @@ from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
+from echo2p2p.relay import Broadcast
 
 from .peers import PeerConn
+from .versions import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,15 @@ class RelayJudge:
             return
         self._accusations.add((accuser.identity, accused.peer_id, key))
         self._spawn(self._judge(accuser, accused, reason, manifest, index))
+
+    def heard(self, accuser: PeerConn, accused: PeerConn, report: m.RelayReport,
+              broadcast: Broadcast | None, snap: Snapshot | None) -> None:
+        """`accuser` reports `accused` (`report`); `broadcast` and `snap` are the reported
+        manifest's, if the hub still keeps them. Only a chunk the accuser was told to fetch from
+        the accused is worth a look."""
+        if (snap is not None and broadcast is not None and accuser.peer_id in broadcast.members
+                and broadcast.owner(report.index) == accused.peer_id):
+            self.accused(accuser, accused, report.reason, snap.manifest, report.index)
 
     async def _probe(self, conn: PeerConn, version: int) -> None:
         ok = await self.check.probe(conn.server_url, conn.peer_id, version)

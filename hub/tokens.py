@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import time
 from pathlib import Path
+
+log = logging.getLogger("echo2p2p.hub.server")  # reported with the hub's peer-facing side
 
 
 def _digest(secret: str) -> str:
@@ -86,3 +89,14 @@ class TokenBook:
         if entry["revoked"] is not None:
             return "join token revoked"
         return None
+
+
+def join_refusal(book: TokenBook | None, token: str, joining: bool = True) -> str | None:
+    """Why a peer with `token` may not be on a hub with token file `book`, or None (also when no
+    token is required: `book` None). While the file cannot be read, new peers are refused
+    (`joining`) and connected ones stay."""
+    try:
+        return book.refusal(token) if book is not None else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot read the token file %s: %s", book.path, exc)
+        return "the hub cannot check join tokens now" if joining else None

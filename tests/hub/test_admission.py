@@ -69,7 +69,7 @@ async def test_texts_that_lie_about_their_ids_are_scored_from_the_ids():
         reply, lease = await answer_one_lease(url, lies)
         (group,) = hub.buffer.groups()
     assert reply == m.Ack(lease.lease_id)
-    decoded = [CompletionDecoder(TOK).from_wire(s.token_ids).text for s in group.samples]
+    decoded = [CompletionDecoder(TOK).from_wire(s.packed_ids).text for s in group.samples]
     assert group.rewards == [addition_reward(lease.answer, t) for t in decoded]
     assert group.rewards[:2] == [1.0, 0.0]
     (events,) = hub.trust.events.values()

@@ -18,7 +18,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.policy.engines import TransformersEngine
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import running_peers
 
 
 async def test_two_peers_train_and_receive_versions(hub_cfg):
@@ -26,7 +26,7 @@ async def test_two_peers_train_and_receive_versions(hub_cfg):
     cfg = replace(hub_cfg, max_steps=6, max_lag=2)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 2) as peers:
         await asyncio.wait_for(run.finished.wait(), 120)
-        await wait_until(lambda: all(p.version is not None and p.version >= 4 for p in peers))
+        await asyncio.wait_for(asyncio.gather(*(p.wait_version(4) for p in peers)), 60)
     steps = [r for r in run.records if "step" in r]
     assert [r["step"] for r in steps] == list(range(6))
     assert all(int(lag) <= cfg.max_lag for r in steps for lag in r["rollout/staleness_hist"])
@@ -214,7 +214,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n").encode())
         await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
-        await wait_until(lambda: len(run.hub.peers) == 2)
+        await asyncio.wait_for(run.hub.wait_peers(2), 60)
         stuck = next(p for p in run.hub.peers.values() if p.hello.name == "stuck")
         # Versions travel over HTTP now, so the hub sends this peer only small frames: shrink
         # the hub's buffers for it so that they fill within a few publications.
@@ -229,7 +229,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             pass  # the hub closed it while we were still writing
         finally:
             sock.close()
-        await wait_until(lambda: run.hub.step >= steps_then + 3)
+        await asyncio.wait_for(run.hub.wait_step(steps_then + 3), 60)
     assert stuck.peer_id not in run.hub.peers
     assert run.hub.counters.cut_off == 1
 

@@ -89,7 +89,7 @@ async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
         book.revoke(token.split(".")[0])
         with pytest.raises(JoinRefused, match="revoked"):
             await asyncio.wait_for(running, 30)
-        await wait_until(lambda: not hub.peers)
+        await asyncio.wait_for(hub.wait_peers(0), 60)
 
 
 def self_signed(tmp_path) -> tuple[str, str]:
@@ -165,7 +165,7 @@ async def test_chunks_go_only_to_holders_of_this_runs_ticket():
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))
         await wait_until(lambda: peer.store.newest_stream() == 0)
-        await wait_until(lambda: peer.welcome is not None)
+        await asyncio.wait_for(peer.wait_welcomed(), 60)
         hub_base = url.replace("ws://", "http://").removesuffix("/ws")
         other_key, mine = signing.new_private_key(), signing.new_private_key()
         pub = signing.public_key(mine)

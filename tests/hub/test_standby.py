@@ -3,6 +3,7 @@ standby (no leases; versions only if warm) and goes back to work when the free p
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 
@@ -28,14 +29,14 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
         pool = run.hub.pool
         async with running_peers(run.url, 1, name="paid", price_per_hour=3.6) as (paid,):
             async with running_peers(run.url, 1, name="free") as (free,):
-                await wait_until(lambda: len(run.hub.peers) == 2)
+                await asyncio.wait_for(run.hub.wait_peers(2), 60)
                 paid_id = peer_id(run, "paid")
                 await wait_until(lambda: not pool.is_active(paid_id), 120)
                 # Leases it held when put on standby may still come back; no new ones go out.
                 await wait_until(lambda: run.hub.leases.open_for(paid_id) == 0)
                 submitted, version, step = paid.statistics().submitted, paid.version, run.hub.step
                 acked_free = free.statistics().acked
-                await wait_until(lambda: run.hub.step >= step + 4, 60)
+                await asyncio.wait_for(run.hub.wait_step(step + 4), 60)
                 assert paid.statistics().submitted == submitted
                 assert free.statistics().acked > acked_free
                 if standby == "warm":
@@ -46,7 +47,7 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
             # The free peer left: the paid one is the only worker and must go back to work.
             await wait_until(lambda: pool.is_active(paid_id))
             step = run.hub.step
-            await wait_until(lambda: run.hub.step >= step + 3, 60)
+            await asyncio.wait_for(run.hub.wait_step(step + 3), 60)
             assert paid.statistics().submitted > submitted
             assert paid.version >= step
             assert pool.usd_total(run.hub.now()) > usd_standby

@@ -1,0 +1,62 @@
+"""What the hub does with a rollout submission before scoring it: a decision, as a value.
+
+`decide_submission` is the first half of admission, pure: given what the lease book said of the
+submission's lease, whether its peer is quarantined, the version it claims and the versions the
+hub published, it returns one `Decision` (acknowledge a duplicate, reject an unknown lease,
+refuse, call the version tag forged, turn it away as stale, or score it). The shell
+(`echo2p2p.hub.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
+made in this order, and the first that applies decides. No clock, no I/O, no scoring here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .leases import Completion
+from .staleness import Verdict, judge
+
+
+class Action(enum.Enum):
+    ACK_DUPLICATE = "ack_duplicate"  # already completed: acknowledge again, admit nothing
+    REJECT = "reject"  # no open lease of this peer's: nothing to re-queue
+    REFUSE = "refuse"  # the lease was open: its prompt goes back, the rollout is rejected
+    FORGED = "forged"  # a version the hub never published: rejected and held against the peer
+    STALE = "stale"  # the staleness rule turns it away; its prompt goes back
+    SCORE = "score"  # take it: score its samples (and perhaps spot-check it)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str = ""  # what the Reject says (or, FORGED, what was forged)
+
+
+SCORE = Decision(Action.SCORE)
+
+
+def decide_submission(outcome: Completion, lease_open: bool, quarantined: bool,
+                      unpublished: bool, step: int, version: int, max_lag: int,
+                      can_score: bool) -> Decision:
+    """The decision for one submission.
+
+    `outcome`/`lease_open`: what closing its lease gave (`LeaseBook.complete`); `quarantined`:
+    its peer is; `unpublished`: it claims a version the hub never published (see
+    `PeerProtocol.claims_unpublished`); `step`: the learner's; `can_score`: the hub has the
+    run's tokenizer to score token ids with."""
+    if outcome is Completion.DUPLICATE:
+        return Decision(Action.ACK_DUPLICATE)
+    if not lease_open:
+        return Decision(Action.REJECT, outcome.value)
+    if quarantined:
+        return Decision(Action.REFUSE, "quarantined")
+    if unpublished:
+        # No honest peer generated with it, so this is caught whether the rollout is sampled
+        # for a check or not.
+        return Decision(Action.FORGED, "version")
+    verdict = judge(step, version, max_lag)
+    if verdict is not Verdict.FRESH:
+        return Decision(Action.STALE, verdict.value)
+    if not can_score:
+        return Decision(Action.REFUSE, "unscorable")
+    return SCORE

@@ -1,0 +1,179 @@
+"""The hub's end of one peer connection, sans-IO (as websockets' `Protocol`, h11's `Connection`).
+
+The shell feeds each received websocket frame to `HubProtocol.receive_frame(data, now)` and
+gets back one event, a fact about what the peer said (`HelloReceived`, `RolloutReceived`, ...);
+it acts on the event and sends what `send(msg)` encodes. The protocol owns what is per peer:
+the `Session` (validation, the state table, the read budget), the peer's lease credits, the
+versions it holds and was announced, when it last submitted, and its liveness. It never reads
+the clock (`now` is an argument), never touches a socket, and knows nothing of other peers,
+leases or the learner: what follows from an event is the hub's decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from . import messages as m
+from .errors import RemoteProtocolError
+from .read_budget import ReadBudget
+from .session import Session, Side, State
+
+MAX_CREDITS = 64  # lease requests a peer may have outstanding; more asked for are not kept
+
+
+@dataclass(frozen=True)
+class HelloReceived:
+    """The peer introduced itself; the hub decides whether it joins."""
+    hello: m.Hello
+
+
+@dataclass(frozen=True)
+class CreditsAdded:
+    """The peer asked for more leases; its credits are already counted."""
+    credits: int
+
+
+@dataclass(frozen=True)
+class RolloutReceived:
+    submission: m.RolloutSubmission
+
+
+@dataclass(frozen=True)
+class HoldingReported:
+    """The peer says it loaded `version` (believed once the hub checks it published it)."""
+    version: int
+
+
+@dataclass(frozen=True)
+class TransferReported:
+    report: m.TransferReport
+
+
+@dataclass(frozen=True)
+class RelayAccused:
+    report: m.RelayReport
+
+
+@dataclass(frozen=True)
+class HeartbeatReceived:
+    """Nothing to do: the session already noted that the peer is alive."""
+
+
+@dataclass(frozen=True)
+class GoodbyeReceived:
+    goodbye: m.Goodbye
+
+
+Event = Union[HelloReceived, CreditsAdded, RolloutReceived, HoldingReported, TransferReported,
+              RelayAccused, HeartbeatReceived, GoodbyeReceived]
+
+
+class HubProtocol:
+    """Protocol state of one peer connection, as the hub keeps it."""
+
+    def __init__(self, now: float, max_frame_bytes: int, budget: ReadBudget | None = None):
+        self.session = Session(Side.HUB, now, budget)
+        self.max_frame_bytes = max_frame_bytes
+        self.credits = 0
+        self.held_version: int | None = None  # loaded in its engine
+        self.held_max = -1  # the newest version it ever reported holding
+        self.stream_version: int | None = None  # newest version it has whole (a base for deltas)
+        self.announced = -1  # newest version announced to it
+        self.last_done = 0.0  # when its last submission arrived (see `busy_s`)
+
+    # --- receiving -------------------------------------------------------------------
+
+    def receive_frame(self, data: bytes | str | None, now: float) -> Event:
+        """One websocket frame: `bytes` for a binary frame, `str` for a text frame, None for any
+        other frame type. Raises RemoteProtocolError (close code and reason) on a violation."""
+        if isinstance(data, str):
+            raise RemoteProtocolError("text frames are not part of the protocol",
+                                      m.CLOSE_UNSUPPORTED_DATA)
+        if data is None:
+            raise RemoteProtocolError("unexpected websocket frame", m.CLOSE_PROTOCOL_ERROR)
+        if len(data) > self.max_frame_bytes:
+            raise RemoteProtocolError(
+                f"frame of {len(data)} bytes exceeds the {self.max_frame_bytes} byte limit",
+                m.CLOSE_TOO_BIG)
+        msg = self.session.receive(data, now)
+        return _EVENTS[type(msg)](self, msg)
+
+    def _credits(self, msg: m.LeaseRequest) -> CreditsAdded:
+        self.credits = min(self.credits + max(msg.n, 0), MAX_CREDITS)
+        return CreditsAdded(self.credits)
+
+    # --- what the hub learns and decides ---------------------------------------------
+
+    def note_held(self, version: int, newest: int | None) -> bool:
+        """The peer holds `version`, unless it is newer than the newest the hub published
+        (`newest`; None: nothing published), which nobody could hold. Whether it was believed."""
+        if newest is None or version > newest:
+            return False
+        self.held_version = version
+        self.held_max = max(self.held_max, version)
+        return True
+
+    def note_whole(self, version: int) -> None:
+        """The peer has every chunk of `version` (of a manifest the hub keeps)."""
+        self.stream_version = max(version, self.stream_version or 0)
+
+    def claims_unpublished(self, version: int, newest: int | None) -> bool:
+        """Whether a rollout tagged `version` names a version this hub never published (one
+        the peer said it holds may come from a hub resumed from an older checkpoint)."""
+        return newest is not None and version > max(newest, self.held_max)
+
+    def needs(self, version: int) -> bool:
+        """Whether `version` is newer than any announced to this peer."""
+        return self.announced < version
+
+    def announce(self, version: int) -> None:
+        self.announced = version
+
+    def take_credit(self) -> bool:
+        """Spend one credit on a lease grant; False when the peer has none."""
+        if self.credits <= 0:
+            return False
+        self.credits -= 1
+        return True
+
+    def busy_s(self, granted: float, now: float) -> float:
+        """Seconds the peer spent on the submission arriving `now` for a lease `granted` then.
+        A peer works through its leases one at a time, so that time started at the grant or at
+        its previous submission, whichever is later: idle time waiting for leases is not counted."""
+        busy = now - max(granted, self.last_done)
+        self.last_done = now
+        return busy
+
+    # --- sending and liveness --------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.session.state is State.CLOSED
+
+    @property
+    def ready(self) -> bool:
+        return self.session.state is State.READY
+
+    def send(self, msg: m.Message) -> bytes | None:
+        """The frame for `msg`, or None once the connection is closing (drop it)."""
+        return None if self.closed else self.session.send(msg)
+
+    def pause_s(self, now: float) -> float:
+        """How long the shell should stop reading: the peer spent its read budget."""
+        return self.session.pause_s(now)
+
+    def silent_for(self, now: float) -> float:
+        return self.session.silent_for(now)
+
+
+_EVENTS = {
+    m.Hello: lambda p, msg: HelloReceived(msg),
+    m.LeaseRequest: HubProtocol._credits,
+    m.RolloutSubmission: lambda p, msg: RolloutReceived(msg),
+    m.VersionHeld: lambda p, msg: HoldingReported(msg.version),
+    m.TransferReport: lambda p, msg: TransferReported(msg),
+    m.RelayReport: lambda p, msg: RelayAccused(msg),
+    m.Heartbeat: lambda p, msg: HeartbeatReceived(),
+    m.Goodbye: lambda p, msg: GoodbyeReceived(msg),
+}

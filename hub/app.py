@@ -1,0 +1,56 @@
+"""The hub's aiohttp application: the peers' websocket, the hub's chunks, TLS, extra routes.
+
+`serve(hub, host, port)` mounts `Hub.handle_ws` on /ws and the hub's share of the overlay's
+chunks on /chunk/... (ticket-checked, rate-limited when `upload_limit_mbps` is set), behind the
+HTTP idle and request-head deadlines, and sends the peers away on exit. It knows nothing of
+leases, versions or rollouts: those are `echo2p2p.hub.server.Hub`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from echo2p2p.errors import ConfigError
+from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
+from echo2p2p.overlay.tickets import Tickets
+from echo2p2p.runtime import http_deadlines
+
+if TYPE_CHECKING:
+    from .server import Hub
+
+
+@contextlib.asynccontextmanager
+async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None
+                ) -> AsyncIterator[int]:
+    """Serve the peers' websocket (/ws), the hub's chunks (/chunk/...) and any extra GET
+    `routes` on host:port; yields the bound port. Peers are sent away on exit."""
+    app = web.Application()
+    app.router.add_get("/ws", hub.handle_ws)
+    limiter = TokenBucket(hub.cfg.upload_limit_mbps * 1e6) if hub.cfg.upload_limit_mbps else None
+    app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
+        hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served,
+        authorize=Tickets(hub.hub_key, hub.run_id, "hub")))
+    for path, handler in (routes or {}).items():
+        app.router.add_get(path, handler)
+    runner = http_deadlines.runner(app)  # idle and request-head deadlines
+    await runner.setup()
+    tls = None
+    if hub.cfg.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            tls.load_cert_chain(hub.cfg.tls_cert, hub.cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            await runner.cleanup()
+            raise ConfigError("tls_cert", f"cannot load {hub.cfg.tls_cert} with key "
+                                          f"{hub.cfg.tls_key}: {exc}") from None
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        yield runner.addresses[0][1]
+    finally:
+        await hub.close_all()
+        await runner.cleanup()

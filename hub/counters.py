@@ -1,0 +1,85 @@
+"""What the hub counts and what it reports of itself: `Counters` and `HubStatistics`.
+
+`Counters` are running totals the hub's parts bump as things happen (admitted groups, refusals,
+peers closed for protocol faults, relay reports...); the learner loop logs them every step.
+`HubStatistics` is the frozen picture `Hub.statistics()` returns (trio's `statistics()`), so
+tests and benches read the hub without reaching into its structures; `Changes` wakes the hub's
+`wait_<condition>()` coroutines when something they may wait for changed. No clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Counters:
+    admitted_groups: int = 0
+    admitted_samples: int = 0
+    stale_on_arrival: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    closed_for_protocol: int = 0
+    refused: int = 0  # joins without a valid token
+    cut_off: int = 0  # peers that stopped reading
+    spot_checked: int = 0  # submissions whose logprobs or version tag were checked
+    spot_failed: int = 0  # of those, forged (see hub.spotcheck)
+    relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
+
+
+@dataclass(frozen=True)
+class HubStatistics:
+    """One look at a hub (`Hub.statistics()`)."""
+
+    step: int  # the learner's version
+    training: bool  # a batch was taken and step `step` is running on it
+    newest_version: int | None  # the newest published, None before the first
+    peers: int  # connected (welcomed)
+    active_peers: int  # of those, leased work by the activation pool
+    quarantined_peers: int  # of those, whose identity is quarantined
+    queued_groups: int  # admitted, waiting for the learner
+    open_leases: int  # granted, not yet answered
+    judging: int  # submissions being scored or spot-checked
+    admitted_groups: int
+    admitted_samples: int
+    stale_on_arrival: int
+    rejected: int
+    duplicates: int
+    closed_for_protocol: int
+    refused: int
+    cut_off: int
+    spot_checked: int
+    spot_failed: int
+    relay_reports: int  # accusations heard, all peers and reasons
+
+
+class Changes:
+    """Wakes every `wait_for` when `notify` says the hub changed: each looks at its condition
+    again (a condition variable without a lock: the hub lives on one event loop)."""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, looking again at every `notify`."""
+        while not condition():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def after(self, call: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        """`call`, then `notify`: for a callback whose call is itself a change."""
+        def then_notify(record: dict[str, Any]) -> None:
+            call(record)
+            self.notify()
+        return then_notify

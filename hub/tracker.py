@@ -1,0 +1,172 @@
+"""The hub as the overlay's tracker: which versions it keeps and how each spreads to the peers.
+
+`VersionTracker.publish` announces each version to every ready peer (as a delta to those whose
+whole stream is at its base, else in full) with a relay plan per manifest
+(`echo2p2p.relay.Broadcast`); a late joiner or a cold standby peer put to work catches up on the
+newest in full. Plans are re-dealt when a relaying peer leaves, is quarantined or fails the
+hub's own check; each peer's report of a finished transfer feeds the per-version propagation
+record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the peers' measured upload.
+It serves the hub's share of chunks (`chunk_lookup`). It never grants leases, judges rollouts
+or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from echo2p2p import messages as m
+from echo2p2p.overlay.store import GONE
+from echo2p2p.propagation import Propagation
+from echo2p2p.relay import Broadcast, Member
+
+from .config import HubConfig
+from .peers import PeerConn
+from .pool import Pool
+from .versions import Published, Snapshot
+
+log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
+
+
+class VersionTracker:
+    """Published versions, their broadcasts and propagation records, over the hub's peers."""
+
+    def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], pool: Pool, *,
+                 quarantined: Callable[[PeerConn], bool],
+                 on_event: Callable[[dict[str, Any]], None], now: Callable[[], float]):
+        """`peers`: the hub's connected peers (read, never changed here); `quarantined`: whether
+        a peer may no longer relay; `on_event`: the run log; `now`: the hub's clock."""
+        self.cfg = cfg
+        self.peers = peers
+        self.pool = pool
+        self._quarantined, self._on_event, self._now = quarantined, on_event, now
+        self.published: dict[int, Published] = {}  # the newest cfg.keep_versions
+        self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
+        self.propagation: dict[int, Propagation] = {}
+
+    @property
+    def newest(self) -> Published | None:
+        return self.published[max(self.published)] if self.published else None
+
+    @property
+    def newest_version(self) -> int | None:
+        return max(self.published) if self.published else None
+
+    def publish(self, version: Published) -> None:
+        """Make `version` the newest and announce it to every peer, with a relay plan."""
+        for old in list(self.propagation.values()):
+            self.report_propagation(old, final=True)  # superseded: say how far it got
+        self.published[version.version] = version
+        for old in sorted(self.published)[:-self.cfg.keep_versions]:
+            del self.published[old]
+        self.broadcasts = {k: b for k, b in self.broadcasts.items() if k[0] in self.published}
+        conns = [c for c in self.peers.values() if c.protocol.ready
+                 and (self.cfg.standby == "warm" or self.pool.is_active(c.peer_id))]
+        delta = version.delta
+        on_delta = [c for c in conns
+                    if delta is not None and c.stream_version == delta.manifest.base_version]
+        in_full = [c for c in conns if c not in on_delta]
+        self.propagation[version.version] = Propagation(
+            version.version, self._now(), {c.peer_id for c in conns}, on_delta=len(on_delta))
+        for snap, members in ((delta, on_delta), (version.full, in_full)):
+            if not members:
+                continue
+            plan = self._broadcast(snap).start([self.member(c) for c in members])
+            for conn in members:
+                conn.protocol.announce(version.version)
+                conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
+
+    def catch_up(self, conn: PeerConn) -> None:
+        """A late joiner, or a cold standby peer put to work, pulls the newest version in full."""
+        newest = self.newest
+        if newest is None or not conn.protocol.needs(newest.version):
+            return
+        conn.protocol.announce(newest.version)
+        broadcast = self._broadcast(newest.full)
+        plan = (broadcast.join(self.member(conn)) if broadcast.members
+                else broadcast.start([self.member(conn)]))
+        conn.post(m.VersionAnnouncement(newest.full.manifest, plan, newest.full.signature))
+
+    def _broadcast(self, snap: Snapshot) -> Broadcast:
+        key = (snap.manifest.version, snap.manifest.base_version)
+        if key not in self.broadcasts:
+            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.cfg.relay)
+        return self.broadcasts[key]
+
+    def member(self, conn: PeerConn) -> Member:
+        return conn.member(relays=not self._quarantined(conn))
+
+    # --- re-dealing ------------------------------------------------------------------
+
+    def route_around(self, peer_id: str) -> None:
+        """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members."""
+        for broadcast in self.broadcasts.values():
+            plan = broadcast.drop(peer_id)
+            if plan is None:
+                continue
+            for member in broadcast.members:
+                if (conn := self.peers.get(member)) is not None:
+                    conn.post(plan)
+
+    def peer_left(self, peer_id: str) -> None:
+        """`peer_id` left (already out of `peers`): re-deal its chunks, and report the versions
+        that have now reached every peer still here."""
+        self.route_around(peer_id)
+        for prop in list(self.propagation.values()):
+            self.report_propagation(prop)
+
+    # --- chunks and transfers --------------------------------------------------------
+
+    def snapshot(self, version: int, base: int | None) -> Snapshot | None:
+        """The published manifest (version, base) this hub still keeps, if any."""
+        pub = self.published.get(version)
+        snap = pub and (pub.full if base is None else pub.delta)
+        return snap if snap is not None and snap.manifest.base_version == base else None
+
+    async def chunk_lookup(self, version: int, base: int | None, index: int, wait_s: float) -> bytes:
+        """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
+        snap = self.snapshot(version, base)
+        if snap is None or not 0 <= index < len(snap.chunks):
+            return GONE
+        return snap.chunks[index]
+
+    def chunk_served(self, version: int, nbytes: int) -> None:
+        if (prop := self.propagation.get(version)) is not None:
+            prop.bytes_from_hub += nbytes
+            prop.hub_sent_after_s = self._now() - prop.started
+
+    def transfer_reported(self, conn: PeerConn, msg: m.TransferReport) -> None:
+        """`conn` has every chunk of a manifest: a base for its next delta, and progress."""
+        snap = self.snapshot(msg.version, msg.base_version)
+        if snap is None:
+            return
+        conn.protocol.note_whole(msg.version)
+        prop = self.propagation.get(msg.version)
+        if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
+            return  # not a version being tracked, or not the first report: nothing to count
+        prop.done_after_s[conn.peer_id] = self._now() - prop.started
+        prop.count(conn.peer_id, msg, snap.wire_bytes)
+        self.report_propagation(prop)
+
+    def report_propagation(self, prop: Propagation, final: bool = False) -> None:
+        """Log how `prop`'s version spread, once every expected peer that is still here has it
+        (or, `final`, once a newer version supersedes it)."""
+        waiting = {p for p in prop.expected - prop.done_after_s.keys() if p in self.peers}
+        if waiting and not final:
+            return
+        del self.propagation[prop.version]
+        if not prop.expected:
+            return  # published before any peer joined: nothing spread
+        for peer_id, rate in prop.upload_rates().items():
+            if (conn := self.peers.get(peer_id)) is not None:
+                conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
+        # Complete: every expected peer still here has it, and one at least did (when all
+        # left before finishing, there is no spread to time).
+        pub = self.published.get(prop.version)
+        record = prop.record(pub.full.wire_bytes if pub else 0,
+                             pub.delta.wire_bytes if pub and pub.delta else None,
+                             complete=not waiting and bool(prop.done_after_s))
+        record["peer_upload_mbps"] = {c.peer_id: round(c.upload_bps / 1e6, 2)
+                                      for c in self.peers.values() if c.upload_bps}
+        self._on_event(record)

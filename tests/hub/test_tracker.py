@@ -1,0 +1,134 @@
+"""The hub's version tracker, driven synchronously: who is announced what, catch-up, re-dealing
+around a relay that goes, and the propagation record once a version has spread.
+
+Peers here are real `PeerConn`s with real protocols that said hello and were welcomed; they have
+no socket (the tracker never touches one), and what the tracker sends them is read back from
+their outboxes with the peer side's decoder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from echo2p2p import messages as m
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.peers import PeerConn
+from echo2p2p.hub.pool import Pool
+from echo2p2p.hub.tracker import VersionTracker
+from echo2p2p.hub.versions import blob_version
+from echo2p2p.hub_protocol import HubProtocol
+from echo2p2p.overlay.store import GONE
+
+KEY = bytes(range(32))
+BLOB = b"\1" * (1 << 18)
+
+
+class Rig:
+    def __init__(self, **cfg):
+        self.cfg = HubConfig(**cfg)
+        self.peers: dict[str, PeerConn] = {}
+        self.pool = Pool("all", 0.0)
+        self.records: list[dict] = []
+        self.quarantined: set[str] = set()
+        self.clock = 100.0
+        self.tracker = VersionTracker(self.cfg, self.peers, self.pool,
+                                      quarantined=lambda c: c.peer_id in self.quarantined,
+                                      on_event=self.records.append, now=lambda: self.clock)
+
+    def join(self, peer_id: str, relay: bool = True) -> PeerConn:
+        proto = HubProtocol(self.clock, 1 << 20)
+        hello = m.Hello(peer_id, "transformers", "cpu",
+                        listen_addr=f"http://127.0.0.1:{9000 + len(self.peers)}")
+        proto.receive_frame(m.encode(hello), self.clock)
+        conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
+        conn.post(m.Welcome(peer_id, "run", "tiny", "addition", 0, 2, 2, 1.0, 1.0, 4, 7))
+        conn.relay = "ok" if relay else "failed"
+        self.peers[peer_id] = conn
+        self.pool.join(peer_id, peer_id, 0.0, True, self.clock)
+        self.pool.replan(None, self.clock)
+        return conn
+
+
+def sent(conn: PeerConn) -> list[m.Message]:
+    out = []
+    while not conn.outbox.empty():
+        out.append(m.decode(conn.outbox.get_nowait()))
+        conn.outbox.task_done()
+    return out
+
+
+def test_publish_announces_in_full_then_as_a_delta_to_peers_on_its_base():
+    rig = Rig()
+    a, b = rig.join("a"), rig.join("b")
+    sent(a), sent(b)
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    (ann,) = sent(a)
+    assert isinstance(ann, m.VersionAnnouncement) and ann.manifest.base_version is None
+    assert sent(b)[0].plan == ann.plan and a.announced == b.announced == 0
+    rig.tracker.transfer_reported(a, m.TransferReport(0, None, 1.0, 0, 0, []))
+    assert a.stream_version == 0 and b.stream_version is None
+    rig.tracker.publish(blob_version(KEY, 1, BLOB, base=(0, BLOB)))
+    (to_a,), (to_b,) = sent(a), sent(b)
+    assert (to_a.manifest.base_version, to_b.manifest.base_version) == (0, None)
+    assert rig.tracker.newest_version == 1
+
+
+def test_a_late_joiner_catches_up_once_on_the_newest_in_full():
+    rig = Rig()
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    late = rig.join("late")
+    sent(late)
+    rig.tracker.catch_up(late)
+    rig.tracker.catch_up(late)  # already announced: nothing more
+    (ann,) = sent(late)
+    assert ann.manifest.version == 0 and late.announced == 0
+
+
+def test_a_relay_that_leaves_is_dealt_around_and_the_others_are_told():
+    rig = Rig()
+    conns = [rig.join(p) for p in "abc"]
+    for c in conns:
+        sent(c)
+    rig.tracker.publish(blob_version(KEY, 0, b"\2" * (4 << 20), chunk_bytes=1 << 18))
+    for c in conns:
+        sent(c)
+    del rig.peers["a"]
+    rig.tracker.peer_left("a")
+    for c in conns[1:]:
+        (plan,) = sent(c)
+        assert isinstance(plan, m.RelayPlan)
+        assert "a" not in {s.peer_id for s in plan.sources}
+
+
+def test_a_quarantined_peer_only_pulls():
+    rig = Rig()
+    rig.join("a")
+    rig.quarantined.add("a")
+    assert rig.tracker.member(rig.peers["a"]).url is None
+
+
+def test_propagation_is_reported_once_every_peer_still_here_has_it():
+    rig = Rig()
+    a, b = rig.join("a"), rig.join("b")
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    rig.clock += 2.0
+    rig.tracker.transfer_reported(a, m.TransferReport(0, None, 2.0, 0, 0, []))
+    assert not rig.records and 0 in rig.tracker.propagation
+    del rig.peers["b"]
+    rig.tracker.peer_left("b")  # the one still waited for left: the version has spread
+    (record,) = rig.records
+    assert record["event"] == "propagation" and record["complete"] and record["done_s"] == 2.0
+    assert 0 not in rig.tracker.propagation
+
+
+def test_the_hub_serves_the_chunks_of_the_versions_it_keeps():
+    """Its chunks while a version is kept, GONE once newer ones have pushed it out."""
+    rig = Rig(keep_versions=2)
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    first = asyncio.run(rig.tracker.chunk_lookup(0, None, 0, 0.0))
+    assert first == rig.tracker.snapshot(0, None).chunks[0]
+    assert asyncio.run(rig.tracker.chunk_lookup(0, None, 99, 0.0)) is GONE
+    for version in (1, 2):
+        rig.tracker.publish(blob_version(KEY, version, BLOB))
+    assert rig.tracker.snapshot(0, None) is None and sorted(rig.tracker.published) == [1, 2]
+    assert asyncio.run(rig.tracker.chunk_lookup(0, None, 0, 0.0)) is GONE
