@@ -52,15 +52,15 @@ def forge(group, how: str, rng: random.Random):
 
     samples = []
     for s in group.samples:
-        lps = m.unpack_logprobs(s.logprobs)
+        lps = list(s.logprobs)
         if how == "near 0":
             lps = [-1e-3] * len(lps)
         elif how == "shuffled":
             rng.shuffle(lps)
         elif how == "scaled x0.5":
             lps = [0.5 * x for x in lps]
-        samples.append(replace(s, logprobs=m.pack_logprobs(lps)))
-    return replace(group, samples=samples)
+        samples.append(replace(s, packed_logprobs=m.pack_logprobs(lps)))
+    return replace(group, samples=tuple(samples))
 
 
 async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], float, object]:
@@ -68,6 +68,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
 
     from echo2p2p import messages as m
     from echo2p2p.buffer import ScoredGroup
+    from echo2p2p.rows import parse_samples
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.learner import Learner, encode_prompt
@@ -99,8 +100,8 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
         draw += 1
         out = engine.generate(ids, cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=cfg.max_new_tokens, seed=draw)
-        samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text, 0.0,
-                            c.finish_reason) for c in out]
+        samples = parse_samples([m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
+                                          c.text, 0.0, c.finish_reason) for c in out], None)
         return ScoredGroup(f"L{draw}", p.id, ids, version, samples,
                            [task.reward(p.answer, c.text) for c in out])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .messages import Sample
+from .rows import SampleRow
 from .staleness import Verdict, judge
 
 
@@ -22,7 +22,7 @@ class ScoredGroup:
     problem_id: str
     prompt_ids: list[int]
     version: int  # behaviour policy version x that generated every sample
-    samples: list[Sample]  # token ids / logprobs packed as on the wire
+    samples: tuple[SampleRow, ...]  # parsed and validated at admission (echo2p2p.rows)
     rewards: list[float]  # the hub's own scores, one per sample
 
 

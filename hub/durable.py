@@ -1,7 +1,8 @@
 """Hub restart without loss: checkpoints and the journal between them.
 
-A checkpoint is the learner (weights, optimizer, version) and the hub's state as plain data (lease
-table and data cursor, admitted-but-untrained groups, trust), written under
+A checkpoint is the learner (weights, optimizer) and the hub's state as plain data (the step,
+the run's one step counter; lease table and data cursor; admitted-but-untrained groups, their
+rows as validated at admission; trust), written under
 `<run_dir>/checkpoints/ckpt-NNNNNN/` and made current by atomically replacing the `LATEST`
 pointer file, so a kill at any moment leaves the previous checkpoint whole. The signing key
 stays where it was made, `<run_dir>/hub_key`. Every change after a checkpoint (a peer id handed
@@ -19,14 +20,13 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
 from echo2p2p.buffer import ScoredGroup
-from echo2p2p.messages import Sample
+from echo2p2p.rows import SampleRow
 
 LATEST = "LATEST"
 
@@ -57,14 +57,17 @@ def read_journal(path: Path) -> Iterator[list]:
 
 
 def group_to_wire(g: ScoredGroup) -> list:
+    """`g` as msgpack-able data; each row as the bytes it was validated from."""
     return [g.lease_id, g.problem_id, g.prompt_ids, g.version,
-            [list(astuple(s)) for s in g.samples], g.rewards]
+            [[r.packed_ids, r.packed_logprobs, r.finish_reason, r.text] for r in g.samples],
+            g.rewards]
 
 
 def group_from_wire(w: list) -> ScoredGroup:
+    """The group `group_to_wire` wrote: its rows were validated when admitted, not again."""
     lease_id, problem_id, prompt_ids, version, samples, rewards = w
-    return ScoredGroup(lease_id, problem_id, prompt_ids, version, [Sample(*s) for s in samples],
-                       rewards)
+    return ScoredGroup(lease_id, problem_id, prompt_ids, version,
+                       tuple(SampleRow(*s) for s in samples), rewards)
 
 
 class Checkpoints:

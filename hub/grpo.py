@@ -113,29 +113,38 @@ def policy_loss(
 
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None:
-        # k3 estimator of KL(pi || ref) on samples drawn from (approximately) pi
-        delta = ref_logprobs.to(logprobs.dtype) - logprobs  # (B, T)
-        delta = delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        kl = torch.exp(delta) - delta - 1.0  # (B, T)
+        kl = _k3(ref_logprobs.to(logprobs.dtype), logprobs)
         per_token = per_token + kl_coef * kl
 
     zero = torch.zeros_like(per_token)
     denom = float(num_tokens) if num_tokens is not None else float(mask.sum().item())
     denom = max(denom, 1.0)
     loss = torch.where(mask, per_token, zero).sum() / denom
-
     with torch.no_grad():
-        n = int(mask.sum().item())
-        m = max(n, 1)
         # the clip switched the gradient off where min() picked the (constant) clipped branch
-        clip_active = mask & (clipped < unclipped)
-        stats = {
-            "policy_loss": float(torch.where(mask, -objective, zero).sum().item() / m),
-            "clip_frac": float(clip_active.sum().item() / m),
-            "dual_clip_frac": float((mask & dual_active).sum().item() / m),
-            "ratio_mean": float(torch.where(mask, ratio, zero).sum().item() / m) if n else 1.0,
-            "ratio_max": float(ratio[mask].max().item()) if n else 1.0,
-            "kl": float(torch.where(mask, kl, zero).sum().item() / m),
-            "tokens": float(n),
-        }
+        stats = _token_means(mask, objective, mask & (clipped < unclipped),
+                             mask & dual_active, ratio, kl)
     return loss, stats
+
+
+def _k3(ref_logprobs: Tensor, logprobs: Tensor) -> Tensor:
+    """(B, T) k3 estimator of KL(pi || ref) on samples drawn from (approximately) pi."""
+    delta = (ref_logprobs - logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # (B, T)
+    return torch.exp(delta) - delta - 1.0
+
+
+def _token_means(mask: Tensor, objective: Tensor, clip_active: Tensor, dual_active: Tensor,
+                 ratio: Tensor, kl: Tensor) -> dict[str, float]:
+    """`policy_loss`'s stats: means over the masked tokens (all (B, T))."""
+    zero = torch.zeros_like(objective)
+    n = int(mask.sum().item())
+    m = max(n, 1)
+    return {
+        "policy_loss": float(torch.where(mask, -objective, zero).sum().item() / m),
+        "clip_frac": float(clip_active.sum().item() / m),
+        "dual_clip_frac": float(dual_active.sum().item() / m),
+        "ratio_mean": float(torch.where(mask, ratio, zero).sum().item() / m) if n else 1.0,
+        "ratio_max": float(ratio[mask].max().item()) if n else 1.0,
+        "kl": float(torch.where(mask, kl, zero).sum().item() / m),
+        "tokens": float(n),
+    }

@@ -1,12 +1,13 @@
-"""The GRPO learner: turns batches of scored groups into new policy versions.
+"""The GRPO learner: turns batches of scored groups into new policy weights.
 
-Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness or
-the clock (the hub decides what goes into a batch). Version 0 is the initial weights and `step`
-turns version t into t + 1, always, even when nothing in the batch could be trained on.
+Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness,
+versions or the clock (the hub decides what goes into a batch and counts the steps: one
+`step` call is one step, even when nothing in the batch could be trained on).
 
-A peer's data must never crash or poison the learner: a sample with non-finite or positive
-behaviour logprobs, out-of-vocabulary ids, mismatched lengths or no tokens is dropped and
-counted in `StepStats.dropped_samples`; a group whose rewards are malformed is dropped whole.
+Samples arrive as `echo2p2p.rows.SampleRow`s, parsed and validated once at admission (finite
+logprobs <= 0, ids in the vocabulary, lengths): the learner trusts them, with cheap asserts.
+A group the hub built wrong (rewards that do not match its samples, an empty or
+out-of-vocabulary prompt) is dropped whole and counted in `StepStats.dropped_groups`.
 Given the same inputs the learner is deterministic (no sampling, no dropout: `model.train()`
 only matters for models that have them, and Qwen3's attention dropout is 0).
 """
@@ -24,22 +25,16 @@ import torch
 from torch import Tensor
 
 from echo2p2p.buffer import ScoredGroup
-from echo2p2p.messages import unpack_ids, unpack_logprobs
 from echo2p2p.completions import CompletionDecoder
 
 from . import grpo
 
 log = logging.getLogger(__name__)
 
-# A logprob is <= 0; float32 rounding of a near-certain token can land a hair above.
-_MAX_LOGPROB = 1e-3
-
-
 @dataclass(frozen=True)
 class StepStats:
     """What one learner step did. Token-weighted means over the trained tokens."""
 
-    version: int  # the version this step produced (t + 1)
     loss: float  # total loss (surrogate + KL term), token mean over the batch
     policy_loss: float  # surrogate part only
     reward_mean: float  # over every sample of every kept group (hub's scores)
@@ -54,8 +49,8 @@ class StepStats:
     samples: int  # samples kept
     groups: int  # groups kept, zero-variance ones included
     zero_variance_groups: int  # groups whose rewards were all equal: no policy gradient
-    dropped_samples: int  # malformed samples discarded (bad logprobs / ids / lengths)
-    dropped_groups: int  # malformed groups discarded whole
+    dropped_samples: int  # samples of the dropped groups (rows are valid by construction)
+    dropped_groups: int  # groups the hub built wrong, discarded whole
     skipped: bool  # no optimiser update (nothing to train on, or a non-finite gradient)
     step_s: float  # seconds in forward, backward and the optimiser
 
@@ -102,7 +97,6 @@ class Learner:
         self.micro_batch = micro_batch
         self.pad_id = pad_id
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.version = 0
         self.reference: torch.nn.Module | None = None
         if kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -118,7 +112,7 @@ class Learner:
     # --- training ----------------------------------------------------------------------
 
     def step(self, groups: Sequence[ScoredGroup]) -> StepStats:
-        """One optimiser step on `groups`; produces version `self.version + 1`."""
+        """One optimiser step on `groups` (the caller counts it: `echo2p2p.hub` owns the step)."""
         rows, info = self._rows(groups)
         num_tokens = sum(len(r.behaviour) for r in rows)
         # A zero advantage gives exactly zero surrogate loss; without a KL term such a sample
@@ -128,20 +122,7 @@ class Learner:
 
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {k: 0.0 for k in ("loss", "policy_loss", "clip_frac", "dual_clip_frac",
-                                 "ratio_mean", "kl")}
-        ratio_max, trained = -math.inf, 0
-        for start in range(0, len(trainable), self.micro_batch):
-            chunk = trainable[start:start + self.micro_batch]
-            loss, stats = self._micro_step(chunk, num_tokens)
-            loss.backward()
-            n = stats["tokens"]
-            trained += int(n)
-            sums["loss"] += float(loss.item())
-            for k in ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl"):
-                sums[k] += stats[k] * n
-            ratio_max = max(ratio_max, stats["ratio_max"])
-
+        sums, ratio_max, trained = self._accumulate(trainable, num_tokens)
         grad_norm, skipped = 0.0, True
         if trained:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
@@ -150,18 +131,15 @@ class Learner:
                 self.optimizer.step()
                 skipped = False
             else:
-                log.warning("non-finite gradient norm at version %d: update skipped", self.version)
+                log.warning("non-finite gradient norm: update skipped")
         self.optimizer.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
-        self.version += 1
 
         m = max(trained, 1)
-        # the surrogate part of the batch loss: per-token means were over trained tokens
-        policy = sums["policy_loss"] / max(num_tokens, 1)
         return StepStats(
-            version=self.version,
             loss=sums["loss"],
-            policy_loss=policy,
+            # the surrogate part of the batch loss: per-token means were over trained tokens
+            policy_loss=sums["policy_loss"] / max(num_tokens, 1),
             reward_mean=info["reward_mean"],
             reward_std=info["reward_std"],
             clip_frac=sums["clip_frac"] / m,
@@ -179,6 +157,25 @@ class Learner:
             skipped=skipped,
             step_s=step_s,
         )
+
+    def _accumulate(self, trainable: Sequence[_Row], num_tokens: int
+                    ) -> tuple[dict[str, float], float, int]:
+        """Backward over `trainable` in micro-batches, gradients summed: (token-weighted sums
+        of the micro-batch statistics, the largest ratio, trained tokens)."""
+        sums = {k: 0.0 for k in ("loss", "policy_loss", "clip_frac", "dual_clip_frac",
+                                 "ratio_mean", "kl")}
+        ratio_max, trained = -math.inf, 0
+        for start in range(0, len(trainable), self.micro_batch):
+            chunk = trainable[start:start + self.micro_batch]
+            loss, stats = self._micro_step(chunk, num_tokens)
+            loss.backward()
+            n = stats["tokens"]
+            trained += int(n)
+            sums["loss"] += float(loss.item())
+            for k in ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl"):
+                sums[k] += stats[k] * n
+            ratio_max = max(ratio_max, stats["ratio_max"])
+        return sums, ratio_max, trained
 
     def _micro_step(self, rows: Sequence[_Row], num_tokens: int) -> tuple[Tensor, dict[str, float]]:
         """Loss of one micro-batch, normalised by the whole batch's token count."""
@@ -213,7 +210,7 @@ class Learner:
         )
 
     def _rows(self, groups: Sequence[ScoredGroup]) -> tuple[list[_Row], dict]:
-        """Validate groups and samples; advantages from each group's rewards."""
+        """Rows to pad, with advantages from each group's rewards; groups built wrong dropped."""
         rows: list[_Row] = []
         rewards_all: list[float] = []
         kept = zero_var = dropped_samples = dropped_groups = 0
@@ -225,19 +222,15 @@ class Learner:
                 dropped_groups += 1
                 dropped_samples += len(g.samples)
                 continue
-            # Advantages use every reward of the group (the hub scored them all); a malformed
-            # sample is dropped afterwards, so it cannot shift its siblings' advantages.
             adv = grpo.group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()
             kept += 1
             zero_var += all(a == 0.0 for a in adv)
             rewards_all.extend(g.rewards)
             for sample, a in zip(g.samples, adv):
-                parsed = self._parse(sample)
-                if parsed is None:
-                    dropped_samples += 1
-                    continue
-                ids, lps = parsed
-                rows.append(_Row(prompt + ids, len(prompt), lps, float(a)))
+                assert sample.token_ids and max(sample.token_ids) < self.vocab_size, "unparsed row"
+                # <= 0 in exact arithmetic; a float32 hair above (echo2p2p.rows.MAX_LOGPROB) is 0
+                rows.append(_Row(prompt + list(sample.token_ids), len(prompt),
+                                 [min(x, 0.0) for x in sample.logprobs], float(a)))
         r = torch.tensor(rewards_all, dtype=torch.float64)
         info = {
             "reward_mean": float(r.mean()) if len(rewards_all) else 0.0,
@@ -246,19 +239,6 @@ class Learner:
             "dropped_samples": dropped_samples, "dropped_groups": dropped_groups,
         }
         return rows, info
-
-    def _parse(self, sample) -> tuple[list[int], list[float]] | None:
-        """(ids, logprobs) of a sample, or None if it must be dropped."""
-        if len(sample.token_ids) % 4 or len(sample.logprobs) % 4:
-            return None
-        ids, lps = unpack_ids(sample.token_ids), unpack_logprobs(sample.logprobs)
-        if not ids or len(ids) != len(lps):
-            return None
-        if not all(t < self.vocab_size for t in ids):
-            return None
-        if not all(math.isfinite(x) and x <= _MAX_LOGPROB for x in lps):
-            return None
-        return ids, [min(x, 0.0) for x in lps]
 
     # --- publishing and evaluation -----------------------------------------------------
 

@@ -22,55 +22,29 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def train_sync(
-    *,
-    model: str = "tiny",
-    steps: int,
-    prompts_per_step: int,
-    group_size: int,
-    lr: float,
-    seed: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int,
-    eval_every: int = 0,
-    eval_problems: int = 128,
-    weights_dtype: Any = "bfloat16",
-    on_step: Callable[[dict], None] | None = None,
-    score_timeout_s: float = 5.0,
-) -> list[dict]:
-    """Run `steps` synchronous GRPO steps on AdditionTask(seed); one record per step.
-
-    Each record holds step, version (the one the step produced), reward_mean (of the samples
-    the step trained on, drawn from version `step`), gen_s, the learner's `train/...` metrics,
-    and eval_accuracy (greedy, held-out) when version % eval_every == 0 or at the last step;
-    the first record also holds eval_accuracy_initial (version 0) when eval_every > 0.
-    `weights_dtype` is a torch dtype or its name. Rewards are computed in a scoring worker
-    process, `score_timeout_s` per completion, as on the hub.
-    """
+def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_size: int,
+               lr: float, seed: int, temperature: float = 1.0, top_p: float = 1.0,
+               max_new_tokens: int, eval_every: int = 0, eval_problems: int = 128,
+               weights_dtype: Any = "bfloat16", on_step: Callable[[dict], None] | None = None,
+               score_timeout_s: float = 5.0) -> list[dict]:
+    """Run `steps` synchronous GRPO steps on AdditionTask(seed); one record per step: step,
+    version (the one the step produced), reward_mean (of the samples the step trained on, drawn
+    from version `step`), gen_s, the learner's `train/...` metrics, and eval_accuracy (greedy,
+    held-out) when version % eval_every == 0 or at the last step; the first record also holds
+    eval_accuracy_initial (version 0) when eval_every > 0. `weights_dtype`: a torch dtype or its
+    name. Rewards come from a scoring worker process, `score_timeout_s` per completion."""
     import torch
 
-    from echo2p2p.buffer import ScoredGroup
-    from echo2p2p.messages import Sample, pack_ids, pack_logprobs
     from echo2p2p.scoring.scorer import Scorer
-    from echo2p2p.tasks import AdditionTask
-    from echo2p2p.policy.engines import TransformersEngine
-    from echo2p2p.policy.model import load_policy
-
-    from .learner import Learner, encode_prompt
 
     dtype = getattr(torch, weights_dtype) if isinstance(weights_dtype, str) else weights_dtype
     torch.manual_seed(seed)
-    task = AdditionTask(seed=seed)
-    policy, tokenizer = load_policy(model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    learner = Learner(policy, lr=lr, temperature=temperature, pad_id=pad_id)
-    engine = TransformersEngine(model)
-
+    task, learner, engine, tokenizer = _open(model, lr, temperature, seed)
     train = list(task.problems("train"))
     order = list(range(len(train)))
     random.Random(seed).shuffle(order)
     held_out = list(task.problems("eval"))[:eval_problems]
+    sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
 
     with Scorer(task.reward, timeout_s=score_timeout_s, name="local-scorer") as scorer:
         def score(items: list[tuple[str, str]]) -> list[float]:
@@ -81,41 +55,69 @@ def train_sync(
 
         initial = evaluate() if eval_every else None
         records: list[dict] = []
-        cursor = 0
-        for step in range(steps):
+        for step in range(steps):  # step t trains on version t and produces version t + 1
             t0 = time.perf_counter()
             engine.load_weights(learner.export_weights(dtype))  # exactly what a peer would hold
-            groups = []
-            for j in range(prompts_per_step):
-                problem = train[order[cursor % len(order)]]
-                cursor += 1
-                prompt_ids = encode_prompt(tokenizer, problem.prompt)
-                completions = engine.generate(
-                    prompt_ids, group_size, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + cursor,
-                )
-                rewards = score([(problem.answer, c.text) for c in completions])
-                samples = [
-                    Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
-                           text=c.text, reward=r, finish_reason=c.finish_reason)
-                    for c, r in zip(completions, rewards)
-                ]
-                groups.append(ScoredGroup(f"sync-{step}-{j}", problem.id, prompt_ids,
-                                          learner.version, samples, rewards))
+            problems = [train[order[(step * prompts_per_step + j) % len(order)]]
+                        for j in range(prompts_per_step)]
+            groups = _generate(engine, tokenizer, problems, step, group_size, seed, score,
+                               sampling)
             gen_s = time.perf_counter() - t0
             stats = learner.step(groups)
-            record: dict[str, Any] = {
-                "step": step, "version": stats.version, "reward_mean": stats.reward_mean,
-                "gen_s": gen_s, **stats.metrics(),
-            }
+            record: dict[str, Any] = {"step": step, "version": step + 1,
+                                      "reward_mean": stats.reward_mean, "gen_s": gen_s,
+                                      **stats.metrics()}
             if step == 0 and initial is not None:
                 record["eval_accuracy_initial"] = initial
-            if eval_every and (stats.version % eval_every == 0 or step == steps - 1):
+            if eval_every and ((step + 1) % eval_every == 0 or step == steps - 1):
                 record["eval_accuracy"] = evaluate()
             records.append(record)
             if on_step is not None:
                 on_step(record)
     return records
+
+
+def _open(model: str, lr: float, temperature: float, seed: int) -> tuple[Any, Any, Any, Any]:
+    """(task, learner, engine, tokenizer) of a synchronous run: the learner and a peer's engine
+    on the same model."""
+    from echo2p2p.policy.engines import TransformersEngine
+    from echo2p2p.policy.model import load_policy
+    from echo2p2p.tasks import AdditionTask
+
+    from .learner import Learner
+
+    task = AdditionTask(seed=seed)
+    policy, tokenizer = load_policy(model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    learner = Learner(policy, lr=lr, temperature=temperature, pad_id=pad_id)
+    return task, learner, TransformersEngine(model), tokenizer
+
+
+def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group_size: int,
+              seed: int, score: Callable[[list[tuple[str, str]]], list[float]],
+              sampling: dict[str, Any]) -> list[Any]:
+    """One scored group of `group_size` completions per problem, from version `step`, each
+    sample taken through the wire format and the hub's row parser as a peer's would be."""
+    from echo2p2p.buffer import ScoredGroup
+    from echo2p2p.messages import Sample, pack_ids, pack_logprobs
+    from echo2p2p.rows import parse_samples
+
+    from .learner import encode_prompt
+
+    groups = []
+    for j, problem in enumerate(problems):
+        cursor = step * len(problems) + j + 1  # the sampling seed of the j-th prompt of `step`
+        prompt_ids = encode_prompt(tokenizer, problem.prompt)
+        completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
+                                      **sampling)
+        rewards = score([(problem.answer, c.text) for c in completions])
+        rows = parse_samples([
+            Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
+                   text=c.text, reward=r, finish_reason=c.finish_reason)
+            for c, r in zip(completions, rewards)], None)
+        assert not isinstance(rows, str), f"the engine made a sample the hub refuses: {rows}"
+        groups.append(ScoredGroup(f"sync-{step}-{j}", problem.id, prompt_ids, step, rows, rewards))
+    return groups
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,7 +113,7 @@ def model_dir(model: str, *, cache_dir: str | None = None) -> Path:
 def token_facts(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
     """The special tokens as the hub's loader set them (it makes pad = eos when a tokenizer has
     no pad token, which no file says), and the model's vocabulary size (ids at or above it are
-    dropped by the learner)."""
+    refused at admission)."""
     return {
         "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
         "pad_token": tokenizer.pad_token, "pad_token_id": tokenizer.pad_token_id,

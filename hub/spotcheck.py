@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import random
 import threading
 from collections.abc import Coroutine, Mapping
@@ -45,7 +44,6 @@ from typing import Any
 import torch
 
 from echo2p2p.buffer import ScoredGroup
-from echo2p2p.messages import unpack_ids, unpack_logprobs
 from echo2p2p.policy.sampling import copy_state, nucleus_logprobs
 
 from . import grpo
@@ -79,7 +77,6 @@ class SpotChecker:
     def __init__(self, model: torch.nn.Module, cfg: HubConfig):
         """`model`: the learner's (copied, so its training is untouched)."""
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.keep_n = cfg.max_lag + 1  # every version a fresh rollout can carry
         self.fraction, self.sample_tokens = cfg.spot_check_fraction, cfg.spot_check_tokens
         self.tolerance, self.temperature, self.top_p = (
@@ -129,13 +126,10 @@ class SpotChecker:
 
     def _compare_locked(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]) -> SpotResult:
         prompt = list(group.prompt_ids)
-        rows = []  # (ids, claimed logprobs, completion positions to check)
-        for sample in group.samples:
-            ids, claimed = unpack_ids(sample.token_ids), unpack_logprobs(sample.logprobs)
-            if (not ids or len(ids) != len(claimed) or max(ids) >= self.vocab_size
-                    or not all(math.isfinite(x) for x in claimed)):
-                continue  # the learner drops such a sample: nothing of it is trained on
-            rows.append((ids, claimed, self._pick(len(ids))))
+        # (ids, claimed logprobs, completion positions to check); rows were validated at
+        # admission (echo2p2p.rows): non-empty, finite, ids in the vocabulary
+        rows = [(list(r.token_ids), list(r.logprobs), self._pick(r.n_tokens))
+                for r in group.samples]
         if not rows or not prompt:
             return SpotResult(group.version, None)
         p = len(prompt)

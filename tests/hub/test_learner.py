@@ -1,4 +1,4 @@
-"""The GRPO learner on a tiny real Qwen3: updates, versions, hostile data, export, evaluation."""
+"""The GRPO learner on a tiny real Qwen3: updates, steps, rows it can trust, export, evaluation."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import transformers
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.messages import Sample, pack_ids, pack_logprobs
+from echo2p2p.rows import BAD_SAMPLE, BAD_TOKENS, parse_samples
 from echo2p2p.hub.grpo import token_logprobs
 from echo2p2p.hub.learner import Learner, StepStats
 
@@ -45,11 +46,12 @@ def make_group(model, rewards: list[float], completions=COMPLETIONS, lease: str 
                logprobs: list[list[float]] | None = None) -> ScoredGroup:
     """A group whose behaviour logprobs are `model`'s own (on-policy) unless given."""
     logprobs = logprobs or sequence_logprobs(model, PROMPT, completions)
-    samples = [
+    samples = parse_samples([  # as the hub admits them
         Sample(token_ids=pack_ids(c), logprobs=pack_logprobs(lp), text="", reward=r,
                finish_reason="stop")
         for c, lp, r in zip(completions, logprobs, rewards)
-    ]
+    ], VOCAB)
+    assert not isinstance(samples, str), samples
     return ScoredGroup(lease_id=lease, problem_id="p0", prompt_ids=list(PROMPT), version=0,
                        samples=samples, rewards=list(rewards))
 
@@ -68,14 +70,14 @@ def test_step_reinforces_rewarded_completion():
     assert stats.groups == 1 and stats.samples == 4 and not stats.skipped
 
 
-def test_version_counts_steps():
-    """Version 0 is the initial policy; each step produces the next version."""
+def test_learner_keeps_no_step_counter():
+    """The hub's step is the run's one counter: a learner step carries no version, and a step
+    with nothing to train on is still a step (stats, no update)."""
     model = tiny_model()
     learner = Learner(model, lr=1e-3)
-    assert learner.version == 0
-    assert learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])]).version == 1
-    assert learner.version == 1
-    assert learner.step([]).version == 2
+    assert not hasattr(learner, "version")
+    assert not hasattr(learner.step([make_group(model, [1.0, 0.0, 0.0, 0.0])]), "version")
+    assert learner.step([]).skipped
 
 
 def test_metrics_keys():
@@ -88,29 +90,36 @@ def test_metrics_keys():
     assert m["train/reward_mean"] == 0.25
 
 
-def test_hostile_samples_are_dropped_and_counted():
-    """Non-finite logprobs, out-of-vocab ids and bad lengths are dropped, never raised."""
-    model = tiny_model()
-    learner = Learner(model, lr=1e-3)
+def hostile_samples(model) -> list[Sample]:
+    """Non-finite logprobs, an out-of-vocab id, a torn id array and mismatched lengths."""
     good = sequence_logprobs(model, PROMPT, COMPLETIONS)
-    bad = [list(lp) for lp in good]
-    bad[1][2] = float("nan")
-    bad[2][0] = float("-inf")
-    completions = [list(c) for c in COMPLETIONS]
-    completions[3] = [40, VOCAB + 7, 42]  # id out of vocabulary
-    group = make_group(model, [1.0, 0.0, 1.0, 0.0], completions=completions, logprobs=bad)
-    torn = Sample(token_ids=pack_ids([10, 11]) + b"\x01", logprobs=pack_logprobs([-1.0, -1.0]),
-                  text="", reward=0.0, finish_reason="stop")  # 9 bytes of ids
-    short = Sample(token_ids=pack_ids([10, 11, 12]), logprobs=pack_logprobs([-1.0]),
-                   text="", reward=0.0, finish_reason="stop")  # length mismatch
-    group2 = ScoredGroup("l1", "p1", list(PROMPT), 0, [torn, short, group.samples[0]],
-                         [0.0, 0.0, 1.0])
-    bad_prompt = ScoredGroup("l2", "p2", [3, VOCAB], 0, group.samples[:2], [1.0, 0.0])
-    stats = learner.step([group, group2, bad_prompt])
-    assert stats.dropped_samples == 3 + 2 + 2
-    assert stats.dropped_groups == 1
-    assert stats.samples == 2 and stats.groups == 2
-    assert stats.tokens == len(completions[0]) * 2
+    nan, inf = [list(lp) for lp in good[1:3]]
+    nan[2], inf[0] = float("nan"), float("-inf")
+    return [
+        Sample(pack_ids(COMPLETIONS[1]), pack_logprobs(nan), "", 0.0, "stop"),
+        Sample(pack_ids(COMPLETIONS[2]), pack_logprobs(inf), "", 1.0, "stop"),
+        Sample(pack_ids([40, VOCAB + 7, 42]), pack_logprobs(good[3]), "", 0.0, "stop"),
+        Sample(pack_ids([10, 11]) + b"\x01", pack_logprobs([-1.0, -1.0]), "", 0.0, "stop"),
+        Sample(pack_ids([10, 11, 12]), pack_logprobs([-1.0]), "", 0.0, "stop"),
+    ]
+
+
+def test_hostile_samples_never_reach_the_learner():
+    """Non-finite logprobs, out-of-vocab ids and bad lengths are refused when a submission is
+    parsed into rows (echo2p2p.rows, at admission), so no group holding one is ever built; a
+    group the hub built wrong (out-of-vocab prompt) is dropped whole and counted, never raised."""
+    model = tiny_model()
+    good = make_group(model, [1.0, 0.0, 1.0, 0.0])
+    first = Sample(pack_ids(COMPLETIONS[0]), pack_logprobs(
+        sequence_logprobs(model, PROMPT, COMPLETIONS[:1])[0]), "", 1.0, "stop")
+    reasons = [parse_samples([first, bad], VOCAB) for bad in hostile_samples(model)]
+    assert reasons == [BAD_SAMPLE, BAD_SAMPLE, BAD_TOKENS, BAD_SAMPLE, BAD_SAMPLE]
+    learner = Learner(model, lr=1e-3)
+    bad_prompt = ScoredGroup("l2", "p2", [3, VOCAB], 0, good.samples[:2], [1.0, 0.0])
+    stats = learner.step([good, bad_prompt])
+    assert stats.dropped_samples == 2 and stats.dropped_groups == 1
+    assert stats.samples == 4 and stats.groups == 1
+    assert stats.tokens == sum(len(c) for c in COMPLETIONS)
     assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm) and not stats.skipped
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -223,7 +232,7 @@ def test_step_stats_is_frozen():
     stats = Learner(model, lr=1e-3).step([])
     assert isinstance(stats, StepStats) and stats.skipped and stats.tokens == 0
     with pytest.raises(AttributeError):
-        stats.version = 5
+        stats.tokens = 5
 
 
 def test_train_sync_smoke(tmp_path):

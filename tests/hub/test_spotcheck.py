@@ -13,6 +13,7 @@ import torch
 
 from echo2p2p import messages as m
 from echo2p2p.buffer import ScoredGroup
+from echo2p2p.rows import parse_samples
 from echo2p2p.session import Session, Side
 from echo2p2p.tasks import AdditionTask
 from echo2p2p.hub.config import HubConfig
@@ -49,16 +50,16 @@ def generate(engine, index: int, version: int, top_p: float = 1.0) -> ScoredGrou
     p = PROBLEMS[index]
     ids = encode_prompt(engine.tokenizer, p.prompt)
     out = engine.generate(ids, 4, temperature=1.0, top_p=top_p, max_new_tokens=8, seed=index)
-    samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text, 0.0,
-                        c.finish_reason) for c in out]
+    samples = parse_samples([m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
+                                      c.text, 0.0, c.finish_reason) for c in out], None)
     return ScoredGroup(f"L{index}", p.id, ids, version, samples, [0.0] * len(samples))
 
 
 def shifted(group: ScoredGroup, by: float) -> ScoredGroup:
     """`group` claiming every token `by` nats likelier or less likely than it was."""
-    return replace(group, samples=[
-        replace(s, logprobs=m.pack_logprobs([x + by for x in m.unpack_logprobs(s.logprobs)]))
-        for s in group.samples])
+    return replace(group, samples=tuple(
+        replace(s, packed_logprobs=m.pack_logprobs([x + by for x in s.logprobs]))
+        for s in group.samples))
 
 
 async def test_honest_group_passes_and_fabricated_logprobs_fail(rig):
