@@ -4,7 +4,8 @@
 owns), at most `window` requests in flight per source, every request under a deadline. A
 source that serves a corrupt chunk, stalls or cannot be reached is reported to the hub and
 avoided; its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the
-last resort: a failed request to it (a busy hub queues requests) is retried.
+last resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are
+the core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
-from echo2p2p.relay import owners_of
+from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
 
 from .store import ChunkStore, Held, chunk_path
 from .tickets import Credentials, server_base
@@ -30,7 +31,6 @@ from .tickets import Credentials, server_base
 log = logging.getLogger(__name__)
 
 MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
-HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,6 @@ class TransferStats:
     bytes_from_hub: int
     bytes_from_peers: int
     sources: list[m.SourceRate]  # per peer we fetched from: bytes, first to last byte
-
-
-HUB = "hub"  # the source name of the hub in a Download
 
 
 class Download:
@@ -55,36 +52,28 @@ class Download:
         self.credentials = credentials  # None: a hub that issues no tickets
         self.hub_base_url, self.me, self.report = hub_base_url, me, report
         self.window, self.stall_s, self.replan_wait_s = window, stall_s, replan_wait_s
-        self.revision = 0
-        self._owners: list[str] = [HUB] * len(held.manifest.chunks)  # until `set_plan`
+        self.failover = Failover(len(held.manifest.chunks), me, replan_wait_s=replan_wait_s)
         self._urls: dict[str, str] = {HUB: hub_base_url}
-        self._failed: dict[str, float] = {}  # source -> when it failed
-        self._hub_retry_at = 0.0
         self._changed = asyncio.Event()
         self._bytes: Counter[str] = Counter()
         self._span: dict[str, tuple[float, float]] = {}  # source -> (first byte, last byte)
 
+    @property
+    def revision(self) -> int:
+        """The relay plan revision followed (0 until `set_plan`)."""
+        return self.failover.revision
+
     def set_plan(self, plan: m.RelayPlan) -> None:
         """Take a newer revision of the plan; chunks not yet requested follow it."""
-        if plan.revision <= self.revision:
+        if plan.revision <= self.failover.revision:
             return
-        try:
-            owners = owners_of(plan)
-        except ValueError as exc:
-            log.warning("ignoring a relay plan for v%d: %s", plan.version, exc)
-            return
-        if len(owners) != len(self._owners):
-            log.warning("ignoring a relay plan for v%d: wrong chunk count", plan.version)
-            return
-        self.revision = plan.revision
-        ids = [HUB if o == m.HUB_OWNER or plan.sources[o].peer_id == self.me
-               else plan.sources[o].peer_id for o in owners]
-        for source in plan.sources:
-            if (base := server_base(source.url)) is not None:
-                self._urls[source.peer_id] = base
+        urls = {s.peer_id: base for s in plan.sources if (base := server_base(s.url)) is not None}
         # A source without a usable URL cannot be asked: its chunks come from the hub.
-        ids = [HUB if i not in self._urls else i for i in ids]
-        self._owners = ids
+        ignored = self.failover.plan(plan, set(self._urls) | set(urls))
+        if ignored is not None:
+            log.warning("ignoring a relay plan for v%d: %s", plan.version, ignored)
+            return
+        self._urls.update(urls)
         self._changed.set()
 
     async def run(self) -> TransferStats:
@@ -99,7 +88,7 @@ class Download:
             while missing:
                 now = time.monotonic()
                 for i in sorted(missing - {i for i, _ in in_flight.values()}):
-                    source = self._route(i, now)
+                    source = self.failover.route(i, now)
                     if source is not None and load[source] < self.window:
                         load[source] += 1
                         in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
@@ -120,9 +109,8 @@ class Download:
                     elif source == HUB:
                         log.warning("the hub did not serve chunk %d of v%d (%s); retrying", i,
                                     manifest.version, fault)
-                        self._hub_retry_at = time.monotonic() + HUB_RETRY_S
-                    elif source not in self._failed:
-                        self._failed[source] = time.monotonic()
+                        self.failover.failed(source, time.monotonic())
+                    elif self.failover.failed(source, time.monotonic()):
                         log.warning("source %s %s on v%d; reporting it", source, fault,
                                     manifest.version)
                         await self.report(m.RelayReport(manifest.version, source, fault, i,
@@ -136,16 +124,6 @@ class Download:
             sum(n for s, n in self._bytes.items() if s != HUB),
             [m.SourceRate(s, n, round(self._span[s][1] - self._span[s][0], 4))
              for s, n in self._bytes.items() if s != HUB])
-
-    def _route(self, index: int, now: float) -> str | None:
-        """Whom to ask for chunk `index` now; None to wait for the hub's next plan."""
-        owner = self._owners[index]
-        failed_at = self._failed.get(owner)
-        if failed_at is not None:
-            owner = HUB if now - failed_at > self.replan_wait_s else None
-        if owner == HUB and now < self._hub_retry_at:
-            return None
-        return owner
 
     async def _fetch(self, index: int, source: str) -> str | None:
         """Fetch chunk `index` from `source` and verify it: None once it is in, else the fault

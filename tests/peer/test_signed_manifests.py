@@ -45,16 +45,17 @@ async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
         peer = PeerClient(PeerConfig(hub_url=run.url, hub_key=other))
         async with aiohttp.ClientSession() as http:
             with pytest.raises(RemoteProtocolError, match="pinned"):
-                await peer._connection(http)
+                await peer.serve_connection(http)
         pinned = PeerClient(PeerConfig(hub_url=run.url, hub_key=run.hub.hub_key.hex()))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(pinned.run(stop))
-            deadline = asyncio.get_running_loop().time() + 60
-            while pinned.version is None:  # the signed v0 arrives, verifies and is swapped in
-                assert asyncio.get_running_loop().time() < deadline, "v0 never swapped in"
-                await asyncio.sleep(0.05)
-            stop.set()
+            try:  # the signed v0 arrives, verifies and is swapped in
+                await asyncio.wait_for(pinned.wait_version(0), 60)
+            except TimeoutError:
+                raise AssertionError("v0 never swapped in") from None
+            finally:
+                stop.set()
     assert pinned.version == 0
 
 
@@ -90,7 +91,7 @@ async def test_peer_rejects_an_unsigned_manifest():
 
     async with fake_hub(impostor) as url, aiohttp.ClientSession() as http:
         peer = PeerClient(PeerConfig(hub_url=url))
-        assert await peer._connection(http)  # welcomed, then it hangs up on the manifest
+        assert await peer.serve_connection(http)  # welcomed, then it hangs up on the manifest
     assert closed == [(m.CLOSE_PROTOCOL_ERROR, "")]
     assert peer.version is None
 
@@ -121,5 +122,5 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(signer):
     async with fake_hub(impostor) as url, aiohttp.ClientSession() as http:
         peer = PeerClient(PeerConfig(hub_url=url, hub_key=signing.public_key(real).hex()))
         with pytest.raises(RemoteProtocolError, match="cannot prove"):
-            await peer._connection(http)
+            await peer.serve_connection(http)
     assert peer.welcome is None and peer.engine is None

@@ -1,0 +1,90 @@
+"""Download failover: whom a peer asks for each chunk of one version, and what it does when a
+source fails. Pure: no sockets, no clock (`now` is an argument), no chunk bytes.
+
+Theory of operation. Each chunk has an owner in the hub's relay plan: a peer's id, or `HUB`
+(the hub itself, also for the chunks this peer owns). A chunk is asked of its owner. When a
+peer source fails (a corrupt chunk, a stall, unreachable) it is reported to the hub once and
+avoided: its chunks wait `replan_wait_s` for the hub's next plan revision (which re-deals
+them), then come from the hub. The hub is the last resort and is never avoided: a failed
+request to it (a busy hub queues requests) holds every hub-routed chunk for `hub_retry_s`,
+then they are asked again.
+
+The shell (`echo2p2p.overlay.download.Download`) runs the requests, reads the clock and feeds
+`route`, `plan` and `failed` here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import messages as m
+from .relay import owners_of
+
+HUB = "hub"  # the source name of the hub
+HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
+
+
+@dataclass(frozen=True)
+class FailoverStats:
+    revision: int  # the plan revision followed (0: none yet, everything from the hub)
+    failed_sources: tuple[str, ...]  # peer sources reported and avoided, first failed first
+    hub_failures: int  # failed requests to the hub (each one retried)
+
+
+class Failover:
+    """The routing table of one download: chunk -> source, and the faults seen so far."""
+
+    def __init__(self, n_chunks: int, me: str, *, replan_wait_s: float = 3.0,
+                 hub_retry_s: float = HUB_RETRY_S):
+        self.n_chunks, self.me = n_chunks, me
+        self.replan_wait_s, self.hub_retry_s = replan_wait_s, hub_retry_s
+        self.revision = 0
+        self.owners: list[str] = [HUB] * n_chunks  # until a plan arrives
+        self._failed: dict[str, float] = {}  # peer source -> when it failed
+        self._hub_retry_at = float("-inf")
+        self._hub_failures = 0
+
+    def plan(self, plan: m.RelayPlan, reachable: set[str]) -> str | None:
+        """Follow a newer revision of the relay plan (chunks not yet requested follow it).
+        `reachable`: the peer sources we have a usable URL for; the chunks of any other come
+        from the hub. Returns None if taken or already past this revision, else why it was
+        ignored (a plan that does not fit this manifest)."""
+        if plan.revision <= self.revision:
+            return None
+        try:
+            owners = owners_of(plan)
+        except ValueError as exc:
+            return str(exc)
+        if len(owners) != self.n_chunks:
+            return "wrong chunk count"
+        ids = [HUB if o == m.HUB_OWNER or plan.sources[o].peer_id == self.me
+               else plan.sources[o].peer_id for o in owners]
+        self.revision = plan.revision
+        self.owners = [i if i in reachable else HUB for i in ids]
+        return None
+
+    def route(self, index: int, now: float) -> str | None:
+        """Whom to ask for chunk `index` now; None to wait (for the hub's next plan, or for the
+        hub's retry time)."""
+        owner = self.owners[index]
+        failed_at = self._failed.get(owner)
+        if failed_at is not None:
+            owner = HUB if now - failed_at > self.replan_wait_s else None
+        if owner == HUB and now < self._hub_retry_at:
+            return None
+        return owner
+
+    def failed(self, source: str, now: float) -> bool:
+        """A request to `source` failed at `now`. True when the hub must be told (the first
+        fault of a peer source); the hub's own failures only delay its next request."""
+        if source == HUB:
+            self._hub_failures += 1
+            self._hub_retry_at = now + self.hub_retry_s
+            return False
+        if source in self._failed:
+            return False
+        self._failed[source] = now
+        return True
+
+    def statistics(self) -> FailoverStats:
+        return FailoverStats(self.revision, tuple(self._failed), self._hub_failures)

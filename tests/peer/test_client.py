@@ -1,0 +1,71 @@
+"""The PeerClient's waiting functions and statistics, against a real hub on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import FrozenInstanceError, replace
+
+import pytest
+
+from echo2p2p.hub.versions import blob_version
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.connection import Backoff
+
+from tests.conftest import tracker
+
+
+def relay_peer(url: str) -> PeerClient:
+    """A peer that needs no model: it joins, holds and serves versions."""
+    return PeerClient(PeerConfig(hub_url=url, engine="relay", listen="", name="waits"))
+
+
+async def test_waits_follow_the_connection_and_the_versions_held():
+    """wait_welcomed / wait_connected return once joined; wait_version(v) once v (or newer) is
+    held, at once when it already is; statistics() counts the connection and the bytes."""
+    async with tracker() as (hub, key, url, _):
+        peer = relay_peer(url)
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peer.run(stop))
+            try:
+                await asyncio.wait_for(peer.wait_welcomed(), 30)
+                await asyncio.wait_for(peer.wait_connected(), 30)
+                waiting = tg.create_task(peer.wait_version(1))
+                hub.publish(blob_version(key, 0, b"\1" * 40_000))
+                await asyncio.wait_for(peer.wait_version(0), 30)
+                assert peer.version == 0 and not waiting.done()
+                hub.publish(blob_version(key, 1, b"\2" * 40_000))
+                await asyncio.wait_for(waiting, 30)
+                await asyncio.wait_for(peer.wait_version(0), 1)  # held already: no wait
+            finally:
+                stop.set()
+    s = peer.statistics()
+    assert (s.connections, s.version, s.versions_loaded, s.submitted) == (1, 1, 0, 0)
+    assert s.downloaded_bytes > 0
+    with pytest.raises(FrozenInstanceError):
+        s.version = 2  # type: ignore[misc]
+
+
+async def test_wait_connected_waits_for_a_hub():
+    """With no hub to reach, neither wait returns; the peer keeps retrying until stopped."""
+    peer = PeerClient(replace(PeerConfig(hub_url="ws://127.0.0.1:9/ws", engine="relay",
+                                         listen=""), reconnect_max_s=0.2))
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(peer.run(stop))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(peer.wait_connected(), 1.0)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(peer.wait_welcomed(), 0.1)
+        stop.set()
+    assert peer.statistics().connections == 0 and peer.welcome is None
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_when_reset():
+    """Delays in [half, all] of 0.5, 1, 2, 4, then the cap; reset starts at 0.5 again."""
+    backoff = Backoff(max_s=4.0)
+    for full in (0.5, 1.0, 2.0, 4.0, 4.0, 4.0):
+        assert full / 2 <= backoff.delay() <= full
+    backoff.reset()
+    assert 0.25 <= backoff.delay() <= 0.5
