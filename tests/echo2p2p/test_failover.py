@@ -1,0 +1,114 @@
+"""Download failover as pure code: owners by plan, failed sources wait then go to the hub, the
+hub is retried after a pause. Synchronous, with explicit `now`."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, strategies as st
+
+from echo2p2p import messages as m
+from echo2p2p.failover import HUB, Failover
+
+
+def plan(owners: list[int], peers: list[str], revision: int = 1, version: int = 1) -> m.RelayPlan:
+    sources = [m.RelaySource(p, f"http://{p}:1") for p in peers]
+    return m.RelayPlan(version, None, revision, sources, struct.pack(f"<{len(owners)}I", *owners))
+
+
+H = m.HUB_OWNER
+
+
+def test_everything_comes_from_the_hub_until_a_plan_arrives():
+    """No plan yet: every chunk is routed to the hub."""
+    f = Failover(3, "me")
+    assert [f.route(i, 0.0) for i in range(3)] == [HUB, HUB, HUB]
+    assert f.statistics().revision == 0
+
+
+def test_chunks_follow_their_owner_and_ours_come_from_the_hub():
+    """A peer's chunks are asked of it; the hub's and our own are asked of the hub."""
+    f = Failover(4, "me", replan_wait_s=3.0)
+    assert f.plan(plan([0, 1, H, 0], ["a", "me"]), {"a"}) is None
+    assert [f.route(i, 0.0) for i in range(4)] == ["a", HUB, HUB, "a"]
+
+
+def test_a_source_without_a_usable_url_is_replaced_by_the_hub():
+    """A source we cannot reach (no URL) has its chunks fetched from the hub."""
+    f = Failover(2, "me")
+    f.plan(plan([0, 1], ["a", "b"]), {"a"})
+    assert [f.route(i, 0.0) for i in range(2)] == ["a", HUB]
+
+
+def test_only_newer_plans_that_fit_are_taken():
+    """An older or equal revision changes nothing; a wrong chunk count or a bad owner is
+    ignored, with the reason."""
+    f = Failover(2, "me")
+    f.plan(plan([0, 0], ["a"], revision=2), {"a"})
+    assert f.plan(plan([1, 1], ["a", "b"], revision=2), {"a", "b"}) is None
+    assert f.route(0, 0.0) == "a"
+    assert f.plan(plan([0, 0, 0], ["b"], revision=3), {"b"}) == "wrong chunk count"
+    assert f.plan(plan([5, 0], ["b"], revision=3), {"b"}) is not None
+    assert f.route(0, 0.0) == "a" and f.revision == 2
+
+
+def test_a_failed_source_is_reported_once_waits_for_a_replan_then_goes_to_the_hub():
+    """First fault: report it. Its chunks wait `replan_wait_s` for a new plan, then come from
+    the hub; a new plan that re-deals them is followed at once."""
+    f = Failover(2, "me", replan_wait_s=3.0)
+    f.plan(plan([0, 1], ["a", "b"]), {"a", "b"})
+    assert f.failed("a", 10.0) is True
+    assert f.failed("a", 11.0) is False  # reported once
+    assert f.route(0, 12.0) is None and f.route(1, 12.0) == "b"
+    assert f.route(0, 13.5) == HUB
+    f.plan(plan([1, 1], ["a", "b"], revision=2), {"a", "b"})
+    assert f.route(0, 12.0) == "b"
+    assert f.statistics().failed_sources == ("a",)
+
+
+def test_the_hub_is_retried_after_a_pause_never_avoided():
+    """A failed hub request is not reported; hub-routed chunks wait `hub_retry_s`, then go
+    to the hub again."""
+    f = Failover(2, "me", hub_retry_s=1.0)
+    f.plan(plan([H, 0], ["a"]), {"a"})
+    assert f.failed(HUB, 5.0) is False
+    assert f.route(0, 5.5) is None and f.route(1, 5.5) == "a"
+    assert f.route(0, 6.0) == HUB
+    assert f.statistics().hub_failures == 1
+
+
+def test_a_failed_source_past_the_wait_still_respects_the_hub_pause():
+    """A failed peer's chunks go to the hub only when the hub is not paused."""
+    f = Failover(1, "me", replan_wait_s=1.0, hub_retry_s=1.0)
+    f.plan(plan([0], ["a"]), {"a"})
+    f.failed("a", 0.0)
+    f.failed(HUB, 1.5)
+    assert f.route(0, 2.0) is None
+    assert f.route(0, 2.5) == HUB
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", HUB]), st.floats(0, 100)), max_size=20),
+       st.floats(0, 200))
+def test_a_chunk_goes_only_to_a_healthy_source_or_the_hub(faults, now):
+    """Whatever failed when: a chunk is asked of its owner only if that owner never failed,
+    of the hub only outside its pause, else it waits (a model kept here)."""
+    f = Failover(2, "me", replan_wait_s=3.0, hub_retry_s=1.0)
+    f.plan(plan([0, 1], ["a", "b"]), {"a", "b"})
+    failed_at: dict[str, float] = {}
+    hub_pause_until = float("-inf")
+    for source, at in sorted(faults, key=lambda x: x[1]):
+        reported = f.failed(source, at)
+        if source == HUB:
+            hub_pause_until = at + 1.0
+            assert not reported
+        else:
+            assert reported == (source not in failed_at)
+            failed_at.setdefault(source, at)
+    for i, owner in enumerate(["a", "b"]):
+        route = f.route(i, now)
+        if owner not in failed_at:
+            assert route == owner
+        elif now - failed_at[owner] <= 3.0 or now < hub_pause_until:
+            assert route is None
+        else:
+            assert route == HUB
