@@ -33,7 +33,7 @@ from echo2p2p.rows import SampleRow, parse_samples
 from .config import HubConfig
 from .durable import group_to_wire
 from .peers import PeerConn
-from .pool import Pool
+from echo2p2p.pool import Pool
 from .quarantine import TrustGuard
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for

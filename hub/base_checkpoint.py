@@ -1,7 +1,7 @@
 """Make the shipped base checkpoint of the built-in model: `python -m echo2p2p.hub.base_checkpoint`.
 
-Builds the character tokenizer and the tiny Qwen3 (peer/model.py), then runs a short supervised
-warm-up on the AdditionTask train split (loss on the answer and EOS only). The warm-up targets
+Builds the character tokenizer and the tiny Qwen3 (echo2p2p/policy/model.py), then runs a short
+supervised warm-up on the AdditionTask train split (loss on the answer and EOS only). The warm-up targets
 come in two styles: the bare answer "87" and, with probability `--hedge-fraction`, a hedged
 "87?" that the task's verifier counts as wrong. The result knows most sums but mostly answers in
 the wrong style, the way a pretrained model knows the maths before RL teaches it the answer
@@ -101,7 +101,7 @@ def warm_up(model, tokenizer, task, *, target_competence: float, hedge_fraction:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="output directory (default: peer/assets/tiny-base)")
+    ap.add_argument("--out", default=None, help="output directory (default: echo2p2p/policy/assets/tiny-base)")
     ap.add_argument("--seed", type=int, default=0, help="model init and batch order seed")
     ap.add_argument("--task-seed", type=int, default=0, help="AdditionTask seed (hub default: 0)")
     ap.add_argument("--target-competence", type=float, default=0.8,

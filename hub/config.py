@@ -13,7 +13,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
 
-from .pool import POLICIES
+from echo2p2p.pool import POLICIES
 
 DEFAULT_PORT = 8765
 

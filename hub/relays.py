@@ -23,6 +23,7 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
+from echo2p2p.overlay.download import MIN_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.relay import Broadcast
@@ -36,7 +37,6 @@ PROBE_TIMEOUT_S = 5.0  # an advertised chunk server must answer the hub's probe 
 PROBE_ATTEMPTS = 3  # probes before a server that does not answer stays a leaf
 PROBE_RETRY_S = 2.0  # between probe attempts
 FETCH_WAIT_S = 10.0  # how long the accused may long-poll for the contested chunk
-MIN_RATE_BYTES_S = 256 << 10  # as peer.relay: slower than this counts as a stall
 CHECKS_AT_ONCE = 8  # hub-side probes and fetches in flight; more wait their turn
 MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
 

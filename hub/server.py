@@ -1,18 +1,16 @@
 """The hub's network shell: one websocket per peer, a frame pump around the core.
 
-Each connection's handler (`handle_ws`) reads a frame and feeds it to the peer's
-`echo2p2p.hub_protocol.HubProtocol` (validation, the state table, credits, versions held),
-which returns an event; a table sends each kind of event to the part of the hub it concerns:
-lease requests to `dispatch`, rollouts to `hub.admission.Admission`, transfer reports to the
-`hub.tracker.VersionTracker`, relay reports to `hub.relays.RelayJudge`. Replies never wait on a
-socket: they go into the peer's outbox, which a writer task drains under a deadline
-(`hub.peers`), so one peer that stops reading is closed instead of stalling the others. Another
-task per connection sends heartbeats. A misbehaving peer is closed with a code and a short
-reason; nothing it sends reaches the learner unvalidated or stops the other peers.
+`handle_ws` feeds each frame to the peer's `echo2p2p.hub_protocol.HubProtocol` (validation,
+the state table, credits, versions held), which returns an event; a table sends each kind to
+the part it concerns: lease requests to `dispatch`, rollouts to `hub.admission.Admission`,
+transfer reports to `hub.tracker.VersionTracker`, relay reports to `hub.relays.RelayJudge`.
+Replies go into the peer's outbox, drained by a writer task under a deadline (`hub.peers`), so
+a peer that stops reading is cut off instead of stalling the others. A misbehaving peer is
+closed with a code and a short reason; nothing it sends reaches the learner unvalidated.
 
 `Hub` wires the parts (lease book, buffer, tracker, admission, trust guard, activation pool,
-relay judge, tokens) and grants leases. The learner loop lives in `echo2p2p.hub.trainer`; it
-calls `publish`, `dispatch`, `wait_batch` and `finish_step` here.
+relay judge, tokens) and grants leases. The learner loop (`echo2p2p.hub.trainer`) calls
+`wait_batch`, `finish_step`, `publish`, `dispatch` and `checkpoint` here.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.overlay.tickets import Credentials
+from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_budget, lease_min_version
 from echo2p2p.tasks import Problem
@@ -45,7 +44,6 @@ from .checkpoint import hub_state, restore_hub
 from .counters import Changes, Counters, HubStatistics
 from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
-from .pool import Pool
 from .quarantine import TrustGuard
 from .relays import RelayCheck, RelayJudge
 from .tokens import TokenBook, join_refusal
@@ -134,10 +132,8 @@ class Hub:
     broadcasts = property(lambda self: self.tracker.broadcasts)
     propagation = property(lambda self: self.tracker.propagation)
     newest: Published | None = property(lambda self: self.tracker.newest)  # type: ignore[assignment]
-    _checks = property(lambda self: self.admission.judging)  # submissions being judged
 
-    def publish(self, version: Published) -> None:
-        """Make `version` the newest and announce it to every peer, with a relay plan."""
+    def publish(self, version: Published) -> None:  # newest now, announced with a relay plan
         self.tracker.publish(version)
 
     # --- learner-facing --------------------------------------------------------------
@@ -191,7 +187,7 @@ class Hub:
         return _now()
 
     def replan(self, required: float | None) -> None:
-        """Re-choose the active peers for `required` rollouts/s (None: all; see hub.pool).
+        """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).
         Called by the learner loop every step (drift) and here on join and leave."""
         activated, standby = self.pool.replan(required, _now())
         if not (activated or standby):
@@ -384,8 +380,12 @@ class Hub:
         if self.journal is not None:
             self.journal.write([kind, *record])
 
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the hub, as plain data (see hub.checkpoint)."""
+    def checkpoint(self, journal: Journal | None) -> dict[str, Any]:
+        """What a checkpoint keeps of the hub, as plain data (see hub.checkpoint); from now on
+        its changes go to `journal` (the last one closed): in one go, so none falls between."""
+        if self.journal is not None:
+            self.journal.close()
+        self.journal = journal
         return hub_state(self.run_id, self.step, self._next_peer, self.leases, self.buffer,
                          self.trust)
 

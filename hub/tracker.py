@@ -23,7 +23,7 @@ from echo2p2p.relay import Broadcast, Member
 
 from .config import HubConfig
 from .peers import PeerConn
-from .pool import Pool
+from echo2p2p.pool import Pool
 from .versions import Published, Snapshot
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side

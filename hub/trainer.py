@@ -107,10 +107,7 @@ class HubRun:
         then write the checkpoint in a worker thread while peers are served. The learner is
         idle meanwhile: the loop calls this between steps. The step is the hub's state's."""
         number = self.checkpoints.next_number()
-        state = self.hub.state()
-        if self.hub.journal is not None:
-            self.hub.journal.close()
-        self.hub.journal = self.checkpoints.journal(number)
+        state = self.hub.checkpoint(self.checkpoints.journal(number))
         learner = {"model": self.learner.model.state_dict(),
                    "optimizer": self.learner.optimizer.state_dict()}
         start = time.perf_counter()
@@ -245,8 +242,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
         eval_scorer.close()
         if hub.scorer is not None:
             hub.scorer.close()  # serve() closed it already, unless it never started serving
-        if hub.journal is not None:
-            hub.journal.close()
+        hub.checkpoint(None)  # closes the journal
         runlog.close()
 
 

@@ -102,6 +102,10 @@ class ChunkStore:
         """The newest version whose whole stream is here."""
         return max(self._streams, default=None)
 
+    def stream(self, version: int) -> memoryview | None:
+        """The verified raw stream of `version`, if this store still keeps it whole."""
+        return self._streams.get(version)
+
     async def chunk(self, version: int, base: int | None, index: int, wait_s: float) -> bytes | None:
         """Chunk `index` of manifest (version, base): its bytes, None if it did not arrive within
         `wait_s`, GONE if this peer no longer keeps that version."""

@@ -13,7 +13,7 @@ import asyncio
 from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.peers import PeerConn
-from echo2p2p.hub.pool import Pool
+from echo2p2p.pool import Pool
 from echo2p2p.hub.tracker import VersionTracker
 from echo2p2p.hub.versions import blob_version
 from echo2p2p.hub_protocol import HubProtocol

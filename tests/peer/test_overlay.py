@@ -69,7 +69,7 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) for c in [*relays, leaf])
-        assert all(bytes(c.store._streams[1]) == data for c in [*relays, leaf])
+        assert all(bytes(c.store.stream(1)) == data for c in [*relays, leaf])
         assert leaf.served_url is None and leaf.meter.served_bytes == 0
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 5 and record["t100_s"] is not None
@@ -105,7 +105,7 @@ async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
             peers.kill(victim)
             survivors = [c for c in relays if c is not victim]
             await wait_until(lambda: propagation(records, 1))
-            assert all(holds(c, 1) and bytes(c.store._streams[1]) == data for c in survivors)
+            assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in survivors)
     record = propagation(records, 1)
     assert record["complete"]
     assert sum(b.revision for k, b in hub.broadcasts.items() if k[0] == 1) >= 2  # re-dealt
@@ -130,7 +130,7 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
         await joined(hub, 4)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
-        assert all(holds(c, 1) and bytes(c.store._streams[1]) == data for c in relays[1:])
+        assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in relays[1:])
     reports = hub.counters.relay_reports
     bad_id = next(pid for pid, n in reports if n == "corrupt")
     assert reports[(bad_id, "corrupt")] >= 1 and {pid for pid, _ in reports} == {bad_id}
@@ -155,10 +155,10 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
             p.stream_version == 1 for p in hub.peers.values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 2))
-        assert all(bytes(c.store._streams[2]) == v2 for c in relays)
+        assert all(bytes(c.store.stream(2)) == v2 for c in relays)
         async with Peers(url, 1) as (late,):
             await wait_until(lambda: holds(late, 2))
-            assert bytes(late.store._streams[2]) == v2
+            assert bytes(late.store.stream(2)) == v2
     record = propagation(records, 2)
     assert record["peers_on_delta"] == 3 and record["complete"]
     assert record["delta_wire_bytes"] < record["full_wire_bytes"] / 5
@@ -188,5 +188,5 @@ async def test_a_failing_hub_request_is_retried_not_fatal():
             await joined(hub, 1)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
             await wait_until(lambda: holds(peer, 1))
-            assert bytes(peer.store._streams[1]) == data
+            assert bytes(peer.store.stream(1)) == data
     assert len(refused) == len(data) // CHUNK

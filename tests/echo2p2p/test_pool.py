@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo2p2p.hub.pool import Pool
+from echo2p2p.pool import Pool
 
 
 def joined(pool: Pool, now: float = 0.0, **peers: tuple[float, float]) -> None:
