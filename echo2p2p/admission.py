@@ -42,7 +42,7 @@ def decide_submission(outcome: Completion, lease_open: bool, quarantined: bool,
 
     `outcome`/`lease_open`: what closing its lease gave (`LeaseBook.complete`); `quarantined`:
     its peer is; `unpublished`: it claims a version the hub never published (see
-    `PeerProtocol.claims_unpublished`); `step`: the learner's; `can_score`: the hub has the
+    `HubProtocol.claims_unpublished`); `step`: the learner's; `can_score`: the hub has the
     run's tokenizer to score token ids with."""
     if outcome is Completion.DUPLICATE:
         return Decision(Action.ACK_DUPLICATE)

@@ -2,9 +2,10 @@
 
 A peer sends each completion packed (`messages.Sample`: little-endian uint32 ids, float32
 behaviour logprobs). `parse_samples` checks a submission's samples and makes them `SampleRow`s
-(ids and logprobs as tuples, unpacked when read), or says why it cannot (a reason word the hub answers with a `Reject`, never an exception). Every row
-it returns holds: at least one id, one finite behaviour logprob <= MAX_LOGPROB per id, and every
-id below the vocabulary size it was given. The learner and the spot-check take rows as they
+(ids and logprobs as tuples, unpacked when read), or says why it cannot (a reason word the hub
+answers with a `Reject`, never an exception). Every row it returns holds: at least one id, one
+finite behaviour logprob <= MAX_LOGPROB per id, and every id below the vocabulary size it was
+given. The learner and the spot-check take rows as they
 are and never re-validate them; the journal and checkpoints store them (`echo2p2p.hub.durable`).
 
 Pure: no clock, no files, no tensors. Knows nothing of tokenizers (the vocabulary size is a

@@ -7,8 +7,8 @@ rows as validated at admission; trust), written under
 pointer file, so a kill at any moment leaves the previous checkpoint whole. The signing key
 stays where it was made, `<run_dir>/hub_key`. Every change after a checkpoint (a peer id handed
 out, a lease granted, dropped or re-queued, a group admitted) is appended to
-`journal-NNNNNN.log` before the peer hears of it; a resumed hub loads the newest checkpoint and replays every journal from its number
-on, in order. A record torn by the kill is the last one, and is skipped: nothing was answered
+`journal-NNNNNN.log` before the peer hears of it; a resumed hub loads the newest checkpoint and
+replays every journal from its number on, in order. A record torn by the kill is the last one, and is skipped: nothing was answered
 for it, so the peer that sent it sends it again.
 
 Records are flushed to the OS, not fsynced (one fsync per admitted group would bound ingest by

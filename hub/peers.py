@@ -3,9 +3,9 @@
 What the protocol knows of the peer (session, credits, versions held and announced) lives in its
 `echo2p2p.hub_protocol.HubProtocol`; `PeerConn` adds what is I/O or the hub's own judgement:
 the websocket and transport, the outbox a writer task drains under a deadline (`write_outbox`),
-heartbeats (`keep_alive`), the chunk server URL and whether the hub reached it, the measured upload. `close_connection`
-says why and closes, and cuts a peer that cannot even take that. No lease or version decision
-is made here.
+heartbeats (`keep_alive`), the chunk server URL and whether the hub reached it, the measured
+upload. `close_connection` says why and closes, and cuts a peer that cannot even take that.
+No lease or version decision is made here.
 """
 
 from __future__ import annotations
