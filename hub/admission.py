@@ -2,14 +2,14 @@
 
 A submission's lease is closed (a duplicate is acknowledged again, an unknown or expired one
 rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
-forged tag; the staleness rule judges the version. Then one task per submission scores every
-sample from its token ids, decoded as the engines decode (`echo2p2p.completions`), with the
-task's verifier in the scorer's worker processes, off the event loop and under a deadline
-(`echo2p2p.scoring.scorer.Scorer`); the peer's text and reward are only checked against that. A share
-of submissions also have their behaviour logprobs recomputed under the claimed version
-(`echo2p2p.hub.spotcheck`). Nothing is acknowledged before it is judged. What is admitted is journaled
-(`echo2p2p.hub.durable`) before the peer hears of it, so a hub killed after the ack still has it when
-resumed.
+forged tag; the staleness rule judges the version. Then its samples are parsed once into rows
+(`echo2p2p.rows`), and one task per submission scores every sample from its token ids, decoded
+as the engines decode (`echo2p2p.completions`), with the task's verifier in the scorer's worker
+processes, off the event loop and under a deadline (`echo2p2p.scoring.scorer.Scorer`); the
+peer's text and reward are only checked against that. A share of submissions also have their
+behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`). Nothing is
+acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
+before the peer hears of it, so a hub killed after the ack still has it when resumed.
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
@@ -28,12 +28,12 @@ from echo2p2p import messages as m
 from echo2p2p.admission import Action, decide_submission
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.leases import LeaseBook
+from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
 
 from .config import HubConfig
 from .durable import group_to_wire
 from .peers import PeerConn
-from echo2p2p.pool import Pool
 from .quarantine import TrustGuard
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for

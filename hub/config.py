@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError
+from echo2p2p.pool import POLICIES
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
 
-from echo2p2p.pool import POLICIES
 
 DEFAULT_PORT = 8765
 

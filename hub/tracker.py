@@ -18,12 +18,12 @@ from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p.overlay.store import GONE
+from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
 from echo2p2p.relay import Broadcast, Member
 
 from .config import HubConfig
 from .peers import PeerConn
-from echo2p2p.pool import Pool
 from .versions import Published, Snapshot
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
