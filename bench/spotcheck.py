@@ -96,7 +96,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     def generate(engine, version: int):
         nonlocal draw
         p = next(problems)
-        ids = encode_prompt(tokenizer, p.prompt)
+        ids = encode_prompt(tokenizer, p.prompt, cfg.prompts)  # as the hub leases them
         draw += 1
         out = engine.generate(ids, cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=cfg.max_new_tokens, seed=draw)

@@ -149,7 +149,7 @@ class Welcome:
     TYPE: ClassVar[str] = "welcome"
     peer_id: str
     run_id: str
-    model: str  # built-in name, HF hub id or a path valid on the peer
+    model: str  # the model's name, for logs: never a path to open (its files: model_digest)
     task: str  # task kind, selects the reward function on the peer
     version: int  # newest published version; its announcement and relay plan follow
     max_lag: int  # S
@@ -161,6 +161,10 @@ class Welcome:
     hub_key: bytes = b""  # the hub's Ed25519 public key; every manifest is signed with it
     ticket: bytes = b""  # the hub's signature admitting (peer_id, peer_key) to run_id
     proof: bytes = b""  # the hub's signature over the hello's nonce, run_id, peer_id, peer_key
+    # The model's non-weight files: blake2b-256 of the exact bytes GET /model/ answers, and
+    # the hub's signature over it (signing.sign_model_files). Empty: an older hub.
+    model_digest: bytes = b""
+    model_signature: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ Event = LeaseGranted | RolloutAcked | RolloutRejected | VersionAnnounced | PlanR
 class Adoption:
     """What a welcome means for what the peer holds (applied by the shell, in this order)."""
 
-    build_model: str | None  # build an engine for this model (None: keep the engine we have)
+    build_model: str | None  # build an engine from the welcome's model files (this is the
+    # model's name, for logs; None: keep the engine we have)
     new_run: bool  # another run: drop the version, staged weights, store, leases and outbox
     resumed_behind: bool  # the hub resumed behind our version: drop it, newer rollouts, store
 
@@ -76,7 +77,8 @@ def adoption(previous: m.Welcome | None, welcome: m.Welcome, *, held_version: in
              has_engine: bool, relay: bool) -> Adoption:
     """Decide what `welcome` (after `previous`, None on the first) changes. A pure relay never
     builds an engine; a new engine holds no version, so it cannot be behind the hub."""
-    new_model = not has_engine or (previous is not None and previous.model != welcome.model)
+    new_model = not has_engine or (previous is not None and (
+        previous.model, previous.model_digest) != (welcome.model, welcome.model_digest))
     build = welcome.model if new_model and not relay else None
     version = None if build is not None else held_version
     new_run = previous is not None and previous.run_id != welcome.run_id

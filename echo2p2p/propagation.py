@@ -1,6 +1,9 @@
 """How one published version spread to the peers: the hub's propagation record, pure.
 
 A `Propagation` is opened when a version is published, with the peers expected to fetch it.
+It notes when each one finished the transfer and when it said it serves the version (or a newer
+one: a peer may skip a version) — its engine reloaded, so T_bcast as the paper defines it, the
+time until 90 % of peers can generate with the version, is `t_bcast_s`.
 Each peer's transfer report is believed only as far as the manifest could carry (`count`); the
 sources' upload rates follow from what receivers got over their median span; `record` is the
 run log's "propagation" record. No clock (times come in as arguments), no I/O, no peers' sockets.
@@ -25,7 +28,8 @@ class Propagation:
     version: int
     started: float
     expected: set[str]
-    done_after_s: dict[str, float] = field(default_factory=dict)
+    done_after_s: dict[str, float] = field(default_factory=dict)  # transfer finished
+    serving_after_s: dict[str, float] = field(default_factory=dict)  # engine reloaded
     bytes_from_hub: int = 0  # served by the hub's chunk route
     hub_sent_after_s: float = 0.0  # when the hub's last chunk of it went out
     bytes_from_peers: int = 0  # as the peers report
@@ -55,10 +59,12 @@ class Propagation:
         """The run log's "propagation" record (without the peers' upload rates), for a version
         of `full_wire_bytes` in full (0: no longer kept) and `delta_wire_bytes` as a delta."""
         size = full_wire_bytes
+        serving = propagation(list(self.serving_after_s.values()), len(self.expected))
         return {
             "event": "propagation", "version": self.version, "peers": len(self.expected),
             **propagation(list(self.done_after_s.values()), len(self.expected)),
             "done_s": round(max(self.done_after_s.values(), default=0.0), 3),
+            "serving": serving, "t_bcast_s": serving["t90_s"],
             "hub_sent_s": round(self.hub_sent_after_s, 3),
             "complete": complete, "full_wire_bytes": size,
             "delta_wire_bytes": delta_wire_bytes,

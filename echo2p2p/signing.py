@@ -84,6 +84,21 @@ def verify_welcome(hub_key: bytes, nonce: bytes, run_id: str, peer_id: str, peer
     return _verify(hub_key, proof, _welcome_bytes(nonce, run_id, peer_id, peer_key))
 
 
+def _model_files_bytes(index_digest: bytes) -> bytes:
+    return b"echo2p2p-model-files-v1\0" + index_digest
+
+
+def sign_model_files(private_key: bytes, index_digest: bytes) -> bytes:
+    """The hub's word that the model-files index hashing to `index_digest` (32 bytes,
+    `echo2p2p.model_index.index_digest`) is its model's: the index lists every file's digest,
+    so this vouches for every file, wherever a peer fetched it."""
+    return _sign(private_key, _model_files_bytes(index_digest))
+
+
+def verify_model_files(hub_key: bytes, index_digest: bytes, signature: bytes) -> bool:
+    return _verify(hub_key, signature, _model_files_bytes(index_digest))
+
+
 def _sign(private_key: bytes, data: bytes) -> bytes:
     return Ed25519PrivateKey.from_private_bytes(private_key).sign(data)
 

@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
     demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
     demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
+    demo.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                      help="the local peers' rollout engine (default: transformers); vllm runs "
+                           "them under the vLLM environment's Python (see --peer-python)")
+    demo.add_argument("--peer-python", metavar="PATH", default="",
+                      help="the Python the local peers run under (default: this one; with "
+                           "--engine vllm: $ECHO2_VLLM_PYTHON, else .venv-vllm/bin/python as "
+                           "made by .ci/vllm-env, else this one if it has vLLM)")
     serve.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue the run in RUN_DIR from its last checkpoint, with its saved "
                             "config (flags given here override it)")
@@ -82,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo" and args.peers < 1:
         print("echo2-hub: --peers must be >= 1", file=sys.stderr)
         return 2
-    from .demo import run_demo, run_serve
+    from .demo import peer_python, run_demo, run_serve
 
-    coro = run_demo(cfg, args.peers) if args.command == "demo" else run_serve(cfg, args.resume)
+    if args.command == "demo":
+        try:
+            python = peer_python(args.engine, args.peer_python)
+        except ConfigError as exc:
+            print(f"echo2-hub: {exc}", file=sys.stderr)
+            return 2
+        coro = run_demo(cfg, args.peers, engine=args.engine, python=python)
+    else:
+        coro = run_serve(cfg, args.resume)
     try:
         return process.run(coro)
     except KeyboardInterrupt:

@@ -6,13 +6,17 @@ Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass
 
 from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError
+from echo2p2p.policy.prompts import MODES as PROMPT_FORMATS
+from echo2p2p.policy.prompts import PromptFormat
 from echo2p2p.pool import POLICIES
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import check_schedule, default_publish_every
+from echo2p2p.tasks import ANSWER_FORMATS
 
 
 DEFAULT_PORT = 8765
@@ -27,7 +31,40 @@ class HubConfig:
     model: str = "tiny"
     """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory."""
     task: str = "addition"
-    """Task: "addition" (built-in) or a path to a JSONL file with question/answer fields."""
+    """Task: "addition" (built-in) or a path to a JSONL file with question/answer fields
+    (leave it when --dataset names the task)."""
+    dataset: str = ""
+    """A Hugging Face dataset as the task, read offline with the `datasets` library (pip install
+    'echo2p2p[data]'): a local .parquet, .jsonl/.json, .csv or .arrow file, a folder of them or
+    one written by `save_to_disk`, or a dataset name ("openai/gsm8k") already in the local
+    Hugging Face cache (never downloaded). Scored by math-verify ('' = --task)."""
+    dataset_config: str = ""
+    """The dataset's configuration, for datasets that have several ("main" of openai/gsm8k)."""
+    dataset_split: str = "train"
+    """Split of --dataset to train on (a single file is the split "train")."""
+    dataset_eval_split: str = ""
+    """Split of --dataset held out for evaluation ("test"); '' = hold out --eval-problems rows of
+    --dataset-split (seeded; at most half of it), never trained on."""
+    dataset_question_field: str = "question"
+    """Column of --dataset holding the question; the prompt is the question and a line asking
+    for the answer in \\boxed{}."""
+    dataset_answer_field: str = "answer"
+    """Column of --dataset holding the answer, or a worked solution that ends in it."""
+    answer_format: str = "auto"
+    """How the gold answer is taken from --dataset-answer-field: gsm8k (the text after the last
+    "####"), math (the content of the last \\boxed{...}, as in MATH solutions), plain (the whole
+    field) or auto (gsm8k if it holds "####", else math if it holds \\boxed{, else plain).
+    Rows without an answer in that format are skipped and counted in the log."""
+    prompt_format: str = "auto"
+    """How prompt text becomes token ids: chat (the tokenizer's chat template renders it as the
+    user message, then the assistant's turn is opened; start-up fails if it has no template),
+    plain (the text as is, no special tokens) or auto (chat when the tokenizer has a template).
+    The hub leases the ids: peers, learner, evaluation and spot-checks all see the same ones."""
+    system_prompt: str = ""
+    """System message rendered before every prompt by the chat template ('' = none)."""
+    chat_template_args: str = ""
+    """JSON object of variables for the chat template, as the model documents them, e.g.
+    '{"enable_thinking": false}' turns Qwen3's thinking off ('' = none)."""
     max_lag: int = 2
     """S, the staleness bound: step t trains on version x only if t - x <= S. Higher S: more
     overlap of generation and training, more off-policy noise. 0 = synchronous."""
@@ -100,8 +137,9 @@ class HubConfig:
     spot_check_fraction: float = 0.05
     """Share of rollout groups whose behaviour logprobs the hub recomputes under the version the
     peer claims (0 = off, 1 = every group); a mismatch counts against the peer's trust. Costs
-    one forward per checked group, a model copy, and the last S + 1 published versions in CPU
-    RAM: (S + 1) x parameters x 2 bytes in bf16, ~42 GB for a 7B model at S = 2."""
+    one forward per checked group, an fp32 model copy (4 bytes a parameter) and the last S + 1
+    published versions, kept on disk in <run_dir>/versions and memory-mapped: (S + 1) x
+    parameters x 2 bytes in bf16 of files (~42 GB for a 7B model at S = 2), not of RAM."""
     spot_check_tokens: int = 0
     """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
     at the last drawn position, less evidence per check; the memory stays the same."""
@@ -184,11 +222,52 @@ class HubConfig:
         if not self.spot_check_tolerance > 0:
             raise ConfigError("spot_check_tolerance", f"must be > 0, got {self.spot_check_tolerance}")
         check_schedule(self.max_lag, self.kappa)
+        self._check_task()
+        self.prompts  # noqa: B018 - validates prompt_format and chat_template_args
+
+    def _check_task(self) -> None:
+        """The dataset fields: the names the task needs, and only with a dataset."""
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ConfigError("answer_format", f"one of {', '.join(ANSWER_FORMATS)}, got "
+                                               f"{self.answer_format!r}")
+        if not self.dataset:
+            for name in ("dataset_config", "dataset_eval_split"):
+                if getattr(self, name):
+                    raise ConfigError(name, "only applies with --dataset")
+            return
+        if self.task != "addition":
+            raise ConfigError("dataset", f"--task {self.task!r} and --dataset {self.dataset!r} "
+                                         f"both name the task: set one of them")
+        for name in ("dataset_split", "dataset_question_field", "dataset_answer_field"):
+            if not getattr(self, name):
+                raise ConfigError(name, "must name a split or column of --dataset, got ''")
+        if self.dataset_eval_split == self.dataset_split:
+            raise ConfigError("dataset_eval_split", f"is --dataset-split {self.dataset_split!r} "
+                              f"too: name another split, or '' to hold out rows of it")
 
     @property
     def kappa(self) -> int:
         """The publication period actually used."""
         return self.publish_every or default_publish_every(self.max_lag)
+
+    @property
+    def prompts(self) -> PromptFormat:
+        """How prompts are rendered (`echo2p2p.policy.prompts`); check it against the
+        tokenizer at start-up."""
+        args = {}
+        if self.chat_template_args:
+            try:
+                args = json.loads(self.chat_template_args)
+            except json.JSONDecodeError as e:
+                raise ConfigError("chat_template_args", f"not JSON ({e.msg}): write a JSON "
+                                  f"object such as '{{\"enable_thinking\": false}}'") from None
+            if not isinstance(args, dict):
+                raise ConfigError("chat_template_args", f"must be a JSON object, got "
+                                                        f"{self.chat_template_args!r}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ConfigError("prompt_format", f"one of {', '.join(PROMPT_FORMATS)}, got "
+                                               f"{self.prompt_format!r}")
+        return PromptFormat(self.prompt_format, self.system_prompt, args)
 
 
 def help_texts(cls: type) -> dict[str, str]:

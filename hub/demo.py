@@ -1,7 +1,9 @@
 """Run a hub until it is done (`serve`), or a hub plus N local peer processes (`demo`).
 
 The demo's peers are real `echo2-peer join` processes talking to the hub over loopback
-websockets; they are stopped when the learner reaches `max_steps`.
+websockets; they are stopped when the learner reaches `max_steps`. With the vLLM engine they
+run under the vLLM environment's Python (`peer_python`): vLLM pins a transformers of its own,
+so on a CPU machine it lives in a venv of its own (`.ci/vllm-env`).
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+from echo2p2p.errors import ConfigError
 
 from .config import HubConfig
 from .trainer import HubRun, start_hub
@@ -26,15 +31,44 @@ async def run_serve(cfg: HubConfig, resume: Path | None = None) -> int:
     return 0
 
 
-async def run_demo(cfg: HubConfig, n_peers: int) -> int:
+def peer_python(engine: str, given: str = "") -> str:
+    """The interpreter the demo's peers run under: `given`; for vllm the first of
+    $ECHO2_VLLM_PYTHON, ./.venv-vllm and the checkout's .venv-vllm, and this Python, that can
+    import vLLM; else this Python. ConfigError naming the fix when none can."""
+    if given:
+        if not Path(given).is_file():
+            raise ConfigError("peer_python", f"no such file: {given}")
+        return given
+    if engine != "vllm":
+        return sys.executable
+    checkout = Path(__file__).resolve().parents[1]
+    candidates = [os.environ.get("ECHO2_VLLM_PYTHON", ""), ".venv-vllm/bin/python",
+                  str(checkout / ".venv-vllm" / "bin" / "python"), sys.executable]
+    for python in filter(None, candidates):
+        if Path(python).is_file() and subprocess.run(
+                [python, "-c", "import importlib.util as u, sys; "
+                               "sys.exit(not (u.find_spec('vllm') and u.find_spec('echo2p2p')))"],
+                capture_output=True).returncode == 0:
+            return python
+    raise ConfigError("engine", "vLLM is not installed here: run .ci/vllm-env (a CPU venv of "
+                                "3.4 GB, about 2 minutes) or pip install 'echo2p2p[vllm]' on a "
+                                "GPU machine, or name its Python with --peer-python")
+
+
+async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
+                   python: str = sys.executable) -> int:
     async with start_hub(cfg, stream=sys.stdout) as run:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
               f"(S={cfg.max_lag}, kappa={cfg.kappa}, G={cfg.group_size}, "
               f"{cfg.prompts_per_step} prompts/step, {cfg.max_steps or 'unlimited'} steps)", flush=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if engine == "vllm":  # one core's worth of KV cache, in GiB
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the run's
         peers = [await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
-            "--torch-threads", "1", "--log-level", "warning", env=env) for i in range(n_peers)]
+            python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
+            "--engine", engine, "--device", "cpu", "--torch-threads", "1",
+            "--log-level", "warning", env=env) for i in range(n_peers)]
         try:
             await run.finished.wait()
         finally:

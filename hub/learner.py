@@ -26,6 +26,7 @@ from torch import Tensor
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
+from echo2p2p.policy.prompts import PLAIN, PromptFormat
 
 from . import grpo
 
@@ -268,10 +269,12 @@ class Learner:
         *,
         max_new_tokens: int,
         batch_size: int = 64,
+        prompts: PromptFormat = PLAIN,
     ) -> float:
         """Mean reward of greedy completions of `problems` (held-out accuracy). `score` maps
         a batch of (answer, completion text) to rewards (`echo2p2p.scoring.scorer.Scorer`, so that a
-        verifier that hangs costs a deadline, not the run); texts follow the peers' rule."""
+        verifier that hangs costs a deadline, not the run); texts follow the peers' rule, and
+        prompts are rendered by `prompts` as the hub's leases are."""
         if not problems:
             return 0.0
         eos = tokenizer.eos_token_id
@@ -284,7 +287,7 @@ class Learner:
         try:
             for start in range(0, len(problems), batch_size):
                 batch = problems[start:start + batch_size]
-                encoded = [encode_prompt(tokenizer, p.prompt) for p in batch]
+                encoded = [encode_prompt(tokenizer, p.prompt, prompts) for p in batch]
                 width = max(len(e) for e in encoded)
                 ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, P)
                 attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, P)
@@ -303,9 +306,10 @@ class Learner:
         return total / len(problems)
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Prompt token ids exactly as the hub leases them (no special tokens added)."""
-    return list(tokenizer.encode(prompt, add_special_tokens=False))
+def encode_prompt(tokenizer, prompt: str, prompts: PromptFormat = PLAIN) -> list[int]:
+    """Prompt token ids exactly as the hub leases them, rendered by `prompts` (the run's
+    `HubConfig.prompts`; default plain text, no special tokens added)."""
+    return prompts.encode(tokenizer, prompt)
 
 
 

@@ -26,20 +26,24 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
                lr: float, seed: int, temperature: float = 1.0, top_p: float = 1.0,
                max_new_tokens: int, eval_every: int = 0, eval_problems: int = 128,
                weights_dtype: Any = "bfloat16", on_step: Callable[[dict], None] | None = None,
-               score_timeout_s: float = 5.0) -> list[dict]:
+               score_timeout_s: float = 5.0, prompts: Any = None) -> list[dict]:
     """Run `steps` synchronous GRPO steps on AdditionTask(seed); one record per step: step,
     version (the one the step produced), reward_mean (of the samples the step trained on, drawn
     from version `step`), gen_s, the learner's `train/...` metrics, and eval_accuracy (greedy,
     held-out) when version % eval_every == 0 or at the last step; the first record also holds
     eval_accuracy_initial (version 0) when eval_every > 0. `weights_dtype`: a torch dtype or its
-    name. Rewards come from a scoring worker process, `score_timeout_s` per completion."""
+    name. Rewards come from a scoring worker process, `score_timeout_s` per completion.
+    `prompts`: the `PromptFormat` (None: "auto", as the hub's default renders them)."""
     import torch
 
     from echo2p2p.scoring.scorer import Scorer
 
     dtype = getattr(torch, weights_dtype) if isinstance(weights_dtype, str) else weights_dtype
     torch.manual_seed(seed)
+    from echo2p2p.policy.prompts import PromptFormat
+
     task, learner, engine, tokenizer = _open(model, lr, temperature, seed)
+    prompts = (prompts or PromptFormat()).check(tokenizer, repr(model))
     train = list(task.problems("train"))
     order = list(range(len(train)))
     random.Random(seed).shuffle(order)
@@ -51,7 +55,8 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
             return scorer.score_blocking(items).rewards
 
         def evaluate() -> float:
-            return learner.evaluate(tokenizer, held_out, score, max_new_tokens=max_new_tokens)
+            return learner.evaluate(tokenizer, held_out, score, max_new_tokens=max_new_tokens,
+                                    prompts=prompts)
 
         initial = evaluate() if eval_every else None
         records: list[dict] = []
@@ -61,7 +66,7 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
             problems = [train[order[(step * prompts_per_step + j) % len(order)]]
                         for j in range(prompts_per_step)]
             groups = _generate(engine, tokenizer, problems, step, group_size, seed, score,
-                               sampling)
+                               sampling, prompts)
             gen_s = time.perf_counter() - t0
             stats = learner.step(groups)
             record: dict[str, Any] = {"step": step, "version": step + 1,
@@ -95,7 +100,7 @@ def _open(model: str, lr: float, temperature: float, seed: int) -> tuple[Any, An
 
 def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group_size: int,
               seed: int, score: Callable[[list[tuple[str, str]]], list[float]],
-              sampling: dict[str, Any]) -> list[Any]:
+              sampling: dict[str, Any], prompts: Any) -> list[Any]:
     """One scored group of `group_size` completions per problem, from version `step`, each
     sample taken through the wire format and the hub's row parser as a peer's would be."""
     from echo2p2p.buffer import ScoredGroup
@@ -107,7 +112,7 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
     groups = []
     for j, problem in enumerate(problems):
         cursor = step * len(problems) + j + 1  # the sampling seed of the j-th prompt of `step`
-        prompt_ids = encode_prompt(tokenizer, problem.prompt)
+        prompt_ids = encode_prompt(tokenizer, problem.prompt, prompts)
         completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
                                       **sampling)
         rewards = score([(problem.answer, c.text) for c in completions])
@@ -136,7 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-problems", type=int, default=128, help="held-out problems per eval")
     p.add_argument("--weights-dtype", default="bfloat16", help="dtype the engine receives")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument("--prompt-format", default="auto", help="auto, chat or plain (as the hub's)")
+    p.add_argument("--system-prompt", default="", help="system message under a chat template")
+    p.add_argument("--chat-template-args", default="", help="JSON variables for the template")
     args = p.parse_args(argv)
+    from .config import HubConfig
+
+    try:
+        prompts = HubConfig(prompt_format=args.prompt_format, system_prompt=args.system_prompt,
+                            chat_template_args=args.chat_template_args).prompts
+    except ValueError as e:  # ConfigError: one line naming the flag
+        p.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     import torch  # after parsing, so --help answers at once
@@ -161,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size, lr=args.lr, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
         eval_problems=args.eval_problems, weights_dtype=args.weights_dtype, on_step=show,
+        prompts=prompts,
     )
     if records:
         print(json.dumps(records[-1]), flush=True)

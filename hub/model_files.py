@@ -1,21 +1,26 @@
-"""The policy's non-weight files, served read-only: what a peer needs besides the weights.
+"""The policy's non-weight files, served read-only and signed: what a peer needs besides weights.
 
-A peer written from `docs/PROTOCOL.md` learns the model's architecture, tokenizer, special
-tokens and chat template here: `GET /model/` answers a JSON index, `GET /model/{name}` one file,
-byte for byte as the hub loaded it. Weights are never served here: version 0 reaches a peer
-through the overlay (a signed manifest and chunks) like every other version.
+A peer learns the model's architecture, tokenizer, special tokens and chat template here, from
+the hub URL alone: `GET /model/` answers the index (`echo2p2p.model_index`: canonical JSON
+listing each file's size and digest), `GET /model/{name}` one file, byte for byte as the hub
+loaded it. The welcome carries the index's digest and the hub's signature over it
+(`ModelFiles.signed`), so a peer can verify every byte it fetches. Weights are never served
+here: version 0 reaches a peer through the overlay (a signed manifest and chunks) like every
+other version.
 
 Only names in `ALLOWED` are ever served, and only the files that were read when the hub
 started: a request names a key of an in-memory table, never a path, so no request can reach
-another file (no traversal, no symlink swapped in later). Where the directory comes from is the
-policy loader's rule (`echo2p2p.policy.model.model_source`): the shipped built-in checkpoint for "tiny", a
-local directory, or the snapshot of a Hugging Face hub id in the local cache (never downloaded
-here). Knows nothing of tickets: whoever builds the routes passes `authorize`.
+another file (no traversal, no symlink swapped in later). A directory without config.json or a
+tokenizer file is refused at start-up (ConfigError on "model"). Where the directory comes from
+is the policy loader's rule (`echo2p2p.policy.model.model_source`): the shipped built-in
+checkpoint for "tiny", a local directory, or the snapshot of a Hugging Face hub id in the local
+cache (never downloaded here). Knows nothing of tickets: whoever builds the routes passes
+`authorize`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,26 +29,13 @@ from typing import Any
 
 from aiohttp import web
 
+from echo2p2p import signing
+from echo2p2p.errors import ConfigError
+from echo2p2p.model_index import (ALLOWED, MAX_FILE_BYTES, MAX_TOTAL_BYTES, TOKENIZER_FILES,
+                                  encode_index, index_digest, index_of)
+
 log = logging.getLogger(__name__)
 
-# The files a Hugging Face causal LM keeps beside its weights: architecture, generation
-# defaults, tokenizer (fast or slow form), special tokens, chat template. Nothing else, ever.
-ALLOWED = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",  # SentencePiece (Llama, Mistral, Gemma): binary, but a tokenizer
-)
-MAX_FILE_BYTES = 256 << 20  # a bigger "tokenizer" is not one; it is skipped with a warning
-HASH = "blake2b-256"
 _TYPES = {".json": "application/json", ".jinja": "text/plain", ".txt": "text/plain"}
 
 Authorize = Callable[[web.Request], bool]
@@ -60,7 +52,9 @@ class ModelFiles:
     @classmethod
     def read(cls, directory: Path, model: str, tokens: Mapping[str, Any] | None = None
              ) -> ModelFiles:
-        """Read every allowlisted file present in `directory` (blocking: call in a thread)."""
+        """Read every allowlisted file present in `directory` (blocking: call in a thread).
+        ConfigError on "model" if it lacks config.json or every tokenizer file, or if the
+        files are more than a peer accepts."""
         files = {}
         for name in ALLOWED:
             path = directory / name
@@ -71,25 +65,47 @@ class ModelFiles:
                 log.warning("not serving %s: %d bytes, over %d", path, size, MAX_FILE_BYTES)
                 continue
             files[name] = path.read_bytes()
+        fix = ("point --model at a directory written by save_pretrained (the model's and the "
+               "tokenizer's), or at the built-in 'tiny'")
         if "config.json" not in files:
-            log.warning("model %s: no config.json in %s; peers cannot learn its architecture "
-                        "from the hub", model, directory)
+            raise ConfigError("model", f"{model!r} ({directory}) has no config.json, so peers "
+                                       f"cannot build its architecture: {fix}")
+        if not set(files) & set(TOKENIZER_FILES):
+            raise ConfigError("model", f"{model!r} ({directory}) has no tokenizer file (one of "
+                                       f"{', '.join(TOKENIZER_FILES)}): {fix}")
+        if (total := sum(map(len, files.values()))) > MAX_TOTAL_BYTES:
+            raise ConfigError("model", f"{model!r}: its config and tokenizer files total {total}"
+                                       f" bytes, over the {MAX_TOTAL_BYTES} a peer accepts")
         return cls(model, files, dict(tokens or {}))
 
     @classmethod
     def for_model(cls, model: str, tokens: Mapping[str, Any] | None = None) -> ModelFiles:
-        """The files of the model the hub trains, `model` as given to `load_policy`."""
-        return cls.read(model_dir(model), model, tokens)
+        """The files of the model the hub trains, `model` as given to `load_policy`; a model
+        that resolves to no directory is a ConfigError on "model"."""
+        try:
+            directory = model_dir(model)
+        except FileNotFoundError as exc:
+            raise ConfigError("model", f"{exc}; give a local directory, the built-in 'tiny', "
+                                       "or a hub id already in the local cache") from None
+        return cls.read(directory, model, tokens)
+
+    def with_tokens(self, tokens: Mapping[str, Any]) -> ModelFiles:
+        """The same files with the token facts of the loaded tokenizer (`token_facts`)."""
+        return dataclasses.replace(self, tokens=dict(tokens))
 
     def index(self) -> dict[str, Any]:
-        """What GET /model/ answers."""
-        return {
-            "model": self.model,
-            "hash_algo": HASH,
-            "files": {name: {"bytes": len(data), "digest": _digest(data)}
-                      for name, data in self.files.items()},
-            "tokens": dict(self.tokens),
-        }
+        """What GET /model/ answers, as a map."""
+        return index_of(self.model, self.files, self.tokens)
+
+    def index_bytes(self) -> bytes:
+        """What GET /model/ answers, byte for byte (the canonical encoding)."""
+        return encode_index(self.index())
+
+    def signed(self, private_key: bytes) -> tuple[bytes, bytes]:
+        """(digest, signature) of the index, for the welcome: the signature is b"" for a hub
+        without a signing key (a bench rig)."""
+        digest = index_digest(self.index_bytes())
+        return digest, signing.sign_model_files(private_key, digest) if private_key else b""
 
 
 def model_dir(model: str, *, cache_dir: str | None = None) -> Path:
@@ -126,7 +142,8 @@ def model_routes(files: ModelFiles, authorize: Authorize | None = None
                  ) -> dict[str, Callable[[web.Request], Any]]:
     """GET routes for `serve`: "/model/" (the JSON index) and "/model/{name}" (one file).
     With `authorize`, a request it refuses gets 403; an unknown name gets 404."""
-    index = files.index()
+    index = files.index_bytes()  # encoded once: its digest is what the welcome carries
+    table = dict(files.files)  # what the index lists, fixed now
 
     def refused(request: web.Request) -> web.Response | None:
         if authorize is not None and not authorize(request):
@@ -134,13 +151,13 @@ def model_routes(files: ModelFiles, authorize: Authorize | None = None
         return None
 
     async def handle_index(request: web.Request) -> web.Response:
-        return refused(request) or web.json_response(index)
+        return refused(request) or web.Response(body=index, content_type="application/json")
 
     async def handle_file(request: web.Request) -> web.Response:
         if (no := refused(request)) is not None:
             return no
         name = request.match_info["name"]
-        data = files.files.get(name)  # a table lookup: the name is never a path
+        data = table.get(name)  # a table lookup: the name is never a path
         if data is None:
             return web.Response(status=404, text="no such model file")
         return web.Response(body=data, content_type=_TYPES.get(Path(name).suffix,
@@ -148,6 +165,3 @@ def model_routes(files: ModelFiles, authorize: Authorize | None = None
 
     return {"/model/": handle_index, "/model/{name}": handle_file}
 
-
-def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=32).hexdigest()

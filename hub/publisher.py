@@ -7,6 +7,14 @@ on one thread per CPU (zstd releases the GIL); every manifest is signed with the
 which `load_or_make_key` keeps in `<run_dir>/hub_key`. If a spot-checker is given, it keeps
 each version exactly as published (the weights are not exported twice).
 
+With `files` (`versions.VersionFiles`, what `start_hub` gives it: `<run_dir>/versions`) the raw
+stream is written to a file first and everything after reads it from the mapping: chunks go to
+their file as they are coded, the delta base and the spot-checker's copy are views of the
+mapped streams, so the hub's RAM holds no version beyond the one being exported (2P bytes for P
+parameters in bf16, while `build` runs). Without, all of it stays in RAM (tests, benchmarks).
+Not streaming: the signed manifest names every chunk's digest, so nothing can be announced
+before the last chunk is coded (bench/realsize.py measures what that costs).
+
 Runs in a worker thread (`asyncio.to_thread`); knows nothing of peers, the event loop, the
 broadcast or the learner's optimiser. `build` is called once per publication, in order.
 """
@@ -14,6 +22,7 @@ broadcast or the learner's optimiser. `build` is called once per publication, in
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +32,7 @@ from echo2p2p import signing
 from echo2p2p import snapshot as snap
 
 from .config import HubConfig
-from .versions import Published, Snapshot
+from .versions import Published, Snapshot, VersionFiles, mapped_state
 
 if TYPE_CHECKING:
     from .spotcheck import SpotChecker
@@ -32,41 +41,78 @@ if TYPE_CHECKING:
 class Publisher:
     """Builds and signs each published version; remembers the last one, the base of a delta."""
 
-    def __init__(self, cfg: HubConfig, signing_key: bytes, spot: SpotChecker | None = None):
+    def __init__(self, cfg: HubConfig, signing_key: bytes, spot: SpotChecker | None = None,
+                 files: VersionFiles | None = None):
         self.cfg = cfg
         self._signing_key = signing_key
         self._spot = spot
-        self._last_stream: tuple[int, bytes] | None = None  # the base of the next delta
+        self._files = files
+        self._last_stream: tuple[int, bytes | memoryview] | None = None  # the next delta's base
         self.published = 0  # versions built so far by this process
+        self.timings: dict[str, float] = {}  # seconds per stage of the last build
 
     def build(self, version: int, weights: Mapping[str, Any]) -> Published:
         """`version` in full, and as a delta against the last one unless it is an anchor.
-        `weights`: HF state-dict names -> CPU tensors in `cfg.weights_dtype`, not modified."""
+        `weights`: HF state-dict names -> CPU tensors in `cfg.weights_dtype`, not modified (with
+        `files`, not even read once `build` returns)."""
         import torch
 
         from echo2p2p.policy.weights import state_to_tensors
 
-        dtype = getattr(torch, self.cfg.weights_dtype)
-        tensors = state_to_tensors(weights, dtype)
-        if self._spot is not None:
-            self._spot.keep(version, weights)  # exactly what peers load
-        chunk_bytes = self.cfg.chunk_bytes or snap.auto_chunk_bytes(sum(len(t[3]) for t in tensors))
+        start = time.perf_counter()
+        tensors = state_to_tensors(weights, getattr(torch, self.cfg.weights_dtype))
+        if self._files is not None:  # from here on, read the stream from its file
+            stream = self._files.write_stream(version, (raw for *_, raw in tensors))
+            tensors = [(*t[:3], stream[at:at + len(t[3])])
+                       for t, at in zip(tensors, _offsets(tensors))]
+        else:
+            stream = b"".join(raw for *_, raw in tensors)
+        written = time.perf_counter()
+        chunk_bytes = self.cfg.chunk_bytes or snap.auto_chunk_bytes(len(stream))
         # Chunks are independent and zstd releases the GIL: code them on one thread per CPU.
         with ThreadPoolExecutor(os.cpu_count()) as coder:
-            full = self._sign(*snap.build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
-                                                   zstd_level=self.cfg.zstd_level,
-                                                   map_chunks=coder.map))
+            full = self._snapshot(version, tensors, chunk_bytes, None, coder.map)
+            coded = time.perf_counter()
             delta = None
             if self._last_stream is not None and self.published % self.cfg.anchor_every:
-                delta = self._sign(*snap.build_snapshot(
-                    version, tensors, chunk_bytes=chunk_bytes, zstd_level=self.cfg.zstd_level,
-                    base=self._last_stream, map_chunks=coder.map))
-        self._last_stream = (version, b"".join(raw for _, _, _, raw in tensors))
+                delta = self._snapshot(version, tensors, chunk_bytes, self._last_stream, coder.map)
+        if self._spot is not None:  # exactly what peers load
+            self._spot.keep(version, weights if self._files is None
+                            else mapped_state(stream, full.manifest.tensors))
+        self._last_stream = (version, stream)
         self.published += 1
+        if self._files is not None:
+            self._files.forget_before(version)
+        end = time.perf_counter()
+        self.timings = {"stream_s": written - start, "full_s": coded - written,
+                        "delta_s": end - coded, "build_s": end - start}
         return Published(full, delta)
 
-    def _sign(self, manifest: Any, chunks: list[bytes]) -> Snapshot:
+    def _snapshot(self, version: int, tensors: list, chunk_bytes: int,
+                  base: tuple[int, bytes | memoryview] | None, map_chunks: Any) -> Snapshot:
+        """One signed snapshot of `tensors` (a delta against `base` if given); with `files`,
+        its chunks written to a file as they are coded and mapped back."""
+        kind = "full" if base is None else "delta"
+        if self._files is not None:
+            map_chunks = self._files.chunk_writer(version, kind, map_chunks)
+        manifest, chunks = snap.build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
+                                               zstd_level=self.cfg.zstd_level, base=base,
+                                               map_chunks=map_chunks)
+        if self._files is not None:
+            chunks = self._files.chunks(version, kind, manifest)
+        return self._sign(manifest, chunks)
+
+    def _sign(self, manifest: Any, chunks: Any) -> Snapshot:
         return Snapshot(manifest, chunks, signing.sign_manifest(self._signing_key, manifest))
+
+
+def _offsets(tensors: list) -> list[int]:
+    """Where each tensor's bytes start in the stream they are laid into back to back."""
+    out, pos = [], 0
+    for *_, raw in tensors:
+        out.append(pos)
+        pos += len(raw)
+    return out
 
 
 def load_or_make_key(path: Path) -> bytes:

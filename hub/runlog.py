@@ -58,5 +58,7 @@ def propagation_line(r: dict[str, Any]) -> str:
     """`v20 reached 4 peers: 50% 0.21 s, 90% 0.30 s, 100% 0.31 s; the hub uploaded 1.02 ...`."""
     times = ", ".join(f"{p}% {'-' if r[f't{p}_s'] is None else format(r[f't{p}_s'], '.2f') + ' s'}"
                       for p in (50, 90, 100))
-    return (f"v{r['version']} reached {r['peers']} peers: {times}; the hub uploaded "
-            f"{r['hub_upload_copies']} full copies' worth, {r['peers_on_delta']} peers took a delta")
+    bcast = "-" if r.get("t_bcast_s") is None else f"{r['t_bcast_s']:.2f} s"
+    return (f"v{r['version']} reached {r['peers']} peers: {times} (90% serving it: {bcast}); "
+            f"the hub uploaded {r['hub_upload_copies']} full copies' worth, "
+            f"{r['peers_on_delta']} peers took a delta")

@@ -78,9 +78,9 @@ class Hub:
         behaviour logprobs of a share of the rollouts (None: no spot-checks). `decode`: the
         run's tokenizer as `echo2p2p.completions.CompletionDecoder`, which rollouts are scored by
         (None: a hub that refuses every rollout, e.g. a broadcast bench)."""
-        self.cfg, self.run_id, self.task = cfg, run_id, task
-        self._signing_key = signing_key
+        self.cfg, self.run_id, self.task, self._signing_key = cfg, run_id, task, signing_key
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
+        self.model_index = (b"", b"")  # GET /model/'s (digest, signature), set where served
         self.step = 0  # the run's one step counter: the learner's version is this
         self.training = False  # a batch was taken and step `step` is running on it
         self.leases: LeaseBook[TokenizedProblem] = LeaseBook(
@@ -320,7 +320,7 @@ class Hub:
             cfg.seed * 100_003 + self._next_peer, self.hub_key,
             signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
             signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
-            if key and hello.nonce else b""))
+            if key and hello.nonce else b"", *self.model_index))
         self.peers[peer_id] = conn
         self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
         self.relays.probe(conn, newest.version if newest else 0)
@@ -343,7 +343,7 @@ class Hub:
 
     def _holding(self, conn: PeerConn, event: hp.HoldingReported) -> None:
         if conn.protocol.note_held(event.version, self.tracker.newest_version):
-            log.debug("%s holds v%d", conn.peer_id, event.version)
+            self.tracker.holding_reported(conn, event.version)  # T_bcast counts the reload
 
     def _accusation(self, conn: PeerConn, msg: m.RelayReport) -> None:
         """An accusation: the hub looks for itself before anything follows from it."""

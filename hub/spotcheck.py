@@ -22,13 +22,15 @@ more than that (tiny model: median 0.008 a step back): as harmless as staleness 
 tag never published fails always: the hub rejects one newer than its newest, and here one not
 kept fails with reason "version". MoE or FP8 peers differ more: raise the tolerance (~0.5).
 
-Memory: the last S + 1 published versions, as published, in CPU RAM ((S + 1) x parameters x 2
-bytes in bf16: ~42 GB for a 7B model at S = 2), plus one model copy on the learner's device.
+Memory, for P parameters: one fp32 model copy, 4P bytes on the learner's device, plus the last
+S + 1 published versions as the publisher hands them over. A hub started by `start_hub` keeps
+those on disk, memory-mapped (`hub.versions.VersionFiles`: (S + 1) x 2P bytes of files in bf16,
+~42 GB for a 7B model at S = 2, read back through the page cache when a check needs a version),
+so they cost no RAM the hub holds; given tensors in RAM (tests), they cost (S + 1) x 2P of it.
 `spot_check_tokens` = k compares k random tokens per sample and cuts the forward at the last:
-less compute, the same memory. For a large model: a small fraction, k of 16 to 64, a small S;
-versions memory-mapped from disk would bound the RAM (not done here). Versions older than the
-first this process kept (a resumed hub) cannot be checked and pass. Knows nothing of peers,
-trust or sockets; the hub decides what a failed check costs.
+less compute, the same memory. For a large model: a small fraction, k of 16 to 64, a small S.
+Versions older than the first this process kept (a resumed hub) cannot be checked and pass.
+Knows nothing of peers, trust or sockets; the hub decides what a failed check costs.
 """
 
 from __future__ import annotations

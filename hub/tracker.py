@@ -149,11 +149,23 @@ class VersionTracker:
         prop.count(conn.peer_id, msg, snap.wire_bytes)
         self.report_propagation(prop)
 
+    def holding_reported(self, conn: PeerConn, version: int) -> None:
+        """`conn`'s engine now serves `version`: it can generate with it and every older one
+        still being tracked (T_bcast counts the reload). Believed only for versions whose
+        transfer it reported (a claim alone would make T_bcast look short)."""
+        whole = conn.protocol.stream_version
+        for prop in list(self.propagation.values()):
+            if (prop.version <= version and whole is not None and prop.version <= whole
+                    and conn.peer_id in prop.expected and conn.peer_id not in prop.serving_after_s):
+                prop.serving_after_s[conn.peer_id] = self._now() - prop.started
+                self.report_propagation(prop)
+
     def report_propagation(self, prop: Propagation, final: bool = False) -> None:
         """Log how `prop`'s version spread, once every expected peer that is still here has it
-        (or, `final`, once a newer version supersedes it)."""
+        and serves it (or, `final`, once a newer version supersedes it)."""
         waiting = {p for p in prop.expected - prop.done_after_s.keys() if p in self.peers}
-        if waiting and not final:
+        reloading = {p for p in prop.expected - prop.serving_after_s.keys() if p in self.peers}
+        if (waiting or reloading) and not final:
             return
         del self.propagation[prop.version]
         if not prop.expected:

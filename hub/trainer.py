@@ -39,19 +39,30 @@ from .publisher import Publisher, load_or_make_key
 from .runlog import RunLog, propagation_line
 from .server import Hub, TokenizedProblem, serve
 from .status import status
+from .versions import VersionFiles
 
 log = logging.getLogger(__name__)
 
 
-def open_task(spec: str, seed: int) -> Any:
-    """The built-in task by name, or a JSONL math task from a path."""
+def open_task(cfg: HubConfig) -> Any:
+    """The task `cfg` names: a dataset (`echo2p2p.hub.dataset_task`), the built-in addition,
+    or a JSONL math task from a path."""
+    if cfg.dataset:
+        from .dataset_task import open_dataset_task
+
+        return open_dataset_task(cfg)
+    spec, seed = cfg.task, cfg.seed
     if spec == "addition":
         return AdditionTask(seed=seed)
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"--task {spec!r}: not 'addition' and not a JSONL file")
+        raise ConfigError("task", f"{spec!r} is not 'addition' and not a JSONL file: give the "
+                                  f"path of one, or a dataset with --dataset")
     with path.open(encoding="utf-8") as lines:
-        return MathTask.from_lines(lines, seed=seed)
+        try:
+            return MathTask.from_lines(lines, seed=seed)
+        except ValueError as e:  # a bad row, named by its line
+            raise ConfigError("task", f"{spec}: {e}") from None
 
 
 class HubRun:
@@ -136,7 +147,8 @@ class HubRun:
             return self.eval_scorer.score_blocking(items).rewards
 
         return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
-                                       max_new_tokens=self.cfg.max_new_tokens)
+                                       max_new_tokens=self.cfg.max_new_tokens,
+                                       prompts=self.cfg.prompts)
 
     async def train(self) -> None:
         """The learner loop; returns after max_steps steps (never if 0)."""
@@ -212,15 +224,17 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
                     ) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
     train in the background; stop on exit."""
+    # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9), read
+    # first: a directory without them is refused (ConfigError on "model") before any loading.
+    files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
     run, eval_scorer = await _open_run(cfg, stream, resume)
     hub, runlog = run.hub, run.runlog
 
     async def handle_status(request: web.Request) -> web.Response:
         return web.json_response(status(run))
 
-    # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9).
-    files = await asyncio.to_thread(ModelFiles.for_model, cfg.model,
-                                    token_facts(run.tokenizer, run.learner.vocab_size))
+    files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
+    hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
     routes = {"/status": handle_status,
               **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
     try:
@@ -268,19 +282,21 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool) -> tuple[HubRun, 
     run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
     runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
-    task = open_task(cfg.task, cfg.seed)
+    task = await asyncio.to_thread(open_task, cfg)
     model, tokenizer = await asyncio.to_thread(load_policy, cfg.model, device=cfg.device)
+    prompts = cfg.prompts.check(tokenizer, repr(cfg.model))  # before any prompt is leased
     learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                       temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
-    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt)) for p in task.problems("train")]
+    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
+                for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
     estimates = Estimates(cfg)
 
     def on_event(record: dict[str, Any]) -> None:
         line = None
         if record["event"] == "propagation":
-            if record["complete"]:
-                estimates.observe_broadcast(record["done_s"])
+            if record["complete"]:  # T_bcast counts the reload (the paper's), when all did
+                estimates.observe_broadcast(record["t_bcast_s"] or record["done_s"])
             line = propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
@@ -289,8 +305,12 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool) -> tuple[HubRun, 
               decode=CompletionDecoder(tokenizer))
     checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
     eval_scorer = Scorer(task.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
+    # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the
+    # spot-checker (one, the next delta's base, without), the chunks of those the tracker keeps.
+    on_disk = VersionFiles(run_dir / "versions", keep_streams=cfg.max_lag + 1 if spot else 1,
+                           keep_chunks=cfg.keep_versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
-                 Publisher(cfg, key, spot), estimates)
+                 Publisher(cfg, key, spot, on_disk), estimates)
     if saved is not None:
         run.resume(saved)
     await run.publish()

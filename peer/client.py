@@ -1,12 +1,13 @@
 """The peer: join a hub, hold the newest version, turn leases into rollouts. `PeerClient` is a
 pump over parts of one concept each: `connection` (websocket, handshake, backoff), the core's
 `echo2p2p.peer_protocol` (frames -> events; welcome adoption and plan matching as decisions),
-`fetcher` (downloads, staging), `chunk_server` (serving what we hold) and `worker` (swapper;
-leases -> generate -> score -> submit). Here: the reconnect loop, the reader, the heartbeat, and
-applying adoption decisions. When the hub goes away the peer keeps generating the leases it
-holds, keeps what the hub has not answered in its `Outbox` and sends it again on the next
-connection (a hub resumed from its checkpoint admits it within S of its resumed step). The
-"relay" engine holds and serves versions but generates nothing.
+`fetcher` (downloads, staging), `chunk_server` (serving what we hold), `model_files` (the
+model's config and tokenizer from the hub, verified and cached: an engine is built from those
+alone) and `worker` (swapper; leases -> generate -> score -> submit). Here: the reconnect
+loop, the reader, the heartbeat, and applying adoption decisions. When the hub goes away the
+peer keeps generating the leases it holds, keeps what the hub has not answered in its `Outbox`
+and sends it again on the next connection (a hub resumed from its checkpoint admits it within S
+of its resumed step). The "relay" engine holds and serves versions but generates nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .chunk_server import chunk_server
 from .config import PeerConfig, normalize_url
 from .connection import Backoff, HubConnection, connect, hub_base_url
 from .fetcher import Fetcher
+from .model_files import model_directory
 from .outbox import Outbox
 from .worker import Worker
 
@@ -72,7 +74,8 @@ class PeerClient:
         self.outbox = Outbox(int(cfg.outbox_memory_mb * (1 << 20)), cfg.outbox_max, cfg.spool_dir)
         self.worker = Worker(self)
         self.fetcher = Fetcher(self)
-        self._building: tuple[str, asyncio.Future] | None = None  # (model, engine on its way)
+        self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
+        self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
         self._connected = asyncio.Event()  # set while `_conn` is
         self._welcomed = asyncio.Event()
@@ -165,7 +168,8 @@ class PeerClient:
 
     async def serve_connection(self, http: aiohttp.ClientSession) -> bool:
         """One connection's life: connect, shake hands, adopt the welcome, then read the hub
-        until it goes; returns True if the hub welcomed us (a failed handshake raises)."""
+        until it goes; returns True if the hub welcomed us (a failed handshake raises), False
+        if its model files did not verify (then we hung up)."""
         cfg = self.cfg
         ws, protocol, welcome = await connect(http, self.url, cfg, self._key, self.served_url)
         self._connections += 1
@@ -179,7 +183,14 @@ class PeerClient:
             # Past the connect deadline and heartbeating: building an engine may take minutes
             # (a first torch import on a loaded machine, a vLLM model), and the hub drops a
             # peer silent for its peer_timeout_s.
-            await self._adopt(welcome)
+            self._model_route = (http, conn.hub_base_url)
+            try:
+                await self._adopt(welcome)
+            except SnapshotError as exc:  # a hub whose model files do not verify: retried later
+                log.error("cannot build an engine from hub %s's model files: %s", self.url, exc)
+                heartbeat.cancel()
+                await conn.close(m.CLOSE_PROTOCOL_ERROR, "bad model files")
+                return False
             self._conn = conn
             self._connected.set()
             try:
@@ -214,7 +225,7 @@ class PeerClient:
                                has_engine=self.engine is not None,
                                relay=self.cfg.engine == "relay")
         if decision.build_model is not None:
-            self.engine = await self._build(decision.build_model)
+            self.engine = await self._build(welcome)
             self.worker.set_version(None)
         if decision.new_run:
             # A different run: our weights say nothing about its versions, its leases are not ours.
@@ -232,13 +243,20 @@ class PeerClient:
         self.reward = reward_fn(welcome.task)
         self._welcomed.set()
 
-    async def _build(self, model: str) -> Any:
-        """The engine for `model`, built in a worker thread. Shielded: a thread cannot be
-        cancelled, so a connection lost meanwhile leaves the build running, and the next
-        connection waits for it instead of starting another."""
+    async def _build(self, welcome: m.Welcome) -> Any:
+        """The engine for `welcome`'s model: its files fetched from the hub and verified
+        (`model_files`; never `welcome.model` as a path), then built in a worker thread.
+        Shielded: a thread cannot be cancelled, so a connection lost meanwhile leaves the build
+        running, and the next connection waits for it instead of starting another."""
+        model = (welcome.model, welcome.model_digest)
         if self._building is None or self._building[0] != model:
+            assert self._model_route is not None and self.credentials is not None
+            http, base_url = self._model_route
+            source = await model_directory(
+                http, base_url, welcome, self.credentials.header("hub"),
+                self.cfg.model_cache_dir, self.cfg.hub_timeout_s)
             self._building = (model, asyncio.get_running_loop().run_in_executor(
-                None, _build_engine, self.cfg, model))
+                None, _build_engine, self.cfg, source))
         engine = await asyncio.shield(self._building[1])
         self._building = None
         return engine
@@ -318,16 +336,17 @@ class PeerClient:
                      s.version, s.submitted, s.acked, s.rejected or "none")
 
 
-def _build_engine(cfg: PeerConfig, model: str) -> Any:
-    """Import torch and the engine, then build it: for a worker thread, since the first import
-    alone takes seconds (tens of them on a loaded machine) and would stall the event loop."""
+def _build_engine(cfg: PeerConfig, source: str) -> Any:
+    """Import torch and the engine, then build it from `source` (the verified model directory,
+    or the built-in's name): for a worker thread, since the first import alone takes seconds
+    (tens of them on a loaded machine) and would stall the event loop."""
     from echo2p2p.policy.engines import make_engine
 
     if cfg.torch_threads:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
-    return make_engine(cfg.engine, model, cfg.device)
+    return make_engine(cfg.engine, source, cfg.device)
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

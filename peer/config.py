@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from echo2p2p import messages as m
@@ -20,8 +23,9 @@ class PeerConfig:
     hub_url: str = "ws://127.0.0.1:8765/ws"
     """The hub to join: ws://HOST:PORT/ws (http://HOST:PORT or HOST:PORT also work)."""
     engine: str = "transformers"
-    """Rollout engine: transformers (CPU or GPU), vllm (GPU, needs the vllm extra), or relay (no
-    rollouts: only receive and pass on versions, e.g. on a well-connected machine without a GPU)."""
+    """Rollout engine: transformers (CPU or GPU), vllm (GPU with the vllm extra; CPU under the
+    venv of .ci/vllm-env), or relay (no rollouts: only receive and pass on versions, e.g. on a
+    well-connected machine without a GPU)."""
     device: str = "cpu"
     """Where the engine runs: cpu, cuda, cuda:1."""
     price_per_hour: float = 0.0
@@ -69,6 +73,10 @@ class PeerConfig:
     """Most unanswered rollouts to keep; past it the oldest is dropped (its prompt is re-issued)."""
     spool_dir: str = ""
     """Where rollouts past --outbox-memory-mb go ('' = the system's temporary directory)."""
+    model_cache: str = ""
+    """Where the model's config and tokenizer files fetched from hubs are kept, one directory
+    per signed index, so a rejoin fetches nothing again ('' = $XDG_CACHE_HOME/echo2p2p/models,
+    else ~/.cache/echo2p2p/models)."""
     score_timeout_s: float = 5.0
     """Deadline for scoring one completion (the reward this peer claims), in a worker process
     off the event loop; past it the worker is killed and the completion claims 0."""
@@ -76,6 +84,10 @@ class PeerConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError("engine", f"one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError("engine", f"vLLM is not installed in {sys.executable}: pip install "
+                                        "'echo2p2p[vllm]' on a GPU machine; on a CPU one run "
+                                        ".ci/vllm-env and start .venv-vllm/bin/echo2-peer")
         if self.price_per_hour < 0:
             raise ConfigError("price_per_hour", f"must be >= 0, got {self.price_per_hour}")
         if self.leases_in_flight < 1:
@@ -131,6 +143,14 @@ class PeerConfig:
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError("listen", f"expected HOST:PORT, got {self.listen!r}")
         return host.strip("[]"), int(port)
+
+    @property
+    def model_cache_dir(self) -> Path:
+        """`model_cache`, or the default under the user's cache directory."""
+        if self.model_cache:
+            return Path(self.model_cache).expanduser()
+        root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(root) / "echo2p2p" / "models"
 
     @property
     def display_name(self) -> str:

@@ -13,8 +13,10 @@ hub scores with (`echo2p2p.completions.CompletionDecoder.completion`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,13 +24,11 @@ from typing import Any, Protocol
 import torch
 
 from echo2p2p.completions import CompletionDecoder
-
 from echo2p2p.messages import ENGINES
 from .model import load_policy
-from .sampling import check_names, copy_state, forward_cached, nucleus_logprobs
+from .sampling import check_state, copy_state, forward_cached, nucleus_logprobs
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -102,53 +102,86 @@ class TransformersEngine:
 class VLLMEngine:
     """vLLM in-process (V1 engine with multiprocessing off, so a closure can reach the model).
 
-    vLLM places the model itself (set CUDA_VISIBLE_DEVICES to pick a GPU); `device` is only
-    checked. Weight updates go through the model's own `load_weights`, which takes HF names and
-    fills fused qkv / gate_up parameters; the names are first checked against the HF model
-    built on the meta device, so a wrong state fails with ValueError as in TransformersEngine.
+    vLLM places the model itself (set CUDA_VISIBLE_DEVICES to pick a GPU); `device` picks the
+    platform's defaults: on "cpu" float32 and a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE), on a GPU
+    bfloat16. A directory without weight files starts on vLLM's dummy weights: the peer loads the
+    real ones, as every later version, with `load_weights`.
+
+    Weight updates are all or nothing. The state is checked (names and shapes, against the HF
+    model built on the meta device) before anything is copied; the worker's `reload_weights`
+    (the model's own `load_weights` on vLLM before 0.2x) then takes the HF names, fills fused
+    qkv / gate_up parameters and redoes the kernels' weight processing (the CPU backend
+    repacks linear weights, leaving the plain parameters empty); then the prefix cache is
+    reset, so no KV computed under the old weights is ever served again. Should the copy itself
+    fail half-way, `generate` refuses (RuntimeError) until a complete state is loaded: a mixed
+    model never serves. Callers serialise `generate` and `load_weights` (the peer's engine lock),
+    so a version swap waits for the generation in flight, which finishes on the old version.
+
+    Sampling: each of the n samples is its own request with its own seed, derived from `seed`
+    (one request with n > 1 and a seed samples n identical completions in vLLM 0.32). Logprobs
+    are vLLM's "processed_logprobs": those of the distribution sampled, after temperature and
+    top-p, as `nucleus_logprobs` computes them.
     """
 
-    def __init__(self, model: str, *, device: str = "cuda", dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.5, seed: int = 0):
+    def __init__(self, model: str, *, device: str = "cuda", dtype: str = "auto", seed: int = 0,
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None):
         # The multi-process engine cannot pickle tensors through collective_rpc (FIELD-NOTES).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_cpu = device == "cpu"
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
         from transformers import AutoConfig, AutoModelForCausalLM
         from vllm import LLM, SamplingParams
 
-        from .model import BUILTIN_MODEL, builtin_dir
+        from .model import has_weights, model_source
+        from .sampling import state_shapes
 
-        path = str(builtin_dir()) if model == BUILTIN_MODEL else model
-        log.info("starting vLLM for %s (asked for device %s)", path, device)
+        path = model_source(model)
+        config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):
-            reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-        self._state_names = set(reference.state_dict())
-        self._required_names = {name for name, _ in reference.named_parameters()}
+            self._shapes = state_shapes(AutoModelForCausalLM.from_config(config))
+        if max_model_len is None and on_cpu:  # the KV cache must hold one whole sequence
+            max_model_len = min(config.max_position_embeddings, CPU_MAX_MODEL_LEN)
+        load_format = "auto" if not pathlib.Path(path).is_dir() or has_weights(path) else "dummy"
+        log.info("starting vLLM for %s on %s (weights: %s)", path, device, load_format)
         self._sampling_params = SamplingParams
-        self.llm = LLM(model=path, dtype=dtype, seed=seed, enable_prefix_caching=True,
-                       gpu_memory_utilization=gpu_memory_utilization,
-                       logprobs_mode="processed_logprobs")
+        self.llm = LLM(model=path, dtype=("float32" if on_cpu else "bfloat16") if dtype == "auto"
+                       else dtype, seed=seed, enable_prefix_caching=True,
+                       gpu_memory_utilization=gpu_memory_utilization, load_format=load_format,
+                       max_model_len=max_model_len, logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
         self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
+        self._intact = True  # False while (or after a failure of) a copy into the model
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
-        check_names(self._state_names, self._required_names, named_tensors)
+        check_state(*self._shapes, named_tensors)  # before anything is copied
         weights = list(named_tensors.items())
 
         def load(worker: Any) -> None:  # runs in the worker; `worker` is vLLM's Worker
-            worker.model_runner.model.load_weights(weights)
+            if hasattr(worker, "reload_weights"):  # also redoes the kernels' weight processing
+                worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+                _reprocess_tied_head(worker.model_runner.model)
+            else:  # older vLLM: the model's own loader, in place (GPU kernels repack nothing)
+                worker.model_runner.model.load_weights(weights)
 
+        self._intact = False
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()  # else KV cached under the old weights is served again
+        self._intact = True
 
     def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
                  max_new_tokens: int, seed: int) -> list[Completion]:
+        if not self._intact:
+            raise RuntimeError("the last weight update failed half-way: load a complete "
+                               "version before generating")
         # top_k is left at vLLM's default (off); logprobs=0 returns the sampled token's logprob.
-        params = self._sampling_params(n=n, temperature=temperature, top_p=top_p,
-                                       max_tokens=max_new_tokens, logprobs=0, seed=seed)
-        (request,) = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], params,
-                                       use_tqdm=False)
+        params = [self._sampling_params(temperature=temperature, top_p=top_p, logprobs=0,
+                                        max_tokens=max_new_tokens, seed=sample_seed(seed, i))
+                  for i in range(n)]
+        prompts = [{"prompt_token_ids": list(prompt_ids)}] * n
         completions = []
-        for out in request.outputs:
+        for request in self.llm.generate(prompts, params, use_tqdm=False):
+            (out,) = request.outputs
             # Ends with EOS when finish_reason is "stop"; cut by the hub's rule all the same.
             done = self.decoder.completion(out.token_ids)
             ids = done.token_ids
@@ -156,6 +189,27 @@ class VLLMEngine:
             reason = "stop" if out.finish_reason == "stop" else "length"
             completions.append(Completion(ids, lps, done.text, reason))
         return completions
+
+
+def _reprocess_tied_head(model: Any) -> None:
+    """Redo a tied lm_head's weight processing after a reload. vLLM's layerwise reload redoes
+    only the embedding's (its documented limitation), and on CPU the head computes logits from
+    a packed copy made at load time: without this it would go on scoring with the old weights."""
+    head = getattr(model, "lm_head", None)
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None and embedding is not None and head.weight is embedding.weight:
+        method.process_weights_after_loading(head)
+
+
+CPU_MAX_MODEL_LEN = 2048  # tokens a CPU engine's sequence may reach (prompt + completion)
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a call with `seed`: far apart for neighbouring seeds, which
+    a peer's successive calls use."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # a non-negative int64
 
 
 def make_engine(kind: str, model: str, device: str) -> Engine:

@@ -16,7 +16,7 @@ import string
 
 import torch
 from tokenizers import Tokenizer, decoders, models
-from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
                           Qwen3Config, Qwen3ForCausalLM)
 
 BUILTIN_MODEL = "tiny"
@@ -78,16 +78,31 @@ def model_source(name: str) -> str:
     return name  # a Hugging Face hub id
 
 
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def has_weights(directory: str | pathlib.Path) -> bool:
+    """Whether a model directory holds weight files (else a loader builds the architecture from
+    config.json alone, and the weights arrive later: a peer gets them through the overlay)."""
+    path = pathlib.Path(directory)
+    return any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
+
+
 _LOAD_LOCK = threading.Lock()
 
 
 def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) for the built-in name, a local directory or a hub id; model in eval mode."""
+    """(model, tokenizer) for the built-in name, a local directory or a hub id; model in eval mode.
+    A directory without weight files gives the architecture with untrained weights."""
     source = model_source(name)
     try:
         with _LOAD_LOCK:  # from_pretrained's meta-device init is process-global: one at a time
             tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            if pathlib.Path(source).is_dir() and not has_weights(source):
+                config = AutoConfig.from_pretrained(source)
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as e:
         raise OSError(f"cannot load model {name!r}: not the built-in {BUILTIN_MODEL!r}, not a "
                       f"local directory, and not loadable as a Hugging Face hub id (offline, or "

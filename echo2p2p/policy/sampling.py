@@ -3,7 +3,8 @@
 `nucleus_logprobs` is what an engine reports per token and what the hub's spot-check recomputes:
 log_softmax(logits / T), restricted to the top-p nucleus and renormalised (vLLM's
 "processed_logprobs"); top-k is off. `forward_cached` is one KV-cached step of a transformers
-model; `copy_state` loads a state into a model in place, checking names and shapes first.
+model; `copy_state` loads a state into a model in place, checking names and shapes first
+(`check_state`).
 """
 
 from __future__ import annotations
@@ -53,14 +54,28 @@ def forward_cached(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tup
     return out.logits[:, -1, :], out[key]
 
 
+def check_state(shapes: Mapping[str, tuple[int, ...]], required_names: set[str],
+                named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """ValueError unless `named_tensors` fits a model whose state has these `shapes`: names as
+    in `check_names`, and every tensor of its name's shape. Checked before anything is copied,
+    so a bad state never leaves a model half-loaded."""
+    check_names(set(shapes), required_names, named_tensors)
+    for name, tensor in named_tensors.items():
+        if tuple(tensor.shape) != tuple(shapes[name]):
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, model has {tuple(shapes[name])}")
+
+
+def state_shapes(model: torch.nn.Module) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """(state name -> shape, names of the parameters proper) of `model`, for `check_state`."""
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    return shapes, {name for name, _ in model.named_parameters()}
+
+
 def copy_state(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy `named_tensors` into `model`'s parameters in place, casting; ValueError on bad names."""
+    """Copy `named_tensors` into `model`'s parameters in place, casting; ValueError on bad names
+    or shapes, raised before anything is copied."""
     state = dict(model.state_dict())
-    check_names(set(state), {name for name, _ in model.named_parameters()}, named_tensors)
-    for name, tensor in named_tensors.items():  # check all before copying any
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, model has "
-                             f"{tuple(state[name].shape)}")
+    check_state(*state_shapes(model), named_tensors)
     with torch.no_grad():
         for name, tensor in named_tensors.items():
             state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from .addition import KIND as ADDITION
 from .addition import PARTIAL_KIND as ADDITION_PARTIAL
 from .addition import AdditionTask, addition_partial_reward, addition_reward
+from .answers import ANSWER_FORMATS, extract_answer, problems_from_records
 from .base import SPLITS, Problem, Task
 from .math import KIND as MATH
 from .math import MathTask, math_reward, normalize_answer
@@ -30,6 +31,6 @@ def reward_fn(kind: str) -> Callable[[str, str], float]:
         raise ValueError(f"unknown task kind {kind!r}; known kinds: {', '.join(REWARDS)}") from None
 
 
-__all__ = ["SPLITS", "AdditionTask", "MathTask", "Problem", "REWARDS", "Task",
-           "addition_partial_reward", "addition_reward", "math_reward", "normalize_answer",
-           "reward_fn"]
+__all__ = ["ANSWER_FORMATS", "SPLITS", "AdditionTask", "MathTask", "Problem", "REWARDS", "Task",
+           "addition_partial_reward", "addition_reward", "extract_answer", "math_reward",
+           "normalize_answer", "problems_from_records", "reward_fn"]

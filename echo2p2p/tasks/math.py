@@ -17,6 +17,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 
+from .answers import last_boxed
 from .base import Problem, check_split
 
 KIND = "math"
@@ -37,23 +38,10 @@ def _answer_part(text: str) -> str:
     return tagged[-1] if tagged else text
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...}, braces balanced; None if there is none."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1:j]
-    return None
-
-
 def normalize_answer(text: str) -> str:
     """The comparable core of an answer: boxed content, last number, no $ or commas or ".0"."""
     text = _answer_part(text)
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     text = (boxed if boxed is not None else text).replace("$", "").replace(",", "").strip()
     numbers = _NUMBER.findall(text)
     if numbers:
@@ -99,12 +87,18 @@ class MathTask:
 
     kind = KIND
 
-    def __init__(self, problems: Sequence[Problem], *, eval_size: int = 200, seed: int = 0):
-        ids = [p.id for p in problems]
+    def __init__(self, problems: Sequence[Problem], *, eval_size: int = 200, seed: int = 0,
+                 held_out: Sequence[Problem] | None = None):
+        """`held_out`: the eval split as given (a dataset's own test split); else the first
+        `eval_size` of the shuffled `problems` are held out (at most half of them)."""
+        ids = [p.id for p in [*problems, *(held_out or ())]]
         if len(set(ids)) != len(ids):
             raise ValueError("problem ids must be unique")
         order = list(problems)
         random.Random(f"math/{seed}").shuffle(order)
+        if held_out is not None:
+            self._splits = {"eval": tuple(held_out), "train": tuple(order)}
+            return
         held = min(eval_size, len(order) // 2)  # never leave train with fewer than eval
         self._splits = {"eval": tuple(order[:held]), "train": tuple(order[held:])}
 

@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from echo2p2p.tasks import AdditionTask, MathTask, Problem, Task, reward_fn
+from echo2p2p.tasks import (AdditionTask, MathTask, Problem, Task, extract_answer,
+                            problems_from_records, reward_fn)
 from echo2p2p.tasks.math import normalize_answer
 
 TASKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "echo2p2p" / "tasks"
@@ -151,3 +152,73 @@ def test_reward_fn_unknown_kind():
     """An unknown task kind raises ValueError naming it and the known kinds."""
     with pytest.raises(ValueError, match="'poetry'.*addition"):
         reward_fn("poetry")
+
+
+GSM8K_ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+             "answer": "In May she sold 48/2 = <<48/2=24>>24.\n48+24 = <<48+24=72>>72\n#### 72"}
+MATH_ROW = {"problem": "What is $\\frac{1}{4} + \\frac{1}{4}$?",
+            "solution": "We add: $\\frac{1}{4} + \\frac{1}{4} = \\boxed{\\frac{1}{2}}$."}
+
+
+@pytest.mark.parametrize("text, style, expected", [
+    (GSM8K_ROW["answer"], "gsm8k", "72"),
+    ("It costs 1,000 dollars.\n#### 1,000", "gsm8k", "1000"),
+    (MATH_ROW["solution"], "math", "\\frac{1}{2}"),
+    ("first \\boxed{1}, then \\boxed{\\sqrt{2}}", "math", "\\sqrt{2}"),
+    (GSM8K_ROW["answer"], "auto", "72"),
+    (MATH_ROW["solution"], "auto", "\\frac{1}{2}"),
+    (" 42 ", "auto", "42"),
+    (" 42 ", "plain", "42"),
+    ("no hashes here", "gsm8k", None),
+    ("####  ", "gsm8k", None),
+    ("no box", "math", None),
+    ("\\boxed{unclosed", "math", None),
+])
+def test_extract_answer_styles(text, style, expected):
+    """GSM8K keeps what follows the last ####, MATH the last balanced \\boxed{}; None if absent."""
+    assert extract_answer(text, style) == expected
+
+
+def test_extract_answer_unknown_style():
+    """An unknown answer format names the known ones."""
+    with pytest.raises(ValueError, match="'latex'.*gsm8k"):
+        extract_answer("3", "latex")
+
+
+def test_dataset_rows_become_problems_scored_by_math_verify():
+    """Rows with a field mapping become problems whose extracted answers math-verify scores."""
+    pytest.importorskip("math_verify")
+    rows = [MATH_ROW, {"problem": "Empty?", "solution": "no boxed answer"}, MATH_ROW]
+    problems, skipped = problems_from_records(rows, question_field="problem",
+                                              answer_field="solution", answer_format="math",
+                                              template="Q: {question}", id_prefix="test")
+    assert skipped == 1 and [p.id for p in problems] == ["test-0", "test-2"]
+    assert problems[0].prompt == "Q: " + MATH_ROW["problem"] and problems[0].answer == "\\frac{1}{2}"
+    reward = reward_fn("math")
+    assert reward(problems[0].answer, "So it is \\boxed{0.5}.") == 1.0
+    assert reward(problems[0].answer, "So it is \\boxed{\\frac{2}{4}}.") == 1.0
+    assert reward(problems[0].answer, "So it is \\boxed{\\frac{1}{3}}.") == 0.0
+    (gsm,), _ = problems_from_records([GSM8K_ROW], question_field="question",
+                                      answer_field="answer", answer_format="gsm8k",
+                                      template="{question}", id_prefix="train")
+    assert reward(gsm.answer, "48 + 24 = 72, so \\boxed{72}") == 1.0
+    assert reward(gsm.answer, "\\boxed{24}") == 0.0
+
+
+def test_dataset_rows_without_any_answer_name_the_fields():
+    """No usable row is a ValueError naming both fields and the answer format."""
+    with pytest.raises(ValueError, match="'question'.*'answer'.*'gsm8k'"):
+        problems_from_records([{"question": "Q?", "answer": "42"}, {"question": 3}],
+                              question_field="question", answer_field="answer",
+                              answer_format="gsm8k", template="{question}", id_prefix="train")
+
+
+def test_math_task_held_out_split_is_kept_as_given():
+    """A dataset's own eval split is the eval split, whole and in order; train gets every row."""
+    train = [Problem(f"train-{i}", f"q{i}", str(i)) for i in range(10)]
+    held = [Problem(f"test-{i}", f"t{i}", str(i)) for i in range(3)]
+    task = MathTask(train, held_out=held, seed=1)
+    assert task.problems("eval") == tuple(held)
+    assert sorted(p.id for p in task.problems("train")) == sorted(p.id for p in train)
+    with pytest.raises(ValueError, match="unique"):
+        MathTask(train, held_out=train[:1])

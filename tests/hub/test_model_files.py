@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import shutil
 
 from dataclasses import replace
 
@@ -15,9 +16,11 @@ import pytest
 from aiohttp import web
 
 from echo2p2p import signing
+from echo2p2p.errors import ConfigError
 from echo2p2p.hub.model_files import ALLOWED, ModelFiles, model_dir, model_routes
+from echo2p2p.model_index import encode_index, parse_index
 
-from tests.conftest import serving
+from tests.conftest import running_peers, serving
 
 CONFIG = b'{"architectures": ["Qwen3ForCausalLM"], "eos_token_id": 1}\n'
 TOKENIZER = bytes(range(256)) * 3  # any bytes: served as read, never re-encoded
@@ -107,6 +110,46 @@ async def test_authorize_refuses_index_and_files(model_tree):
             assert resp.status == 200 and await resp.read() == CONFIG
 
 
+def test_the_index_served_is_the_canonical_one_signed(model_tree):
+    """GET /model/ answers the canonical encoding byte for byte, which parses back to the files
+    read, and `signed` gives its digest and the hub key's signature over it."""
+    files = ModelFiles.read(model_tree, "local", {"eos_token_id": 1})
+    assert files.index_bytes() == encode_index(files.index())
+    parsed = parse_index(files.index_bytes())
+    assert {e.name: e.nbytes for e in parsed.files} == {n: len(b) for n, b in files.files.items()}
+    key = signing.new_private_key()
+    digest, signature = files.signed(key)
+    assert digest == hashlib.blake2b(files.index_bytes(), digest_size=32).digest()
+    assert signing.verify_model_files(signing.public_key(key), digest, signature)
+    assert files.signed(b"") == (digest, b"")
+
+
+@pytest.mark.parametrize("remove, why", [(("config.json",), "no config.json"),
+                                         (("tokenizer.json",), "no tokenizer file")])
+async def test_a_model_directory_missing_files_is_refused_at_start(hub_cfg, tmp_path, remove, why):
+    """A hub asked to train a directory without config.json, or without any tokenizer file,
+    refuses at start-up with one sentence on the "model" field naming the fix."""
+    from echo2p2p.hub.trainer import start_hub
+    from echo2p2p.policy.model import builtin_dir
+
+    lab = tmp_path / "lab-model"
+    shutil.copytree(builtin_dir(), lab)
+    for name in remove:
+        (lab / name).unlink()
+    with pytest.raises(ConfigError, match=why) as info:
+        async with start_hub(replace(hub_cfg, model=str(lab), max_steps=0)):
+            pass
+    assert info.value.field == "model" and "save_pretrained" in str(info.value)
+    assert not (tmp_path / "run").exists()  # refused before anything was loaded or written
+
+
+def test_a_hub_id_not_in_the_cache_is_a_config_error():
+    """A model that is no directory and no cached hub id is refused on the "model" field."""
+    with pytest.raises(ConfigError, match="org/not-cached") as info:
+        ModelFiles.for_model("org/not-cached")
+    assert info.value.field == "model"
+
+
 def test_builtin_model_resolves_to_the_shipped_checkpoint():
     """"tiny" is the shipped directory the loader uses; its files but never its weights."""
     from echo2p2p.policy.model import builtin_dir
@@ -149,10 +192,18 @@ async def test_hub_serves_the_model_it_trains(hub_cfg):
         base = f"http://127.0.0.1:{run.port}/model/"
         async with http.get(base, headers=headers) as resp:
             assert resp.status == 200
-            index = await resp.json()
+            body = await resp.read()
+        index = json.loads(body)
         assert index["model"] == "tiny"
+        # The welcome's digest is the served bytes', signed by the hub's key.
+        digest, signature = run.hub.model_index
+        assert digest == hashlib.blake2b(body, digest_size=32).digest()
+        assert signing.verify_model_files(run.hub.hub_key, digest, signature)
         assert index["tokens"]["eos_token_id"] == run.tokenizer.eos_token_id
         async with http.get(base + "config.json", headers=headers) as resp:
             assert await resp.read() == (builtin_dir() / "config.json").read_bytes()
         async with http.get(base + "model.safetensors", headers=headers) as resp:
             assert resp.status == 404
+        async with running_peers(run.url, 1, engine="relay", listen="") as [peer]:
+            await peer.wait_welcomed()
+        assert (peer.welcome.model_digest, peer.welcome.model_signature) == (digest, signature)

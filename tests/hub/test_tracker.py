@@ -112,13 +112,37 @@ def test_propagation_is_reported_once_every_peer_still_here_has_it():
     a, b = rig.join("a"), rig.join("b")
     rig.tracker.publish(blob_version(KEY, 0, BLOB))
     rig.clock += 2.0
+    rig.tracker.holding_reported(a, 0)  # no transfer reported yet: not believed
     rig.tracker.transfer_reported(a, m.TransferReport(0, None, 2.0, 0, 0, []))
+    rig.clock += 0.5
+    rig.tracker.holding_reported(a, 0)  # its engine reloaded
     assert not rig.records and 0 in rig.tracker.propagation
     del rig.peers["b"]
     rig.tracker.peer_left("b")  # the one still waited for left: the version has spread
     (record,) = rig.records
     assert record["event"] == "propagation" and record["complete"] and record["done_s"] == 2.0
+    assert record["serving"]["t50_s"] == 2.5  # a serves it; 90 % of the two never did:
+    assert record["t_bcast_s"] is None
     assert 0 not in rig.tracker.propagation
+
+
+def test_propagation_waits_for_the_reloads_and_times_them():
+    """Transfers done is not spread: the record waits until every peer serves the version (or
+    a newer one), and T_bcast is the 90 % point of serving, reloads included."""
+    rig = Rig()
+    a, b = rig.join("a"), rig.join("b")
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    rig.clock += 1.0
+    for peer in (a, b):
+        rig.tracker.transfer_reported(peer, m.TransferReport(0, None, 1.0, 0, 0, []))
+    rig.clock += 3.0
+    rig.tracker.holding_reported(a, 0)
+    assert not rig.records
+    rig.clock += 1.0
+    rig.tracker.holding_reported(b, 0)
+    (record,) = rig.records
+    assert record["done_s"] == 1.0 and record["serving"]["t50_s"] == 4.0
+    assert record["t_bcast_s"] == 5.0
 
 
 def test_the_hub_serves_the_chunks_of_the_versions_it_keeps():

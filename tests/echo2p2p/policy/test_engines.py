@@ -149,25 +149,3 @@ def test_make_engine_unknown_kind():
     """make_engine names the engine kinds it knows."""
     with pytest.raises(ValueError, match="transformers"):
         make_engine("tensorrt", BUILTIN_MODEL, "cpu")
-
-
-@pytest.mark.vllm
-def test_vllm_engine_matches_contract():
-    """The vLLM engine samples n completions with logprobs and takes new weights (needs vllm)."""
-    pytest.importorskip("vllm")
-    from echo2p2p.policy.engines import VLLMEngine
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    eng = VLLMEngine(BUILTIN_MODEL, device=device)
-    prompt = eng.tokenizer.encode(PROMPT, add_special_tokens=False)
-    out = eng.generate(prompt, 4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
-    assert len(out) == 4 and all(len(c.token_ids) == len(c.logprobs) for c in out)
-    assert out == eng.generate(prompt, 4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
-    model, _ = load_policy(BUILTIN_MODEL)
-    state = {k: (v + 0.05).to(torch.bfloat16) for k, v in model.state_dict().items()
-             if k != "lm_head.weight"}
-    eng.load_weights(state)
-    changed = eng.generate(prompt, 4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
-    assert [c.logprobs for c in changed] != [c.logprobs for c in out]
-    with pytest.raises(ValueError):
-        eng.load_weights({**state, "not.a.weight": torch.zeros(1)})

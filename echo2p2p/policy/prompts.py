@@ -1,0 +1,90 @@
+"""How a task's prompt text becomes the token ids the hub leases: plain, or through a chat template.
+
+`PromptFormat.encode(tokenizer, prompt)` is the one function from prompt text to prompt ids. The
+hub calls it once per problem and leases the ids; its evaluation, the synchronous baseline and
+the spot-check benches call it too, so every part of a run scores and samples the same ids. Peers
+never render a prompt themselves: they take the ids from the lease.
+
+- "plain": the text as the tokenizer encodes it, no special tokens added (the built-in model);
+- "chat": the text as the user message of `tokenizer.apply_chat_template`, with the system
+  prompt before it and the generation prompt after (`add_generation_prompt=True`), and
+  `template_args` passed to the template as variables (Qwen3's `enable_thinking=False`);
+- "auto": "chat" when the tokenizer has a chat template, else "plain".
+The template's own text decides the special tokens: a template that writes `{{ bos_token }}`
+gets one BOS, never a second from the tokenizer. Knows nothing of tasks, peers or files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo2p2p.errors import ConfigError
+
+MODES = ("auto", "chat", "plain")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` carries a chat template (a string, or a dict of named ones)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How prompts are rendered; check it against the run's tokenizer at start-up (`check`)."""
+
+    mode: str = "auto"
+    system_prompt: str = ""
+    template_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError("prompt_format", f"one of {', '.join(MODES)}, got {self.mode!r}")
+        if not isinstance(self.template_args, Mapping) or not all(
+                isinstance(k, str) for k in self.template_args):
+            raise ConfigError("chat_template_args", "must be a mapping of names to values")
+
+    def uses_chat(self, tokenizer: Any) -> bool:
+        """Whether prompts go through `tokenizer`'s chat template under this format."""
+        return self.mode == "chat" or (self.mode == "auto" and has_chat_template(tokenizer))
+
+    def check(self, tokenizer: Any, model: str = "the model") -> PromptFormat:
+        """This format, if `tokenizer` can render it; else ConfigError naming the field to fix.
+        Call at start-up, before any prompt is leased."""
+        if self.mode == "chat" and not has_chat_template(tokenizer):
+            raise ConfigError("prompt_format", f"'chat' needs a chat template, and the tokenizer "
+                              f"of {model} has none: set prompt_format = \"plain\" (or \"auto\"), "
+                              f"or give the model one (chat_template.jinja beside its tokenizer)")
+        if not self.uses_chat(tokenizer):
+            for name, value in (("system_prompt", self.system_prompt),
+                                ("chat_template_args", self.template_args)):
+                if value:
+                    raise ConfigError(name, f"is only rendered through a chat template, and the "
+                                      f"tokenizer of {model} has none: remove it, or use a "
+                                      f"model whose tokenizer has a chat template")
+        return self
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        """The conversation a prompt becomes under "chat": [system,] user."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*system, {"role": "user", "content": prompt}]
+
+    def encode(self, tokenizer: Any, prompt: str) -> list[int]:
+        """The prompt ids of `prompt`, exactly as the hub leases them."""
+        if not self.uses_chat(tokenizer):
+            return list(tokenizer.encode(prompt, add_special_tokens=False))
+        if not has_chat_template(tokenizer):
+            self.check(tokenizer)  # raises: "chat" without a template
+        # The template is tokenized without the tokenizer's special tokens (transformers does
+        # so itself): a BOS comes from the template's text or not at all.
+        ids = list(tokenizer.apply_chat_template(
+            self.messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False,
+            **dict(self.template_args)))
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if bos is not None and ids[:2] == [bos, bos]:  # a template that writes BOS twice
+            ids = ids[1:]
+        return ids
+
+
+PLAIN = PromptFormat(mode="plain")
