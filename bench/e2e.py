@@ -143,13 +143,14 @@ async def run_cluster(cfg: HubConfig, rate_mbps: float, timeout_s: float,
     return Outcome(run.records, propagation, full_wire_bytes, accuracy)
 
 
-async def stop(peers: list[asyncio.subprocess.Process]) -> None:
+async def stop(peers: list[asyncio.subprocess.Process], grace_s: float = 10) -> None:
+    """Terminate the peer processes; kill those still there after `grace_s`."""
     for proc in peers:
         if proc.returncode is None:
             proc.terminate()
     for proc in peers:
         try:
-            await asyncio.wait_for(proc.wait(), 10)
+            await asyncio.wait_for(proc.wait(), grace_s)
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -59,6 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.e2e import stop  # noqa: E402
 from bench.realsize_probes import (  # noqa: E402
     CoinTask, Probes, RssSampler, padded_char_tokenizer, per_core_rates, table)
 
@@ -187,24 +188,12 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
                     await run.finished.wait()
                     await probes.all_hold(run.hub.step, N_PEERS)
             finally:
-                await stop(peers)
+                await stop(peers, grace_s=20)  # a peer may be mid-reload of 1.2 GB
                 rss.stop()  # the peaks are the run's: the per-core rates below export again
             params = sum(p.numel() for p in run.learner.model.parameters())
             rates = await asyncio.to_thread(per_core_rates, run, run_dir / "versions")
     return {"params": params, "trained": trained, "rates": rates, "cfg": cfg,
             "baseline": baseline}
-
-
-async def stop(peers: list[asyncio.subprocess.Process]) -> None:
-    for proc in peers:
-        if proc.returncode is None:
-            proc.terminate()
-    for proc in peers:
-        try:
-            await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 def engine_reloads(args: argparse.Namespace) -> list[dict]:

@@ -343,6 +343,7 @@ class Hub:
 
     def _holding(self, conn: PeerConn, event: hp.HoldingReported) -> None:
         if conn.protocol.note_held(event.version, self.tracker.newest_version):
+            log.debug("%s holds v%d", conn.peer_id, event.version)  # tests/chaos reads it
             self.tracker.holding_reported(conn, event.version)  # T_bcast counts the reload
 
     def _accusation(self, conn: PeerConn, msg: m.RelayReport) -> None:
@@ -390,8 +391,7 @@ class Hub:
                          self.trust)
 
     def restore(self, state: dict[str, Any], journal: list[list]) -> None:
-        """Come back to `state` plus the journal after it (see hub.checkpoint). The caller
-        restores the learner at `state["step"]`."""
+        """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
         self._next_peer = restore_hub(state, journal, self.leases, self.buffer, self.trust, _now())
 

@@ -57,3 +57,20 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
     used = {r["step"] - int(lag) for r in steps for lag in r["rollout/staleness_hist"]}
     assert len(used) >= 2, used  # rollouts of several versions: the peer swapped in place
     assert "fetched from the hub" in log and "vllm" in log.lower()
+
+
+def test_a_missing_vllm_is_one_sentence_at_start_up(capsys):
+    """Where vLLM is not installed (the test process's own Python), `--engine vllm` stops the
+    peer before it connects, naming the flag and the fix; the demo names a missing --peer-python."""
+    import importlib.util
+
+    from echo2p2p.hub.cli import main as hub_main
+    from echo2p2p.peer.cli import main as peer_main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this Python")
+    assert peer_main(["join", "127.0.0.1:9", "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "'engine'" in err and ".ci/vllm-env" in err and "Traceback" not in err
+    assert hub_main(["demo", "--engine", "vllm", "--peer-python", "/no/python"]) == 2
+    assert "no such file: /no/python" in capsys.readouterr().err
