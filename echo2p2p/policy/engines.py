@@ -26,7 +26,7 @@ import torch
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.messages import ENGINES
 from .model import load_policy
-from .sampling import check_state, copy_state, forward_cached, nucleus_logprobs
+from .sampling import check_state, copy_state, forward_cached, nucleus_logprobs, state_shapes
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,20 @@ class TransformersEngine:
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
         self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
+        self._intact = True  # False while (or after a failure of) a copy into the model
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """All or nothing, as VLLMEngine's: a bad state is refused before any copy, and after a
+        copy that fails half-way `generate` refuses until a complete state is loaded."""
+        check_state(*state_shapes(self.model), named_tensors)
+        self._intact = False
         copy_state(self.model, named_tensors)
+        self._intact = True
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
                  max_new_tokens: int, seed: int) -> list[Completion]:
+        refuse_if_mixed(self._intact)
         if n < 1 or not prompt_ids or temperature <= 0 or not 0 < top_p <= 1:
             raise ValueError(f"bad generate arguments: n={n}, prompt of {len(prompt_ids)} "
                              f"tokens, temperature={temperature}, top_p={top_p}")
@@ -134,7 +141,6 @@ class VLLMEngine:
         from vllm import LLM, SamplingParams
 
         from .model import has_weights, model_source
-        from .sampling import state_shapes
 
         path = model_source(model)
         config = AutoConfig.from_pretrained(path)
@@ -171,9 +177,7 @@ class VLLMEngine:
 
     def generate(self, prompt_ids: list[int], n: int, *, temperature: float, top_p: float,
                  max_new_tokens: int, seed: int) -> list[Completion]:
-        if not self._intact:
-            raise RuntimeError("the last weight update failed half-way: load a complete "
-                               "version before generating")
+        refuse_if_mixed(self._intact)
         # top_k is left at vLLM's default (off); logprobs=0 returns the sampled token's logprob.
         params = [self._sampling_params(temperature=temperature, top_p=top_p, logprobs=0,
                                         max_tokens=max_new_tokens, seed=sample_seed(seed, i))
@@ -200,6 +204,13 @@ def _reprocess_tied_head(model: Any) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None and embedding is not None and head.weight is embedding.weight:
         method.process_weights_after_loading(head)
+
+
+def refuse_if_mixed(intact: bool) -> None:
+    """RuntimeError unless the engine's weights are one whole version."""
+    if not intact:
+        raise RuntimeError("the last weight update failed half-way: load a complete version "
+                           "before generating")
 
 
 CPU_MAX_MODEL_LEN = 2048  # tokens a CPU engine's sequence may reach (prompt + completion)

@@ -149,3 +149,18 @@ def test_make_engine_unknown_kind():
     """make_engine names the engine kinds it knows."""
     with pytest.raises(ValueError, match="transformers"):
         make_engine("tensorrt", BUILTIN_MODEL, "cpu")
+
+
+def test_a_half_failed_update_is_never_served():
+    """A copy that fails part-way (a meta tensor last: names and shapes pass) leaves the engine
+    refusing to generate until a complete state is loaded; then it samples as before."""
+    engine = TransformersEngine(BUILTIN_MODEL)
+    state = {k: v.clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    before = _sample(engine, n=2, seed=3)
+    last = list(state)[-1]
+    with pytest.raises(NotImplementedError):
+        engine.load_weights({**state, last: torch.empty(state[last].shape, device="meta")})
+    with pytest.raises(RuntimeError, match="failed half-way"):
+        _sample(engine, n=2, seed=3)
+    engine.load_weights(state)
+    assert _sample(engine, n=2, seed=3) == before
