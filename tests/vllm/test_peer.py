@@ -53,7 +53,9 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
         assert run.finished.is_set(), log[-4000:]
         steps = [r for r in run.records if "rollout/staleness_hist" in r]
     assert len(steps) == STEPS
-    assert c.spot_failed == 0 and c.spot_checked == c.admitted_groups >= STEPS * 4, vars(c)
+    # Every admitted group was checked first (fraction 1); a check may finish before its
+    # admission is counted, so the two can differ by the groups being judged when we look.
+    assert c.spot_failed == 0 and c.spot_checked >= c.admitted_groups >= STEPS * 4, vars(c)
     used = {r["step"] - int(lag) for r in steps for lag in r["rollout/staleness_hist"]}
     assert len(used) >= 2, used  # rollouts of several versions: the peer swapped in place
     assert "fetched from the hub" in log and "vllm" in log.lower()
