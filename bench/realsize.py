@@ -41,8 +41,8 @@ Peers hold keep_versions = 2 versions (stream + chunks each), one engine and the
 
     python bench/realsize.py [--quick] [--steps 4] [--model-dir ~/.cache/echo2p2p/qwen3-0.6b-shape]
 
-Prints the tables, then one JSON line {"bench": "realsize", ...}. Run heavy runs under the
-box's lock (`flock /tmp/i13/heavy.lock python bench/realsize.py`).
+Prints the tables, then one JSON line {"bench": "realsize", ...}. It checks MemAvailable first
+and refuses a run that would not fit (--force to run anyway).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ N_PEERS = 2
 def ensure_model(directory: Path, layers: int = 28, seed: int = 0) -> Path:
     """The 0.6B-shaped model saved in `directory` (built once, random weights, bf16 files);
     `layers` < 28 only to smoke-test this bench."""
-    from echo2p2p.policy.model import has_weights
+    from echo2p2p.policy.model import architecture_only
 
-    if (directory / "config.json").exists() and has_weights(directory):
+    if (directory / "config.json").exists() and not architecture_only(directory):
         return directory
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM

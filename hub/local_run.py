@@ -36,12 +36,11 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
     `prompts`: the `PromptFormat` (None: "auto", as the hub's default renders them)."""
     import torch
 
+    from echo2p2p.policy.prompts import PromptFormat
     from echo2p2p.scoring.scorer import Scorer
 
     dtype = getattr(torch, weights_dtype) if isinstance(weights_dtype, str) else weights_dtype
     torch.manual_seed(seed)
-    from echo2p2p.policy.prompts import PromptFormat
-
     task, learner, engine, tokenizer = _open(model, lr, temperature, seed)
     prompts = (prompts or PromptFormat()).check(tokenizer, repr(model))
     train = list(task.problems("train"))

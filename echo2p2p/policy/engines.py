@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -140,7 +139,7 @@ class VLLMEngine:
         from transformers import AutoConfig, AutoModelForCausalLM
         from vllm import LLM, SamplingParams
 
-        from .model import has_weights, model_source
+        from .model import architecture_only, model_source
 
         path = model_source(model)
         config = AutoConfig.from_pretrained(path)
@@ -148,7 +147,7 @@ class VLLMEngine:
             self._shapes = state_shapes(AutoModelForCausalLM.from_config(config))
         if max_model_len is None and on_cpu:  # the KV cache must hold one whole sequence
             max_model_len = min(config.max_position_embeddings, CPU_MAX_MODEL_LEN)
-        load_format = "auto" if not pathlib.Path(path).is_dir() or has_weights(path) else "dummy"
+        load_format = "dummy" if architecture_only(path) else "auto"
         log.info("starting vLLM for %s on %s (weights: %s)", path, device, load_format)
         self._sampling_params = SamplingParams
         self.llm = LLM(model=path, dtype=("float32" if on_cpu else "bfloat16") if dtype == "auto"

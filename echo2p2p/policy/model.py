@@ -81,11 +81,13 @@ def model_source(name: str) -> str:
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 
-def has_weights(directory: str | pathlib.Path) -> bool:
-    """Whether a model directory holds weight files (else a loader builds the architecture from
-    config.json alone, and the weights arrive later: a peer gets them through the overlay)."""
-    path = pathlib.Path(directory)
-    return any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
+def architecture_only(source: str | pathlib.Path) -> bool:
+    """Whether `source` (as `model_source` gives it) is a directory without weight files: the
+    loaders then build the architecture from config.json alone, and the weights arrive later
+    (a peer's come through the overlay)."""
+    path = pathlib.Path(source)
+    return path.is_dir() and not any(next(path.glob(pattern), None) is not None
+                                     for pattern in WEIGHT_PATTERNS)
 
 
 _LOAD_LOCK = threading.Lock()
@@ -98,7 +100,7 @@ def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.fl
     try:
         with _LOAD_LOCK:  # from_pretrained's meta-device init is process-global: one at a time
             tokenizer = AutoTokenizer.from_pretrained(source)
-            if pathlib.Path(source).is_dir() and not has_weights(source):
+            if architecture_only(source):
                 config = AutoConfig.from_pretrained(source)
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             else:
