@@ -28,7 +28,7 @@ fetch every version through the overlay. Probes around the hub's own methods tim
 Memory of the hub, for P parameters (bytes; bf16 versions, fp32 learner, AdamW):
   RAM  = 16 P_train + 4 (P - P_train)   learner: fp32 weights, + grads and 2 moments if trained
        + 4 P                            the spot-checker's fp32 model (spot_check_fraction > 0)
-       + 2 P                            the bf16 export, while a version is built
+       + 6 P_largest                    one tensor at a time (fp32 + bf16), while a version is built
   disk = (S + 1) x 2 P                  raw streams: spot-checker and delta base (1 without checks)
        + keep_versions x (full + delta wire bytes)       the chunks the hub serves
 Before versions went to disk the "disk" line was RAM as well, plus one more stream (the delta
@@ -252,7 +252,9 @@ def report(args: argparse.Namespace, facts: dict, probes: Probes, rss: RssSample
 
 def predict(p: int, trained: int, cfg: object) -> float:
     """The docstring's RAM formula for the hub (without Python's own, measured apart)."""
-    return 16 * trained + 4 * (p - trained) + (4 * p if cfg.spot_check_fraction else 0) + 2 * p
+    largest = QWEN3_0_6B["vocab_size"] * QWEN3_0_6B["hidden_size"]  # the tied embedding
+    return (16 * trained + 4 * (p - trained) + (4 * p if cfg.spot_check_fraction else 0)
+            + 6 * largest)
 
 
 def check_memory(model_dir: Path, spot: bool) -> str | None:

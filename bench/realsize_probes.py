@@ -72,7 +72,7 @@ class Probes:
         from echo2p2p.hub.tracker import VersionTracker
 
         now = time.perf_counter
-        saved = [(Learner, "step"), (Learner, "export_weights"), (Publisher, "build"),
+        saved = [(Learner, "step"), (Learner, "iter_weights"), (Publisher, "build"),
                  (VersionTracker, "publish"), (VersionTracker, "chunk_lookup"),
                  (VersionTracker, "chunk_served"), (VersionTracker, "transfer_reported"),
                  (Hub, "_holding")]
@@ -84,11 +84,10 @@ class Probes:
             self.step_end.append(now())
             return out
 
-        def export(learner, *a, **k):
+        def export(learner, *a, **k):  # the stream is written as the tensors come
             start = now()
-            out = orig(Learner, "export_weights")(learner, *a, **k)
+            yield from orig(Learner, "iter_weights")(learner, *a, **k)
             self.exports.append((start, now()))
-            return out
 
         def build(pub, version, weights):
             start = now()

@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
-from echo2p2p.config import add_arguments, resolve
+from echo2p2p.config import add_arguments, as_dict, resolve
 from echo2p2p.errors import ConfigError
 
 from echo2p2p.runtime import process
@@ -43,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in RUN_DIR from its last checkpoint, with its saved "
                             "config (flags given here override it)")
     for p in (serve, demo):
+        p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                       help="shard the learner over N local ranks: re-run this command under "
+                            "torchrun (python -m torch.distributed.run --nproc-per-node N); for "
+                            "several nodes run torchrun yourself on each (see the README)")
         p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
         add_arguments(p, HubConfig, docs=help_texts(HubConfig))
@@ -75,11 +83,14 @@ def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubCo
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if args.command == "plan":
         return _plan(args)
     if args.command == "token":
         return _token(args)
+    if getattr(args, "nproc_per_node", 0) and "WORLD_SIZE" not in os.environ:
+        return _under_torchrun(args.nproc_per_node, argv)
     process.configure(args.log_level)
     try:
         cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
@@ -90,23 +101,85 @@ def main(argv: list[str] | None = None) -> int:
         print("echo2-hub: --peers must be >= 1", file=sys.stderr)
         return 2
     from .demo import peer_python, run_demo, run_serve
+    from .ranks import RankFailure, Ranks
+    from .trainer import follow_rank
 
-    if args.command == "demo":
-        try:
-            python = peer_python(args.engine, args.peer_python)
-        except ConfigError as exc:
-            print(f"echo2-hub: {exc}", file=sys.stderr)
-            return 2
-        coro = run_demo(cfg, args.peers, engine=args.engine, python=python)
-    else:
-        coro = run_serve(cfg, args.resume)
     try:
+        ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
+        if ranks is not None:
+            ranks.agree(as_dict(cfg))
+        python = peer_python(args.engine, args.peer_python) if args.command == "demo" else ""
+    except ConfigError as exc:
+        print(f"echo2-hub: {exc}", file=sys.stderr)
+        return 2
+    if ranks is not None:
+        _stop_quietly_on_sigterm(ranks.rank, cfg.run_dir)
+    try:
+        if ranks is not None and ranks.rank > 0:
+            follow_rank(cfg, ranks)
+            return 0
+        if args.command == "demo":
+            coro = run_demo(cfg, args.peers, engine=args.engine, python=python, ranks=ranks)
+        else:
+            coro = run_serve(cfg, args.resume, ranks)
         return process.run(coro)
     except KeyboardInterrupt:
         return 130
     except (ConfigError, FileNotFoundError) as exc:  # found on start: a bad TLS pair, no checkpoint
         print(f"echo2-hub: {exc}", file=sys.stderr)
         return 2
+    except (RankFailure, BaseExceptionGroup) as exc:  # the learner loop's task group wraps it
+        failure = exc if isinstance(exc, RankFailure) else _leaf(exc, RankFailure)
+        if failure is None:
+            raise
+        print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run_dir or 'RUN_DIR')}",
+              file=sys.stderr)
+        return 1
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:
+    """torchrun ends every rank with SIGTERM when one of them fails: say so, and how to go on.
+    Exits at once: a thread may be inside a collective that will never finish, and the run
+    directory is consistent at any moment (its journal is flushed record by record)."""
+    from .demo import stop_local_peers
+
+    where = run_dir or "RUN_DIR (the run directory the hub printed at start-up)"
+
+    def stop(signum: int, frame: Any) -> None:
+        stop_local_peers()
+        os.write(2, (f"echo2-hub: learner rank {rank} stopped by the launcher (torchrun stops "
+                     f"every rank when one fails; its report names the first). Resume with "
+                     f"`echo2-hub serve --resume {where}`, on any rank count that divides "
+                     f"the batch\n").encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _leaf(group: BaseException, kind: type) -> BaseException | None:
+    """The first exception of `kind` inside (nested) exception groups."""
+    if isinstance(group, kind):
+        return group
+    for inner in getattr(group, "exceptions", ()):
+        if (found := _leaf(inner, kind)) is not None:
+            return found
+    return None
+
+
+def _under_torchrun(nproc: int, argv: list[str]) -> int:
+    """This command again, with N ranks on this node, under PyTorch's own launcher."""
+    rest, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--nproc-per-node"):
+            skip = a == "--nproc-per-node" and not skip
+            continue
+        rest.append(a)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "-m", "echo2p2p.hub.cli", *rest]
+    return subprocess.run(command).returncode
 
 
 def _plan(args: argparse.Namespace) -> int:

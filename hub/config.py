@@ -125,6 +125,19 @@ class HubConfig:
     """Where the learner runs: cpu, cuda, cuda:1."""
     torch_threads: int = 0
     """Threads for torch on the hub (0 = torch's default)."""
+    learner_micro_tokens: int = 16384
+    """Padded tokens (samples x the longest) per learner micro-batch; a longer sample goes
+    alone. The step's activation memory follows this budget, not the batch's longest completion:
+    lower it if a step runs out of memory, raise it for speed."""
+    learner_precision: str = "fp32"
+    """fp32, or bf16: the learner computes in bf16 over fp32 master weights (gradients reduced
+    in fp32 when sharded). Less memory and faster on GPUs, logprobs rounded (the ratio absorbs it)."""
+    learner_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them:
+    about a third more step time for activations of one layer instead of all."""
+    learner_timeout_s: float = 600.0
+    """A sharded learner (launched with torchrun) waits this long for the rendezvous and for any
+    one collective of another rank; past it the run stops and says how to resume."""
     heartbeat_s: float = 10.0
     """Seconds between heartbeats to each peer."""
     peer_timeout_s: float = 30.0
@@ -221,6 +234,12 @@ class HubConfig:
             raise ConfigError("spot_check_tokens", f"must be >= 0 (0 = all), got {self.spot_check_tokens}")
         if not self.spot_check_tolerance > 0:
             raise ConfigError("spot_check_tolerance", f"must be > 0, got {self.spot_check_tolerance}")
+        if self.learner_micro_tokens < 1:
+            raise ConfigError("learner_micro_tokens", f"must be >= 1, got {self.learner_micro_tokens}")
+        if self.learner_precision not in ("fp32", "bf16"):
+            raise ConfigError("learner_precision", f"fp32 or bf16, got {self.learner_precision!r}")
+        if not 0 < self.learner_timeout_s < float("inf"):
+            raise ConfigError("learner_timeout_s", f"must be > 0 and finite, got {self.learner_timeout_s}")
         check_schedule(self.max_lag, self.kappa)
         self._check_task()
         self.prompts  # noqa: B018 - validates prompt_format and chat_template_args

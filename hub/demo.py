@@ -9,11 +9,14 @@ so on a CPU machine it lives in a venv of its own (`.ci/vllm-env`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from echo2p2p.errors import ConfigError
 
@@ -23,9 +26,20 @@ from .trainer import HubRun, start_hub
 log = logging.getLogger(__name__)
 
 
-async def run_serve(cfg: HubConfig, resume: Path | None = None) -> int:
-    """Serve until max_steps; `resume`: the run directory to continue (cfg.run_dir is it)."""
-    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None) as run:
+LOCAL_PEERS: list[int] = []  # the demo's peer processes, for a hub that must exit at once
+
+
+def stop_local_peers() -> None:
+    """SIGTERM to the demo's peer processes (safe in a signal handler)."""
+    for pid in LOCAL_PEERS:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None) -> int:
+    """Serve until max_steps; `resume`: the run directory to continue (cfg.run_dir is it);
+    `ranks`: this is rank 0 of a sharded learner."""
+    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks) as run:
         await run.finished.wait()
         _summary(run)
     return 0
@@ -56,8 +70,8 @@ def peer_python(engine: str, given: str = "") -> str:
 
 
 async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
-                   python: str = sys.executable) -> int:
-    async with start_hub(cfg, stream=sys.stdout) as run:
+                   python: str = sys.executable, ranks: Any = None) -> int:
+    async with start_hub(cfg, stream=sys.stdout, ranks=ranks) as run:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
               f"(S={cfg.max_lag}, kappa={cfg.kappa}, G={cfg.group_size}, "
               f"{cfg.prompts_per_step} prompts/step, {cfg.max_steps or 'unlimited'} steps)", flush=True)
@@ -69,6 +83,7 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
             python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
             "--engine", engine, "--device", "cpu", "--torch-threads", "1",
             "--log-level", "warning", env=env) for i in range(n_peers)]
+        LOCAL_PEERS.extend(proc.pid for proc in peers)
         try:
             await run.finished.wait()
         finally:

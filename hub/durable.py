@@ -1,6 +1,8 @@
 """Hub restart without loss: checkpoints and the journal between them.
 
-A checkpoint is the learner (weights, optimizer) and the hub's state as plain data (the step,
+A checkpoint is the learner (weights, optimizer: a `torch.distributed.checkpoint` directory,
+sharded when the learner is, loadable on any rank count; multi-node runs keep run_dir on a
+filesystem every node sees) and the hub's state as plain data (the step,
 the run's one step counter; lease table and data cursor; admitted-but-untrained groups, their
 rows as validated at admission; trust), written under
 `<run_dir>/checkpoints/ckpt-NNNNNN/` and made current by atomically replacing the `LATEST`
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +100,18 @@ class Checkpoints:
     def journal(self, number: int) -> Journal:
         return Journal(self.root / f"journal-{number:06d}.log")
 
-    def write(self, number: int, learner: dict[str, Any], hub: dict[str, Any]) -> None:
-        """Write checkpoint `number` (learner: torch-saveable; hub: msgpack-able), make it the
-        current one, and delete what it supersedes."""
-        import torch
-
+    def write(self, number: int, save_learner: Callable[[Path], None], hub: dict[str, Any]
+              ) -> None:
+        """Write checkpoint `number` (`save_learner` writes the learner's directory, with every
+        rank of a sharded one; hub: msgpack-able), make it the current one, and delete what it
+        supersedes."""
         final = self.root / f"ckpt-{number:06d}"
         tmp = self.root / f"tmp-{number:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        torch.save(learner, tmp / "learner.pt")
+        save_learner(tmp / "learner")
         (tmp / "hub.msgpack").write_bytes(msgpack.packb(hub, use_bin_type=True))
-        for f in tmp.iterdir():
+        for f in [*tmp.rglob("*"), tmp / "learner"]:
             _fsync(f)
         tmp.rename(final)
         pointer = self.root / f"{LATEST}.tmp"
@@ -121,15 +123,14 @@ class Checkpoints:
             for old in paths if older < number else ():
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
 
-    def load(self) -> tuple[dict[str, Any], dict[str, Any], list[list]]:
-        """(learner, hub state, journal records after it) of the current checkpoint."""
-        import torch
-
+    def load(self) -> tuple[Path, dict[str, Any], list[list]]:
+        """(the learner's directory, hub state, journal records after it) of the current
+        checkpoint."""
         number = self.latest()
         if number is None:
             raise FileNotFoundError(f"no checkpoint in {self.root}")
         where = self.root / f"ckpt-{number:06d}"
-        learner = torch.load(where / "learner.pt", map_location="cpu", weights_only=True)
+        learner = where / "learner"
         hub = msgpack.unpackb((where / "hub.msgpack").read_bytes(), raw=False,
                               strict_map_key=False)
         numbered = self._numbered()

@@ -10,6 +10,15 @@ A group the hub built wrong (rewards that do not match its samples, an empty or
 out-of-vocabulary prompt) is dropped whole and counted in `StepStats.dropped_groups`.
 Given the same inputs the learner is deterministic (no sampling, no dropout: `model.train()`
 only matters for models that have them, and Qwen3's attention dropout is 0).
+
+Memory: micro-batches are cut by a token budget (`micro_tokens`, padded tokens per forward),
+so a batch of long completions takes more micro-batches, not more memory; activation
+checkpointing (`checkpointing`) keeps one decoder layer's activations instead of all of them.
+With `ranks` (`echo2p2p.hub.ranks`) the model is sharded with FSDP2: each rank trains the
+groups dealt to it (balanced by tokens), gradients are reduce-scattered, and every rank steps
+its shard of the parameters and AdamW state. `iter_weights` gathers one tensor at a time, so no
+rank ever holds a second full copy; checkpoints are `torch.distributed.checkpoint` directories,
+sharded, and load on any rank count (a single process included).
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,8 +40,13 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.policy.prompts import PLAIN, PromptFormat
 
 from . import grpo
+from .batches import Row, batch_rows, deal, micro_batches, padded
+
+if TYPE_CHECKING:
+    from .ranks import Ranks
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -63,16 +79,6 @@ class StepStats:
         return out
 
 
-@dataclass(frozen=True)
-class _Row:
-    """One validated sample, ready to pad."""
-
-    ids: list[int]  # prompt + completion
-    prompt_len: int
-    behaviour: list[float]  # one per completion token
-    advantage: float
-
-
 class Learner:
     """GRPO on fp32 master weights with AdamW; one `step` per batch of complete groups."""
 
@@ -86,21 +92,36 @@ class Learner:
         temperature: float = 1.0,
         max_grad_norm: float = 1.0,
         weight_decay: float = 0.0,
-        micro_batch: int = 64,
+        micro_tokens: int = 16384,
         pad_id: int = 0,
+        ranks: Ranks | None = None,
+        precision: str = "fp32",
+        checkpointing: bool = False,
     ) -> None:
+        """`micro_tokens`: padded tokens per micro-batch (a longer sample goes alone).
+        `ranks`: shard over these (None: this process alone). `precision`: fp32, or bf16
+        compute over fp32 master weights (gradients reduced in fp32). `checkpointing`:
+        recompute each decoder layer's activations in the backward instead of keeping them."""
         self.model = model.float()
         self.model.train()
         self.clip_eps = clip_eps
         self.kl_coef = kl_coef
         self.temperature = temperature
         self.max_grad_norm = max_grad_norm
-        self.micro_batch = micro_batch
+        self.micro_tokens = micro_tokens
         self.pad_id = pad_id
+        self.ranks = ranks
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.reference: torch.nn.Module | None = None
         if kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if checkpointing:
+            self.model.gradient_checkpointing_enable({"use_reentrant": False})
+        self._autocast = precision == "bf16" and ranks is None  # sharded: FSDP's own policy
+        if ranks is not None:
+            ranks.shard(self.model, precision)
+            if self.reference is not None:
+                ranks.shard(self.reference, precision)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=lr, weight_decay=weight_decay, foreach=False, fused=False
@@ -110,11 +131,17 @@ class Learner:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def leads(self) -> bool:
+        """Whether this process is the one that publishes and scores (rank 0, or alone)."""
+        return self.ranks is None or self.ranks.rank == 0
+
     # --- training ----------------------------------------------------------------------
 
     def step(self, groups: Sequence[ScoredGroup]) -> StepStats:
-        """One optimiser step on `groups` (the caller counts it: `echo2p2p.hub` owns the step)."""
-        rows, info = self._rows(groups)
+        """One optimiser step on `groups` (the caller counts it: `echo2p2p.hub` owns the step).
+        Sharded, every rank gets the same `groups` and trains the ones dealt to it."""
+        rows, info = batch_rows(groups, self.vocab_size)
         num_tokens = sum(len(r.behaviour) for r in rows)
         # A zero advantage gives exactly zero surrogate loss; without a KL term such a sample
         # has no gradient, so skip its forward. It still counts in the token denominator
@@ -127,6 +154,7 @@ class Learner:
         grad_norm, skipped = 0.0, True
         if trained:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded
             grad_norm = float(norm.item())
             if math.isfinite(grad_norm):
                 self.optimizer.step()
@@ -159,113 +187,117 @@ class Learner:
             step_s=step_s,
         )
 
-    def _accumulate(self, trainable: Sequence[_Row], num_tokens: int
+    def _accumulate(self, trainable: Sequence[Row], num_tokens: int
                     ) -> tuple[dict[str, float], float, int]:
-        """Backward over `trainable` in micro-batches, gradients summed: (token-weighted sums
-        of the micro-batch statistics, the largest ratio, trained tokens)."""
-        sums = {k: 0.0 for k in ("loss", "policy_loss", "clip_frac", "dual_clip_frac",
-                                 "ratio_mean", "kl")}
+        """Backward over this rank's micro-batches of `trainable`, gradients summed over all
+        of them and all ranks: (token-weighted sums of the micro-batch statistics, the largest
+        ratio, trained tokens), over all ranks."""
+        keys = ("loss", "policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl")
+        sums = dict.fromkeys(keys, 0.0)
         ratio_max, trained = -math.inf, 0
-        for start in range(0, len(trainable), self.micro_batch):
-            chunk = trainable[start:start + self.micro_batch]
-            loss, stats = self._micro_step(chunk, num_tokens)
-            loss.backward()
+        mine, runs = self._plan(trainable)
+        # FSDP averages gradients over the ranks; the loss is a sum over them
+        scale = 1.0 if self.ranks is None else float(self.ranks.world)
+        for i in range(runs):
+            if i >= len(mine):  # every rank runs as many as the busiest: a weightless one
+                loss, _ = self._micro_step(trainable[:1], num_tokens)
+                (loss * 0.0).backward()
+                continue
+            loss, stats = self._micro_step(mine[i], num_tokens)
+            (loss * scale).backward()
             n = stats["tokens"]
             trained += int(n)
             sums["loss"] += float(loss.item())
-            for k in ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl"):
+            for k in keys[1:]:
                 sums[k] += stats[k] * n
             ratio_max = max(ratio_max, stats["ratio_max"])
+        if self.ranks is not None:
+            totals, ratio_max = self.ranks.all_sum([*sums.values(), trained], ratio_max)
+            sums, trained = dict(zip(keys, totals[:-1])), int(totals[-1])
         return sums, ratio_max, trained
 
-    def _micro_step(self, rows: Sequence[_Row], num_tokens: int) -> tuple[Tensor, dict[str, float]]:
-        """Loss of one micro-batch, normalised by the whole batch's token count."""
-        width = max(len(r.ids) for r in rows)
-        b = len(rows)
-        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)  # (B, T)
-        attention = torch.zeros((b, width), dtype=torch.long)  # (B, T)
-        completion = torch.zeros((b, width), dtype=torch.bool)  # (B, T)
-        behaviour = torch.zeros((b, width), dtype=torch.float32)  # (B, T)
-        for i, r in enumerate(rows):
-            n = len(r.ids)
-            input_ids[i, :n] = torch.tensor(r.ids, dtype=torch.long)
-            attention[i, :n] = 1
-            completion[i, r.prompt_len:n] = True
-            behaviour[i, r.prompt_len:n] = torch.tensor(r.behaviour, dtype=torch.float32)
-        advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # (B,)
-        dev = self.device
-        input_ids, attention, completion = input_ids.to(dev), attention.to(dev), completion.to(dev)
-        behaviour, advantages = behaviour.to(dev), advantages.to(dev)
+    def _plan(self, trainable: Sequence[Row]) -> tuple[list[list[Row]], int]:
+        """This rank's micro-batches, and how many the busiest rank runs. Every rank deals the
+        whole batch the same way, so each knows all the others' shares."""
+        if self.ranks is None:
+            mine = micro_batches(trainable, self.micro_tokens)
+            return mine, len(mine)
+        shares = [micro_batches(s, self.micro_tokens) for s in deal(trainable, self.ranks.world)]
+        return shares[self.ranks.rank], max(len(s) for s in shares)
 
-        logprobs = grpo.token_logprobs(
-            self.model, input_ids, attention, completion, self.temperature)  # (B, T)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = grpo.token_logprobs(
-                    self.reference, input_ids, attention, completion, self.temperature)
+    def _micro_step(self, rows: Sequence[Row], num_tokens: int) -> tuple[Tensor, dict[str, float]]:
+        """Loss of one micro-batch, normalised by the whole batch's token count."""
+        dev = self.device
+        input_ids, attention, completion, behaviour, advantages = (
+            t.to(dev) for t in padded(rows, self.pad_id))
+
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self._autocast):
+            logprobs = grpo.token_logprobs(
+                self.model, input_ids, attention, completion, self.temperature)  # (B, T)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = grpo.token_logprobs(
+                        self.reference, input_ids, attention, completion, self.temperature)
         return grpo.policy_loss(
             logprobs, behaviour, advantages, completion,
             clip_eps=self.clip_eps, ref_logprobs=ref, kl_coef=self.kl_coef,
             num_tokens=num_tokens,
         )
 
-    def _rows(self, groups: Sequence[ScoredGroup]) -> tuple[list[_Row], dict]:
-        """Rows to pad, with advantages from each group's rewards; groups built wrong dropped."""
-        rows: list[_Row] = []
-        rewards_all: list[float] = []
-        kept = zero_var = dropped_samples = dropped_groups = 0
-        for g in groups:
-            prompt = list(g.prompt_ids)
-            if (len(g.rewards) != len(g.samples) or not g.samples or not prompt
-                    or not all(math.isfinite(r) for r in g.rewards)
-                    or not all(0 <= t < self.vocab_size for t in prompt)):
-                dropped_groups += 1
-                dropped_samples += len(g.samples)
-                continue
-            adv = grpo.group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()
-            kept += 1
-            zero_var += all(a == 0.0 for a in adv)
-            rewards_all.extend(g.rewards)
-            for sample, a in zip(g.samples, adv):
-                assert sample.token_ids and max(sample.token_ids) < self.vocab_size, "unparsed row"
-                # <= 0 in exact arithmetic; a float32 hair above (echo2p2p.rows.MAX_LOGPROB) is 0
-                rows.append(_Row(prompt + list(sample.token_ids), len(prompt),
-                                 [min(x, 0.0) for x in sample.logprobs], float(a)))
-        r = torch.tensor(rewards_all, dtype=torch.float64)
-        info = {
-            "reward_mean": float(r.mean()) if len(rewards_all) else 0.0,
-            "reward_std": float(r.std(unbiased=False)) if len(rewards_all) else 0.0,
-            "groups": kept, "zero_variance_groups": zero_var,
-            "dropped_samples": dropped_samples, "dropped_groups": dropped_groups,
-        }
-        return rows, info
+    # --- publishing, checkpoints and evaluation ----------------------------------------
 
-    # --- publishing and evaluation -----------------------------------------------------
+    def iter_weights(self, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, Tensor]]:
+        """(HF state-dict name, detached contiguous CPU copy in `dtype`), one tensor at a time.
+
+        Sharded, each tensor is gathered on every rank (all of them must iterate to the end, in
+        step) and yielded on rank 0 only: no rank holds more than the model plus one full
+        tensor. Integer buffers keep their dtype. A parameter shared under two names (tied
+        embeddings: `lm_head.weight` is `model.embed_tokens.weight`) is given once, under its
+        first name, as `save_pretrained` does; loaders of tied models do not expect the second.
+        """
+        unique = dict(self.model.named_parameters())
+        aliases = {n for n, _ in self.model.named_parameters(remove_duplicate=False)} - set(unique)
+        for name, t in self.model.state_dict().items():
+            if name in aliases:
+                continue
+            if hasattr(t, "full_tensor"):  # a DTensor shard: gather it (a collective)
+                t = t.full_tensor()
+            if self.leads:
+                cast = dtype if t.is_floating_point() else t.dtype
+                yield name, t.detach().to("cpu", dtype=cast, copy=True).contiguous()
 
     def export_weights(self, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
-        """HF state-dict names -> detached, contiguous CPU copies in `dtype`.
+        """`iter_weights` as one dict: a full copy in `dtype` (tests, the synchronous baseline)."""
+        return dict(self.iter_weights(dtype))
 
-        A tensor shared under two names (tied embeddings: `lm_head.weight` is
-        `model.embed_tokens.weight`) is exported once, under its first name, as
-        `save_pretrained` does; loaders of tied models do not expect the second name.
-        """
-        out: dict[str, Tensor] = {}
-        seen: set[int] = set()
-        for name, t in self.model.state_dict().items():
-            ptr = t.data_ptr()
-            if ptr in seen:
-                continue
-            seen.add(ptr)
-            out[name] = t.detach().to("cpu", dtype=dtype, copy=True).contiguous()
-        return out
+    def save(self, where: Path) -> None:
+        """Weights and AdamW state as a `torch.distributed.checkpoint` directory (every rank
+        writes its shards; loadable on any rank count)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=where,
+                 no_dist=self.ranks is None)
+
+    def load(self, where: Path) -> None:
+        """The state `save` wrote, whatever rank count wrote it."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        state = {"model": model, "optimizer": optimizer}
+        dcp.load(state, checkpoint_id=where, no_dist=self.ranks is None)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
 
     @torch.no_grad()
     def evaluate(
         self,
         tokenizer,
         problems: Sequence,
-        score: Callable[[list[tuple[str, str]]], list[float]],
+        score: Callable[[list[tuple[str, str]]], list[float]] | None,
         *,
         max_new_tokens: int,
         batch_size: int = 64,
@@ -274,36 +306,65 @@ class Learner:
         """Mean reward of greedy completions of `problems` (held-out accuracy). `score` maps
         a batch of (answer, completion text) to rewards (`echo2p2p.scoring.scorer.Scorer`, so that a
         verifier that hangs costs a deadline, not the run); texts follow the peers' rule, and
-        prompts are rendered by `prompts` as the hub's leases are."""
-        if not problems:
+        prompts are rendered by `prompts` as the hub's leases are. Sharded, every rank calls it
+        with the same problems and generates its share; rank 0 scores them all (the others
+        pass `score` None and get 0)."""
+        texts = self._completions(tokenizer, list(problems), max_new_tokens, batch_size, prompts)
+        if score is None or not problems:
             return 0.0
+        total = 0.0
+        for start in range(0, len(problems), batch_size):
+            batch = list(zip(problems[start:start + batch_size], texts[start:start + batch_size]))
+            total += sum(float(r) for r in score([(p.answer, t) for p, t in batch]))
+        return total / len(problems)
+
+    def _completions(self, tokenizer, problems: list, max_new_tokens: int, batch_size: int,
+                     prompts: PromptFormat) -> list[str]:
+        """Greedy completion texts of `problems`, in order (sharded: on rank 0; the others
+        get []). Each rank runs the same number of `generate` calls, in step (`synced_gpus`:
+        a rank that finished keeps forwarding while the others need its shards)."""
+        if not problems:
+            return []
+        world, rank = (1, 0) if self.ranks is None else (self.ranks.world, self.ranks.rank)
+        own = list(range(rank, len(problems), world))
+        calls = -(-(-(-len(problems) // world)) // batch_size)  # ceil(ceil(n / W) / batch)
+        done: list[tuple[int, str]] = []
+        self.model.eval()
+        try:
+            for b in range(calls):
+                picked = own[b * batch_size:(b + 1) * batch_size]
+                batch = [problems[i] for i in picked] or problems[:1]  # a rank with none: a stand-in
+                texts = self._generate(tokenizer, batch, max_new_tokens, prompts)
+                done.extend(zip(picked, texts))
+        finally:
+            self.model.train()
+        parts = [done] if self.ranks is None else self.ranks.gather_to_first(done)
+        out = [""] * len(problems)
+        for part in parts:
+            for i, text in part:
+                out[i] = text
+        return out if self.leads else []
+
+    def _generate(self, tokenizer, batch: list, max_new_tokens: int, prompts: PromptFormat
+                  ) -> list[str]:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
+        encoded = [encode_prompt(tokenizer, p.prompt, prompts) for p in batch]
+        width = max(len(e) for e in encoded)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, P)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, P)
+        for i, e in enumerate(encoded):  # left padding: generation appends on the right
+            ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
+            attention[i, width - len(e):] = 1
         dev = self.device
+        out = self.model.generate(
+            input_ids=ids.to(dev), attention_mask=attention.to(dev),
+            do_sample=False, max_new_tokens=max_new_tokens,
+            pad_token_id=pad, eos_token_id=eos, synced_gpus=self.ranks is not None,
+        )  # (B, P + N)
         decoder = CompletionDecoder(tokenizer)
-        total = 0.0
-        self.model.eval()
-        try:
-            for start in range(0, len(problems), batch_size):
-                batch = problems[start:start + batch_size]
-                encoded = [encode_prompt(tokenizer, p.prompt, prompts) for p in batch]
-                width = max(len(e) for e in encoded)
-                ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, P)
-                attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, P)
-                for i, e in enumerate(encoded):  # left padding: generation appends on the right
-                    ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
-                    attention[i, width - len(e):] = 1
-                out = self.model.generate(
-                    input_ids=ids.to(dev), attention_mask=attention.to(dev),
-                    do_sample=False, max_new_tokens=max_new_tokens,
-                    pad_token_id=pad, eos_token_id=eos,
-                )  # (B, P + N)
-                texts = [decoder.completion(row).text for row in out[:, width:].tolist()]
-                total += sum(float(r) for r in score([(p.answer, t) for p, t in zip(batch, texts)]))
-        finally:
-            self.model.train()
-        return total / len(problems)
+        return [decoder.completion(row).text for row in out[:, width:].tolist()]
 
 
 def encode_prompt(tokenizer, prompt: str, prompts: PromptFormat = PLAIN) -> list[int]:

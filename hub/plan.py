@@ -6,6 +6,13 @@ prints the required aggregate throughput (`echo2p2p.capacity`), the feasible (S,
 each activation policy (`echo2p2p.activation`) the active set, the predicted learner busy
 fraction, $/h and $ per 1,000 rollouts, beside the LP lower bound on cost.
 
+The learner runs on --learner-ranks ranks (FSDP2): T_train scales from the rank count it was
+measured on (`echo2p2p.learner_size`: each doubling keeps --learner-efficiency of the speed-up),
+its memory per rank (16 bytes a parameter over W, one gathered tensor, a micro-batch's
+activations) is checked against --learner-memory-gb, and each version's publication (gathered
+to rank 0 over the interconnect, cast, coded on --hub-cores) is added to T_bcast: the version
+is announced only once its last chunk is coded.
+
 The broadcast time T_bcast is estimated for every candidate receiving each version (standby
 workers stay warm): with the pipelined overlay, the max-flow bound of upload-limited broadcast,
 M / min(B_hub, (B_hub + sum of worker uplinks) / N), times PIPELINED_OVER_BOUND as measured by
@@ -27,6 +34,8 @@ from echo2p2p.activation import (Selection, Worker, activate_all, choose_active,
 from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
                                predicted_stale_fraction, predicted_staleness, required_throughput)
 from echo2p2p.errors import ConfigError
+from echo2p2p.learner_size import (ModelShape, least_ranks, memory_per_rank_bytes, publish_s,
+                                   train_step_s)
 from echo2p2p.staleness import default_publish_every
 
 PIPELINED_OVER_BOUND = 1.4
@@ -61,9 +70,29 @@ class PlanConfig:
     """How versions reach workers: pipelined (the overlay) or star."""
     margin: float = 0.1
     """Safety margin on the required throughput (0.1 = provision 10 % more)."""
+    learner_ranks: int = 1
+    """W, the ranks (GPUs) the learner is sharded over with FSDP2 (torchrun --nproc-per-node)."""
+    train_step_ranks: int = 0
+    """The rank count --train-step-s was measured on (0 = --learner-ranks: T_train as given)."""
+    learner_efficiency: float = 0.9
+    """Speed kept per doubling of the learner's ranks (FSDP's gathers and reductions do not
+    shrink with W); bench/learner_memory.py measures it."""
+    learner_memory_gb: float = 0.0
+    """Memory of one learner rank (GPU), GB: the plan says whether the learner fits and the
+    fewest ranks that would (0 = do not check)."""
+    micro_tokens: int = 16384
+    """The learner's --learner-micro-tokens: padded tokens per micro-batch (activation memory)."""
+    checkpointing: bool = False
+    """The learner's --learner-checkpointing: activations of one decoder layer kept, not all."""
+    hub_cores: int = 8
+    """CPU cores coding each version's chunks on the hub (the publication time)."""
+    interconnect_gbps: float = 100.0
+    """Bandwidth between the learner's ranks, Gbit/s (NVLink: ~2400, InfiniBand: 200-400): each
+    version is gathered from the shards to rank 0 before it is coded."""
 
     def __post_init__(self) -> None:
-        for name in ("uplink_mbps", "train_step_s", "rollouts_per_step"):
+        for name in ("uplink_mbps", "train_step_s", "rollouts_per_step", "learner_ranks",
+                     "micro_tokens", "hub_cores", "interconnect_gbps"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.model_bytes < 0 or self.margin < 0 or self.max_lag < 0 or self.publish_every < 0:
@@ -72,6 +101,18 @@ class PlanConfig:
             raise ConfigError("reading", f"sequential or overlapped, got {self.reading!r}")
         if self.relay not in ("pipelined", "star"):
             raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
+        if self.train_step_ranks < 0 or self.learner_memory_gb < 0:
+            raise ConfigError("train_step_ranks/learner_memory_gb", "must be >= 0")
+        if not 0 < self.learner_efficiency <= 1:
+            raise ConfigError("learner_efficiency", f"must be in (0, 1], got "
+                                                    f"{self.learner_efficiency}")
+
+    @property
+    def t_train_s(self) -> float:
+        """T_train on the learner's ranks."""
+        measured = self.train_step_ranks or self.learner_ranks
+        return train_step_s(self.train_step_s, measured, self.learner_ranks,
+                            self.learner_efficiency)
 
     @property
     def kappa(self) -> int:
@@ -96,10 +137,11 @@ def load_workers(path: Path) -> list[Worker]:
     return workers
 
 
-def model_bytes(cfg: PlanConfig) -> float:
-    """bf16 bytes of one version: given, or counted on the meta device from the model's config."""
+def model_shape(cfg: PlanConfig) -> ModelShape:
+    """The model's size: P from --model-bytes (bf16: 2 a parameter) if given, else counted on
+    the meta device from the model's config, with the shape the learner's memory needs."""
     if cfg.model_bytes:
-        return cfg.model_bytes
+        return ModelShape(int(cfg.model_bytes // 2))
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -108,7 +150,9 @@ def model_bytes(cfg: PlanConfig) -> float:
     config = AutoConfig.from_pretrained(model_source(cfg.model))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return 2.0 * sum(p.numel() for p in model.parameters())
+    sizes = [p.numel() for p in model.parameters()]
+    return ModelShape(sum(sizes), max(sizes), config.hidden_size, config.num_hidden_layers,
+                      config.vocab_size)
 
 
 def broadcast_s(nbytes: float, hub_bps: float, workers: list[Worker], relay: str) -> float:
@@ -127,15 +171,35 @@ def lossless_schedules(w: Workload, reading: Reading) -> list[tuple[int, int]]:
             if s == 0 or predicted_stale_fraction(replace(w, max_lag=s, kappa=k)) == 0]
 
 
-def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any]:
-    """Everything `echo2-hub plan` prints, as data."""
+def learner_facts(cfg: PlanConfig, shape: ModelShape) -> dict[str, Any]:
+    """T_train and the publication time on the learner's ranks, and its memory per rank."""
+    out: dict[str, Any] = {
+        "learner_ranks": cfg.learner_ranks, "t_train_s": round(cfg.t_train_s, 3),
+        "publish_s": round(publish_s(shape.params, cfg.learner_ranks, cfg.hub_cores,
+                                     cfg.interconnect_gbps * 1e9), 2),
+        "learner_shape": bool(shape.hidden),
+        "learner_gb_per_rank": round(memory_per_rank_bytes(
+            shape, cfg.learner_ranks, cfg.micro_tokens, cfg.checkpointing) / 1e9, 2),
+    }
+    if cfg.learner_memory_gb:
+        out["learner_fits"] = out["learner_gb_per_rank"] <= cfg.learner_memory_gb
+        out["least_learner_ranks"] = least_ranks(shape, cfg.learner_memory_gb * 1e9,
+                                                 cfg.micro_tokens, cfg.checkpointing)
+    return out
+
+
+def plan(cfg: PlanConfig, workers: list[Worker], shape: ModelShape) -> dict[str, Any]:
+    """Everything `echo2-hub plan` prints, as data. The broadcast starts once the version is
+    published: T_bcast here is the publication plus the spread to every worker."""
     reading = Reading(cfg.reading)
-    bcast = broadcast_s(nbytes, cfg.uplink_mbps * 1e6, workers, cfg.relay)
-    workload = Workload(cfg.rollouts_per_step, cfg.train_step_s, bcast, cfg.max_lag, cfg.kappa)
+    nbytes = 2.0 * shape.params
+    learner = learner_facts(cfg, shape)
+    bcast = learner["publish_s"] + broadcast_s(nbytes, cfg.uplink_mbps * 1e6, workers, cfg.relay)
+    workload = Workload(cfg.rollouts_per_step, cfg.t_train_s, bcast, cfg.max_lag, cfg.kappa)
     need = required_throughput(workload, reading)
     stale = predicted_stale_fraction(workload)
     out: dict[str, Any] = {
-        "reading": reading.value, "model_bytes": nbytes, "bcast_s": round(bcast, 2),
+        "reading": reading.value, "model_bytes": nbytes, "bcast_s": round(bcast, 2), **learner,
         "S": cfg.max_lag, "kappa": cfg.kappa, "feasible": need.feasible, "reason": need.reason,
         "required_rollouts_per_s": need.rollouts_per_s,
         "feasible_schedules": lossless_schedules(workload, reading)[:8],
@@ -152,7 +216,7 @@ def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any
         sel: Selection = policy(workers, required, cfg.margin)
         # Rollouts older than S are dropped: only the rest feeds the learner.
         busy = predicted_busy_fraction(workload, sel.rollouts_per_s * (1 - stale), reading)
-        consumed_per_h = busy * cfg.rollouts_per_step / cfg.train_step_s * 3600
+        consumed_per_h = busy * cfg.rollouts_per_step / cfg.t_train_s * 3600
         out["policies"][name] = {
             **asdict(sel), "workers": len(sel.active), "busy_frac": round(busy, 3),
             "usd_per_1k_rollouts": (round(1000 * sel.price_per_hour / consumed_per_h, 4)
@@ -162,11 +226,21 @@ def plan(cfg: PlanConfig, workers: list[Worker], nbytes: float) -> dict[str, Any
 
 
 def render(p: dict[str, Any], cfg: PlanConfig) -> str:
+    fits = ""
+    if "learner_fits" in p:
+        least = p["least_learner_ranks"]
+        fits = (f" of {cfg.learner_memory_gb:g}: fits" if p["learner_fits"] else
+                f" of {cfg.learner_memory_gb:g}: does not fit; " +
+                (f"{least} ranks would" if least else "no rank count would"))
     lines = [
         f"one version: {p['model_bytes'] / 1e9:.2f} GB; learner uplink {cfg.uplink_mbps:g} Mbit/s; "
-        f"broadcast to every worker ~{p['bcast_s']:.1f} s ({cfg.relay})",
+        f"published in ~{p['publish_s']:.1f} s, then to every worker in "
+        f"~{p['bcast_s'] - p['publish_s']:.1f} s ({cfg.relay})",
+        f"learner on {p['learner_ranks']} rank(s): ~{p['learner_gb_per_rank']:.1f} GB per rank"
+        f"{'' if p['learner_shape'] else ' (state only: --model counts activations)'}{fits}; "
+        f"T_train {p['t_train_s']:g} s",
         f"rule ({p['reading']} reading), S={p['S']}, kappa={p['kappa']}, R={cfg.rollouts_per_step}, "
-        f"T_train={cfg.train_step_s:g} s: " + (
+        f"T_train={p['t_train_s']:g} s: " + (
             f"needs >= {p['required_rollouts_per_s']:.2f} rollouts/s (+{cfg.margin:.0%} margin)"
             if p["feasible"] else f"infeasible: {p['reason']}"),
         "feasible (S, kappa) that drop nothing as stale, smallest first: " + (
@@ -188,5 +262,5 @@ def render(p: dict[str, Any], cfg: PlanConfig) -> str:
 
 def run(cfg: PlanConfig, as_json: bool) -> str:
     workers = load_workers(Path(cfg.workers))
-    result = plan(cfg, workers, model_bytes(cfg))
+    result = plan(cfg, workers, model_shape(cfg))
     return json.dumps(result, default=str) if as_json else render(result, cfg)

@@ -10,8 +10,11 @@ each version exactly as published (the weights are not exported twice).
 With `files` (`versions.VersionFiles`, what `start_hub` gives it: `<run_dir>/versions`) the raw
 stream is written to a file first and everything after reads it from the mapping: chunks go to
 their file as they are coded, the delta base and the spot-checker's copy are views of the
-mapped streams, so the hub's RAM holds no version beyond the one being exported (2P bytes for P
-parameters in bf16, while `build` runs). Without, all of it stays in RAM (tests, benchmarks).
+mapped streams. Given the learner's `iter_weights` (what `start_hub` passes), each tensor is
+gathered from the shards, cast and written to the stream before the next is gathered, so the
+hub's RAM never holds a whole version: the model plus one tensor. Given a dict, the dict is the
+copy (2P bytes for P parameters in bf16). Without `files`, all of it stays in RAM (tests,
+benchmarks).
 Not streaming: the signed manifest names every chunk's digest, so nothing can be announced
 before the last chunk is coded (bench/realsize.py measures what that costs).
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,21 +54,29 @@ class Publisher:
         self.published = 0  # versions built so far by this process
         self.timings: dict[str, float] = {}  # seconds per stage of the last build
 
-    def build(self, version: int, weights: Mapping[str, Any]) -> Published:
+    def build(self, version: int, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]
+              ) -> Published:
         """`version` in full, and as a delta against the last one unless it is an anchor.
         `weights`: HF state-dict names -> CPU tensors in `cfg.weights_dtype`, not modified (with
-        `files`, not even read once `build` returns)."""
+        `files`, not even read once `build` returns); or (name, tensor) pairs, tied names
+        already removed, which with `files` are written to the stream one by one as they come
+        (`Learner.iter_weights`: the version is never whole in RAM)."""
         import torch
 
-        from echo2p2p.policy.weights import state_to_tensors
+        from echo2p2p.policy.weights import state_to_tensors, tensor_entry
 
         start = time.perf_counter()
-        tensors = state_to_tensors(weights, getattr(torch, self.cfg.weights_dtype))
+        dtype = getattr(torch, self.cfg.weights_dtype)
         if self._files is not None:  # from here on, read the stream from its file
-            stream = self._files.write_stream(version, (raw for *_, raw in tensors))
-            tensors = [(*t[:3], stream[at:at + len(t[3])])
-                       for t, at in zip(tensors, _offsets(tensors))]
+            entries = (state_to_tensors(weights, dtype) if isinstance(weights, Mapping)
+                       else (tensor_entry(name, t, dtype) for name, t in weights))
+            layout: list[tuple[str, str, list[int], int]] = []
+            stream = self._files.write_stream(version, _laid_out(entries, layout))
+            tensors = [(name, dt, shape, stream[at:at + size])
+                       for (name, dt, shape, size), at in zip(layout, _offsets(layout))]
         else:
+            weights = weights if isinstance(weights, Mapping) else dict(weights)
+            tensors = state_to_tensors(weights, dtype)
             stream = b"".join(raw for *_, raw in tensors)
         written = time.perf_counter()
         chunk_bytes = self.cfg.chunk_bytes or snap.auto_chunk_bytes(len(stream))
@@ -106,12 +117,19 @@ class Publisher:
         return Snapshot(manifest, chunks, signing.sign_manifest(self._signing_key, manifest))
 
 
-def _offsets(tensors: list) -> list[int]:
+def _laid_out(entries: Iterable[tuple], layout: list) -> Iterator[memoryview]:
+    """The raw bytes of each entry, in turn, noting (name, dtype, shape, size) in `layout`."""
+    for name, dt, shape, raw in entries:
+        layout.append((name, dt, shape, len(raw)))
+        yield raw
+
+
+def _offsets(layout: list) -> list[int]:
     """Where each tensor's bytes start in the stream they are laid into back to back."""
     out, pos = [], 0
-    for *_, raw in tensors:
+    for *_, size in layout:
         out.append(pos)
-        pos += len(raw)
+        pos += size
     return out
 
 

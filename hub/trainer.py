@@ -36,6 +36,7 @@ from .durable import Checkpoints
 from .estimates import Estimates
 from .model_files import ModelFiles, model_routes, token_facts
 from .publisher import Publisher, load_or_make_key
+from .ranks import Leader, Ranks, follow
 from .runlog import RunLog, propagation_line
 from .server import Hub, TokenizedProblem, serve
 from .status import status
@@ -108,7 +109,7 @@ class HubRun:
         dtype = getattr(torch, self.cfg.weights_dtype)
         version = self.hub.step
         built = await asyncio.to_thread(
-            lambda: self.publisher.build(version, self.learner.export_weights(dtype)))
+            lambda: self.publisher.build(version, self.learner.iter_weights(dtype)))
         self.hub.publish(built)
         log.debug("published v%d: %d wire bytes in full, %s as a delta", built.version,
                   built.full.wire_bytes, built.delta.wire_bytes if built.delta else "none")
@@ -119,18 +120,15 @@ class HubRun:
         idle meanwhile: the loop calls this between steps. The step is the hub's state's."""
         number = self.checkpoints.next_number()
         state = self.hub.checkpoint(self.checkpoints.journal(number))
-        learner = {"model": self.learner.model.state_dict(),
-                   "optimizer": self.learner.optimizer.state_dict()}
         start = time.perf_counter()
-        await asyncio.to_thread(self.checkpoints.write, number, learner, state)
+        await asyncio.to_thread(self.checkpoints.write, number, self.learner.save, state)
         log.debug("checkpoint %d at v%d in %.3f s", number, state["step"],
                   time.perf_counter() - start)
 
-    def resume(self, saved: tuple[dict[str, Any], dict[str, Any], list[list]]) -> None:
+    def resume(self, saved: tuple[Path, dict[str, Any], list[list]]) -> None:
         """Continue from a checkpoint and its journal (see hub.durable)."""
         learner, state, journal = saved
-        self.learner.model.load_state_dict(learner["model"])
-        self.learner.optimizer.load_state_dict(learner["optimizer"])
+        self.learner.load(learner)
         self.hub.restore(state, journal)
         self.resumed = True
         hub = self.hub.statistics()
@@ -220,14 +218,15 @@ class HubRun:
 
 
 @contextlib.asynccontextmanager
-async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
-                    ) -> AsyncIterator[HubRun]:
+async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
+                    ranks: Ranks | None = None) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
-    train in the background; stop on exit."""
+    train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
+    others run `follow_rank`)."""
     # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
     files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
-    run, eval_scorer = await _open_run(cfg, stream, resume)
+    run, eval_scorer = await _open_run(cfg, stream, resume, ranks)
     hub, runlog = run.hub, run.runlog
 
     async def handle_status(request: web.Request) -> web.Response:
@@ -242,9 +241,10 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
             await hub.scorer.start()
         async with serve(hub, cfg.host, cfg.port, routes) as port:
             run.port = port
-            log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d); run dir %s; "
-                     "hub key %s", hub.run_id, run.url, cfg.model, hub.task.kind, cfg.max_lag,
-                     cfg.kappa, runlog.run_dir, hub.hub_key.hex())
+            log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
+                     "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.model,
+                     hub.task.kind, cfg.max_lag, cfg.kappa, ranks.world if ranks else 1,
+                     runlog.run_dir, hub.hub_key.hex())
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
                 try:
@@ -253,6 +253,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
                     for task_ in tasks:
                         task_.cancel()
     finally:
+        if isinstance(run.learner, Leader):
+            run.learner.close()
         eval_scorer.close()
         if hub.scorer is not None:
             hub.scorer.close()  # serve() closed it already, unless it never started serving
@@ -260,20 +262,43 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False
         runlog.close()
 
 
-async def _open_run(cfg: HubConfig, stream: Any, resume: bool) -> tuple[HubRun, Scorer]:
-    """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
-    log, resumed from cfg.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
-    published; and the evaluation scorer, which the caller closes."""
+def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
+    """The run's learner on `model` (sharded over `ranks`; every rank makes the same one)."""
+    from .learner import Learner
+
+    return Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
+                   temperature=cfg.temperature, pad_id=tokenizer.pad_token_id,
+                   micro_tokens=cfg.learner_micro_tokens, ranks=ranks,
+                   precision=cfg.learner_precision, checkpointing=cfg.learner_checkpointing)
+
+
+def _load_policy(cfg: HubConfig) -> tuple[Any, Any]:
+    """The policy (fp32) and tokenizer, seeded as every rank seeds them."""
     import torch
 
     from echo2p2p.policy.model import load_policy
 
-    from .learner import Learner, encode_prompt
-    from .spotcheck import SpotChecker
-
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
+    model, tokenizer = load_policy(cfg.model, device=cfg.device)
+    return model.float(), tokenizer
+
+
+def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
+    """A learner rank other than 0: the same policy and learner, then rank 0's calls."""
+    model, tokenizer = _load_policy(cfg)
+    follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
+
+
+async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None
+                    ) -> tuple[HubRun, Scorer]:
+    """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
+    log, resumed from cfg.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
+    published; and the evaluation scorer, which the caller closes."""
+    from .learner import encode_prompt
+    from .spotcheck import SpotChecker
+
     saved = None
     if resume:
         if not cfg.run_dir:
@@ -283,10 +308,13 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool) -> tuple[HubRun, 
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
     runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
     task = await asyncio.to_thread(open_task, cfg)
-    model, tokenizer = await asyncio.to_thread(load_policy, cfg.model, device=cfg.device)
+    model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
     prompts = cfg.prompts.check(tokenizer, repr(cfg.model))  # before any prompt is leased
-    learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
-                      temperature=cfg.temperature, pad_id=tokenizer.pad_token_id)
+    # the spot-checker's copy first: the learner may shard the model in place
+    spot = SpotChecker(model, cfg) if cfg.spot_check_fraction > 0 else None
+    learner = make_learner(cfg, model, tokenizer, ranks)
+    if ranks is not None:
+        learner = Leader(learner, ranks)
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
                 for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
@@ -300,7 +328,6 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool) -> tuple[HubRun, 
             line = propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
-    spot = SpotChecker(learner.model, cfg) if cfg.spot_check_fraction > 0 else None
     hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
               decode=CompletionDecoder(tokenizer))
     checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None

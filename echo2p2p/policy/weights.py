@@ -61,12 +61,20 @@ def state_to_tensors(
             if key in seen:
                 continue
             seen.add(key)
-        target = dtype if t.is_floating_point() else t.dtype
-        if dtype_name(target) not in DTYPE_BYTES:
-            raise LocalProtocolError(f"tensor {name!r}: dtype {target} cannot go in a snapshot")
-        t = t.to(device="cpu", dtype=target).contiguous()
-        out.append((name, dtype_name(target), list(t.shape), _byte_view(t)))
+        out.append(tensor_entry(name, t, dtype))
     return out
+
+
+def tensor_entry(name: str, t: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+                 ) -> tuple[str, str, list[int], memoryview]:
+    """(name, dtype name, shape, raw bytes) of one tensor, floating point cast to `dtype`: what
+    `state_to_tensors` gives per tensor, for a caller that streams them one by one (and has
+    removed tied names itself: a freed tensor's address is reused, so pointers prove nothing)."""
+    target = dtype if t.is_floating_point() else t.dtype
+    if dtype_name(target) not in DTYPE_BYTES:
+        raise LocalProtocolError(f"tensor {name!r}: dtype {target} cannot go in a snapshot")
+    t = t.detach().to(device="cpu", dtype=target).contiguous()
+    return name, dtype_name(target), list(t.shape), _byte_view(t)
 
 
 def tensors_to_state(
