@@ -115,21 +115,27 @@ class Ranks:
                               f"and config file")
 
     def shard(self, model: torch.nn.Module, precision: str = "fp32") -> None:
-        """Rank 0's weights on every rank, then each decoder layer and the model sharded in place
-        (`fully_shard`); with precision bf16, compute in bf16 over fp32 master weights and fp32
-        gradient reductions."""
+        """Each decoder layer and the model sharded in place (`fully_shard`), holding rank 0's
+        weights on every rank. Rank 0 passes its loaded model, the others the architecture on
+        the meta device (`load_policy(weights=False)`): only rank 0 ever holds a whole copy,
+        and each of the others receives its shards tensor by tensor. With precision bf16,
+        compute in bf16 over fp32 master weights and fp32 gradient reductions."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        model.to(self.device)
-        with torch.no_grad():
-            for t in model.state_dict().values():
-                dist.broadcast(t, src=0)
+        whole = model.state_dict() if self.rank == 0 else {}  # alive until it is sent
         policy = MixedPrecisionPolicy()
         if precision == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        model.to_empty(device=self.device) if self.rank else model.to(self.device)
+        set_model_state_dict(model, whole, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True))
+        with torch.no_grad():  # buffers outside the state dict (rotary frequencies) too
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
 
     def gather_to_first(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, on rank 0 (others get [])."""

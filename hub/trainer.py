@@ -272,8 +272,8 @@ def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None
                    precision=cfg.learner_precision, checkpointing=cfg.learner_checkpointing)
 
 
-def _load_policy(cfg: HubConfig) -> tuple[Any, Any]:
-    """The policy (fp32) and tokenizer, seeded as every rank seeds them."""
+def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
+    """The policy (fp32; `weights` False: on the meta device) and tokenizer."""
     import torch
 
     from echo2p2p.policy.model import load_policy
@@ -281,13 +281,14 @@ def _load_policy(cfg: HubConfig) -> tuple[Any, Any]:
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_policy(cfg.model, device=cfg.device)
+    model, tokenizer = load_policy(cfg.model, device=cfg.device, weights=weights)
     return model.float(), tokenizer
 
 
 def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
-    """A learner rank other than 0: the same policy and learner, then rank 0's calls."""
-    model, tokenizer = _load_policy(cfg)
+    """A learner rank other than 0: the policy's architecture, the learner sharded over it with
+    rank 0's weights (`Ranks.shard`), then rank 0's calls."""
+    model, tokenizer = _load_policy(cfg, weights=False)
     follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
 
 

@@ -93,14 +93,22 @@ def architecture_only(source: str | pathlib.Path) -> bool:
 _LOAD_LOCK = threading.Lock()
 
 
-def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                weights: bool = True):
     """(model, tokenizer) for the built-in name, a local directory or a hub id; model in eval mode.
-    A directory without weight files gives the architecture with untrained weights."""
+    A directory without weight files gives the architecture with untrained weights. `weights`
+    False: the architecture on the meta device, no memory (a learner rank that will be sent
+    rank 0's weights)."""
     source = model_source(name)
     try:
         with _LOAD_LOCK:  # from_pretrained's meta-device init is process-global: one at a time
             tokenizer = AutoTokenizer.from_pretrained(source)
-            if architecture_only(source):
+            if not weights:
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source),
+                                                             dtype=dtype)
+                device = "meta"
+            elif architecture_only(source):
                 config = AutoConfig.from_pretrained(source)
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             else:

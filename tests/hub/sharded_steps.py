@@ -69,6 +69,8 @@ def run(ranks, save: str = "", load: str = "", checkpointing: bool = False) -> d
 
     model, tokenizer = load_policy("tiny")  # the built-in policy: its completions mean something
     plan = batches(model)
+    if ranks is not None and ranks.rank > 0:  # as `echo2-hub serve` makes them: rank 0's weights
+        model, _ = load_policy("tiny", weights=False)
     learner = Learner(model, lr=LR, kl_coef=0.1, max_grad_norm=0.5, micro_tokens=40,
                       ranks=ranks, checkpointing=checkpointing)
     half = STEPS // 2
