@@ -22,6 +22,7 @@ cannot reach the rendezvous within `learner_timeout_s`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 from collections.abc import Callable
@@ -130,12 +131,17 @@ class Ranks:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
-        model.to_empty(device=self.device) if self.rank else model.to(self.device)
+        if self.rank:  # meta tensors become memory, filled just below
+            model.to_empty(device=self.device)
+        else:
+            model.to(self.device)
         set_model_state_dict(model, whole, options=StateDictOptions(
             full_state_dict=True, broadcast_from_rank0=True))
         with torch.no_grad():  # buffers outside the state dict (rotary frequencies) too
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
+        del whole
+        _release_freed_heap()
 
     def gather_to_first(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, on rank 0 (others get [])."""
@@ -163,6 +169,13 @@ class Ranks:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _release_freed_heap() -> None:
+    """Hand the whole model's freed memory back to the OS (glibc keeps freed heap otherwise,
+    and rank 0's resident memory would stay a full copy above its shard)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
