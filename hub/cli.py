@@ -170,15 +170,16 @@ def _leaf(group: BaseException, kind: type) -> BaseException | None:
 
 
 def _under_torchrun(nproc: int, argv: list[str]) -> int:
-    """This command again, with N ranks on this node, under PyTorch's own launcher."""
+    """This command again, with N ranks on this node, under PyTorch's own launcher (its
+    rendezvous on a free local port, so two runs on one machine do not collide)."""
     rest, skip = [], False
     for a in argv:
         if skip or a.startswith("--nproc-per-node"):
             skip = a == "--nproc-per-node" and not skip
             continue
         rest.append(a)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "-m", "echo2p2p.hub.cli", *rest]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a free port
+               "--nproc-per-node", str(nproc), "-m", "echo2p2p.hub.cli", *rest]
     return subprocess.run(command).returncode
 
 

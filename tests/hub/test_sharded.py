@@ -31,7 +31,8 @@ WEIGHT_TOL = 2e-5
 
 def on_two_ranks(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "two.pt"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2",
                            str(ROOT / "tests/hub/sharded_steps.py"), str(out), *args],
                           env=ENV, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
