@@ -102,12 +102,13 @@ def deal(rows: Sequence[Row], world: int) -> list[list[Row]]:
     by_group: dict[int, list[Row]] = {}
     for r in rows:
         by_group.setdefault(r.group, []).append(r)
-    fair = -(-len(by_group) // world)
+    size = {g: sum(len(r.ids) for r in group) for g, group in by_group.items()}
+    fair = math.ceil(len(by_group) / world)
     shares: list[list[Row]] = [[] for _ in range(world)]
     tokens, counts = [0] * world, [0] * world
-    for g in sorted(by_group, key=lambda g: -sum(len(r.ids) for r in by_group[g])):
+    for g in sorted(by_group, key=lambda g: -size[g]):
         rank = min((r for r in range(world) if counts[r] < fair), key=lambda r: tokens[r])
         shares[rank].extend(by_group[g])
-        tokens[rank] += sum(len(r.ids) for r in by_group[g])
+        tokens[rank] += size[g]
         counts[rank] += 1
     return shares

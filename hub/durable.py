@@ -111,7 +111,7 @@ class Checkpoints:
         tmp.mkdir()
         save_learner(tmp / "learner")
         (tmp / "hub.msgpack").write_bytes(msgpack.packb(hub, use_bin_type=True))
-        for f in [*tmp.rglob("*"), tmp / "learner"]:
+        for f in tmp.rglob("*"):  # the learner's directory and every file in it too
             _fsync(f)
         tmp.rename(final)
         pointer = self.root / f"{LATEST}.tmp"

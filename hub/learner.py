@@ -327,14 +327,15 @@ class Learner:
             return []
         world, rank = (1, 0) if self.ranks is None else (self.ranks.world, self.ranks.rank)
         own = list(range(rank, len(problems), world))
-        calls = -(-(-(-len(problems) // world)) // batch_size)  # ceil(ceil(n / W) / batch)
+        calls = math.ceil(math.ceil(len(problems) / world) / batch_size)  # the same on every rank
+        decoder = CompletionDecoder(tokenizer)
         done: list[tuple[int, str]] = []
         self.model.eval()
         try:
             for b in range(calls):
                 picked = own[b * batch_size:(b + 1) * batch_size]
                 batch = [problems[i] for i in picked] or problems[:1]  # a rank with none: a stand-in
-                texts = self._generate(tokenizer, batch, max_new_tokens, prompts)
+                texts = self._generate(tokenizer, decoder, batch, max_new_tokens, prompts)
                 done.extend(zip(picked, texts))
         finally:
             self.model.train()
@@ -345,8 +346,8 @@ class Learner:
                 out[i] = text
         return out if self.leads else []
 
-    def _generate(self, tokenizer, batch: list, max_new_tokens: int, prompts: PromptFormat
-                  ) -> list[str]:
+    def _generate(self, tokenizer, decoder: CompletionDecoder, batch: list, max_new_tokens: int,
+                  prompts: PromptFormat) -> list[str]:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
@@ -363,7 +364,6 @@ class Learner:
             do_sample=False, max_new_tokens=max_new_tokens,
             pad_token_id=pad, eos_token_id=eos, synced_gpus=self.ranks is not None,
         )  # (B, P + N)
-        decoder = CompletionDecoder(tokenizer)
         return [decoder.completion(row).text for row in out[:, width:].tolist()]
 
 

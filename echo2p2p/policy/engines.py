@@ -25,7 +25,7 @@ import torch
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.messages import ENGINES
 from .model import load_policy
-from .sampling import check_state, copy_state, forward_cached, nucleus_logprobs, state_shapes
+from .sampling import check_state, copy_checked, forward_cached, nucleus_logprobs, state_shapes
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,14 @@ class TransformersEngine:
         self.pad_id = self.tokenizer.pad_token_id
         self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
         self._intact = True  # False while (or after a failure of) a copy into the model
+        self._shapes = state_shapes(self.model)  # what every update is checked against
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """All or nothing, as VLLMEngine's: a bad state is refused before any copy, and after a
         copy that fails half-way `generate` refuses until a complete state is loaded."""
-        check_state(*state_shapes(self.model), named_tensors)
+        check_state(*self._shapes, named_tensors)
         self._intact = False
-        copy_state(self.model, named_tensors)
+        copy_checked(self.model, named_tensors)
         self._intact = True
 
     @torch.inference_mode()

@@ -4,7 +4,7 @@
 log_softmax(logits / T), restricted to the top-p nucleus and renormalised (vLLM's
 "processed_logprobs"); top-k is off. `forward_cached` is one KV-cached step of a transformers
 model; `copy_state` loads a state into a model in place, checking names and shapes first
-(`check_state`).
+(`check_state`; `copy_checked` when the caller has).
 """
 
 from __future__ import annotations
@@ -74,8 +74,13 @@ def state_shapes(model: torch.nn.Module) -> tuple[dict[str, tuple[int, ...]], se
 def copy_state(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor]) -> None:
     """Copy `named_tensors` into `model`'s parameters in place, casting; ValueError on bad names
     or shapes, raised before anything is copied."""
-    state = dict(model.state_dict())
     check_state(*state_shapes(model), named_tensors)
+    copy_checked(model, named_tensors)
+
+
+def copy_checked(model: torch.nn.Module, named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """`copy_state` for a state the caller has already passed through `check_state`."""
+    state = dict(model.state_dict())
     with torch.no_grad():
         for name, tensor in named_tensors.items():
             state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
