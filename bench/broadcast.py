@@ -65,7 +65,7 @@ async def hub_main(args: argparse.Namespace) -> None:
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
                     zstd_level=1)
     key = signing.new_private_key()
-    task = AdditionTask(seed=0)
+    task = AdditionTask()
     records: asyncio.Queue[dict] = asyncio.Queue()
     hub = Hub(cfg, "bench", task, [TokenizedProblem(task.problems("train")[0], [1])],
               key, on_event=records.put_nowait)

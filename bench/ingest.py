@@ -134,7 +134,7 @@ async def hub_main(args: argparse.Namespace) -> None:
 
     cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
                     max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers)
-    task = AdditionTask(seed=0)
+    task = AdditionTask()
     problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
     hub = Hub(cfg, "bench", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
     app = web.Application()

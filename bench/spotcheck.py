@@ -83,7 +83,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, temperature=cfg.temperature,
                       pad_id=tokenizer.pad_token_id)
     spot = SpotChecker(learner.model, replace(cfg, max_lag=args.steps))  # keeps every version
-    task = AdditionTask(seed=0)
+    task = AdditionTask()
     problems = iter(task.problems("train"))
     engines = {"fp32": TransformersEngine("tiny"),
                "bf16": TransformersEngine("tiny", dtype=torch.bfloat16),

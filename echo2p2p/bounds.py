@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import messages as m
+from .episodes import check_layout, unpack_turns
 from .errors import RemoteProtocolError
 
+MAX_REWARD = 1e6  # a claimed reward: any task's or environment's, with room (the hub re-scores)
 MAX_NAME_CHARS = 128  # Hello.name: a hostname-pid or an operator's label
 MAX_DEVICE_CHARS = 64  # "cpu", "cuda:7", "mps"
 MAX_TOKEN_CHARS = 256  # join tokens are ~45 characters (echo2p2p.hub.tokens)
@@ -108,8 +112,9 @@ def _lease_request(msg: m.LeaseRequest, welcome: m.Welcome | None) -> None:
 
 
 def _rollout(msg: m.RolloutSubmission, welcome: m.Welcome | None) -> None:
-    """Structurally impossible rollouts: wrong G, ragged or non-finite arrays, over the token cap,
-    rewards outside [0, 1] (every task's range, `echo2p2p.tasks.base`)."""
+    """Structurally impossible rollouts: wrong G, ragged or non-finite arrays, over the token cap
+    (per model turn for an episode), episode turns that do not add up, a claimed reward that is
+    no number (the hub re-scores every one; a claim only checks the peer's honesty)."""
 
     def bad(why: str) -> RemoteProtocolError:
         return RemoteProtocolError(f"bad rollout {msg.lease_id[:40]!r}: {why}", m.CLOSE_PROTOCOL_ERROR)
@@ -120,20 +125,34 @@ def _rollout(msg: m.RolloutSubmission, welcome: m.Welcome | None) -> None:
     if msg.version < 0:
         raise bad("negative version")
     _version(msg.version, "rollout.version")
+    cap = welcome.max_new_tokens if welcome is not None else None
     for s in msg.samples:
-        if len(s.token_ids) % 4 or len(s.logprobs) != len(s.token_ids):
+        if s.turns or (welcome is not None and welcome.env):
+            _episode(s, cap, bad)
+        elif len(s.token_ids) % 4 or len(s.logprobs) != len(s.token_ids):
             raise bad("token_ids and logprobs must be packed arrays of equal length")
-        if s.n_tokens == 0 or (welcome is not None and s.n_tokens > welcome.max_new_tokens):
+        elif s.n_tokens == 0 or (cap is not None and s.n_tokens > cap):
             raise bad(f"{s.n_tokens} completion tokens")
         if s.finish_reason not in m.FINISH_REASONS:
             raise bad(f"finish_reason {s.finish_reason[:20]!r}")
-        if not 0.0 <= s.reward <= 1.0:
-            raise bad("reward is not in [0, 1]")
+        if not -MAX_REWARD <= s.reward <= MAX_REWARD:  # also refuses NaN
+            raise bad(f"reward is not a number within +-{MAX_REWARD:g}")
     # One vectorised pass over every sample's logprobs: ~5 us for G = 8 x 256 tokens, where a
     # Python loop over the unpacked floats took ~80 us (bench/ingest.py admits ~1000 groups/s).
     lps = np.frombuffer(b"".join(s.logprobs for s in msg.samples), dtype="<f4")
     if lps.size and not (np.isfinite(lps).all() and lps.max() <= MAX_LOGPROB):
         raise bad("logprobs must be finite and <= 0")
+
+
+def _episode(s: m.Sample, cap: int | None, bad: Callable[[str], RemoteProtocolError]) -> None:
+    """An episode's layout (`echo2p2p.episodes`): segments that add up, model turns within the
+    per-turn token cap."""
+    lengths = unpack_turns(s.turns)
+    if len(s.token_ids) % 4 or len(s.logprobs) % 4 or not check_layout(
+            lengths, s.n_tokens, len(s.logprobs) // 4):
+        raise bad("an episode's turns must describe its token_ids and model logprobs")
+    if cap is not None and max(lengths[0::2]) > cap:
+        raise bad(f"a model turn of {max(lengths[0::2])} tokens")
 
 
 def _version_held(msg: m.VersionHeld, welcome: m.Welcome | None) -> None:

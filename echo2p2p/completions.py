@@ -50,16 +50,33 @@ class CompletionDecoder:
             ids = ids[:ids.index(self.eos_id) + 1]
         return DecodedCompletion(ids, self._decode(ids, skip_special_tokens=True), stopped)
 
-    def from_wire(self, packed_ids: bytes) -> DecodedCompletion | None:
-        """The completion packed on the wire as `packed_ids`, or None if it is not one: empty,
-        an id outside the tokenizer's vocabulary (which `decode` would silently skip), or ids
-        after an EOS (the learner would train on tokens the score never saw)."""
+    def encode(self, text: str) -> list[int]:
+        """`text`'s ids, no special tokens added: how an environment's observation becomes
+        tokens (`echo2p2p.episodes`)."""
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def turn_text(self, ids: list[int]) -> str | None:
+        """A model turn's action text, or None if `ids` are no turn (ids after an EOS)."""
+        done = self.completion(ids)
+        return done.text if len(done.token_ids) == len(ids) else None
+
+    def ids_from_wire(self, packed_ids: bytes) -> list[int] | None:
+        """The ids packed on the wire, or None: empty, or one outside the vocabulary."""
         if self.vocab_size is None:
             raise TypeError("checking ids needs a tokenizer with len(), its vocabulary size")
         if not packed_ids or len(packed_ids) % 4:
             return None
         ids = unpack_ids(packed_ids)
-        if max(ids) >= self.vocab_size:  # uint32 on the wire: never negative
+        return ids if max(ids) < self.vocab_size else None  # uint32: never negative
+
+    def from_wire(self, packed_ids: bytes) -> DecodedCompletion | None:
+        """The completion packed on the wire as `packed_ids`, or None if it is not one: empty,
+        an id outside the tokenizer's vocabulary (which `decode` would silently skip), or ids
+        after an EOS (the learner would train on tokens the score never saw)."""
+        ids = self.ids_from_wire(packed_ids)
+        if ids is None:
             return None
         done = self.completion(ids)
         return done if len(done.token_ids) == len(ids) else None

@@ -76,6 +76,10 @@ class Sample:
     text: str
     reward: float  # the peer's claim; the hub re-scores
     finish_reason: str  # one of FINISH_REASONS
+    # An episode of a multi-turn environment: its segment lengths, packed <u4 (model turn,
+    # observation, model turn, ...; `echo2p2p.episodes`); the logprobs are the model tokens'.
+    # b"": a single-turn completion.
+    turns: bytes = b""
 
     @property
     def n_tokens(self) -> int:
@@ -165,6 +169,10 @@ class Welcome:
     # the hub's signature over it (signing.sign_model_files). Empty: an older hub.
     model_digest: bytes = b""
     model_signature: bytes = b""
+    # A multi-turn run: the environment (an installed package's entry point in the group
+    # "echo2p2p.environments") and its version; a peer without it refuses to join. '' = none.
+    env: str = ""
+    env_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,8 @@ class LeaseGrant:
     problem_id: str
     prompt: str
     prompt_ids: list[int]
-    answer: str  # reference answer, so the peer can score without the dataset
+    answer: str  # reference answer, so the peer can score without the dataset; with an
+    # environment (Welcome.env), the episode's seed in decimal
     group_size: int
     deadline_s: float
     min_version: int

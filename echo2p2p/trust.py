@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report")
+EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report",
+          "observation_mismatch")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class TrustPolicy:
         "bad_chunk": 0.6,
         "text_mismatch": 0.2,  # a sample's text is not the decoding of its token ids
         "false_report": 0.3,  # it accused a relay of a corrupt chunk the hub found intact
+        # An episode its environment's replay refutes (an observation it did not say, turns
+        # after done, an episode cut short): a forged reward by other means.
+        "observation_mismatch": 0.2,
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.admission import Action, decide_submission
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
@@ -52,16 +53,19 @@ class Admission:
                  spot: SpotChecker | None, step: Callable[[], int],
                  newest_version: Callable[[], int | None], dispatch: Callable[[], None],
                  journal: Callable[..., None], on_event: Callable[[dict[str, Any]], None],
-                 now: Callable[[], float], vocab_size: int | None = None):
+                 now: Callable[[], float], vocab_size: int | None = None, setup: Any = None):
         """`counters`: the hub's `Counters`; `step`: the learner's step now; `newest_version`:
         the newest published (None: none yet); `dispatch`: grant leases (budget came free);
         `journal(kind, *record)`: write to the hub's journal; `on_event`: the run log;
-        `vocab_size`: ids at or above it are refused (None: left to the scorer's decoder)."""
+        `vocab_size`: ids at or above it are refused (None: left to the scorer's decoder);
+        `setup`: the run's `hub.task_setup.TaskSetup` (episodes? do peers score the reward?)."""
         self.cfg, self.leases, self.buffer, self.pool = cfg, leases, buffer, pool
         self.counters, self.trust, self.scorer, self.spot = counters, trust, scorer, spot
         self._step, self._newest_version, self._dispatch = step, newest_version, dispatch
         self._journal, self._on_event, self._now = journal, on_event, now
         self.vocab_size = vocab_size
+        self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
+        self.peers_score = setup is None or setup.peers_score  # their claims can be checked
         self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
 
@@ -103,9 +107,10 @@ class Admission:
             self._refuse(conn, lease, rows)
             return
         # Queued for scoring now (a task would start it an event loop turn later).
-        scoring = self.scorer.submit_ids(lease.problem.problem.answer,
+        scoring = self.scorer.submit_ids(lease.problem.problem,
                                          [s.token_ids for s in msg.samples],
-                                         [s.text for s in msg.samples])
+                                         [s.text for s in msg.samples],
+                                         [s.turns for s in msg.samples] if self.episodes else None)
         pending = None
         if self.spot is not None and self.spot.wants():
             # The claimed version's weights are taken now, not once scored (they may rotate out).
@@ -130,10 +135,12 @@ class Admission:
                 pending.close()
             self.leases.requeue(lease)  # not judged (shutdown, or a bug): the prompt goes back
             raise
-        if scored.malformed:  # ids no engine emits: out of vocabulary, or after the EOS
-            if pending is not None:
+        if scored.malformed or scored.faults:  # ids no engine emits (out of vocabulary, after
+            if pending is not None:  # the EOS), or an episode its environment refutes
                 pending.close()
-            self._refuse(conn, lease, "bad_tokens")
+            if set(scored.faults) & episodes.LIES:
+                self.trust.distrust(conn, "observation_mismatch")
+            self._refuse(conn, lease, scored.faults[0] if scored.faults else "bad_tokens")
             return False
         # The hub scores the decoding of the ids it will train on: a peer's text and claimed
         # reward are never used. A text that is not that decoding is a lie (once per
@@ -143,7 +150,8 @@ class Admission:
         honest = not scored.mismatched
         if not honest:
             self.trust.distrust(conn, "text_mismatch")
-        fair = not any(s.reward > r + 1e-6 for s, r in zip(msg.samples, rewards))
+        fair = not self.peers_score or not any(s.reward > r + 1e-6
+                                               for s, r in zip(msg.samples, rewards))
         if not fair:
             self.trust.distrust(conn, "reward_mismatch")
         if self.trust.quarantined(conn):  # by these lies, or by another submission meanwhile

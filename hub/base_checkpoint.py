@@ -1,14 +1,16 @@
 """Make the shipped base checkpoint of the built-in model: `python -m echo2p2p.hub.base_checkpoint`.
 
 Builds the character tokenizer and the tiny Qwen3 (echo2p2p/policy/model.py), then runs a short
-supervised warm-up on the AdditionTask train split (loss on the answer and EOS only). The warm-up targets
-come in two styles: the bare answer "87" and, with probability `--hedge-fraction`, a hedged
-"87?" that the task's verifier counts as wrong. The result knows most sums but mostly answers in
-the wrong style, the way a pretrained model knows the maths before RL teaches it the answer
-format: greedy exact-match accuracy starts low, sampled groups of 8 hold correct answers often
-(GRPO signal), and RL has a long way to climb. The warm-up stops once the probe's accuracy with
-the hedge forgiven reaches `--target-competence`. Saves model (safetensors, fp32) and tokenizer
-with save_pretrained, and prints both accuracies. CPU only, about 3 minutes on one thread.
+supervised warm-up on the train split of the hub's own AdditionTask (`warmup_problems()`; loss
+on the answer and EOS only). That split is fixed, whatever a run's seed, so nothing the hub holds
+out was warm-up data. The warm-up targets come in two styles: the bare answer "87" and, with
+probability `--hedge-fraction`, a hedged "87?" that the task's verifier counts as wrong. The
+result knows most sums but mostly answers in the wrong style, the way a pretrained model knows
+the maths before RL teaches it the answer format: greedy exact-match accuracy starts low, sampled
+groups of 8 hold correct answers often (GRPO signal), and RL has a long way to climb. The warm-up
+stops once the probe's accuracy with the hedge forgiven reaches `--target-competence`. Saves
+model (safetensors, fp32) and tokenizer with save_pretrained, and prints both accuracies. CPU
+only, about 3 minutes on one thread.
 """
 
 from __future__ import annotations
@@ -19,8 +21,20 @@ import random
 import time
 from collections.abc import Sequence
 
+from echo2p2p.tasks import AdditionTask
 
 HEDGE = "?"
+
+
+def warmup_task() -> AdditionTask:
+    """The task the base is warmed up on: the hub's (`AdditionTask()`, the fixed split the hub
+    evaluates on), so that what the hub holds out is what the warm-up never saw."""
+    return AdditionTask()
+
+
+def warmup_problems(task: AdditionTask | None = None) -> list:
+    """What the warm-up trains on: the train split of `task` (default `warmup_task()`)."""
+    return list((task or warmup_task()).problems("train"))
 
 
 def forgiving(reward):
@@ -72,7 +86,7 @@ def warm_up(model, tokenizer, task, *, target_competence: float, hedge_fraction:
     import torch
 
     rng = random.Random(seed)
-    train = list(task.problems("train"))
+    train = warmup_problems(task)
     probe = list(task.problems("eval"))[:200]  # early-stopping probe (checkpoint selection only)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     model.train()
@@ -103,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="output directory (default: echo2p2p/policy/assets/tiny-base)")
     ap.add_argument("--seed", type=int, default=0, help="model init and batch order seed")
-    ap.add_argument("--task-seed", type=int, default=0, help="AdditionTask seed (hub default: 0)")
     ap.add_argument("--target-competence", type=float, default=0.8,
                     help="stop once held-out greedy accuracy, hedges forgiven, reaches this")
     ap.add_argument("--hedge-fraction", type=float, default=0.55,
@@ -117,13 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from echo2p2p.tasks import AdditionTask
     from echo2p2p.policy.model import build_char_tokenizer, build_tiny_model, builtin_dir
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = args.out or str(builtin_dir())
-    task = AdditionTask(seed=args.task_seed)
+    task = warmup_task()  # no --task-seed: a base on another split would leak into eval
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=args.seed)
     n_params = sum(p.numel() for p in model.parameters())

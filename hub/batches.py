@@ -26,9 +26,11 @@ class Row:
 
     ids: list[int]  # prompt + completion
     prompt_len: int
-    behaviour: list[float]  # one per completion token
+    behaviour: list[float]  # one per completion token (0.0 where not trained)
     advantage: float
     group: int  # its group's place in the batch: ranks are dealt whole groups
+    trained: list[bool] | None = None  # per completion token; None: all (an episode's
+    # observation tokens are inputs only: no loss, no behaviour logprob)
 
 
 def batch_rows(groups: Sequence[ScoredGroup], vocab_size: int) -> tuple[list[Row], dict]:
@@ -52,7 +54,8 @@ def batch_rows(groups: Sequence[ScoredGroup], vocab_size: int) -> tuple[list[Row
             assert sample.token_ids and max(sample.token_ids) < vocab_size, "unparsed row"
             # <= 0 in exact arithmetic; a float32 hair above (echo2p2p.rows.MAX_LOGPROB) is 0
             rows.append(Row(prompt + list(sample.token_ids), len(prompt),
-                            [min(x, 0.0) for x in sample.logprobs], float(a), index))
+                            [min(x, 0.0) for x in sample.behaviour()], float(a), index,
+                            sample.trained() if sample.packed_turns else None))
     r = torch.tensor(rewards_all, dtype=torch.float64)
     info = {
         "reward_mean": float(r.mean()) if len(rewards_all) else 0.0,
@@ -65,7 +68,8 @@ def batch_rows(groups: Sequence[ScoredGroup], vocab_size: int) -> tuple[list[Row
 
 def padded(rows: Sequence[Row], pad_id: int) -> tuple[Tensor, ...]:
     """Right-padded (input ids, attention mask, completion mask, behaviour logprobs), all
-    (B, T), and advantages (B,), on the CPU."""
+    (B, T), and advantages (B,), on the CPU. The completion mask holds the tokens trained on:
+    an episode's observation tokens are not."""
     width = max(len(r.ids) for r in rows)
     b = len(rows)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)  # (B, T)
@@ -76,7 +80,7 @@ def padded(rows: Sequence[Row], pad_id: int) -> tuple[Tensor, ...]:
         n = len(r.ids)
         input_ids[i, :n] = torch.tensor(r.ids, dtype=torch.long)
         attention[i, :n] = 1
-        completion[i, r.prompt_len:n] = True
+        completion[i, r.prompt_len:n] = True if r.trained is None else torch.tensor(r.trained)
         behaviour[i, r.prompt_len:n] = torch.tensor(r.behaviour, dtype=torch.float32)
     advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # (B,)
     return input_ids, attention, completion, behaviour, advantages

@@ -10,24 +10,21 @@ import argparse
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
-from echo2p2p.config import add_arguments, as_dict, resolve
+from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError
 
 from echo2p2p.runtime import process
 
-from .config import HubConfig, help_texts
+from .config import DEMO_DEFAULTS, HubConfig, help_texts
 from .plan import PlanConfig
 
 log = logging.getLogger(__name__)
 
-DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,29 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo" and args.peers < 1:
         print("echo2-hub: --peers must be >= 1", file=sys.stderr)
         return 2
-    from .demo import peer_python, run_demo, run_serve
-    from .ranks import RankFailure, Ranks
-    from .trainer import follow_rank
+    from .api import Run
+    from .ranks import RankFailure
 
     try:
-        ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
-        if ranks is not None:
-            ranks.agree(as_dict(cfg))
-        python = peer_python(args.engine, args.peer_python) if args.command == "demo" else ""
-    except ConfigError as exc:
-        print(f"echo2-hub: {exc}", file=sys.stderr)
-        return 2
-    if ranks is not None:
-        _stop_quietly_on_sigterm(ranks.rank, cfg.run_dir)
-    try:
-        if ranks is not None and ranks.rank > 0:
-            follow_rank(cfg, ranks)
-            return 0
+        run = Run(cfg)
         if args.command == "demo":
-            coro = run_demo(cfg, args.peers, engine=args.engine, python=python, ranks=ranks)
+            run.demo(args.peers, engine=args.engine, peer_python=args.peer_python)
         else:
-            coro = run_serve(cfg, args.resume, ranks)
-        return process.run(coro)
+            run.serve(resume=args.resume)
+        return 0
     except KeyboardInterrupt:
         return 130
     except (ConfigError, FileNotFoundError) as exc:  # found on start: a bad TLS pair, no checkpoint
@@ -135,28 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run_dir or 'RUN_DIR')}",
               file=sys.stderr)
         return 1
-    finally:
-        if ranks is not None:
-            ranks.close()
-
-
-def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:
-    """torchrun ends every rank with SIGTERM when one of them fails: say so, and how to go on.
-    Exits at once: a thread may be inside a collective that will never finish, and the run
-    directory is consistent at any moment (its journal is flushed record by record)."""
-    from .demo import stop_local_peers
-
-    where = run_dir or "RUN_DIR (the run directory the hub printed at start-up)"
-
-    def stop(signum: int, frame: Any) -> None:
-        stop_local_peers()
-        os.write(2, (f"echo2-hub: learner rank {rank} stopped by the launcher (torchrun stops "
-                     f"every rank when one fails; its report names the first). Resume with "
-                     f"`echo2-hub serve --resume {where}`, on any rank count that divides "
-                     f"the batch\n").encode())
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
 
 
 def _leaf(group: BaseException, kind: type) -> BaseException | None:

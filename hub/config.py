@@ -20,6 +20,8 @@ from echo2p2p.tasks import ANSWER_FORMATS
 
 
 DEFAULT_PORT = 8765
+# `demo` (and `Run.demo`) differ from `serve` in these defaults only.
+DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,19 @@ class HubConfig:
     "####"), math (the content of the last \\boxed{...}, as in MATH solutions), plain (the whole
     field) or auto (gsm8k if it holds "####", else math if it holds \\boxed{, else plain).
     Rows without an answer in that format are skipped and counted in the log."""
+    reward: str = ""
+    """Reward functions to score with instead of the task's own, comma-separated: built-in
+    names (exact_match, math_verify, code_tests: the completion's program run against the
+    row's tests in a sandboxed subprocess) or module:function of your own, each
+    f(prompt, completion, row) -> float, sync or async. They run on the hub only, in the
+    scoring workers under --score-timeout-s (peers never need your code). '' = the task's."""
+    reward_weights: str = ""
+    """Weights of the --reward functions, comma-separated, one each ('' = all 1)."""
+    env: str = ""
+    """A multi-turn environment to train on instead of a task: the name of an installed
+    entry point in the group "echo2p2p.environments" ("takeaway" is built in). Peers play its
+    episodes and need the same package and version; the hub replays every episode to check
+    it. Its seeds are the prompts: held-out seeds 0 .. --eval-problems - 1."""
     prompt_format: str = "auto"
     """How prompt text becomes token ids: chat (the tokenizer's chat template renders it as the
     user message, then the assistant's turn is opened; start-up fails if it has no template),
@@ -87,7 +102,8 @@ class HubConfig:
     max_new_tokens: int = 8
     """Cap on completion length, in tokens."""
     seed: int = 0
-    """Seed for prompt order, task generation and per-peer sampling seeds."""
+    """Seed for prompt order and per-peer sampling seeds. Not the task's train/eval split: that
+    is fixed, so runs on any seed hold out the same problems (none the base was warmed up on)."""
     max_steps: int = 0
     """Stop after this many learner steps (0 = run until interrupted)."""
     eval_every: int = 10
@@ -249,6 +265,11 @@ class HubConfig:
         if self.answer_format not in ANSWER_FORMATS:
             raise ConfigError("answer_format", f"one of {', '.join(ANSWER_FORMATS)}, got "
                                                f"{self.answer_format!r}")
+        if self.env and (self.task != "addition" or self.dataset):
+            raise ConfigError("env", f"--env {self.env!r} and --{'dataset' if self.dataset else 'task'}"
+                                     f" both name what to train on: set one of them")
+        if self.reward_weights and not self.reward:
+            raise ConfigError("reward_weights", "weights need --reward functions to weigh")
         if not self.dataset:
             for name in ("dataset_config", "dataset_eval_split"):
                 if getattr(self, name):

@@ -37,7 +37,8 @@ def open_dataset_task(cfg: HubConfig, *, cache_dir: str | None = None) -> MathTa
     train = _rows(splits, cfg, cfg.dataset_split, "dataset_split")
     held_out = (_rows(splits, cfg, cfg.dataset_eval_split, "dataset_eval_split")
                 if cfg.dataset_eval_split else None)
-    task = MathTask(train, eval_size=cfg.eval_problems, seed=cfg.seed, held_out=held_out)
+    # the split is the task's own, never cfg.seed: a run's seed must not move the held-out set
+    task = MathTask(train, eval_size=cfg.eval_problems, held_out=held_out)
     log.info("dataset %s: %d problems to train on, %d held out", cfg.dataset,
              len(task.problems("train")), len(task.problems("eval")))
     return task

@@ -36,13 +36,16 @@ def stop_local_peers() -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None) -> int:
-    """Serve until max_steps; `resume`: the run directory to continue (cfg.run_dir is it);
-    `ranks`: this is rank 0 of a sharded learner."""
-    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks) as run:
+async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None,
+                    setup: Any = None) -> list[dict[str, Any]]:
+    """Serve until max_steps; the step records. `resume`: the run directory to continue
+    (cfg.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
+    reward (`hub.task_setup`; None: as cfg names them)."""
+    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
+                         setup=setup) as run:
         await run.finished.wait()
         _summary(run)
-    return 0
+    return run.records
 
 
 def peer_python(engine: str, given: str = "") -> str:
@@ -70,8 +73,10 @@ def peer_python(engine: str, given: str = "") -> str:
 
 
 async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
-                   python: str = sys.executable, ranks: Any = None) -> int:
-    async with start_hub(cfg, stream=sys.stdout, ranks=ranks) as run:
+                   python: str = sys.executable, ranks: Any = None,
+                   setup: Any = None) -> list[dict[str, Any]]:
+    """`run_serve`, with `n_peers` local `echo2-peer join` processes."""
+    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup) as run:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
               f"(S={cfg.max_lag}, kappa={cfg.kappa}, G={cfg.group_size}, "
               f"{cfg.prompts_per_step} prompts/step, {cfg.max_steps or 'unlimited'} steps)", flush=True)
@@ -93,12 +98,12 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
             for proc in peers:
                 await proc.wait()
         _summary(run)
-    return 0
+    return run.records
 
 
 def _summary(run: HubRun) -> None:
     evals = [(r["version"], r["eval/accuracy"]) for r in run.records if "eval/accuracy" in r]
     if evals:
         (v0, a0), (v1, a1) = evals[0], evals[-1]
-        print(f"held-out accuracy: v{v0} {a0:.3f} -> v{v1} {a1:.3f} ({a1 - a0:+.3f}); "
+        print(f"held-out reward: v{v0} {a0:.3f} -> v{v1} {a1:.3f} ({a1 - a0:+.3f}); "
               f"run log in {run.runlog.run_dir}/metrics.jsonl", flush=True)

@@ -61,7 +61,8 @@ def read_journal(path: Path) -> Iterator[list]:
 def group_to_wire(g: ScoredGroup) -> list:
     """`g` as msgpack-able data; each row as the bytes it was validated from."""
     return [g.lease_id, g.problem_id, g.prompt_ids, g.version,
-            [[r.packed_ids, r.packed_logprobs, r.finish_reason, r.text] for r in g.samples],
+            [[r.packed_ids, r.packed_logprobs, r.finish_reason, r.text, r.packed_turns]
+             for r in g.samples],
             g.rewards]
 
 

@@ -27,10 +27,11 @@ import copy
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from .ranks import Ranks
 
 log = logging.getLogger(__name__)
+# DCP on one rank says it "assumes a single process" at every save and load: it is one, on purpose.
+warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Learner:
         """One optimiser step on `groups` (the caller counts it: `echo2p2p.hub` owns the step).
         Sharded, every rank gets the same `groups` and trains the ones dealt to it."""
         rows, info = batch_rows(groups, self.vocab_size)
-        num_tokens = sum(len(r.behaviour) for r in rows)
+        num_tokens = sum(len(r.behaviour) if r.trained is None else sum(r.trained) for r in rows)
         # A zero advantage gives exactly zero surrogate loss; without a KL term such a sample
         # has no gradient, so skip its forward. It still counts in the token denominator
         # (the batch token mean is over every sample the hub handed over).
@@ -297,14 +300,14 @@ class Learner:
         self,
         tokenizer,
         problems: Sequence,
-        score: Callable[[list[tuple[str, str]]], list[float]] | None,
+        score: Callable[[list[tuple[Any, str]]], list[float]] | None,
         *,
         max_new_tokens: int,
         batch_size: int = 64,
         prompts: PromptFormat = PLAIN,
     ) -> float:
         """Mean reward of greedy completions of `problems` (held-out accuracy). `score` maps
-        a batch of (answer, completion text) to rewards (`echo2p2p.scoring.scorer.Scorer`, so that a
+        a batch of (problem, completion text) to rewards (`echo2p2p.scoring.scorer.Scorer`, so that a
         verifier that hangs costs a deadline, not the run); texts follow the peers' rule, and
         prompts are rendered by `prompts` as the hub's leases are. Sharded, every rank calls it
         with the same problems and generates its share; rank 0 scores them all (the others
@@ -315,7 +318,7 @@ class Learner:
         total = 0.0
         for start in range(0, len(problems), batch_size):
             batch = list(zip(problems[start:start + batch_size], texts[start:start + batch_size]))
-            total += sum(float(r) for r in score([(p.answer, t) for p, t in batch]))
+            total += sum(float(r) for r in score(batch))
         return total / len(problems)
 
     def _completions(self, tokenizer, problems: list, max_new_tokens: int, batch_size: int,

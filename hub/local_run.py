@@ -3,9 +3,12 @@
 The reference the distributed run is measured against (learning parity): the same learner,
 the same engine and the same weight path as a peer gets (the learner's version exported in
 `weights_dtype` and loaded into a `TransformersEngine`), but no network, no leases and no
-staleness: every group of step t is sampled from version t. Deterministic given `seed`.
+staleness: every group of step t is sampled from version t. Deterministic given `seed`. Its
+defaults are the hub's (`HubConfig`'s fields: lr, prompts per step, G, tokens, eval problems...),
+so a bare run is the S = 0 twin of a bare `echo2-hub serve`:
 
-    python -m echo2p2p.hub.local_run --steps 100 --prompts-per-step 16 --group-size 8 --lr 1e-5
+    python -m echo2p2p.hub.local_run --steps 100
+    python -m echo2p2p.hub.local_run --steps 100 --lr 3e-4 --prompts-per-step 16 --eval-every 20
 """
 
 from __future__ import annotations
@@ -19,29 +22,36 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .config import HubConfig
+
 log = logging.getLogger(__name__)
 
+HUB = HubConfig()  # the one source of defaults: a knob the hub has defaults to the hub's value
 
-def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_size: int,
-               lr: float, seed: int, temperature: float = 1.0, top_p: float = 1.0,
-               max_new_tokens: int, eval_every: int = 0, eval_problems: int = 128,
-               weights_dtype: Any = "bfloat16", on_step: Callable[[dict], None] | None = None,
-               score_timeout_s: float = 5.0, prompts: Any = None) -> list[dict]:
-    """Run `steps` synchronous GRPO steps on AdditionTask(seed); one record per step: step,
-    version (the one the step produced), reward_mean (of the samples the step trained on, drawn
-    from version `step`), gen_s, the learner's `train/...` metrics, and eval_accuracy (greedy,
-    held-out) when version % eval_every == 0 or at the last step; the first record also holds
-    eval_accuracy_initial (version 0) when eval_every > 0. `weights_dtype`: a torch dtype or its
-    name. Rewards come from a scoring worker process, `score_timeout_s` per completion.
-    `prompts`: the `PromptFormat` (None: "auto", as the hub's default renders them)."""
+
+def train_sync(*, model: str = HUB.model, steps: int, prompts_per_step: int = HUB.prompts_per_step,
+               group_size: int = HUB.group_size, lr: float = HUB.lr, seed: int = HUB.seed,
+               temperature: float = HUB.temperature, top_p: float = HUB.top_p,
+               max_new_tokens: int = HUB.max_new_tokens, eval_every: int = HUB.eval_every,
+               eval_problems: int = HUB.eval_problems, weights_dtype: Any = HUB.weights_dtype,
+               on_step: Callable[[dict], None] | None = None,
+               score_timeout_s: float = HUB.score_timeout_s, prompts: Any = None) -> list[dict]:
+    """`steps` synchronous GRPO steps on the hub's AdditionTask (`seed` orders its prompts and
+    seeds sampling; its split is fixed); one record per step: step, version (the one the step
+    produced), reward_mean (of the samples it trained on, drawn from version `step`), gen_s, the
+    learner's `train/...` metrics, and eval_accuracy (greedy, held-out) when version % eval_every
+    == 0 or at the last step; the first also holds eval_accuracy_initial (version 0) when
+    eval_every > 0. `weights_dtype`: a torch dtype or its name. Rewards: the hub's, keyed by
+    problem, in a worker process (`score_timeout_s` each). `prompts`: a `PromptFormat` ("auto")."""
     import torch
 
     from echo2p2p.policy.prompts import PromptFormat
+    from echo2p2p.scoring.rewards import ByAnswer
     from echo2p2p.scoring.scorer import Scorer
 
     dtype = getattr(torch, weights_dtype) if isinstance(weights_dtype, str) else weights_dtype
     torch.manual_seed(seed)
-    task, learner, engine, tokenizer = _open(model, lr, temperature, seed)
+    task, learner, engine, tokenizer = _open(model, lr, temperature)
     prompts = (prompts or PromptFormat()).check(tokenizer, repr(model))
     train = list(task.problems("train"))
     order = list(range(len(train)))
@@ -49,8 +59,8 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
     held_out = list(task.problems("eval"))[:eval_problems]
     sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
 
-    with Scorer(task.reward, timeout_s=score_timeout_s, name="local-scorer") as scorer:
-        def score(items: list[tuple[str, str]]) -> list[float]:
+    with Scorer(ByAnswer(task.reward), timeout_s=score_timeout_s, name="local-scorer") as scorer:
+        def score(items: list[tuple[Any, str]]) -> list[float]:
             return scorer.score_blocking(items).rewards
 
         def evaluate() -> float:
@@ -81,7 +91,7 @@ def train_sync(*, model: str = "tiny", steps: int, prompts_per_step: int, group_
     return records
 
 
-def _open(model: str, lr: float, temperature: float, seed: int) -> tuple[Any, Any, Any, Any]:
+def _open(model: str, lr: float, temperature: float) -> tuple[Any, Any, Any, Any]:
     """(task, learner, engine, tokenizer) of a synchronous run: the learner and a peer's engine
     on the same model."""
     from echo2p2p.policy.engines import TransformersEngine
@@ -90,15 +100,16 @@ def _open(model: str, lr: float, temperature: float, seed: int) -> tuple[Any, An
 
     from .learner import Learner
 
-    task = AdditionTask(seed=seed)
+    task = AdditionTask()  # the hub's split, not one per seed: the held-out set stays put
     policy, tokenizer = load_policy(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    learner = Learner(policy, lr=lr, temperature=temperature, pad_id=pad_id)
+    learner = Learner(policy, lr=lr, clip_eps=HUB.clip_eps, kl_coef=HUB.kl_coef,
+                      temperature=temperature, pad_id=pad_id, micro_tokens=HUB.learner_micro_tokens)
     return task, learner, TransformersEngine(model), tokenizer
 
 
 def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group_size: int,
-              seed: int, score: Callable[[list[tuple[str, str]]], list[float]],
+              seed: int, score: Callable[[list[tuple[Any, str]]], list[float]],
               sampling: dict[str, Any], prompts: Any) -> list[Any]:
     """One scored group of `group_size` completions per problem, from version `step`, each
     sample taken through the wire format and the hub's row parser as a peer's would be."""
@@ -114,7 +125,7 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
         prompt_ids = encode_prompt(tokenizer, problem.prompt, prompts)
         completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
                                       **sampling)
-        rewards = score([(problem.answer, c.text) for c in completions])
+        rewards = score([(problem, c.text) for c in completions])
         rows = parse_samples([
             Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
                    text=c.text, reward=r, finish_reason=c.finish_reason)
@@ -124,28 +135,43 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
     return groups
 
 
+# (flag, HubConfig field, help): the knobs the hub has, their defaults read from `HUB`
+KNOBS = (
+    ("--model", "model", "built-in name, HF hub id or local path"),
+    ("--prompts-per-step", "prompts_per_step", "groups per step"),
+    ("--group-size", "group_size", "completions per prompt, G"),
+    ("--lr", "lr", "AdamW learning rate"),
+    ("--seed", "seed", "prompt order and sampling seed; the task's split is fixed"),
+    ("--temperature", "temperature", "sampling temperature"),
+    ("--top-p", "top_p", "nucleus sampling threshold"),
+    ("--max-new-tokens", "max_new_tokens", "completion length cap"),
+    ("--eval-every", "eval_every", "greedy held-out eval period, 0 = off"),
+    ("--eval-problems", "eval_problems", "held-out problems per eval"),
+    ("--weights-dtype", "weights_dtype", "dtype the engine receives"),
+    ("--score-timeout-s", "score_timeout_s", "deadline for scoring one completion"),
+    ("--prompt-format", "prompt_format", "auto, chat or plain"),
+    ("--system-prompt", "system_prompt", "system message under a chat template"),
+    ("--chat-template-args", "chat_template_args", "JSON variables for the template"),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: `--steps`, `--threads`, and the hub's knobs with the hub's defaults."""
+    p = argparse.ArgumentParser(prog="python -m echo2p2p.hub.local_run",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, required=True, help="learner steps")
+    for flag, field, text in KNOBS:
+        default = getattr(HUB, field)
+        p.add_argument(flag, dest=field, type=type(default), default=default,
+                       help=f"{text} (default: %(default)r, the hub's)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: one line per step on stdout, then the last record as JSON."""
-    p = argparse.ArgumentParser(prog="python -m echo2p2p.hub.local_run", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="tiny", help="built-in name, HF hub id or local path")
-    p.add_argument("--steps", type=int, required=True, help="learner steps")
-    p.add_argument("--prompts-per-step", type=int, default=16, help="groups per step")
-    p.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
-    p.add_argument("--seed", type=int, default=0, help="task, order and sampling seed")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="completion length cap")
-    p.add_argument("--eval-every", type=int, default=0, help="greedy held-out eval period (0: off)")
-    p.add_argument("--eval-problems", type=int, default=128, help="held-out problems per eval")
-    p.add_argument("--weights-dtype", default="bfloat16", help="dtype the engine receives")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    p.add_argument("--prompt-format", default="auto", help="auto, chat or plain (as the hub's)")
-    p.add_argument("--system-prompt", default="", help="system message under a chat template")
-    p.add_argument("--chat-template-args", default="", help="JSON variables for the template")
+    p = parser()
     args = p.parse_args(argv)
-    from .config import HubConfig
-
     try:
         prompts = HubConfig(prompt_format=args.prompt_format, system_prompt=args.system_prompt,
                             chat_template_args=args.chat_template_args).prompts
@@ -175,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size, lr=args.lr, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
         eval_problems=args.eval_problems, weights_dtype=args.weights_dtype, on_step=show,
-        prompts=prompts,
+        score_timeout_s=args.score_timeout_s, prompts=prompts,
     )
     if records:
         print(json.dumps(records[-1]), flush=True)

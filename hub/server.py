@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
@@ -34,7 +33,6 @@ from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_budget, lease_min_version
-from echo2p2p.tasks import Problem
 from echo2p2p.trust import TrustBook
 
 from .admission import Admission
@@ -46,6 +44,7 @@ from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
 from .relays import RelayCheck, RelayJudge
+from .task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook, join_refusal
 from .tracker import VersionTracker
 from .versions import Published
@@ -60,25 +59,22 @@ __all__ = ["Counters", "Hub", "HubStatistics", "TokenizedProblem", "serve"]
 _ENDED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 
 
-@dataclass(frozen=True)
-class TokenizedProblem:
-    problem: Problem
-    prompt_ids: list[int]
-
-
 class Hub:
     """Peers, leases and admitted rollouts; owned by one event loop."""
 
     def __init__(self, cfg: HubConfig, run_id: str, task: Any, problems: list[TokenizedProblem],
                  signing_key: bytes = b"",
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 spot: SpotChecker | None = None, decode: CompletionDecoder | None = None):
+                 spot: SpotChecker | None = None, decode: CompletionDecoder | None = None,
+                 setup: TaskSetup | None = None):
         """`signing_key`: the hub's Ed25519 private key, for the tickets it hands peers (b"": a
         bench rig without tickets; manifests are signed by the caller). `spot`: recomputes the
         behaviour logprobs of a share of the rollouts (None: no spot-checks). `decode`: the
         run's tokenizer as `echo2p2p.completions.CompletionDecoder`, which rollouts are scored by
-        (None: a hub that refuses every rollout, e.g. a broadcast bench)."""
+        (None: a hub that refuses every rollout, e.g. a broadcast bench). `setup`: how
+        `task` is scored (None: by its own reward; `hub.task_setup`)."""
         self.cfg, self.run_id, self.task, self._signing_key = cfg, run_id, task, signing_key
+        self.setup = setup or TaskSetup.builtin(task)
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
         self.model_index = (b"", b"")  # GET /model/'s (digest, signature), set where served
         self.step = 0  # the run's one step counter: the learner's version is this
@@ -109,14 +105,14 @@ class Hub:
         self._next_peer = 0
         self.spot = spot
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
-            task.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
+            self.setup.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
             workers=cfg.score_workers, name="hub-scorer")
         self.admission = Admission(
             cfg, self.leases, self.buffer, self.pool, self.counters, self.guard,
             scorer=self.scorer, spot=spot, step=lambda: self.step,
             newest_version=lambda: self.tracker.newest_version, dispatch=self.dispatch,
             journal=self._journal, on_event=log_event, now=_now,
-            vocab_size=decode.vocab_size if decode is not None else None)
+            vocab_size=decode.vocab_size if decode is not None else None, setup=self.setup)
         self.journal: Journal | None = None  # where changes since the last checkpoint go
         self.leases.on_change = lambda change: self._journal("lease", *change)
         self._on = {hp.CreditsAdded: lambda conn, event: self.dispatch(),
@@ -315,12 +311,13 @@ class Hub:
         conn = PeerConn(peer_id, hello, ws, protocol, transport, remote=remote)
         cfg, newest, key = self.cfg, self.newest, self._signing_key
         conn.post(m.Welcome(
-            peer_id, self.run_id, cfg.model, self.task.kind, newest.version if newest else 0,
+            peer_id, self.run_id, cfg.model, self.setup.kind, newest.version if newest else 0,
             cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
             cfg.seed * 100_003 + self._next_peer, self.hub_key,
             signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
             signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
-            if key and hello.nonce else b"", *self.model_index))
+            if key and hello.nonce else b"", *self.model_index, self.setup.env,
+            self.setup.env_version))
         self.peers[peer_id] = conn
         self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
         self.relays.probe(conn, newest.version if newest else 0)

@@ -130,7 +130,7 @@ class SpotChecker:
         prompt = list(group.prompt_ids)
         # (ids, claimed logprobs, completion positions to check); rows were validated at
         # admission (echo2p2p.rows): non-empty, finite, ids in the vocabulary
-        rows = [(list(r.token_ids), list(r.logprobs), self._pick(r.n_tokens))
+        rows = [(list(r.token_ids), r.behaviour(), self._pick(r.trained()))
                 for r in group.samples]
         if not rows or not prompt:
             return SpotResult(group.version, None)
@@ -157,11 +157,13 @@ class SpotChecker:
         return SpotResult(group.version, "logprob" if mean > self.tolerance else None,
                           int(diff.numel()), mean, worst)
 
-    def _pick(self, n: int) -> list[int]:
-        """Sorted completion positions to check: all, or `sample_tokens` drawn at random."""
-        if not self.sample_tokens or self.sample_tokens >= n:
-            return list(range(n))
-        return sorted(self._positions.sample(range(n), self.sample_tokens))
+    def _pick(self, trained: list[bool]) -> list[int]:
+        """Sorted completion positions to check, among the model's (an episode's observation
+        tokens have no behaviour logprob): all, or `sample_tokens` drawn at random."""
+        mine = [j for j, t in enumerate(trained) if t]
+        if not self.sample_tokens or self.sample_tokens >= len(mine):
+            return mine
+        return sorted(self._positions.sample(mine, self.sample_tokens))
 
     def _logprobs(self, input_ids: torch.Tensor, attention: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@ from .ranks import Leader, Ranks, follow
 from .runlog import RunLog, propagation_line
 from .server import Hub, TokenizedProblem, serve
 from .status import status
+from .task_setup import TaskSetup, open_setup
 from .versions import VersionFiles
 
 log = logging.getLogger(__name__)
@@ -52,16 +53,16 @@ def open_task(cfg: HubConfig) -> Any:
         from .dataset_task import open_dataset_task
 
         return open_dataset_task(cfg)
-    spec, seed = cfg.task, cfg.seed
+    spec = cfg.task  # the split is the task's own, never cfg.seed: the held-out set stays put
     if spec == "addition":
-        return AdditionTask(seed=seed)
+        return AdditionTask()
     path = Path(spec)
     if not path.is_file():
         raise ConfigError("task", f"{spec!r} is not 'addition' and not a JSONL file: give the "
                                   f"path of one, or a dataset with --dataset")
     with path.open(encoding="utf-8") as lines:
         try:
-            return MathTask.from_lines(lines, seed=seed)
+            return MathTask.from_lines(lines)
         except ValueError as e:  # a bad row, named by its line
             raise ConfigError("task", f"{spec}: {e}") from None
 
@@ -140,6 +141,12 @@ class HubRun:
 
     async def evaluate(self) -> float:
         problems = self.hub.task.problems("eval")[: self.cfg.eval_problems]
+        if self.hub.setup.env:  # greedy episodes of the held-out seeds
+            from .episode_eval import evaluate_episodes
+
+            return await asyncio.to_thread(
+                evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
+                max_new_tokens=self.cfg.max_new_tokens, prompts=self.cfg.prompts)
 
         def score(items: list[tuple[str, str]]) -> list[float]:
             return self.eval_scorer.score_blocking(items).rewards
@@ -155,7 +162,7 @@ class HubRun:
             acc = await self.evaluate()
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
-            self.runlog.event(record, f"base policy v0: held-out accuracy {acc:.3f}")
+            self.runlog.event(record, f"base policy v0: held-out reward {acc:.3f}")
         self._start = time.perf_counter()
         self._busy_s = 0.0
         self._window.append((self._start, 0))  # rates over the last 5 steps
@@ -219,14 +226,15 @@ class HubRun:
 
 @contextlib.asynccontextmanager
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
-                    ranks: Ranks | None = None) -> AsyncIterator[HubRun]:
+                    ranks: Ranks | None = None, setup: TaskSetup | None = None
+                    ) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
-    others run `follow_rank`)."""
+    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them)."""
     # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
     files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
-    run, eval_scorer = await _open_run(cfg, stream, resume, ranks)
+    run, eval_scorer = await _open_run(cfg, stream, resume, ranks, setup)
     hub, runlog = run.hub, run.runlog
 
     async def handle_status(request: web.Request) -> web.Response:
@@ -243,7 +251,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
             run.port = port
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
                      "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.model,
-                     hub.task.kind, cfg.max_lag, cfg.kappa, ranks.world if ranks else 1,
+                     hub.setup.kind, cfg.max_lag, cfg.kappa, ranks.world if ranks else 1,
                      runlog.run_dir, hub.hub_key.hex())
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
@@ -292,8 +300,8 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
     follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
 
 
-async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None
-                    ) -> tuple[HubRun, Scorer]:
+async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
+                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
     published; and the evaluation scorer, which the caller closes."""
@@ -308,7 +316,11 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
     runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
-    task = await asyncio.to_thread(open_task, cfg)
+    setup = setup or await asyncio.to_thread(open_setup, cfg)
+    if setup.env and ranks is not None and cfg.eval_every:
+        raise ConfigError("eval_every", "held-out episodes are evaluated on one learner rank "
+                                        "only: set --eval-every 0 with --nproc-per-node")
+    task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
     prompts = cfg.prompts.check(tokenizer, repr(cfg.model))  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
@@ -330,9 +342,9 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
         runlog.event(record, line)
 
     hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
-              decode=CompletionDecoder(tokenizer))
+              decode=CompletionDecoder(tokenizer), setup=setup)
     checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
-    eval_scorer = Scorer(task.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
+    eval_scorer = Scorer(setup.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
     # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the
     # spot-checker (one, the next delta's base, without), the chunks of those the tracker keeps.
     on_disk = VersionFiles(run_dir / "versions", keep_streams=cfg.max_lag + 1 if spot else 1,

@@ -29,7 +29,9 @@ from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, Sna
 from echo2p2p.overlay.serving import UploadMeter
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
-from echo2p2p.tasks import reward_fn
+from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
+                                           require_environment)
+from echo2p2p.tasks import REWARDS
 
 from .chunk_server import chunk_server
 from .config import PeerConfig, normalize_url
@@ -65,6 +67,7 @@ class PeerClient:
         self.engine = engine
         self.welcome: m.Welcome | None = None
         self.reward: Any = None  # the task's reward function: set at welcome
+        self.env: InstalledEnvironment | None = None  # the run's environment, if it has one
         self.store = ChunkStore(cfg.keep_versions)
         self.meter = UploadMeter()
         self.tickets = Tickets()  # who may fetch from our chunk server: set at welcome
@@ -219,6 +222,11 @@ class PeerClient:
     async def _adopt(self, welcome: m.Welcome) -> None:
         """Apply what the protocol decides a welcome means (`peer_protocol.adoption`)."""
         # First, so that our chunk server answers the hub's probe while an engine is built.
+        if welcome.env and self.cfg.engine != "relay":  # before an engine is built for nothing
+            try:
+                self.env = require_environment(welcome.env, welcome.env_version)
+            except EnvironmentMissing as exc:
+                raise JoinRefused(str(exc)) from None
         self.tickets.admit(welcome.hub_key, welcome.run_id, welcome.peer_id)
         self.credentials = Credentials(welcome.run_id, welcome.peer_id, self._key, welcome.ticket)
         decision = pp.adoption(self.welcome, welcome, held_version=self.version,
@@ -240,7 +248,7 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        self.reward = reward_fn(welcome.task)
+        self.reward = REWARDS.get(welcome.task)  # None: only the hub can score ("custom")
         self._welcomed.set()
 
     async def _build(self, welcome: m.Welcome) -> Any:
@@ -316,6 +324,11 @@ class PeerClient:
         """(version used, completions) for `lease` (a worker thread calls it; a subclass may
         wrap it)."""
         return self.worker.generate(lease, seed)
+
+    def _play(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
+        """(version used, episodes played) for `lease` in a multi-turn run (a worker thread
+        calls it; a subclass may wrap it)."""
+        return self.worker.play(lease, seed)
 
     async def send(self, msg: m.Message) -> None:
         """Send on the connection now, if there is one; else (or if it breaks) drop: what must

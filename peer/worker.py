@@ -15,10 +15,12 @@ connection: what it sends goes through the client's `send`, dropped when there i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.errors import RemoteProtocolError
@@ -119,6 +121,30 @@ class Worker:
                                             max_new_tokens=w.max_new_tokens, seed=seed)
         return version, out
 
+    def play(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list[episodes.Played]]:
+        """Play the lease's G episodes of the run's environment (its seed: the lease's answer)
+        with the engine's current version, under the lock for the whole group: every turn of
+        every episode is sampled with the version the rollout is tagged with."""
+        peer, w = self.peer, self.peer.welcome
+        engine, env = peer.engine, peer.env
+        draws = itertools.count()
+
+        def turns(contexts: list[list[int]]) -> list[episodes.Turn]:
+            out = []
+            for context in contexts:
+                (c,) = engine.generate(context, 1, temperature=w.temperature, top_p=w.top_p,
+                                       max_new_tokens=w.max_new_tokens,
+                                       seed=seed * 1_000_003 + next(draws))
+                out.append((c.token_ids, c.logprobs, c.text, c.finish_reason == "stop"))
+            return out
+
+        n = lease.group_size
+        with self.engine_lock:
+            version = self.version
+            played = episodes.play([env.factory() for _ in range(n)], [int(lease.answer)] * n,
+                                   [lease.prompt_ids] * n, turns, engine.decoder.encode)
+        return version, played
+
     async def work(self) -> None:
         """Leases to rollouts, connected or not. The claimed rewards are scored in a worker
         process under a deadline (`echo2p2p.scoring.scorer`), never on the event loop."""
@@ -142,15 +168,23 @@ class Worker:
         if not await self._wait_version_until(lease.min_version, deadline):
             return None
         self._draw += 1
-        version, completions = await asyncio.to_thread(
-            peer._generate, lease, peer.welcome.seed * 1_000_003 + self._draw)
+        seed = peer.welcome.seed * 1_000_003 + self._draw
+        if peer.env is not None:
+            if not lease.answer.isdigit():  # an environment's lease carries the episode's seed
+                log.warning("dropping lease %s: its seed %.20r is no number", lease.lease_id,
+                            lease.answer)
+                return None
+            version, made = await asyncio.to_thread(peer._play, lease, seed)
+        else:
+            version, made = await asyncio.to_thread(peer._generate, lease, seed)
         if version is None or version < lease.min_version:
             return None
-        scored = await self._scorer_for(peer.reward).score(
-            [(lease.answer, c.text) for c in completions])
-        samples = [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
-                            c.text, r, c.finish_reason)
-                   for c, r in zip(completions, scored.rewards)]
+        if peer.env is not None:  # the environment's rewards are the claims
+            samples = [m.Sample(m.pack_ids(p.ids), m.pack_logprobs(p.logprobs), p.action,
+                                p.reward, "stop" if p.stopped else "length",
+                                episodes.pack_turns(p.turns)) for p in made]
+        else:
+            samples = await self._claims(lease, made)
         sub = m.RolloutSubmission(lease.lease_id, version, samples)
         try:  # what the hub would refuse by closing us (and again at every resend)
             check_from_peer(sub, peer.welcome)
@@ -158,6 +192,16 @@ class Worker:
             log.warning("dropping rollout %s: %s", lease.lease_id, exc.reason)
             return None
         return sub
+
+    async def _claims(self, lease: m.LeaseGrant, completions: list) -> list[m.Sample]:
+        """The completions as samples, with the rewards we claim: the task's, scored in a
+        worker process; 0 where only the hub can score (users' reward functions)."""
+        reward = self.peer.reward
+        rewards = [0.0] * len(completions) if reward is None else (
+            await self._scorer_for(reward).score([(lease.answer, c.text) for c in completions])
+        ).rewards
+        return [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text, r,
+                         c.finish_reason) for c, r in zip(completions, rewards)]
 
     def _scorer_for(self, reward: Any) -> Scorer:
         """The scorer of `reward`: made on first use, and again when a welcome brings another

@@ -69,7 +69,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
 
     cfg = replace(HubConfig(port=0, chunk_bytes=16 << 10), **overrides)
     key = signing.new_private_key()
-    task = AdditionTask(seed=0)
+    task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     records: list[dict] = []
     hub = Hub(cfg, "run", task, problems, key, on_event=records.append,

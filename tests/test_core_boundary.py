@@ -30,9 +30,10 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "policy": {"inspect", "os", "pathlib", "string", "threading", "numpy", "tokenizers",
                "torch", "transformers", "vllm"},
     "overlay": {"asyncio", "aiohttp", "tqdm", "urllib"},
-    "scoring": {"asyncio", "concurrent", "ctypes", "multiprocessing", "os", "pickle", "signal",
-                "threading"},
-    "runtime": {"asyncio", "aiohttp", "os", "uvloop"},
+    "scoring": {"asyncio", "concurrent", "ctypes", "importlib", "inspect", "multiprocessing",
+                "os", "pickle", "resource", "select", "shutil", "signal", "subprocess",
+                "tempfile", "threading"},
+    "runtime": {"asyncio", "aiohttp", "importlib", "os", "uvloop"},
 }
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 

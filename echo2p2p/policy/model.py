@@ -2,7 +2,9 @@
 
 `load_policy(name)` accepts the built-in name "tiny" (a character-level Qwen3 of 0.75 M
 parameters shipped in `echo2p2p/policy/assets/tiny-base`, made by
-`python -m echo2p2p.hub.base_checkpoint`), a local directory written by `save_pretrained`, or a
+`python -m echo2p2p.hub.base_checkpoint`), "tiny-takeaway" (the same model warmed up on the
+take-away game, `echo2p2p/policy/assets/tiny-takeaway`, made by
+`python -m echo2p2p.hub.takeaway_base`), a local directory written by `save_pretrained`, or a
 Hugging Face hub id. It returns the model in eval mode and a tokenizer with pad and eos tokens
 set. The built-in tokenizer is made in code (no download): one token per printable ASCII
 character plus tab and newline, and four special tokens.
@@ -20,13 +22,16 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTr
                           Qwen3Config, Qwen3ForCausalLM)
 
 BUILTIN_MODEL = "tiny"
+# Built-in name -> (its folder under assets/, the echo2p2p.hub script that makes it).
+BUILTIN_MODELS = {BUILTIN_MODEL: ("tiny-base", "base_checkpoint"),
+                  "tiny-takeaway": ("tiny-takeaway", "takeaway_base")}
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0..3
 CHARACTERS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # printable ASCII, space included
 
 
-def builtin_dir() -> pathlib.Path:
-    """Where the shipped base checkpoint of the built-in model lives."""
-    return pathlib.Path(__file__).resolve().parent / "assets" / "tiny-base"
+def builtin_dir(name: str = BUILTIN_MODEL) -> pathlib.Path:
+    """Where the shipped checkpoint of the built-in model `name` lives."""
+    return pathlib.Path(__file__).resolve().parent / "assets" / BUILTIN_MODELS[name][0]
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -66,11 +71,12 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3
 
 def model_source(name: str) -> str:
     """Where to load `name` from: the shipped built-in checkpoint, a local directory, or a hub id."""
-    if name == BUILTIN_MODEL:
-        path = builtin_dir()
+    if name in BUILTIN_MODELS:
+        path = builtin_dir(name)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"built-in model missing at {path}: run "
-                                    f"`python -m echo2p2p.hub.base_checkpoint --out {path}`")
+            maker = BUILTIN_MODELS[name][1]
+            raise FileNotFoundError(f"built-in model {name!r} missing at {path}: run "
+                                    f"`python -m echo2p2p.hub.{maker} --out {path}`")
         return str(path)
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
@@ -114,9 +120,9 @@ def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.fl
             else:
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as e:
-        raise OSError(f"cannot load model {name!r}: not the built-in {BUILTIN_MODEL!r}, not a "
-                      f"local directory, and not loadable as a Hugging Face hub id (offline, or "
-                      f"the id does not exist): {e}") from e
+        raise OSError(f"cannot load model {name!r}: not a built-in name "
+                      f"({', '.join(BUILTIN_MODELS)}), not a local directory, and not loadable "
+                      f"as a Hugging Face hub id (offline, or the id does not exist): {e}") from e
     if tokenizer.eos_token is None:
         raise ValueError(f"model {name!r}: its tokenizer has no eos token")
     if tokenizer.pad_token is None:

@@ -37,11 +37,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from echo2p2p.errors import ScoringError
 from . import worker as w
+from .jobs import Job as _Job
+from .jobs import Scored, ScorerStats
 
 log = logging.getLogger(__name__)
 
@@ -49,45 +50,8 @@ MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue u
 DEFAULT_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class Scored:
-    """The rewards of one submitted batch, in order, and what went wrong with any of them."""
-
-    rewards: list[float]
-    timed_out: int = 0  # completions that ran past the deadline (scored 0)
-    failed: int = 0  # the reward function raised, returned a non-number, or its worker died (0)
-    mismatched: int = 0  # ids given: the claimed text was not the decoding of the ids
-    malformed: int = 0  # ids given: no completion (out of vocabulary, ids after EOS) (0)
-
-
-@dataclass(frozen=True)
-class ScorerStats:
-    calls: int  # batches submitted
-    completions: int  # items scored (or given up on)
-    timeouts: int  # completions killed at the deadline
-    failures: int  # completions whose reward raised, was not finite, or whose worker died
-    restarts: int  # workers started to replace one killed or dead
-    round_trips: int  # batches sent to a worker (fewer than calls when jobs queue up)
-    worker_pids: tuple[int, ...]  # the live worker processes
-
-
-class _Job:
-    """Items to score, their results as they come, and the future that waits for all."""
-
-    def __init__(self, items: list[tuple], future: asyncio.Future):
-        self.items, self.future = items, future
-        self.results: list[tuple[float, int] | None] = [None] * len(items)
-        self.missing = len(items)
-
-    def put(self, index: int, result: tuple[float, int]) -> None:
-        self.results[index] = result
-        self.missing -= 1
-        if not self.missing and not self.future.done():
-            self.future.set_result(_tally(self.results))
-
-
 class Scorer:
-    """Worker processes running `reward(answer, completion)`, `timeout_s` per completion."""
+    """Worker processes running `reward(key, completion)`, `timeout_s` per completion."""
 
     def __init__(self, reward: Callable[[str, str], float], *, decoder: Any = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer"):
@@ -119,29 +83,33 @@ class Scorer:
 
     # --- scoring -------------------------------------------------------------------------
 
-    async def score(self, items: Sequence[tuple[str, str]]) -> Scored:
-        """Score `(answer, completion text)` pairs; the event loop goes on meanwhile."""
+    async def score(self, items: Sequence[tuple[Any, str]]) -> Scored:
+        """`submit`, awaited: the event loop goes on meanwhile."""
         return await self.submit(items)
 
-    async def score_ids(self, answer: str, packed_ids: Sequence[bytes],
+    async def score_ids(self, key: Any, packed_ids: Sequence[bytes],
                         claimed: Sequence[str]) -> Scored:
         """`submit_ids`, awaited."""
-        return await self.submit_ids(answer, packed_ids, claimed)
+        return await self.submit_ids(key, packed_ids, claimed)
 
-    def submit(self, items: Sequence[tuple[str, str]]) -> asyncio.Future[Scored]:
-        """Queue `(answer, completion text)` pairs now, from a coroutine or callback of the
-        driving loop (the first one used); a future of their `Scored`. Cancelling it drops
-        what is still queued of them."""
-        return self._submit([(answer, text) for answer, text in items])
+    def submit(self, items: Sequence[tuple[Any, str]]) -> asyncio.Future[Scored]:
+        """Queue `(key, completion text)` pairs (scored as `reward(key, text)`: the key is an
+        answer, or the hub's `Problem`) now, from a coroutine or callback of the driving loop
+        (the first one used); a future of their `Scored`. Cancelling it drops what is still
+        queued of them."""
+        return self._submit([(key, text) for key, text in items])
 
-    def submit_ids(self, answer: str, packed_ids: Sequence[bytes],
-                   claimed: Sequence[str]) -> asyncio.Future[Scored]:
+    def submit_ids(self, key: Any, packed_ids: Sequence[bytes], claimed: Sequence[str],
+                   turns: Sequence[bytes] | None = None) -> asyncio.Future[Scored]:
         """`submit` for completions given as packed token ids (as on the wire), each decoded by
-        the completion rule; `claimed` are the texts a peer says they decode to."""
+        the completion rule; `claimed` are the texts a peer says they decode to. `turns`: the
+        samples are episodes with these packed segment lengths, replayed by the reward's
+        `replay` (`echo2p2p.scoring.rewards.EpisodeReplay`)."""
         if not self.has_decoder:
             raise ScoringError("this scorer has no decoder: it can only score texts")
-        return self._submit([(answer, ids, text)
-                             for ids, text in zip(packed_ids, claimed, strict=True)])
+        extra = [() for _ in packed_ids] if turns is None else [(t,) for t in turns]
+        return self._submit([(key, ids, text, *more) for ids, text, more
+                             in zip(packed_ids, claimed, extra, strict=True)])
 
     def score_blocking(self, items: Sequence[tuple[str, str]]) -> Scored:
         """`score` from a plain thread (never the driving loop's own): waits for the result."""
@@ -334,9 +302,18 @@ class Scorer:
         self._idle.append(worker)
         self._completions += len(batch)
         for (job, i), result in zip(batch, out):
-            self._failures += result[1] == w.FAILED
+            if result[1] == w.FAILED:
+                self._failures += 1
+                self._log_failure(result[2])
             job.put(i, result)
         self._pump()
+
+    def _log_failure(self, why: str) -> None:
+        """A reward that raised or was no number: its reason at WARNING, the first ten times
+        and then every hundredth (counted in `statistics().failures`)."""
+        if self._failures <= 10 or self._failures % 100 == 0:
+            log.warning("%s: a reward function failed (%s); that sample scores 0 (%d failures "
+                        "so far)", self.name, why, self._failures)
 
     def _current(self, worker: w.WorkerProcess) -> tuple[int, float]:
         """(position in its batch, monotonic start) of the completion the worker is on."""
@@ -371,7 +348,7 @@ class Scorer:
                         f"ran past the {self.timeout_s:g} s deadline, its worker was killed"
                         if timed_out else "killed its worker", self._timeouts,
                         item[1] if len(item) == 2 else "(decoded from ids)")
-            job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED))
+            job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED, ""))
             batch = batch[:culprit] + batch[culprit + 1:]
         self._queue.extendleft(reversed(batch))
         self._restarts += 1
@@ -391,10 +368,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _tally(results: list[tuple[float, int]]) -> Scored:
-    notes = [note for _, note in results]
-    return Scored([r for r, _ in results], timed_out=notes.count(w.TIMEOUT),
-                  failed=notes.count(w.FAILED), mismatched=notes.count(w.MISMATCH),
-                  malformed=notes.count(w.MALFORMED))

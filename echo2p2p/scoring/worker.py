@@ -3,7 +3,7 @@
 Started by `echo2p2p.scoring.scorer.Scorer` (spawn, never fork: the parent holds torch and threads).
 It is handed the reward function, and for the hub a `CompletionDecoder`, pickled once at
 start; then it reads batches of items from its pipe and answers each batch with one list of
-`(reward, note)`. Before each completion it stamps its index and start time into a
+`(reward, note, detail)`. Before each completion it stamps its index and start time into a
 shared array, so the parent can see which one overran its deadline and kill the process: a
 verifier stuck in C code (math-verify on `\\boxed{9^{9^{9^{9}}}}` runs for ever) cannot be
 interrupted any other way. It never sees a socket or the parent's event loop, and it dies with
@@ -11,9 +11,11 @@ the thread that spawned it, so with the hub or peer (Linux: the kernel's parent-
 elsewhere at its next read).
 
 `WorkerProcess` is the parent's side of one such child: spawn it, wait until it is ready, kill
-it. Items are `(answer, text)`, scored as they are, or `(answer, packed_ids, claimed_text)`:
-the ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and
-the note says whether the claim was the decoding.
+it. Items are `(key, text)`, scored as they are (`reward(key, text)`; the key is what the caller
+scores against: an answer, or the hub's `Problem`), or `(key, packed_ids, claimed_text)`: the
+ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and the
+note says whether the claim was the decoding; or `(key, packed_ids, claimed_text, packed_turns)`,
+an episode, replayed by `reward.replay` (`echo2p2p.episodes`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ MISMATCH = 1  # scored from the decoded ids; the claimed text was something else
 MALFORMED = 2  # the ids are no completion (out of vocabulary, after EOS, empty)
 FAILED = 3  # the reward function raised or returned a non-finite value
 TIMEOUT = 4  # set by the parent: ran past the deadline, the worker was killed
+REPLAYED = 5  # an episode its environment's replay does not reproduce (the detail says how)
 
 READY = "ready"
 START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
@@ -62,23 +65,44 @@ def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | No
         conn.send(out)
 
 
-def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int]:
-    """`(reward, note)` of one item (see the module docstring)."""
-    answer, *rest = item
+def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]:
+    """`(reward, note, detail)` of one item (see the module docstring); `detail` says why a
+    FAILED or REPLAYED item scored 0 ('' otherwise)."""
+    key, *rest = item
+    if len(rest) == 3:  # an episode: its environment replayed on its model turns
+        return _replay(reward, decoder, key, *rest)
     note = OK
     if len(rest) == 2:
         decoded = decoder.from_wire(rest[0]) if decoder is not None else None
         if decoded is None:
-            return 0.0, MALFORMED
+            return 0.0, MALFORMED, ""
         text = decoded.text
         note = OK if rest[1] == text else MISMATCH
     else:
         text = rest[0]
     try:
-        value = float(reward(answer, text))
-    except Exception:  # a task's reward must not raise; if it does, this completion scores 0
-        return 0.0, FAILED
-    return (value, note) if math.isfinite(value) else (0.0, FAILED)
+        value = float(reward(key, text))
+    except Exception as exc:  # a reward must not raise; if it does, this sample scores 0
+        return 0.0, FAILED, _why(exc)
+    return (value, note, "") if math.isfinite(value) else (0.0, FAILED, f"returned {value}")
+
+
+def _replay(reward: Any, decoder: Any, key: Any, packed_ids: bytes, claimed: str,
+            packed_turns: bytes) -> tuple[float, int, str]:
+    """An episode's reward by replaying its environment (`reward.replay`, see
+    `echo2p2p.scoring.rewards.EpisodeReplay`); REPLAYED with the fault if it does not check out."""
+    try:
+        replayed = reward.replay(key, packed_ids, packed_turns, decoder)
+    except Exception as exc:  # the environment raised on these actions: scores 0, counted
+        return 0.0, FAILED, _why(exc)
+    if replayed.fault:
+        return 0.0, REPLAYED, replayed.fault
+    return replayed.reward, OK, ""
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason for the log: the exception's type and message, cut."""
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _die_with_parent() -> None:

@@ -2,8 +2,11 @@
 
 Operands have 1..`max_digits` digits (2 by default: a task the built-in tiny model can master
 on a CPU), the digit count drawn uniformly first so that short and long sums are equally common.
-Problems are drawn from a seeded `random.Random`; a pair (a, b) appears at most once across both
-splits, so "eval" is held out from "train" exactly.
+Problems are drawn from a `random.Random` seeded with `split_seed`; a pair (a, b) appears at most
+once across both splits, so "eval" is held out from "train" exactly. The split is a property of
+the task, never of a run: a run's seed orders the prompts and seeds the sampling, but the held-out
+set stays put, and `SPLIT_SEED` (the default) is the split the shipped base checkpoint was warmed
+up on (its train split), so its held-out problems are ones that model has never seen.
 
 Reward ("addition"): 1.0 when the completion equals the answer exactly (the engine has already cut
 it at EOS), else 0.0 — a hedged "85?" earns nothing. Partial credit ("addition-partial",
@@ -21,6 +24,7 @@ from .base import Problem, check_split
 
 KIND = "addition"
 PARTIAL_KIND = "addition-partial"
+SPLIT_SEED = 0  # the shipped base (hub/base_checkpoint.py) trained on this split: keep it
 
 
 def addition_reward(answer: str, completion: str) -> float:
@@ -49,19 +53,22 @@ class AdditionTask:
 
     kind: str  # KIND, or PARTIAL_KIND with partial_credit
 
-    def __init__(self, seed: int = 0, *, max_digits: int = 2, train_size: int = 4_500,
-                 eval_size: int = 500, partial_credit: bool = False) -> None:
+    def __init__(self, split_seed: int = SPLIT_SEED, *, max_digits: int = 2,
+                 train_size: int = 4_500, eval_size: int = 500,
+                 partial_credit: bool = False) -> None:
+        """`split_seed`: which problems are drawn and which are held out; not a run's seed (a
+        base model warmed up on one split would find its training data in another's eval)."""
         if max_digits < 1:
             raise ValueError(f"max_digits must be >= 1, got {max_digits}")
         space = 10 ** (2 * max_digits)  # distinct ordered pairs
         if train_size < 0 or eval_size < 0 or train_size + eval_size > space // 2:
             raise ValueError(f"train_size + eval_size = {train_size + eval_size} is out of range "
                              f"for {max_digits}-digit operands (at most {space // 2})")
-        self.seed = seed
+        self.split_seed = split_seed
         self.max_digits = max_digits
         self.kind = PARTIAL_KIND if partial_credit else KIND
         self._reward = addition_partial_reward if partial_credit else addition_reward
-        rng = random.Random(f"addition/{seed}/{max_digits}")
+        rng = random.Random(f"addition/{split_seed}/{max_digits}")
         seen: set[tuple[int, int]] = set()
         drawn: list[Problem] = []
         while len(drawn) < train_size + eval_size:

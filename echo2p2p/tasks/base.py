@@ -11,20 +11,22 @@ Invariants every task keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 SPLITS = ("train", "eval")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt and its reference answer; `id` is unique within the task."""
+    """One prompt and its reference answer; `id` is unique within the task. `row`: the
+    dataset row it came from (what a user's reward function reads besides the texts)."""
 
     id: str
     prompt: str
     answer: str
+    row: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 @runtime_checkable

@@ -1,8 +1,9 @@
 """Math word problems from JSONL rows {"question": ..., "answer": ...}, scored by final answer.
 
 The task never opens files: the caller hands it lines (an open file is an iterable of lines).
-Rows are shuffled with the seed and the first `eval_size` are held out. A GSM8K-style answer
-("reasoning ... #### 72") keeps only the part after the last "####".
+Rows are shuffled with `split_seed` and the first `eval_size` are held out; the split belongs to
+the task, never to a run (a run's seed orders the prompts, the held-out set stays put). A
+GSM8K-style answer ("reasoning ... #### 72") keeps only the part after the last "####".
 
 Reward: `math_verify` when it is installed (gold first; both timeouts off, because its
 signal-based timeout breaks outside the main thread and peers score in worker threads), else a
@@ -21,6 +22,7 @@ from .answers import last_boxed
 from .base import Problem, check_split
 
 KIND = "math"
+SPLIT_SEED = 0  # the default split; a run's seed orders prompts, it never moves this
 PROMPT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}.\n"
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -83,19 +85,19 @@ def _row(line: str, lineno: int) -> tuple[str, str, str | None]:
 
 
 class MathTask:
-    """Question/answer pairs with a seeded held-out split."""
+    """Question/answer pairs with a fixed held-out split (see `split_seed`)."""
 
     kind = KIND
 
-    def __init__(self, problems: Sequence[Problem], *, eval_size: int = 200, seed: int = 0,
-                 held_out: Sequence[Problem] | None = None):
+    def __init__(self, problems: Sequence[Problem], *, eval_size: int = 200,
+                 split_seed: int = SPLIT_SEED, held_out: Sequence[Problem] | None = None):
         """`held_out`: the eval split as given (a dataset's own test split); else the first
-        `eval_size` of the shuffled `problems` are held out (at most half of them)."""
+        `eval_size` of `problems`, shuffled with `split_seed`, are held out (at most half)."""
         ids = [p.id for p in [*problems, *(held_out or ())]]
         if len(set(ids)) != len(ids):
             raise ValueError("problem ids must be unique")
         order = list(problems)
-        random.Random(f"math/{seed}").shuffle(order)
+        random.Random(f"math/{split_seed}").shuffle(order)
         if held_out is not None:
             self._splits = {"eval": tuple(held_out), "train": tuple(order)}
             return
@@ -103,8 +105,8 @@ class MathTask:
         self._splits = {"eval": tuple(order[:held]), "train": tuple(order[held:])}
 
     @classmethod
-    def from_lines(cls, lines: Iterable[str], *, eval_size: int = 200, seed: int = 0,
-                   template: str = PROMPT_TEMPLATE) -> MathTask:
+    def from_lines(cls, lines: Iterable[str], *, eval_size: int = 200,
+                   split_seed: int = SPLIT_SEED, template: str = PROMPT_TEMPLATE) -> MathTask:
         """Parse JSONL `lines` (blank ones skipped); a bad row raises ValueError naming its line."""
         problems = []
         for lineno, line in enumerate(lines, start=1):
@@ -116,7 +118,7 @@ class MathTask:
                                     answer=answer))
         if not problems:
             raise ValueError("no problems: every line was blank")
-        return cls(problems, eval_size=eval_size, seed=seed)
+        return cls(problems, eval_size=eval_size, split_seed=split_seed)
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of `split`; the same tuple on every call."""

@@ -90,8 +90,9 @@ BAD = [
     (dataclasses.replace(R, lease_id="L" * 65), "rollout.lease_id"),
     (dataclasses.replace(R, version=2**40), "rollout.version"),
     (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), reward=math.nan)]), "reward"),
-    (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), reward=1.5)]), "reward"),
-    (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), reward=-0.5)]), "reward"),
+    (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), reward=math.inf)]), "reward"),
+    (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), reward=-2e6)]), "reward"),
+    (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), turns=b"\x01")]), "turns"),
     (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), logprobs=lp([-1, math.nan, -1]))]),
      "logprobs"),
     (dataclasses.replace(R, samples=[sample(), dataclasses.replace(sample(), logprobs=lp([-1, -math.inf, -1]))]),
@@ -187,8 +188,9 @@ def mutated(draw) -> m.Message:
 
 
 def in_bounds(msg: m.Message) -> bool:
-    """What was taken holds no non-finite or negative number anywhere, and any price is
-    within MAX_PRICE_PER_HOUR: an independent sweep over every field, not the checks' code."""
+    """What was taken holds no non-finite or negative number anywhere (a claimed reward: no
+    number past +-MAX_REWARD), and any price is within MAX_PRICE_PER_HOUR: an independent
+    sweep over every field, not the checks' code."""
 
     def ok(value) -> bool:
         if isinstance(value, bool):
@@ -205,9 +207,12 @@ def in_bounds(msg: m.Message) -> bool:
         return 1000 <= msg.code <= 4999
     if isinstance(msg, m.Hello) and not msg.price_per_hour <= b.MAX_PRICE_PER_HOUR:
         return False
-    if isinstance(msg, m.RolloutSubmission):
-        return ok(msg) and all(all(math.isfinite(x) and x <= b.MAX_LOGPROB
-                                   for x in m.unpack_logprobs(s.logprobs)) for s in msg.samples)
+    if isinstance(msg, m.RolloutSubmission):  # a claimed reward may be negative (a penalty)
+        samples = [dataclasses.replace(s, reward=0.0) for s in msg.samples]
+        return (ok(dataclasses.replace(msg, samples=samples))
+                and all(abs(s.reward) <= b.MAX_REWARD for s in msg.samples)
+                and all(all(math.isfinite(x) and x <= b.MAX_LOGPROB
+                            for x in m.unpack_logprobs(s.logprobs)) for s in msg.samples))
     return ok(msg)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import pathlib
 
@@ -10,6 +11,7 @@ import pytest
 
 from echo2p2p.tasks import (AdditionTask, MathTask, Problem, Task, extract_answer,
                             problems_from_records, reward_fn)
+from echo2p2p.tasks.addition import SPLIT_SEED
 from echo2p2p.tasks.math import normalize_answer
 
 TASKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "echo2p2p" / "tasks"
@@ -34,7 +36,7 @@ def test_tasks_import_no_heavy_or_io_modules():
 
 def test_addition_problems_are_correct_sums():
     """Every addition prompt is "a+b=" and its answer is the decimal sum."""
-    task = AdditionTask(seed=3, train_size=300, eval_size=50)
+    task = AdditionTask(split_seed=3, train_size=300, eval_size=50)
     for p in [*task.problems("train"), *task.problems("eval")]:
         a, b = p.prompt.removesuffix("=").split("+")
         assert p.prompt.endswith("=") and p.answer == str(int(a) + int(b))
@@ -42,15 +44,33 @@ def test_addition_problems_are_correct_sums():
 
 
 def test_addition_splits_deterministic_and_disjoint():
-    """Same seed gives the same splits; eval never shares a problem with train; seeds differ."""
-    a, b = AdditionTask(seed=1), AdditionTask(seed=1)
+    """Same split seed gives the same splits; eval never shares a problem with train; split
+    seeds differ."""
+    a, b = AdditionTask(split_seed=1), AdditionTask(split_seed=1)
     assert a.problems("train") == b.problems("train") and a.problems("eval") == b.problems("eval")
     train_ids = {p.id for p in a.problems("train")}
     eval_ids = {p.id for p in a.problems("eval")}
     assert len(train_ids) == len(a.problems("train")) and len(eval_ids) == len(a.problems("eval"))
     assert not train_ids & eval_ids
     assert {p.prompt for p in a.problems("train")}.isdisjoint(p.prompt for p in a.problems("eval"))
-    assert AdditionTask(seed=2).problems("eval") != a.problems("eval")
+    assert AdditionTask(split_seed=2).problems("eval") != a.problems("eval")
+
+
+def _digest(problems) -> str:
+    return hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()
+
+
+def test_default_addition_split_is_the_one_the_shipped_base_learned_on():
+    """The default split is pinned: the shipped tiny base was warmed up on exactly this train
+    split (hub/base_checkpoint.py), so redrawing it would put warm-up sums in the held-out set."""
+    task = AdditionTask()
+    assert task.split_seed == SPLIT_SEED == 0
+    assert (len(task.problems("train")), len(task.problems("eval"))) == (4_500, 500)
+    assert [p.id for p in task.problems("eval")[:3]] == ["add-5+3", "add-5+26", "add-1+73"]
+    assert _digest(task.problems("train")) == (
+        "78515c91a95969d1299f44a9d0b410aa94c34445afe7c3291d2dbb59e9ba2c4c")
+    assert _digest(task.problems("eval")) == (
+        "bace0ad377a0d02c04c3c94c9fd738de88343fa9868e77fd7523bcb4b7353d40")
 
 
 def test_addition_reward_exact_match():
@@ -88,13 +108,16 @@ def _rows(n: int) -> list[str]:
 def test_math_task_from_lines_splits():
     """MathTask holds out eval_size shuffled rows, deterministically, disjoint from train."""
     lines = _rows(50) + [""]
-    a = MathTask.from_lines(lines, eval_size=10, seed=4)
-    b = MathTask.from_lines(lines, eval_size=10, seed=4)
+    a = MathTask.from_lines(lines, eval_size=10, split_seed=4)
+    b = MathTask.from_lines(lines, eval_size=10, split_seed=4)
     assert isinstance(a, Task) and a.kind == "math"
     assert len(a.problems("eval")) == 10 and len(a.problems("train")) == 40
     assert a.problems("eval") == b.problems("eval") and a.problems("train") == b.problems("train")
     assert not {p.id for p in a.problems("eval")} & {p.id for p in a.problems("train")}
-    assert MathTask.from_lines(lines, eval_size=10, seed=5).problems("eval") != a.problems("eval")
+    other = MathTask.from_lines(lines, eval_size=10, split_seed=5)
+    assert other.problems("eval") != a.problems("eval")
+    assert MathTask.from_lines(lines, eval_size=10).problems("eval") == (
+        MathTask.from_lines(lines, eval_size=10, split_seed=0).problems("eval"))
     assert all("What is" in p.prompt for p in a.problems("train"))
 
 
@@ -217,7 +240,7 @@ def test_math_task_held_out_split_is_kept_as_given():
     """A dataset's own eval split is the eval split, whole and in order; train gets every row."""
     train = [Problem(f"train-{i}", f"q{i}", str(i)) for i in range(10)]
     held = [Problem(f"test-{i}", f"t{i}", str(i)) for i in range(3)]
-    task = MathTask(train, held_out=held, seed=1)
+    task = MathTask(train, held_out=held, split_seed=1)
     assert task.problems("eval") == tuple(held)
     assert sorted(p.id for p in task.problems("train")) == sorted(p.id for p in train)
     with pytest.raises(ValueError, match="unique"):

@@ -220,7 +220,7 @@ def test_evaluate_greedy_left_padded_matches_single_decoding():
         return 1.0 if text in expected.values() else 0.0
 
     learner = Learner(model, lr=1e-3)
-    acc = learner.evaluate(tok, problems, lambda items: [reward(a, t) for a, t in items],
+    acc = learner.evaluate(tok, problems, lambda items: [reward(p.answer, t) for p, t in items],
                            max_new_tokens=5, batch_size=2)
     assert acc == 1.0 and sorted(seen) == sorted(expected.values())
     assert model.training
@@ -284,3 +284,56 @@ def test_bf16_compute_keeps_fp32_master_weights():
         da, db = pa - before[k], b.state_dict()[k] - before[k]
         if da.abs().max() > 0:
             assert torch.nn.functional.cosine_similarity(da.flatten(), db.flatten(), 0) > 0.8, k
+
+
+def episode_group(model) -> tuple[ScoredGroup, list[list[bool]]]:
+    """Two episodes (model turn, observation, model turn) with on-policy model logprobs, and
+    the per-token masks of their model tokens."""
+    from echo2p2p.episodes import model_mask, pack_turns
+
+    episodes = [([10, 11, 1], [30, 31, 32], [12, 1]), ([20, 1], [33, 34], [21, 22, 1])]
+    samples, masks = [], []
+    for first, observation, second in episodes:
+        ids = first + observation + second
+        turns = [len(first), len(observation), len(second)]
+        lp = sequence_logprobs(model, PROMPT, [ids])[0]
+        mask = model_mask(turns)
+        samples.append(Sample(pack_ids(ids), pack_logprobs([x for x, m in zip(lp, mask) if m]),
+                              "", 0.0, "stop", pack_turns(turns)))
+        masks.append(mask)
+    rows = parse_samples(samples, VOCAB)
+    assert not isinstance(rows, str), rows
+    return ScoredGroup("e0", "p0", list(PROMPT), 0, rows, [1.0, 0.0]), masks
+
+
+def reference_grad_norm(model, group: ScoredGroup, masks: list[list[bool]]) -> float:
+    """The gradient norm of the batch loss with the loss taken over `masks`' tokens only."""
+    from echo2p2p.hub.grpo import group_advantages, policy_loss
+
+    model.zero_grad()
+    width = len(PROMPT) + max(len(m) for m in masks)
+    ids = torch.zeros((2, width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((2, width), dtype=torch.bool)
+    for i, (row, m) in enumerate(zip(group.samples, masks)):
+        seq = PROMPT + list(row.token_ids)
+        ids[i, :len(seq)], attention[i, :len(seq)] = torch.tensor(seq), 1
+        mask[i, len(PROMPT):len(seq)] = torch.tensor(m)
+    logprobs = token_logprobs(model, ids, attention, mask, 1.0)
+    advantages = group_advantages(torch.tensor(group.rewards))
+    loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask)
+    loss.backward()
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+
+
+def test_episode_observation_tokens_are_masked_out_of_the_loss():
+    """The learner trains an episode's model tokens only: its token count is theirs, and its
+    gradient is the loss's over them, not over the observation tokens too."""
+    model = tiny_model()
+    group, masks = episode_group(model)
+    over_model = reference_grad_norm(model, group, masks)
+    over_all = reference_grad_norm(model, group, [[True] * len(m) for m in masks])
+    stats = Learner(model, lr=1e-3).step([group])
+    assert stats.tokens == sum(map(sum, masks)) < sum(map(len, masks))
+    assert stats.grad_norm == pytest.approx(over_model, rel=1e-4)
+    assert abs(over_all - over_model) > 1e-3 * over_model  # the test can tell them apart

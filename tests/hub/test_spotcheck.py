@@ -25,7 +25,7 @@ from echo2p2p.policy.model import load_policy
 
 from tests.conftest import running_peers
 
-TASK = AdditionTask(seed=0)
+TASK = AdditionTask()
 PROBLEMS = TASK.problems("train")
 
 

@@ -55,7 +55,7 @@ def run_session(python, work, dtype: str = "auto"):
           if k != "lm_head.weight"}  # tied to the embedding: not a parameter of its own
     save_file(v1, work / "v1.safetensors")
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    problems = AdditionTask(seed=3).problems("train")[:6]
+    problems = AdditionTask(split_seed=3).problems("train")[:6]
     spec = {"model": str(model_dir), "v1": str(work / "v1.safetensors"), "group_size": GROUP,
             "max_new_tokens": NEW_TOKENS, "settings": SETTINGS, "dtype": dtype,
             "prompts": [encode(p.prompt) for p in problems],

@@ -1,0 +1,72 @@
+"""A task of users' own rows: each row's "prompt" as it is, the whole row for their rewards.
+
+The rows are plain mappings (a list of dicts, a JSONL file's objects, a `datasets.Dataset`'s
+rows); the task keeps each as `Problem.row`, which users' reward functions receive
+(`echo2p2p.scoring.rewards.RewardFunctions`). The answer is the row's "answer" as text when it
+has one ('' otherwise: a reward that runs tests, say, needs none). Ids are the row's "id", else
+"row-<index>". The split is seeded by the task, never by the run: the first `eval_size` rows of
+a fixed shuffle are held out (at most half), so the held-out set is the same whatever the run's
+seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .base import Problem, check_split
+
+KIND = "custom"  # peers cannot score it: only the hub runs users' reward functions
+SPLIT_SEED = "records/split"
+
+
+def problem_of(index: int, row: Mapping[str, Any]) -> Problem:
+    """Row `index` as a problem; ValueError naming the row if it has no text "prompt"."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"row {index}: needs a non-empty string field 'prompt'")
+    answer = row.get("answer", "")
+    row_id = row.get("id")
+    return Problem(id=f"row-{index}" if row_id is None else str(row_id), prompt=prompt,
+                   answer="" if answer is None else str(answer), row=dict(row))
+
+
+class RecordsTask:
+    """Users' rows with a fixed held-out split."""
+
+    kind = KIND
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]], *, eval_size: int = 256):
+        problems = [problem_of(i, row) for i, row in enumerate(rows)]
+        if len(problems) < 2:
+            raise ValueError(f"need at least 2 rows (some to train on, some held out), got "
+                             f"{len(problems)}")
+        if len({p.id for p in problems}) != len(problems):
+            raise ValueError("row ids must be unique")
+        random.Random(SPLIT_SEED).shuffle(problems)
+        held = min(eval_size, len(problems) // 2)
+        self._splits = {"eval": tuple(problems[:held]), "train": tuple(problems[held:])}
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str], *, eval_size: int = 256) -> RecordsTask:
+        """JSONL lines (blank ones skipped); ValueError naming a bad line."""
+        rows = []
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"line {lineno}: expected a JSON object")
+            rows.append(row)
+        return cls(rows, eval_size=eval_size)
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        return self._splits[check_split(split)]
+
+    def reward(self, answer: str, completion: str) -> float:
+        raise TypeError("a custom task is scored by its reward functions")

@@ -1,0 +1,138 @@
+"""The Python API: a run defined in a script, served as `echo2-hub serve` or `demo` serves it.
+
+    from echo2p2p.hub import Run
+
+    def short(prompt, completion, row):          # a reward function of your own
+        return 1.0 if len(completion.strip()) <= 2 else 0.0
+
+    if __name__ == "__main__":                    # the scoring workers import this file
+        Run(reward=short, max_steps=30).demo(peers=2)
+
+`Run` takes the fields of `echo2p2p.hub.config.HubConfig` as keywords (or a `HubConfig`, or a
+mapping of them), the same fields and defaults as the command line's flags, which call this
+class: the CLI is a thin caller of it. Besides them it takes what a command line cannot carry:
+reward functions as Python callables (`reward`, `reward_weights`) and rows as Python objects
+(`dataset`: a list of dicts, a `datasets.Dataset`, any iterable of mappings with a "prompt").
+A run on an environment names it (`env="takeaway"`): peers install environments as packages.
+
+`serve()` trains until `max_steps` with whatever peers join; `demo()` also starts local peer
+processes, with the demo's defaults (`DEMO_DEFAULTS`) for the fields not given. Both return the
+run's step records (what metrics.jsonl holds). Under torchrun (`--nproc-per-node N`) every rank
+calls the same method: rank 0 serves, the others follow it and return [].
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from echo2p2p.config import as_dict, resolve
+from echo2p2p.errors import ConfigError
+from echo2p2p.runtime import process
+
+from .config import DEMO_DEFAULTS, HubConfig
+
+
+class Run:
+    """One training run: its config, its reward functions and its rows."""
+
+    def __init__(self, config: HubConfig | Mapping[str, Any] | None = None, *,
+                 reward: Any = None, reward_weights: Sequence[float] | None = None,
+                 dataset: Iterable[Mapping[str, Any]] | None = None, **fields: Any):
+        """ConfigError naming the field (and the fix) for a bad value or an unknown name."""
+        table = as_dict(config) if isinstance(config, HubConfig) else dict(config or {})
+        table.pop("run_id", None)
+        if isinstance(reward, str):  # as the command line gives it: a config field
+            fields["reward"], reward = reward, None
+        if isinstance(reward_weights, str):
+            fields["reward_weights"], reward_weights = reward_weights, None
+        if reward_weights is not None and reward is None and not fields.get("reward"):
+            raise ConfigError("reward_weights", "weights need reward functions to weigh")
+        self._table = {**table, **fields}
+        self.config = resolve(HubConfig, self._table)
+        self.reward, self.reward_weights = reward, reward_weights
+        self.dataset = None if dataset is None else [dict(row) for row in dataset]
+
+    def setup(self, cfg: HubConfig | None = None) -> Any:
+        """The task and reward this run trains on (`hub.task_setup.TaskSetup`)."""
+        from .task_setup import open_setup
+
+        return open_setup(cfg or self.config, reward=self.reward,
+                          reward_weights=self.reward_weights, rows=self.dataset)
+
+    def serve(self, *, resume: str | Path | None = None) -> list[dict[str, Any]]:
+        """Serve peers and train until max_steps; `resume`: a run directory to continue from
+        its last checkpoint (its saved config, overridden by the fields given here)."""
+        from .demo import run_serve
+
+        cfg = self.config
+        if resume is not None:
+            cfg = resume_config(Path(resume), self._table)
+        return _launch(cfg, lambda ranks: run_serve(
+            cfg, Path(resume) if resume is not None else None, ranks, self.setup(cfg)))
+
+    def demo(self, peers: int = 2, *, engine: str = "transformers",
+             peer_python: str = "") -> list[dict[str, Any]]:
+        """The hub and `peers` local peer processes (`engine`: transformers or vllm, under
+        `peer_python`), with the demo's defaults for the fields not given."""
+        from .demo import peer_python as find_python
+        from .demo import run_demo
+
+        if peers < 1:
+            raise ValueError(f"peers must be >= 1, got {peers}")
+        cfg = resolve(HubConfig, {**DEMO_DEFAULTS, **self._table})
+        python = find_python(engine, peer_python)
+        return _launch(cfg, lambda ranks: run_demo(cfg, peers, engine=engine, python=python,
+                                                   ranks=ranks, setup=self.setup(cfg)))
+
+
+def resume_config(run_dir: Path, overrides: Mapping[str, Any]) -> HubConfig:
+    """The config saved in `run_dir`, with `overrides` on top and the run directory set."""
+    import json
+
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved.pop("run_id", None)
+    return resolve(HubConfig, {**saved, **overrides, "run_dir": str(run_dir)})
+
+
+def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]:
+    """`serve(ranks)` on this process's event loop, or, a rank other than 0 of a sharded
+    learner (torchrun), follow rank 0 until it stops."""
+    from .ranks import Ranks
+    from .trainer import follow_rank
+
+    ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
+    try:
+        if ranks is None:
+            return process.run(serve(None))
+        ranks.agree(as_dict(cfg))
+        _stop_quietly_on_sigterm(ranks.rank, cfg.run_dir)
+        if ranks.rank > 0:
+            follow_rank(cfg, ranks)
+            return []
+        return process.run(serve(ranks))
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:
+    """torchrun ends every rank with SIGTERM when one of them fails: say so, and how to go on.
+    Exits at once: a thread may be inside a collective that will never finish, and the run
+    directory is consistent at any moment (its journal is flushed record by record)."""
+    from .demo import stop_local_peers
+
+    where = run_dir or "RUN_DIR (the run directory the hub printed at start-up)"
+
+    def stop(signum: int, frame: Any) -> None:
+        stop_local_peers()
+        os.write(2, (f"echo2-hub: learner rank {rank} stopped by the launcher (torchrun stops "
+                     f"every rank when one fails; its report names the first). Resume with "
+                     f"`echo2-hub serve --resume {where}`, on any rank count that divides "
+                     f"the batch\n").encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

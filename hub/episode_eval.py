@@ -1,0 +1,65 @@
+"""Held-out evaluation of a multi-turn environment: the learner's greedy play, episode by episode.
+
+The held-out seeds' episodes are played in lock-step (`echo2p2p.episodes.play`), each turn one
+batched greedy `generate` over the live episodes' contexts (left-padded), cut by the completion
+rule as a peer's engine cuts a turn; the score is the mean episode reward. On the learner of
+one rank only (a sharded learner's evaluation of episodes is not built: `HubRun` refuses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from echo2p2p import episodes
+from echo2p2p.completions import CompletionDecoder
+
+from .learner import encode_prompt
+
+
+def greedy_turns(model: Any, tokenizer: Any, max_new_tokens: int):
+    """`turns(contexts)` for `episodes.play`: one greedy model turn per context."""
+    decoder = CompletionDecoder(tokenizer)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    device = next(model.parameters()).device
+
+    def turns(contexts: list[list[int]]) -> list[episodes.Turn]:
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), pad, dtype=torch.long)  # (B, P)
+        attention = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, P)
+        for i, c in enumerate(contexts):  # left padding: generation appends on the right
+            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
+            attention[i, width - len(c):] = 1
+        out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
+                             do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                             eos_token_id=eos)  # (B, P + N)
+        done = [decoder.completion(row) for row in out[:, width:].tolist()]
+        return [(d.token_ids, [0.0] * len(d.token_ids), d.text, d.stopped) for d in done]
+
+    return turns
+
+
+@torch.no_grad()
+def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], factory: Any, *,
+                      max_new_tokens: int, prompts: Any, batch_size: int = 64) -> float:
+    """Mean reward of the learner's greedy episodes on `problems` (seeds in their answers)."""
+    if not problems:
+        return 0.0
+    model = learner.model
+    turns = greedy_turns(model, tokenizer, max_new_tokens)
+    decoder = CompletionDecoder(tokenizer)
+    total = 0.0
+    model.eval()
+    try:
+        for start in range(0, len(problems), batch_size):
+            batch = problems[start:start + batch_size]
+            played = episodes.play([factory() for _ in batch], [int(p.answer) for p in batch],
+                                   [encode_prompt(tokenizer, p.prompt, prompts) for p in batch],
+                                   turns, decoder.encode)
+            total += sum(p.reward for p in played)
+    finally:
+        model.train()
+    return total / len(problems)

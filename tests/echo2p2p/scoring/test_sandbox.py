@@ -1,0 +1,234 @@
+"""The sandbox (limits, throwaway directory, no network, processes killed whole) and the code task's
+reward that runs a completion's program against its row's tests in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import select
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from echo2p2p.scoring.code import code_tests, program_of
+from echo2p2p.scoring.sandbox import run_python
+
+ROOT = Path(__file__).resolve().parents[3]
+ADD = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
+
+
+@pytest.fixture(scope="module")
+def isolated() -> bool:
+    """Whether this machine lets the sandbox make its namespaces (else those tests skip)."""
+    return run_python("pass").isolated
+
+
+def need(isolated: bool) -> None:
+    if not isolated:
+        pytest.skip("no user namespaces here (root, or unprivileged user namespaces, needed): "
+                    "the sandbox runs without network, mount and PID isolation")
+
+
+def gone(pid: int, within_s: float = 2.0) -> bool:
+    """Whether process `pid` has ended (exited, or a zombie), waiting up to `within_s` for it."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], within_s)[0])
+    finally:
+        os.close(fd)
+
+
+def test_a_passing_program_scores_1_and_a_failing_assert_0():
+    """A program whose tests pass scores 1.0, one with a failing assert 0.0."""
+    row = {"tests": "assert add(2, 3) == 5"}
+    assert code_tests("", "def add(a, b):\n    return a + b\n", row) == 1.0
+    assert code_tests("", "def add(a, b):\n    return a - b\n", row) == 0.0
+    failed = run_python("assert 1 == 2")
+    assert not failed.passed and failed.exit_code == 1 and "AssertionError" in failed.why
+
+
+def test_listed_tests_score_the_fraction_that_pass():
+    """A list of tests scores the fraction passing; each runs after one before it failed."""
+    assert code_tests("", "def add(a, b):\n    return a + b", ADD) == pytest.approx(2 / 3)
+    assert code_tests("", "def add(a, b):\n    raise ValueError", ADD) == 0.0
+    assert code_tests("", "this is not python", ADD) == 0.0
+
+
+def test_ending_the_process_early_passes_nothing():
+    """sys.exit(0) or os._exit(0) before the tests, or in one, does not count as passing."""
+    for cheat in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
+        assert code_tests("", cheat, ADD) == 0.0
+    row = {"tests": ["assert add(1, 2) == 3", "import os; os._exit(0)"]}
+    assert code_tests("", "def add(a, b):\n    return a + b", row) == 0.0
+
+
+def test_the_program_is_the_fenced_block_or_the_template():
+    """A fenced block is the code; "{prompt}{completion}" continues the prompt."""
+    fenced = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert program_of("", fenced, {}) == "def add(a, b):\n    return a + b\n"
+    assert code_tests("", fenced, {"tests": "assert add(1, 1) == 2"}) == 1.0
+    row = {"program": "{prompt}{completion}", "tests": "assert x == 85"}
+    assert code_tests("x = 47+", "38", row) == 1.0
+    assert code_tests("x = 47+", "39", row) == 0.0
+
+
+def test_code_tests_pickles_for_the_scorer_workers():
+    """The reward is a module-level function: it pickles by reference, as a worker needs."""
+    assert pickle.loads(pickle.dumps(code_tests)) is code_tests
+
+
+def test_an_endless_loop_is_killed_at_the_time_limit():
+    """`while True: pass` is killed at timeout_s and the call returns."""
+    start = time.monotonic()
+    result = run_python("while True: pass", timeout_s=0.5)
+    assert result.timed_out and not result.passed and result.exit_code is None
+    assert "timed out" in result.why
+    assert time.monotonic() - start < 10  # generous: the deadline is 0.5 s
+    assert code_tests("", "while True: pass", {"tests": "pass", "timeout_s": 0.5}) == 0.0
+
+
+def test_allocating_2_gb_fails_under_the_memory_limit():
+    """An allocation past memory_bytes raises MemoryError in the program."""
+    result = run_python("x = bytearray(2 * 1024**3)", memory_bytes=256 * 2**20)
+    assert not result.passed and "MemoryError" in result.why
+    assert run_python("x = bytearray(16 * 2**20)", memory_bytes=256 * 2**20).passed
+
+
+def test_writing_a_10_mb_file_fails_under_the_file_limit():
+    """A file past file_bytes cannot be written (EFBIG); a small one can."""
+    big = run_python("open('big', 'wb').write(b'x' * 10_000_000)", file_bytes=2**20)
+    assert not big.passed and "File too large" in big.why
+    assert run_python("open('small', 'wb').write(b'x' * 100_000)", file_bytes=2**20).passed
+
+
+def test_the_throwaway_directory_is_gone_afterwards():
+    """The program runs in a fresh directory, which is removed with what it wrote there."""
+    result = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())")
+    assert result.passed
+    work = Path(result.stdout_tail.strip())
+    assert work.name == "work" and work.parent.name.startswith("echo2-sandbox-")
+    assert not work.parent.exists()
+
+
+SPAWN = """\
+import os, time
+r, w = os.pipe()
+for _ in range({n}):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        {escape}
+        print(os.readlink('/proc/self'), flush=True)  # its pid as the caller sees it
+        os.write(w, b'.')
+        time.sleep(60)
+        os._exit(0)
+    os.read(r, 1)
+{then}
+"""
+
+
+@pytest.mark.parametrize("then", ["pass", "time.sleep(60)"], ids=["exits", "hangs"])
+def test_children_left_running_are_killed_with_the_program(then):
+    """Processes the program forked die with it, whether it exits or is killed at the deadline."""
+    hangs = then != "pass"
+    result = run_python(SPAWN.format(n=3, escape="pass", then=then),
+                        timeout_s=1.0 if hangs else 5.0)
+    assert result.timed_out == hangs
+    pids = [int(line) for line in result.stdout_tail.split()]
+    assert len(pids) == 3
+    assert all(gone(pid) for pid in pids)
+
+
+def test_a_fork_loop_is_bounded_and_killed_whole(isolated):
+    """A program forking in a loop gets at most max_processes (a caller that is not root, with
+    namespaces), and every child it made is gone after the run."""
+    result = run_python(SPAWN.format(n=40, escape="pass", then="pass"), max_processes=16)
+    pids = [int(line) for line in result.stdout_tail.split()]
+    assert pids and all(gone(pid) for pid in pids)
+    if isolated and os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC
+        assert len(pids) < 16
+    else:
+        assert len(pids) == 40
+
+
+def test_a_child_that_leaves_the_group_is_killed_too(isolated):
+    """With a PID namespace, a child that calls setsid() (out of the killed group) dies too."""
+    need(isolated)
+    result = run_python(SPAWN.format(n=2, escape="os.setsid()", then="pass"))
+    pids = [int(line) for line in result.stdout_tail.split()]
+    assert len(pids) == 2 and all(gone(pid) for pid in pids)
+
+
+def test_no_network_not_even_to_a_listening_local_port(isolated):
+    """A connection to a port listening on 127.0.0.1 fails inside the sandbox."""
+    need(isolated)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        probe = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=1):  # it does listen
+            pass
+        result = run_python(probe)
+    assert not result.passed and "Network is unreachable" in result.why
+
+
+def test_the_program_cannot_see_the_callers_environment(monkeypatch, isolated):
+    """A secret in the caller's environment is in neither the program's environment nor, with
+    namespaces, readable from the caller's /proc/<pid>/environ."""
+    monkeypatch.setenv("ECHO2_TEST_SECRET", "hunter2")
+    probe = ("import json, os\nprint(json.dumps(dict(os.environ)))\n"
+             f"try:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
+             "except OSError as e:\n    print('denied', type(e).__name__)\n")
+    result = run_python(probe)
+    assert result.passed
+    env = json.loads(result.stdout_tail.splitlines()[0])
+    assert "ECHO2_TEST_SECRET" not in env and "hunter2" not in json.dumps(env)
+    if isolated:
+        assert "hunter2" not in result.stdout_tail and "denied" in result.stdout_tail
+
+
+def test_files_outside_the_working_directory_are_read_only(tmp_path, isolated):
+    """With namespaces, the program can write its working directory and nothing else."""
+    need(isolated)
+    target = tmp_path / "outside.txt"
+    result = run_python(f"open('inside.txt', 'w').write('x')\nopen({str(target)!r}, 'w')\n")
+    assert not result.passed and "Read-only file system" in result.why
+    assert not target.exists()
+
+
+def test_the_shipped_code_dataset_is_its_generators_output(tmp_path):
+    """examples/code.jsonl is what examples/make_code_dataset.py writes, under 1 MB, and its
+    rows score 1 for the answer and 0 for the base model's habit of trailing junk."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_code_dataset",
+                                                  ROOT / "examples" / "make_code_dataset.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    generator.main(["--out", str(tmp_path / "code.jsonl")])
+    shipped = ROOT / "examples" / "code.jsonl"
+    assert (tmp_path / "code.jsonl").read_bytes() == shipped.read_bytes()
+    assert shipped.stat().st_size < 2**20
+    rows = [json.loads(line) for line in shipped.read_text().splitlines()]
+    assert len({r["id"] for r in rows}) == len(rows) >= 1000
+    row = rows[1]
+    assert code_tests(row["prompt"], row["answer"], row) == 1.0
+    assert code_tests(row["prompt"], row["answer"] + "?", row) == 0.0
+    assert 0 < code_tests(row["prompt"], str(int(row["answer"]) + 100), row) < 1
+
+
+def test_bad_limits_are_refused():
+    """A non-positive limit is a ValueError, from the sandbox and from a row."""
+    with pytest.raises(ValueError):
+        run_python("pass", timeout_s=0)
+    with pytest.raises(ValueError):
+        code_tests("", "pass", {"tests": "pass", "timeout_s": -1})
+    with pytest.raises(ValueError):
+        code_tests("", "pass", {"tests": []})

@@ -1,0 +1,95 @@
+"""Lies about a multi-turn environment (issue 15): a peer plays the real environment with the
+real engine, so its token ids and logprobs are its own and pass every spot-check, but it alters
+what the environment said (an observation, or a game that went on after it ended) or claims a
+reward the environment did not give. The hub replays every episode: the lie is caught, counts
+against the liar's trust until quarantine, and the honest peer trains on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from echo2p2p.episodes import Played
+from echo2p2p.hub.trainer import start_hub
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
+
+from tests.conftest import running_peers
+from .conftest import yes
+from .harness import HONEST, hub_alive, peer_id, run_events, small_cfg, steps
+
+STEPS = 12
+
+
+def forge_observation(played: Played, encode) -> Played:
+    """One character of the first observation changed; or, for a game over at the first move,
+    a made-up answer and another move (the game went on, says the liar)."""
+    ids, turns = list(played.ids), list(played.turns)
+    if len(turns) > 1:
+        at = turns[0]
+        ids[at] = encode("i")[0] if ids[at] != encode("i")[0] else encode("j")[0]
+        return replace(played, ids=ids)
+    fake = encode("I took 1. pile 5: ")
+    first = ids[:turns[0]]
+    return replace(played, ids=ids + fake + first, turns=turns + [len(fake), len(first)],
+                   logprobs=played.logprobs * 2)
+
+
+LIES = {
+    "observation": lambda played, encode: forge_observation(played, encode),
+    "reward": lambda played, encode: replace(played, reward=1.0),  # every game "won"
+}
+
+
+class EpisodeLiar(PeerClient):
+    """An honest player in all but what it reports of the environment."""
+
+    def __init__(self, cfg: PeerConfig, lie):
+        super().__init__(cfg)
+        self.lie = lie
+
+    def _play(self, lease, seed):
+        version, played = super()._play(lease, seed)
+        encode = self.engine.decoder.encode
+        return version, [self.lie(p, encode) for p in played]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("lie", sorted(LIES))
+async def test_environment_lies_are_caught_by_replay(lie, tmp_path, row):
+    r = row(f"15. episode lies ({lie}) in a multi-turn environment, replayed by the hub")
+    cfg = small_cfg(tmp_path, env="takeaway", max_new_tokens=4, max_steps=STEPS,
+                    spot_check_fraction=1.0)
+    stop = asyncio.Event()
+    async with start_hub(cfg, stream=None) as run, \
+            running_peers(run.url, 1, torch_threads=1) as [honest]:
+        liar = EpisodeLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(liar.run(stop))
+            try:
+                await asyncio.wait_for(run.finished.wait(), 300)
+                liar_identity = run.hub.peers[peer_id(run, "liar")].identity
+                honest_identity = run.hub.peers[peer_id(run, HONEST)].identity
+            finally:
+                stop.set()
+        trust = run.hub.trust
+        events = trust.events.get(liar_identity, {})
+        caught = [q["step"] for q in run_events(run, "quarantine")
+                  if q["identity"] == liar_identity]
+        alive = await hub_alive(run) and steps(run) == STEPS
+        acked = honest.statistics().acked
+        r.reaction = (f"liar: {({k: v for k, v in events.items() if v})}, "
+                      + (f"quarantined at step {caught[0]}" if caught else "NOT quarantined")
+                      + f"; {run.hub.counters.spot_checked} groups spot-checked, "
+                        f"{run.hub.counters.spot_failed} failed")
+        r.hub_alive = yes(alive)
+        r.honest_training = f"{acked} groups acked"
+    expected = "observation_mismatch" if lie == "observation" else "reward_mismatch"
+    assert events.get(expected, 0) >= 1, f"no {expected} against the liar: {events}"
+    assert liar_identity in trust.quarantined, "the liar was not quarantined"
+    assert not any(trust.events.get(honest_identity, {}).values()), "the honest peer was distrusted"
+    assert run.hub.counters.spot_failed == 0, "an honest episode failed its spot-check"
+    assert alive and acked > 0

@@ -1,0 +1,53 @@
+"""A peer joining a multi-turn run: the environment comes from an installed package, named with
+its version in the welcome, and a peer without it (or with another version) refuses to join in
+one sentence saying what to install. No code travels over the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo2p2p.errors import JoinRefused
+from echo2p2p.hub.task_setup import TaskSetup
+from echo2p2p.hub.trainer import start_hub
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
+from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment, installed,
+                                           require_environment)
+from echo2p2p.scoring.rewards import EpisodeReplay
+from echo2p2p.tasks import EnvironmentTask
+from echo2p2p.tasks.takeaway import TakeAway, make
+
+from tests.hostile.harness import small_cfg
+
+
+def test_the_built_in_environment_is_an_installed_entry_point():
+    assert "takeaway" in installed()
+    found = find_environment("takeaway")
+    assert found.version == TakeAway.version and isinstance(found.factory(), TakeAway)
+
+
+@pytest.mark.parametrize("name, version, says", [
+    ("no-such-game", "1", "environment 'no-such-game' is not installed (installed: takeaway"),
+    ("takeaway", "999", "version 1 is installed here: install version 999"),
+])
+def test_a_missing_or_other_version_environment_is_refused_in_one_sentence(name, version, says):
+    with pytest.raises(EnvironmentMissing) as err:
+        require_environment(name, version)
+    message = str(err.value)
+    assert says in message and message.count(". ") == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, version", [("no-such-game", "1"), ("takeaway", "999")])
+async def test_a_peer_refuses_to_join_a_run_whose_environment_it_lacks(tmp_path, name, version):
+    """The hub names the environment in its welcome; the peer refuses before building an
+    engine, and `run` ends with JoinRefused (echo2-peer prints it and exits 1)."""
+    hub_cfg = small_cfg(tmp_path, max_steps=1)
+    task = EnvironmentTask(name, version, make, train_size=8, eval_size=0)
+    setup = TaskSetup(task, EpisodeReplay(make), task.kind, version)
+    async with start_hub(hub_cfg, stream=None, setup=setup) as run:
+        peer = PeerClient(PeerConfig(hub_url=run.url, name="lacks-it", torch_threads=1))
+        with pytest.raises(JoinRefused, match=f"this run needs environment {name!r} version "
+                                              f"{version}"):
+            await peer.run()
+        assert peer.engine is None  # refused before anything was built
