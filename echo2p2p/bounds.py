@@ -127,7 +127,10 @@ def _rollout(msg: m.RolloutSubmission, welcome: m.Welcome | None) -> None:
     _version(msg.version, "rollout.version")
     cap = welcome.max_new_tokens if welcome is not None else None
     for s in msg.samples:
-        if s.turns or (welcome is not None and welcome.env):
+        if welcome is not None and bool(s.turns) != bool(welcome.env):
+            raise bad("episode turns in a single-turn run" if s.turns
+                      else "a multi-turn run's sample needs its turns")
+        if s.turns:
             _episode(s, cap, bad)
         elif len(s.token_ids) % 4 or len(s.logprobs) != len(s.token_ids):
             raise bad("token_ids and logprobs must be packed arrays of equal length")

@@ -86,6 +86,17 @@ def padded(rows: Sequence[Row], pad_id: int) -> tuple[Tensor, ...]:
     return input_ids, attention, completion, behaviour, advantages
 
 
+def left_padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(input ids, attention mask), both (B, T), left-padded: generation appends on the right."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (B, T)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, T)
+    for i, s in enumerate(sequences):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        attention[i, width - len(s):] = 1
+    return ids, attention
+
+
 def micro_batches(rows: Sequence[Row], budget_tokens: int) -> list[list[Row]]:
     """`rows` cut into micro-batches of at most `budget_tokens` padded tokens (rows x the
     longest), longest first so that lengths pack together; a row longer than the budget goes

@@ -16,6 +16,7 @@ import torch
 from echo2p2p import episodes
 from echo2p2p.completions import CompletionDecoder
 
+from .batches import left_padded
 from .learner import encode_prompt
 
 
@@ -27,12 +28,8 @@ def greedy_turns(model: Any, tokenizer: Any, max_new_tokens: int):
     device = next(model.parameters()).device
 
     def turns(contexts: list[list[int]]) -> list[episodes.Turn]:
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), pad, dtype=torch.long)  # (B, P)
-        attention = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, P)
-        for i, c in enumerate(contexts):  # left padding: generation appends on the right
-            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
-            attention[i, width - len(c):] = 1
+        ids, attention = left_padded(contexts, pad)  # (B, P)
+        width = ids.shape[1]
         out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
                              do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
                              eos_token_id=eos)  # (B, P + N)

@@ -41,7 +41,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.policy.prompts import PLAIN, PromptFormat
 
 from . import grpo
-from .batches import Row, batch_rows, deal, micro_batches, padded
+from .batches import Row, batch_rows, deal, left_padded, micro_batches, padded
 
 if TYPE_CHECKING:
     from .ranks import Ranks
@@ -354,13 +354,9 @@ class Learner:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
-        encoded = [encode_prompt(tokenizer, p.prompt, prompts) for p in batch]
-        width = max(len(e) for e in encoded)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, P)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, P)
-        for i, e in enumerate(encoded):  # left padding: generation appends on the right
-            ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
-            attention[i, width - len(e):] = 1
+        ids, attention = left_padded([encode_prompt(tokenizer, p.prompt, prompts)
+                                      for p in batch], pad)  # (B, P)
+        width = ids.shape[1]
         dev = self.device
         out = self.model.generate(
             input_ids=ids.to(dev), attention_mask=attention.to(dev),

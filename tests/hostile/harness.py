@@ -9,6 +9,7 @@ CPU engine) and the attacker. Waits are on events or on a condition polled with 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -107,3 +108,29 @@ def run_events(run: HubRun, kind: str) -> list[dict[str, Any]]:
     path = Path(run.runlog.run_dir) / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in records if r.get("event") == kind]
+
+
+@dataclass(frozen=True)
+class Caught:
+    """What became of a liar that ran beside the honest peer for a whole run."""
+
+    liar: str  # its identity
+    honest: str  # the honest peer's
+    events: dict[str, int]  # the liar's trust events
+    quarantined_at: int | None  # the step of its quarantine, if any
+
+
+async def run_beside(run: HubRun, liar: PeerClient, timeout_s: float) -> Caught:
+    """Run `liar` until the hub's run finishes (its max_steps), then what the hub held of it."""
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(liar.run(stop))
+        try:
+            await asyncio.wait_for(run.finished.wait(), timeout_s)
+            liar_identity = run.hub.peers[peer_id(run, liar.cfg.name)].identity
+            honest_identity = run.hub.peers[peer_id(run, HONEST)].identity
+        finally:
+            stop.set()
+    caught = [q["step"] for q in run_events(run, "quarantine") if q["identity"] == liar_identity]
+    return Caught(liar_identity, honest_identity, run.hub.trust.events.get(liar_identity, {}),
+                  caught[0] if caught else None)

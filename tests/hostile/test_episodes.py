@@ -7,7 +7,6 @@ against the liar's trust until quarantine, and the honest peer trains on meanwhi
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import pytest
@@ -19,9 +18,9 @@ from echo2p2p.peer.config import PeerConfig
 
 from tests.conftest import running_peers
 from .conftest import yes
-from .harness import HONEST, hub_alive, peer_id, run_events, small_cfg, steps
+from .harness import hub_alive, run_beside, small_cfg, steps
 
-STEPS = 12
+STEPS = 6
 
 
 def forge_observation(played: Played, encode) -> Played:
@@ -61,35 +60,25 @@ class EpisodeLiar(PeerClient):
 @pytest.mark.parametrize("lie", sorted(LIES))
 async def test_environment_lies_are_caught_by_replay(lie, tmp_path, row):
     r = row(f"15. episode lies ({lie}) in a multi-turn environment, replayed by the hub")
-    cfg = small_cfg(tmp_path, env="takeaway", max_new_tokens=4, max_steps=STEPS,
-                    spot_check_fraction=1.0)
-    stop = asyncio.Event()
+    cfg = small_cfg(tmp_path, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
+                    max_steps=STEPS, spot_check_fraction=1.0)
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         liar = EpisodeLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(liar.run(stop))
-            try:
-                await asyncio.wait_for(run.finished.wait(), 300)
-                liar_identity = run.hub.peers[peer_id(run, "liar")].identity
-                honest_identity = run.hub.peers[peer_id(run, HONEST)].identity
-            finally:
-                stop.set()
-        trust = run.hub.trust
-        events = trust.events.get(liar_identity, {})
-        caught = [q["step"] for q in run_events(run, "quarantine")
-                  if q["identity"] == liar_identity]
+        held = await run_beside(run, liar, 300)
+        trust, events = run.hub.trust, held.events
         alive = await hub_alive(run) and steps(run) == STEPS
         acked = honest.statistics().acked
         r.reaction = (f"liar: {({k: v for k, v in events.items() if v})}, "
-                      + (f"quarantined at step {caught[0]}" if caught else "NOT quarantined")
+                      + (f"quarantined at step {held.quarantined_at}"
+                         if held.quarantined_at is not None else "NOT quarantined")
                       + f"; {run.hub.counters.spot_checked} groups spot-checked, "
                         f"{run.hub.counters.spot_failed} failed")
         r.hub_alive = yes(alive)
         r.honest_training = f"{acked} groups acked"
     expected = "observation_mismatch" if lie == "observation" else "reward_mismatch"
     assert events.get(expected, 0) >= 1, f"no {expected} against the liar: {events}"
-    assert liar_identity in trust.quarantined, "the liar was not quarantined"
-    assert not any(trust.events.get(honest_identity, {}).values()), "the honest peer was distrusted"
+    assert held.liar in trust.quarantined, "the liar was not quarantined"
+    assert not any(trust.events.get(held.honest, {}).values()), "the honest peer was distrusted"
     assert run.hub.counters.spot_failed == 0, "an honest episode failed its spot-check"
     assert alive and acked > 0

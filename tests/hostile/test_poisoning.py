@@ -7,7 +7,6 @@ ends within noise of the honest run.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import pytest
@@ -19,7 +18,7 @@ from echo2p2p.peer.config import PeerConfig
 
 from tests.conftest import running_peers
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
-from .harness import HONEST, hub_alive, peer_id, run_events, steps
+from .harness import hub_alive, run_beside, steps
 
 
 def wrong_answer(answer: str) -> str:
@@ -53,22 +52,13 @@ async def test_text_lies_are_caught_and_do_not_poison(lie, tmp_path, honest_base
     """A peer whose texts lie about its token ids is quarantined and leaves accuracy as it was."""
     r = row(f"1. text lies ({lie}), spot-checks on every group")
     cfg = accuracy_cfg(str(tmp_path / "run"))
-    stop = asyncio.Event()
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         liar = TextLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(liar.run(stop))
-            try:
-                await asyncio.wait_for(run.finished.wait(), 240)
-                liar_identity = run.hub.peers[peer_id(run, "liar")].identity
-                honest_identity = run.hub.peers[peer_id(run, HONEST)].identity
-            finally:
-                stop.set()
-        trust = run.hub.trust
-        events = trust.events.get(liar_identity, {})
-        caught = [q["step"] for q in run_events(run, "quarantine")
-                  if q["identity"] == liar_identity]
+        held = await run_beside(run, liar, 240)
+        trust, events = run.hub.trust, held.events
+        liar_identity, honest_identity = held.liar, held.honest
+        caught = [] if held.quarantined_at is None else [held.quarantined_at]
         alive = await hub_alive(run) and steps(run) == ACCURACY_STEPS
         acked = honest.statistics().acked
         after = ACCURACY_STEPS - caught[0] if caught else 0

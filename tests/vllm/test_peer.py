@@ -19,6 +19,22 @@ pytestmark = pytest.mark.vllm
 STEPS = 4
 
 
+async def vllm_peer_until_done(vllm_py, run, log_path, env, cwd=None, extra=()) -> str:
+    """A vLLM peer process joined to `run` until the run finishes (or the peer exits); its log."""
+    with open(log_path, "wb") as log_file:
+        proc = await asyncio.create_subprocess_exec(
+            str(vllm_py), "-m", "echo2p2p.peer.cli", "join", run.url, "--name", "vllm-peer",
+            "--engine", "vllm", "--device", "cpu", "--listen", "", "--log-level", "info", *extra,
+            cwd=cwd, env=env, stdout=log_file, stderr=log_file)
+    try:
+        await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 600)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+    return log_path.read_text(errors="replace")
+
+
 async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tmp_path,
                                                             monkeypatch):
     """Every admitted group is spot-checked under the version it claims with a tolerance of
@@ -36,19 +52,8 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1"}
     async with start_hub(cfg, stream=None) as run:
-        with open(log_path, "wb") as log_file:
-            proc = await asyncio.create_subprocess_exec(
-                str(vllm_py), "-m", "echo2p2p.peer.cli", "join", run.url, "--name", "vllm-peer",
-                "--engine", "vllm", "--device", "cpu", "--listen", "",
-                "--model-cache", str(tmp_path / "cache"), "--log-level", "info",
-                cwd=volunteer, env=env, stdout=log_file, stderr=log_file)
-        try:
-            await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 600)
-        finally:
-            if proc.returncode is None:
-                proc.terminate()
-            await proc.wait()
-        log = log_path.read_text(errors="replace")
+        log = await vllm_peer_until_done(vllm_py, run, log_path, env, cwd=volunteer,
+                                         extra=("--model-cache", str(tmp_path / "cache")))
         c = run.hub.counters
         assert run.finished.is_set(), log[-4000:]
         steps = [r for r in run.records if "rollout/staleness_hist" in r]
@@ -82,26 +87,15 @@ async def test_a_vllm_peer_plays_multi_turn_episodes_the_hub_replays(vllm_py, hu
     """The built-in environment on a vLLM peer: every episode's turns are sampled by vLLM,
     replayed by the hub (none refused) and spot-checked under its tag at 1e-3 nats (model
     tokens only: observation tokens carry no logprob)."""
-    cfg = replace(hub_cfg, env="takeaway", max_new_tokens=4, max_steps=3,
-                  spot_check_fraction=1.0, spot_check_tolerance=1e-3)
+    cfg = replace(hub_cfg, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
+                  max_steps=2, spot_check_fraction=1.0, spot_check_tolerance=1e-3)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     log_path = tmp_path / "peer.log"
     async with start_hub(cfg, stream=None) as run:
-        with open(log_path, "wb") as log_file:
-            proc = await asyncio.create_subprocess_exec(
-                str(vllm_py), "-m", "echo2p2p.peer.cli", "join", run.url, "--name", "vllm-peer",
-                "--engine", "vllm", "--device", "cpu", "--listen", "", "--log-level", "info",
-                env=env, stdout=log_file, stderr=log_file)
-        try:
-            await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 600)
-        finally:
-            if proc.returncode is None:
-                proc.terminate()
-            await proc.wait()
-        log = log_path.read_text(errors="replace")
+        log = await vllm_peer_until_done(vllm_py, run, log_path, env)
         c = run.hub.counters
         assert run.finished.is_set(), log[-4000:]
     assert c.rejected == 0 and c.spot_failed == 0, vars(c)
-    assert c.spot_checked >= c.admitted_groups >= 3 * cfg.prompts_per_step, vars(c)
+    assert c.spot_checked >= c.admitted_groups >= 2 * cfg.prompts_per_step, vars(c)
     assert sum(run.hub.trust.events.get(i, {}).get("observation_mismatch", 0)
                for i in run.hub.trust.events) == 0
