@@ -210,6 +210,7 @@ class HubRun:
             "hub/peers": c.peers,
             "hub/closed_for_protocol_total": c.closed_for_protocol,
             "hub/score_timeouts_total": hub.scorer.statistics().timeouts,
+            "hub/score_failures_total": hub.scorer.statistics().failures,
             "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
             **self.capacity_metrics(),
             **hub.pool.meter(hub.now()),

@@ -65,13 +65,19 @@ def math_reward(answer: str, completion: str) -> float:
     return 1.0 if normalize_answer(answer) == normalize_answer(pred) and pred.strip() else 0.0
 
 
-def _row(line: str, lineno: int) -> tuple[str, str, str | None]:
+def json_object(line: str, lineno: int) -> dict:
+    """One JSONL line as an object; ValueError naming the line if it is not one."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"line {lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(row, dict):
         raise ValueError(f"line {lineno}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
+def _row(line: str, lineno: int) -> tuple[str, str, str | None]:
+    row = json_object(line, lineno)
     question, answer = row.get("question"), row.get("answer")
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"line {lineno}: missing or empty string field 'question'")

@@ -11,12 +11,12 @@ seed.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .base import Problem, check_split
+from .math import json_object
 
 KIND = "custom"  # peers cannot score it: only the hub runs users' reward functions
 SPLIT_SEED = "records/split"
@@ -52,17 +52,8 @@ class RecordsTask:
     @classmethod
     def from_lines(cls, lines: Iterable[str], *, eval_size: int = 256) -> RecordsTask:
         """JSONL lines (blank ones skipped); ValueError naming a bad line."""
-        rows = []
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"line {lineno}: expected a JSON object")
-            rows.append(row)
+        rows = [json_object(line, lineno) for lineno, line in enumerate(lines, start=1)
+                if line.strip()]
         return cls(rows, eval_size=eval_size)
 
     def problems(self, split: str) -> Sequence[Problem]:

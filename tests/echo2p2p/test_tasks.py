@@ -6,6 +6,7 @@ import ast
 import hashlib
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -245,3 +246,29 @@ def test_math_task_held_out_split_is_kept_as_given():
     assert sorted(p.id for p in task.problems("train")) == sorted(p.id for p in train)
     with pytest.raises(ValueError, match="unique"):
         MathTask(train, held_out=train[:1])
+
+
+def test_records_task_keeps_rows_and_a_split_of_its_own():
+    from echo2p2p.tasks import RecordsTask
+
+    rows = [{"prompt": f"q{i}", "answer": i, "extra": [i]} for i in range(10)]
+    task = RecordsTask(rows, eval_size=3)
+    held, train = task.problems("eval"), task.problems("train")
+    assert len(held) == 3 and len(train) == 7 and task.kind == "custom"
+    assert {p.id for p in held} | {p.id for p in train} == {f"row-{i}" for i in range(10)}
+    p = held[0]
+    assert p.row["prompt"] == p.prompt and p.answer == str(p.row["answer"])
+    assert [q.id for q in RecordsTask(rows, eval_size=3).problems("eval")] == [q.id for q in held]
+
+
+@pytest.mark.parametrize("lines, says", [
+    (['{"prompt": "a"}', '{"answer": 1}'], "row 1: needs a non-empty string field 'prompt'"),
+    (['{"prompt": "a"}', 'not json'], "line 2: not valid JSON"),
+    (['{"prompt": "a"}', '[1, 2]'], "line 2: expected a JSON object"),
+    (['{"prompt": "a"}'], "need at least 2 rows"),
+])
+def test_records_task_names_the_bad_row(lines, says):
+    from echo2p2p.tasks import RecordsTask
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        RecordsTask.from_lines(lines)
