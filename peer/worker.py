@@ -174,7 +174,12 @@ class Worker:
                 log.warning("dropping lease %s: its seed %.20r is no number", lease.lease_id,
                             lease.answer)
                 return None
-            version, made = await asyncio.to_thread(peer._play, lease, seed)
+            try:
+                version, made = await asyncio.to_thread(peer._play, lease, seed)
+            except Exception:  # the installed environment's bug (or a context past the
+                # model's length): this lease is dropped and re-issued, the peer goes on
+                log.exception("dropping lease %s: playing its episodes failed", lease.lease_id)
+                return None
         else:
             version, made = await asyncio.to_thread(peer._generate, lease, seed)
         if version is None or version < lease.min_version:
