@@ -1,8 +1,11 @@
 """A peer joining a multi-turn run: the environment comes from an installed package, named with
 its version in the welcome, and a peer without it (or with another version) refuses to join in
-one sentence saying what to install. No code travels over the wire."""
+one sentence saying what to install. No code travels over the wire. A bug in the installed
+environment costs the lease it happened on, not the peer."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -51,3 +54,29 @@ async def test_a_peer_refuses_to_join_a_run_whose_environment_it_lacks(tmp_path,
                                               f"{version}"):
             await peer.run()
         assert peer.engine is None  # refused before anything was built
+
+
+class BrokenOnce(PeerClient):
+    """A peer whose installed environment fails on its first lease (a bug in the package)."""
+
+    failed = 0
+
+    def _play(self, lease, seed):
+        if not self.failed:
+            self.failed += 1
+            raise RuntimeError("a bug in the environment package")
+        return super()._play(lease, seed)
+
+
+@pytest.mark.timeout(180)
+async def test_a_peer_whose_environment_fails_drops_that_lease_and_goes_on(tmp_path):
+    cfg = small_cfg(tmp_path, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
+                    max_steps=2)
+    async with start_hub(cfg, stream=None) as run:
+        peer = BrokenOnce(PeerConfig(hub_url=run.url, name="broken-once", torch_threads=1))
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peer.run(stop))
+            await asyncio.wait_for(run.finished.wait(), 150)
+            stop.set()
+    assert peer.failed == 1 and peer.statistics().acked >= 2 * cfg.prompts_per_step
