@@ -89,13 +89,19 @@ class Run:
                                                    ranks=ranks, setup=self.setup(cfg)))
 
 
-def resume_config(run_dir: Path, overrides: Mapping[str, Any]) -> HubConfig:
-    """The config saved in `run_dir`, with `overrides` on top and the run directory set."""
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The config fields a run saved in `run_dir`, its run directory set to it (its run id is
+    the checkpoint's, not a field)."""
     import json
 
     saved = json.loads((run_dir / "config.json").read_text())
     saved.pop("run_id", None)
-    return resolve(HubConfig, {**saved, **overrides, "run_dir": str(run_dir)})
+    return {**saved, "run_dir": str(run_dir)}
+
+
+def resume_config(run_dir: Path, overrides: Mapping[str, Any]) -> HubConfig:
+    """The config saved in `run_dir`, with `overrides` on top and the run directory set."""
+    return resolve(HubConfig, {**saved_config(run_dir), **overrides, "run_dir": str(run_dir)})
 
 
 def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]:

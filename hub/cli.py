@@ -7,7 +7,6 @@ Heavy imports (torch, transformers) happen after argument parsing, so `--help` a
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -70,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
     table = dict(defaults or {})
     if getattr(args, "resume", None) is not None:
-        saved = json.loads((args.resume / "config.json").read_text())
-        saved.pop("run_id", None)
-        table.update(saved, run_dir=str(args.resume))
+        from .api import saved_config
+
+        table.update(saved_config(args.resume))
     if args.config is not None:
         data = tomllib.loads(args.config.read_text())
         table.update(data.get("hub", data))

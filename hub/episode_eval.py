@@ -20,9 +20,9 @@ from .batches import left_padded
 from .learner import encode_prompt
 
 
-def greedy_turns(model: Any, tokenizer: Any, max_new_tokens: int):
-    """`turns(contexts)` for `episodes.play`: one greedy model turn per context."""
-    decoder = CompletionDecoder(tokenizer)
+def greedy_turns(model: Any, tokenizer: Any, decoder: CompletionDecoder, max_new_tokens: int):
+    """`turns(contexts)` for `episodes.play`: one greedy model turn per context, cut by
+    `decoder` (the tokenizer's completion rule)."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     device = next(model.parameters()).device
@@ -46,8 +46,8 @@ def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], fac
     if not problems:
         return 0.0
     model = learner.model
-    turns = greedy_turns(model, tokenizer, max_new_tokens)
     decoder = CompletionDecoder(tokenizer)
+    turns = greedy_turns(model, tokenizer, decoder, max_new_tokens)
     total = 0.0
     model.eval()
     try:

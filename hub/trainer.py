@@ -148,7 +148,7 @@ class HubRun:
                 evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
                 max_new_tokens=self.cfg.max_new_tokens, prompts=self.cfg.prompts)
 
-        def score(items: list[tuple[str, str]]) -> list[float]:
+        def score(items: list[tuple[Any, str]]) -> list[float]:  # (problem, completion text)
             return self.eval_scorer.score_blocking(items).rewards
 
         return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
@@ -192,7 +192,7 @@ class HubRun:
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
         """The run log record of learner step `step` (which produced version `hub.step`)."""
         hub, now, window = self.hub, time.perf_counter(), self._window
-        c = hub.statistics()
+        c, scoring = hub.statistics(), hub.scorer.statistics()
         record = {
             "step": step, "version": hub.step, "time_s": round(now - self._start, 3),
             **stats.metrics(),
@@ -209,8 +209,8 @@ class HubRun:
             "hub/learner_busy_frac": self._busy_s / max(now - self._start, 1e-9),
             "hub/peers": c.peers,
             "hub/closed_for_protocol_total": c.closed_for_protocol,
-            "hub/score_timeouts_total": hub.scorer.statistics().timeouts,
-            "hub/score_failures_total": hub.scorer.statistics().failures,
+            "hub/score_timeouts_total": scoring.timeouts,
+            "hub/score_failures_total": scoring.failures,
             "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
             **self.capacity_metrics(),
             **hub.pool.meter(hub.now()),
