@@ -6,6 +6,7 @@ Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import json
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from echo2p2p.tasks import ANSWER_FORMATS
 
 
 DEFAULT_PORT = 8765
+TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.trackers)
 # `demo` (and `Run.demo`) differ from `serve` in these defaults only.
 DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
 
@@ -194,6 +196,21 @@ class HubConfig:
     """PEM certificate chain: serve https/wss instead of http/ws (with --tls-key)."""
     tls_key: str = ""
     """PEM private key of --tls-cert."""
+    dashboard_host: str = "127.0.0.1"
+    """Address the live dashboard listens on, with /metrics (Prometheus) and /status: a port
+    of its own, with --tls-cert's TLS. It shows peers' addresses: on any address but loopback
+    it needs --dashboard-token."""
+    dashboard_port: int = 0
+    """TCP port of the dashboard (0 picks a free one; the hub's log prints the URL; -1 = no
+    dashboard)."""
+    dashboard_token: str = ""
+    """Read-only access token of the dashboard, /metrics and /status on its port: sent as
+    `Authorization: Bearer TOKEN` or once as ?token=TOKEN in the page's URL ('' = none, only
+    on loopback)."""
+    report_to: str = ""
+    """Experiment trackers that also get every run log record, comma-separated: wandb,
+    tensorboard (pip install 'echo2p2p[wandb]' or '[tensorboard]'; WANDB_MODE=offline works
+    offline; TensorBoard's event files go to <run_dir>/tensorboard). '' = the run log only."""
     run_dir: str = ""
     """Where metrics.jsonl, config.json, the signing key and checkpoints go ('' = runs/<run id>)."""
     checkpoint_every: int = 1
@@ -243,6 +260,7 @@ class HubConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert" if not self.tls_cert else "tls_key",
                               "--tls-cert and --tls-key go together")
+        self._check_view()
         if not 0 <= self.spot_check_fraction <= 1:
             raise ConfigError("spot_check_fraction",
                               f"must be in [0, 1], got {self.spot_check_fraction}")
@@ -259,6 +277,19 @@ class HubConfig:
         check_schedule(self.max_lag, self.kappa)
         self._check_task()
         self.prompts  # noqa: B018 - validates prompt_format and chat_template_args
+
+    def _check_view(self) -> None:
+        """The dashboard's address and access, and the trackers named."""
+        if not -1 <= self.dashboard_port < 65536:
+            raise ConfigError("dashboard_port", f"a TCP port, 0 (a free one) or -1 (none), got "
+                                                f"{self.dashboard_port}")
+        if self.dashboard_port >= 0 and not self.dashboard_token and not is_loopback(self.dashboard_host):
+            raise ConfigError("dashboard_token", f"the dashboard shows peers' addresses: set a "
+                              f"token to serve it on {self.dashboard_host}, or bind it to 127.0.0.1")
+        unknown = set(names(self.report_to)) - set(TRACKERS)
+        if unknown:
+            raise ConfigError("report_to", f"{', '.join(sorted(unknown))}: the trackers are "
+                                           f"{', '.join(TRACKERS)}")
 
     def _check_task(self) -> None:
         """The dataset fields: the names the task needs, and only with a dataset."""
@@ -308,6 +339,21 @@ class HubConfig:
             raise ConfigError("prompt_format", f"one of {', '.join(PROMPT_FORMATS)}, got "
                                                f"{self.prompt_format!r}")
         return PromptFormat(self.prompt_format, self.system_prompt, args)
+
+
+def names(text: str) -> list[str]:
+    """The names of a comma-separated field ("wandb, tensorboard"), blanks dropped."""
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def help_texts(cls: type) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The run log: one JSON line per learner step in <run_dir>/metrics.jsonl, plus a live line.
 
-Knows nothing about training; it formats and writes what the hub hands it. Keys follow
+Knows nothing about training; it formats and writes what the hub hands it, and hands every
+record on to its `listeners` (the dashboard's feed, experiment trackers). Keys follow
 `area/name` (train/..., rollout/..., hub/..., eval/...).
 """
 
@@ -10,6 +11,7 @@ import json
 import logging
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,9 +28,11 @@ class RunLog:
         self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self._stream = stream
         self.staleness = Counter()  # lag in versions -> groups trained on, over the whole run
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []  # each gets every record
 
     def step(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
+        self._hand_on(record)
         if self._stream is not None:
             print(live_line(record), file=self._stream, flush=True)
 
@@ -36,11 +40,20 @@ class RunLog:
         """A record that is not a learner step (a base evaluation, a version's propagation);
         `text` is printed too unless None."""
         self._file.write(json.dumps(record) + "\n")
+        self._hand_on(record)
         if self._stream is not None and text is not None:
             print(text, file=self._stream, flush=True)
 
     def close(self) -> None:
         self._file.close()
+
+    def _hand_on(self, record: dict[str, Any]) -> None:
+        """Each listener's failure is its own: logged, and the run goes on."""
+        for listener in self.listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("run log listener %r failed on a record", listener)
 
 
 def live_line(r: dict[str, Any]) -> str:
