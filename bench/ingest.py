@@ -14,17 +14,31 @@ Phase 2 (half load): peers pace submissions to half that rate -> p99 submit-to-a
 
 Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "p99_ack_ms": ...}.
 A rollout is one completion; a submission carries a group of G of them.
+
+With --dashboard-clients N the hub process also serves the live dashboard on the hub's loop
+(`echo2p2p.hub.dashboard`: a feed given a step record per drained batch, as the learner loop
+gives it, and the status event every 2 s), and saturation phases alternate without and with
+N clients (0, N, N, 0 per round, after a warm-up) in a third process that behave as the page
+does: GET /, its static files and /api/snapshot once, then hold /events open and parse every
+event. It prints each phase's admitted rollouts/s and the ratio with/without clients, then
+{"bench": "ingest_dashboard", "ratio": ..., ...}.
+
+    python bench/ingest.py --dashboard-clients 20 [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import resource
+import signal
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +51,12 @@ from echo2p2p.completions import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 from echo2p2p.hub.config import HubConfig  # noqa: E402
+from echo2p2p.hub.dashboard import STATIC, serve_dashboard  # noqa: E402
+from echo2p2p.hub.feed import Feed  # noqa: E402
+from echo2p2p.hub.runlog import RunLog  # noqa: E402
 from echo2p2p.hub.server import Hub, TokenizedProblem  # noqa: E402
+from echo2p2p.hub.trainer import HubRun  # noqa: E402
+from echo2p2p.staleness import lag_versions  # noqa: E402
 
 
 # --- peers (second process) ------------------------------------------------------------------
@@ -101,6 +120,68 @@ async def peers_main(args: argparse.Namespace) -> None:
                       "p99_ms": 1e3 * lat[int(len(lat) * 0.99)] if lat else None}))
 
 
+# --- dashboard clients (third process) -------------------------------------------------------
+
+
+async def browser(base: str, n: int, counts: Counter) -> None:
+    """One open dashboard page: its files and snapshot once, then every event, parsed."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+        for path in ("/", *(f"/static/{name}" for name in STATIC), "/api/snapshot"):
+            async with http.get(base + path) as r:
+                body = await r.read()
+                assert r.status == 200, (path, r.status)
+        json.loads(body)
+        async with http.get(base + "/events") as stream:
+            buffer, subscribed = b"", False
+            async for chunk in stream.content.iter_any():
+                if not subscribed:  # the hello came: the hub has it subscribed
+                    subscribed = True
+                    counts["connected"] += 1
+                    if counts["connected"] == n:
+                        print("ready", flush=True)
+                counts["bytes"] += len(chunk)
+                *events, buffer = (buffer + chunk).split(b"\n\n")
+                for event in events:
+                    if b"\ndata: " in event:
+                        json.loads(event.split(b"\ndata: ", 1)[1])
+                        counts["events"] += 1
+
+
+async def browsers_main(args: argparse.Namespace) -> None:
+    """N browsers until SIGTERM; prints what they read."""
+    counts: Counter = Counter()
+    tasks = [asyncio.ensure_future(browser(args.url, args.dashboard_clients, counts))
+             for _ in range(args.dashboard_clients)]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    ended = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [repr(e) for e in ended if isinstance(e, Exception)]  # cancelled is not one
+    print(json.dumps({**counts, "failed": failed}), flush=True)
+
+
+@contextlib.asynccontextmanager
+async def browsers(base: str, n: int):
+    """`n` open pages in a third process, connected on entry; yields what they read (filled
+    on exit)."""
+    read: dict = {}
+    if n == 0:
+        yield read
+        return
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--browsers-process", "--url", base,
+        "--dashboard-clients", str(n), stdout=asyncio.subprocess.PIPE)
+    assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
+    try:
+        yield read
+    finally:
+        proc.terminate()
+        out, _ = await proc.communicate()
+        read.update(json.loads(out.decode().strip().splitlines()[-1]))
+
+
 # --- hub (this process) ----------------------------------------------------------------------
 
 
@@ -123,10 +204,88 @@ async def phase(hub: Hub, url: str, args: argparse.Namespace, rate: float) -> di
     return result
 
 
-async def drain(hub: Hub) -> None:
-    """Stands in for the learner: takes every batch at once."""
+async def drain(hub: Hub, run: HubRun | None = None) -> None:
+    """Stands in for the learner: takes every batch at once (and with a `run`, logs a step
+    record of it, which the dashboard's feed gets)."""
+    start, step = time.perf_counter(), 0
     while True:
-        await hub.wait_batch()
+        batch = await hub.wait_batch()
+        if run is not None:
+            record = step_record(hub, run, step, batch, time.perf_counter() - start)
+            run.records.append(record)
+            run.runlog.step(record)
+        step += 1
+
+
+def step_record(hub: Hub, run: HubRun, step: int, batch: list, time_s: float) -> dict:
+    """A step record with the learner loop's keys (`HubRun._record`), from the batch."""
+    lags = Counter(lag_versions(hub.step, g.version) for g in batch)
+    run.runlog.staleness.update(lags)
+    rewards = [r for g in batch for r in g.rewards]
+    c = hub.statistics()
+    return {"step": step, "version": step + 1, "time_s": round(time_s, 3),
+            "train/reward_mean": sum(rewards) / len(rewards), "train/policy_loss": 0.0,
+            "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+            "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(batch),
+            "rollout/leases": [g.lease_id for g in batch],
+            "rollout/per_s": c.admitted_samples / max(time_s, 1e-9),
+            "rollout/admitted_groups_total": c.admitted_groups,
+            "rollout/stale_on_arrival_total": c.stale_on_arrival,
+            "hub/learner_busy_frac": 0.0, "hub/peers": c.peers,
+            **run.capacity_metrics(), **hub.pool.meter(hub.now())}
+
+
+async def with_dashboard(hub: Hub, url: str, args: argparse.Namespace) -> list[tuple[int, dict]]:
+    """The dashboard on this loop; a warm-up, then rounds of saturation phases with 0, N, N
+    and 0 browsers (ABBA: a drift in time weighs on both sides alike)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        run = HubRun(hub.cfg, hub, None, None, RunLog(Path(run_dir), {}, stream=None), b"")
+        feed = Feed()
+        run.runlog.listeners.append(feed.record)
+        results = []
+        async with asyncio.TaskGroup() as tg, serve_dashboard(run, feed, port=0) as port:
+            drainer = tg.create_task(drain(hub, run))
+            base = f"http://127.0.0.1:{port}"
+            await phase(hub, url, replace_seconds(args, args.seconds / 2), rate=0.0)  # warm-up
+            n = args.dashboard_clients
+            for clients in [0, n, n, 0] * args.rounds:
+                async with browsers(base, clients) as read:
+                    await until(lambda: feed.clients == clients)  # gone ones, at the next write
+                    result = await phase(hub, url, args, rate=0.0)
+                results.append((clients, {**result, "read": read}))
+            drainer.cancel()
+        return results
+
+
+async def until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the dashboard's clients did not settle"
+        await asyncio.sleep(0.1)
+
+
+def replace_seconds(args: argparse.Namespace, seconds: float) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "seconds": seconds})
+
+
+def report_dashboard(results: list[tuple[int, dict]], args: argparse.Namespace) -> None:
+    print(f"{'phase':<7}{'browsers':>9}{'rollouts/s':>12}{'hub CPU':>9}{'events read':>13}"
+          f"{'MB read':>9}")
+    for i, (clients, r) in enumerate(results):
+        print(f"{i + 1:<7}{clients:>9}{r['rollouts_per_s']:>12.0f}{r['hub_cpu']:>9.2f}"
+              f"{r['read'].get('events', 0):>13}{r['read'].get('bytes', 0) / 1e6:>9.2f}")
+    without = [r["rollouts_per_s"] for c, r in results if c == 0]
+    with_ = [r["rollouts_per_s"] for c, r in results if c]
+    ratio = (sum(with_) / len(with_)) / (sum(without) / len(without))
+    print(f"with {args.dashboard_clients} open dashboards: {ratio:.3f} x the admitted rollouts/s "
+          f"without ({args.peers} peers, {args.seconds:.0f} s per phase, "
+          f"uvloop={'uvloop' in sys.modules})")
+    print(json.dumps({"bench": "ingest_dashboard", "clients": args.dashboard_clients,
+                      "ratio": round(ratio, 4),
+                      "rollouts_per_s_without": round(sum(without) / len(without)),
+                      "rollouts_per_s_with": round(sum(with_) / len(with_)),
+                      "phases": [[c, round(r["rollouts_per_s"])] for c, r in results],
+                      "peers": args.peers, "seconds": args.seconds}))
 
 
 async def hub_main(args: argparse.Namespace) -> None:
@@ -145,6 +304,12 @@ async def hub_main(args: argparse.Namespace) -> None:
     await site.start()
     url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
     await hub.scorer.start()  # its workers start now, not in the timed phases
+    if args.dashboard_clients:
+        results = await with_dashboard(hub, url, args)
+        await hub.close_all()
+        await runner.cleanup()
+        report_dashboard(results, args)
+        return
     async with asyncio.TaskGroup() as tg:
         drainer = tg.create_task(drain(hub))
         full = await phase(hub, url, args, rate=0.0)
@@ -177,7 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--score-workers", type=int, default=1, help="the hub's scoring processes")
+    p.add_argument("--dashboard-clients", type=int, default=0,
+                   help="also serve the dashboard, and alternate phases with this many open pages")
+    p.add_argument("--rounds", type=int, default=1, help="with --dashboard-clients: ABBA rounds")
     p.add_argument("--peers-process", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--browsers-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -187,7 +356,10 @@ def main(argv: list[str] | None = None) -> None:
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(peers_main(args) if args.peers_process else hub_main(args))
+    if args.browsers_process:
+        run(browsers_main(args))
+    else:
+        run(peers_main(args) if args.peers_process else hub_main(args))
 
 
 if __name__ == "__main__":

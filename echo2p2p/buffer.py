@@ -7,11 +7,11 @@ too old by then are dropped and counted. Batches hold only complete groups (G sa
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from .rows import SampleRow
-from .staleness import Verdict, judge
+from .staleness import Verdict, judge, lag_versions
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class RolloutBuffer:
         self._queue: deque[ScoredGroup] = deque()
         self._admitted = 0
         self._dropped = 0
+        self.dropped_lags: Counter[int] = Counter()  # lag in versions -> groups aged out
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -60,6 +61,7 @@ class RolloutBuffer:
             (fresh if judge(step, group.version, self._max_lag) is Verdict.FRESH else stale).append(group)
         self._queue = fresh
         self._dropped += len(stale)
+        self.dropped_lags.update(lag_versions(step, group.version) for group in stale)
         return stale
 
     def take_batch(self, step: int, n_groups: int) -> list[ScoredGroup] | None:

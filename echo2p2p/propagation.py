@@ -6,7 +6,8 @@ one: a peer may skip a version) — its engine reloaded, so T_bcast as the paper
 time until 90 % of peers can generate with the version, is `t_bcast_s`.
 Each peer's transfer report is believed only as far as the manifest could carry (`count`); the
 sources' upload rates follow from what receivers got over their median span; `record` is the
-run log's "propagation" record. No clock (times come in as arguments), no I/O, no peers' sockets.
+run log's "propagation" record (with its CDF in deciles, `deciles`, and the T_bcast the hub
+predicted at publication). No clock (times come in as arguments), no I/O, no peers' sockets.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Propagation:
     bytes_from_peers: int = 0  # as the peers report
     on_delta: int = 0
     received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
+    predicted_bcast_s: float | None = None  # the capacity model's, made at publication
 
     def count(self, reporter: str, report: m.TransferReport, size: int) -> None:
         """`reporter`'s transfer report of a manifest of `size` wire bytes, believed only as far
@@ -54,6 +56,13 @@ class Propagation:
                 for source, got in self.received.items()
                 if sum(n for n, _ in got) >= MIN_MEASURED_BYTES}
 
+    def hub_send_bps(self) -> float | None:
+        """The hub's send rate, bits/s: what it served of this version until its last chunk
+        went out (None: too little to say)."""
+        if self.bytes_from_hub < MIN_MEASURED_BYTES or self.hub_sent_after_s <= 0:
+            return None
+        return 8 * self.bytes_from_hub / self.hub_sent_after_s
+
     def record(self, full_wire_bytes: int, delta_wire_bytes: int | None, complete: bool
                ) -> dict[str, Any]:
         """The run log's "propagation" record (without the peers' upload rates), for a version
@@ -63,8 +72,10 @@ class Propagation:
         return {
             "event": "propagation", "version": self.version, "peers": len(self.expected),
             **propagation(list(self.done_after_s.values()), len(self.expected)),
+            "cdf_s": deciles(list(self.done_after_s.values()), len(self.expected)),
             "done_s": round(max(self.done_after_s.values(), default=0.0), 3),
             "serving": serving, "t_bcast_s": serving["t90_s"],
+            "predicted_bcast_s": self.predicted_bcast_s,
             "hub_sent_s": round(self.hub_sent_after_s, 3),
             "complete": complete, "full_wire_bytes": size,
             "delta_wire_bytes": delta_wire_bytes,
@@ -72,6 +83,17 @@ class Propagation:
             "bytes_from_hub": self.bytes_from_hub, "bytes_from_peers": self.bytes_from_peers,
             "hub_upload_copies": round(self.bytes_from_hub / size, 3) if size else None,
         }
+
+
+def deciles(done_after_s: list[float], n_peers: int) -> list[float | None]:
+    """Seconds until 0, 10, ..., 100 % of `n_peers` held the version (0 % at 0 s; None: not
+    reached), counted as `echo2p2p.relay.propagation` counts its 50/90/100 %."""
+    times = sorted(done_after_s)
+    cdf: list[float | None] = [0.0]
+    for pct in range(10, 101, 10):
+        need = max(1, -(-n_peers * pct // 100))  # ceil, in integers
+        cdf.append(round(times[need - 1], 3) if len(times) >= need else None)
+    return cdf
 
 
 def _median(values: Any) -> float:

@@ -31,6 +31,7 @@ from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.leases import LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
+from echo2p2p.staleness import lag_versions
 
 from .config import HubConfig
 from .durable import group_to_wire
@@ -96,6 +97,7 @@ class Admission:
         elif action is Action.STALE:
             self.leases.requeue(lease)
             self.counters.stale_on_arrival += 1
+            self.counters.stale_lags[lag_versions(self._step(), msg.version)] += 1
             conn.post(m.Reject(msg.lease_id, decision.reason))
             self._dispatch()
         else:

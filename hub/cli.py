@@ -63,7 +63,34 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--file", type=Path, default=Path("tokens.json"),
                        help="the token file (default: tokens.json)")
     token.add_argument("--name", default="", help="for create: who the token is for")
+    _add_status_and_report(sub)
     return parser
+
+
+def _add_status_and_report(sub: argparse._SubParsersAction) -> None:
+    """`status URL` (a running hub in the terminal) and `report RUN_DIR` (a run's figures)."""
+    status = sub.add_parser("status", help="a running hub in the terminal: step, reward, S, "
+                                           "busy, cost and its peers (--watch to refresh)")
+    status.add_argument("url", help="the hub's http(s)://HOST:PORT (its peers' port or its "
+                                    "dashboard's), with or without /status")
+    status.add_argument("--token", default=os.environ.get("ECHO2_DASHBOARD_TOKEN", ""),
+                        help="the dashboard's access token (default: $ECHO2_DASHBOARD_TOKEN)")
+    status.add_argument("--ca-cert", default="", metavar="PEM",
+                        help="certificate authority to trust for an https hub with a private "
+                             "or self-signed certificate")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C, retrying a hub "
+                             "that does not answer")
+    status.add_argument("--count", type=int, default=0, metavar="N",
+                        help="with --watch: stop after N refreshes (0: never)")
+    status.add_argument("--timeout-s", type=float, default=5.0,
+                        help="seconds to wait for the hub's answer (default: 5)")
+    report = sub.add_parser("report", help="a run's figures as PNGs and one self-contained "
+                                           "HTML file (pip install 'echo2p2p[report]')")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="the run directory (its metrics.jsonl and config.json)")
+    report.add_argument("--out", type=Path, metavar="DIR",
+                        help="where the PNGs and report.html go (default: RUN_DIR/report)")
 
 
 def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
@@ -85,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         return _plan(args)
     if args.command == "token":
         return _token(args)
+    if args.command == "status":
+        from .watch import main as status
+
+        return status(args)
+    if args.command == "report":
+        from .report import main as report
+
+        return report(args)
     if getattr(args, "nproc_per_node", 0) and "WORLD_SIZE" not in os.environ:
         return _under_torchrun(args.nproc_per_node, argv)
     process.configure(args.log_level)

@@ -29,6 +29,11 @@ class Counters:
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
+    stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
+
+    def totals(self) -> dict[str, int]:
+        """The running totals (the histograms left out), as `HubStatistics` takes them."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,16 @@ for it, so the peer that sent it sends it again.
 
 Records are flushed to the OS, not fsynced (one fsync per admitted group would bound ingest by
 the disk): a killed hub loses nothing; a machine that loses power may lose the newest records.
+On a terminal a checkpoint write shows a progress bar of its bytes against the previous
+checkpoint's (`echo2p2p.runtime.progress`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +33,10 @@ import msgpack
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.rows import SampleRow
+from echo2p2p.runtime.progress import progress_bar
 
 LATEST = "LATEST"
+POLL_S = 0.5  # how often a checkpoint's bar reads how much torch has written
 
 
 class Journal:
@@ -110,10 +116,13 @@ class Checkpoints:
         tmp = self.root / f"tmp-{number:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_learner(tmp / "learner")
-        (tmp / "hub.msgpack").write_bytes(msgpack.packb(hub, use_bin_type=True))
-        for f in tmp.rglob("*"):  # the learner's directory and every file in it too
-            _fsync(f)
+        latest = self.latest()  # checkpoints of one run are all about the same size
+        previous = _bytes_under(self.root / f"ckpt-{latest:06d}") if latest is not None else None
+        with progress_bar(previous, f"checkpoint {number}") as bar:
+            _watched(lambda: save_learner(tmp / "learner"), tmp, bar)
+            (tmp / "hub.msgpack").write_bytes(msgpack.packb(hub, use_bin_type=True))
+            for f in tmp.rglob("*"):  # the learner's directory and every file in it too
+                _fsync(f)
         tmp.rename(final)
         pointer = self.root / f"{LATEST}.tmp"
         pointer.write_text(str(number))
@@ -138,6 +147,37 @@ class Checkpoints:
         journals = [p for n in sorted(numbered) if n >= number
                     for p in numbered[n] if p.name.startswith("journal-")]
         return learner, hub, [r for j in journals for r in read_journal(j)]
+
+
+def _watched(save: Callable[[], None], where: Path, bar: Any) -> None:
+    """`save()`, while the tqdm `bar` shows the bytes under `where`: torch writes the files, so
+    a thread of ours reads their sizes every POLL_S (no thread when the bar is off)."""
+    if bar.disable:
+        save()
+        return
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(POLL_S):
+            bar.update(_bytes_under(where) - bar.n)
+
+    watcher = threading.Thread(target=poll, name="checkpoint-progress", daemon=True)
+    watcher.start()
+    try:
+        save()
+    finally:
+        done.set()
+        watcher.join()
+    bar.update(_bytes_under(where) - bar.n)
+
+
+def _bytes_under(path: Path) -> int:
+    """Bytes of the files under `path` now (one renamed away meanwhile is not counted)."""
+    total = 0
+    for f in path.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 def _fsync(path: Path) -> None:

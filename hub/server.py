@@ -208,7 +208,7 @@ class Hub:
 
     def statistics(self) -> HubStatistics:
         """A frozen look at the hub: peers, queues, leases and counters."""
-        counted = {k: v for k, v in vars(self.counters).items() if k != "relay_reports"}
+        counted = self.counters.totals()
         return HubStatistics(
             step=self.step, training=self.training, newest_version=self.tracker.newest_version,
             peers=len(self.peers), active_peers=sum(map(self.pool.is_active, self.peers)),

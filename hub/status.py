@@ -1,9 +1,11 @@
 """What `GET /status` answers: a quick look at a live hub, as JSON-able data.
 
 The run (step, published version, hub key), each connected peer (engine, held version, relay,
-upload, trust, activation account), the capacity estimates, the cost meter, the queue and the
-last step record. Reads the hub and the run, never changes them; knows nothing of HTTP (the
-route in `echo2p2p.hub.trainer.start_hub` serialises what this returns).
+upload, trust, activation account, state, seconds since it was last heard), the capacity
+estimates, the cost meter with the LP bound, the staleness of what was trained and dropped, the
+queue and the last step record. Reads the hub and the run, never changes them; knows nothing of
+HTTP (the routes in `echo2p2p.hub.trainer.start_hub` and `echo2p2p.hub.dashboard` serialise
+what this returns).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .peers import PeerConn
+    from .server import Hub
     from .trainer import HubRun
 
 
@@ -27,10 +31,28 @@ def status(run: HubRun) -> dict[str, Any]:
                               "relay": p.relay, "upload_mbps": round(p.upload_bps / 1e6, 2),
                               "trust": round(hub.trust.score(p.identity), 3),
                               "quarantined": p.identity in hub.trust.quarantined,
-                              **accounts.get(p.peer_id, {})}
+                              **accounts.get(p.peer_id, {}), "state": peer_state(hub, p),
+                              "last_seen_s": round(now - p.session.last_heard, 1)}
                   for p in hub.peers.values()},
         "capacity": run.capacity_metrics(),
-        "cost": hub.pool.meter(now),
+        "cost": {**hub.pool.meter(now), "lp_bound_usd_per_hour": hub.pool.lp_bound()},
+        "staleness": staleness(run),
         "queued_groups": stats.queued_groups, "open_leases": stats.open_leases,
         "last": run.records[-1] if run.records else None,
     }
+
+
+def peer_state(hub: Hub, conn: PeerConn) -> str:
+    """quarantined (its identity is), active (leased work by the pool) or standby."""
+    if conn.identity in hub.trust.quarantined:
+        return "quarantined"
+    return "active" if hub.pool.is_active(conn.peer_id) else "standby"
+
+
+def staleness(run: HubRun) -> dict[str, dict[str, int]]:
+    """Groups by lag in versions over the run: trained on, and dropped as stale (on arrival,
+    or aged out in the queue)."""
+    hub = run.hub
+    dropped = hub.counters.stale_lags + hub.buffer.dropped_lags
+    return {"trained": {str(k): n for k, n in sorted(run.runlog.staleness.items())},
+            "dropped": {str(k): n for k, n in sorted(dropped.items())}}

@@ -5,7 +5,8 @@ whole stream is at its base, else in full) with a relay plan per manifest
 (`echo2p2p.relay.Broadcast`); a late joiner or a cold standby peer put to work catches up on the
 newest in full. Plans are re-dealt when a relaying peer leaves, is quarantined or fails the
 hub's own check; each peer's report of a finished transfer feeds the per-version propagation
-record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the peers' measured upload.
+record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the peers' measured
+upload and the hub's send rate, from which the next version's T_bcast is predicted.
 It serves the hub's share of chunks (`chunk_lookup`). It never grants leases, judges rollouts
 or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from echo2p2p import messages as m
+from echo2p2p.activation import Worker
 from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
@@ -24,6 +26,7 @@ from echo2p2p.relay import Broadcast, Member
 
 from .config import HubConfig
 from .peers import PeerConn
+from .plan import broadcast_s
 from .versions import Published, Snapshot
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
@@ -44,6 +47,7 @@ class VersionTracker:
         self.published: dict[int, Published] = {}  # the newest cfg.keep_versions
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
+        self.hub_send_bps: float | None = None  # EWMA over the versions spread, bits/s
 
     @property
     def newest(self) -> Published | None:
@@ -68,7 +72,8 @@ class VersionTracker:
                     if delta is not None and c.stream_version == delta.manifest.base_version]
         in_full = [c for c in conns if c not in on_delta]
         self.propagation[version.version] = Propagation(
-            version.version, self._now(), {c.peer_id for c in conns}, on_delta=len(on_delta))
+            version.version, self._now(), {c.peer_id for c in conns}, on_delta=len(on_delta),
+            predicted_bcast_s=self.predicted_bcast_s(version, conns, len(on_delta)))
         for snap, members in ((delta, on_delta), (version.full, in_full)):
             if not members:
                 continue
@@ -76,6 +81,21 @@ class VersionTracker:
             for conn in members:
                 conn.protocol.announce(version.version)
                 conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
+
+    def predicted_bcast_s(self, version: Published, conns: list[PeerConn], on_delta: int
+                          ) -> float | None:
+        """The capacity model's T_bcast of `version` to `conns` (`hub.plan.broadcast_s`) from
+        the hub's measured send rate and the peers' measured uploads (one not measured yet
+        counts as their mean); None while either is unknown."""
+        uploads = [c.upload_bps for c in conns if c.upload_bps]
+        if not uploads or not self.hub_send_bps:
+            return None
+        mean = sum(uploads) / len(uploads)
+        workers = [Worker(c.peer_id, 0.0, 0.0, c.upload_bps or mean) for c in conns]
+        delta_bytes = version.delta.wire_bytes if version.delta else 0
+        nbytes = (on_delta * delta_bytes + (len(conns) - on_delta) * version.full.wire_bytes
+                  ) / len(conns)  # what the average peer fetches
+        return round(broadcast_s(nbytes, self.hub_send_bps, workers, self.cfg.relay), 3)
 
     def catch_up(self, conn: PeerConn) -> None:
         """A late joiner, or a cold standby peer put to work, pulls the newest version in full."""
@@ -173,6 +193,8 @@ class VersionTracker:
         for peer_id, rate in prop.upload_rates().items():
             if (conn := self.peers.get(peer_id)) is not None:
                 conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
+        if (rate := prop.hub_send_bps()) is not None:
+            self.hub_send_bps = rate if not self.hub_send_bps else 0.5 * (self.hub_send_bps + rate)
         # Complete: every expected peer still here has it, and one at least did (when all
         # left before finishing, there is no spread to time).
         pub = self.published.get(prop.version)

@@ -32,6 +32,7 @@ from echo2p2p.tasks import AdditionTask, MathTask
 from echo2p2p.overlay.tickets import Tickets
 
 from .config import HubConfig
+from .dashboard import dashboard
 from .durable import Checkpoints
 from .estimates import Estimates
 from .model_files import ModelFiles, model_routes, token_facts
@@ -41,6 +42,7 @@ from .runlog import RunLog, propagation_line
 from .server import Hub, TokenizedProblem, serve
 from .status import status
 from .task_setup import TaskSetup, open_setup
+from .trackers import Trackers, open_trackers
 from .versions import VersionFiles
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,7 @@ class HubRun:
         self.tokenizer = tokenizer
         self.runlog = runlog
         self.port = 0
+        self.dashboard_port: int | None = None  # None: no dashboard (cfg.dashboard_port -1)
         self.records: list[dict[str, Any]] = []
         self.finished = asyncio.Event()
         self.estimates = estimates or Estimates(cfg)
@@ -235,7 +238,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
     files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
-    run, eval_scorer = await _open_run(cfg, stream, resume, ranks, setup)
+    run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
     hub, runlog = run.hub, run.runlog
 
     async def handle_status(request: web.Request) -> web.Response:
@@ -248,8 +251,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
             await hub.scorer.start()
-        async with serve(hub, cfg.host, cfg.port, routes) as port:
-            run.port = port
+        async with serve(hub, cfg.host, cfg.port, routes) as port, dashboard(run) as board:
+            run.port, run.dashboard_port = port, board
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
                      "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.model,
                      hub.setup.kind, cfg.max_lag, cfg.kappa, ranks.world if ranks else 1,
@@ -269,6 +272,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
             hub.scorer.close()  # serve() closed it already, unless it never started serving
         hub.checkpoint(None)  # closes the journal
         runlog.close()
+        trackers.close()  # wandb finishes its run
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
@@ -302,10 +306,10 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer]:
+                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
-    published; and the evaluation scorer, which the caller closes."""
+    published; and the evaluation scorer and the trackers, which the caller closes."""
     from .learner import encode_prompt
     from .spotcheck import SpotChecker
 
@@ -316,7 +320,11 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
         saved = await asyncio.to_thread(Checkpoints(Path(cfg.run_dir)).load)
     run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
-    runlog = RunLog(run_dir, {"run_id": run_id, **as_dict(cfg)}, stream)
+    config = {"run_id": run_id, **as_dict(cfg)}
+    runlog = RunLog(run_dir, config, stream)
+    # before the policy loads: a tracker's missing package is a ConfigError on report_to
+    trackers = await asyncio.to_thread(open_trackers, cfg, run_dir, run_id, config)
+    runlog.listeners += trackers.listeners
     setup = setup or await asyncio.to_thread(open_setup, cfg)
     if setup.env and ranks is not None and cfg.eval_every:
         raise ConfigError("eval_every", "held-out episodes are evaluated on one learner rank "
@@ -355,4 +363,4 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     if saved is not None:
         run.resume(saved)
     await run.publish()
-    return run, eval_scorer
+    return run, eval_scorer, trackers

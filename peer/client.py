@@ -37,6 +37,7 @@ from .chunk_server import chunk_server
 from .config import PeerConfig, normalize_url
 from .connection import Backoff, HubConnection, connect, hub_base_url
 from .fetcher import Fetcher
+from .metrics import metrics_server
 from .model_files import model_directory
 from .outbox import Outbox
 from .worker import Worker
@@ -74,6 +75,7 @@ class PeerClient:
         self._key = signing.new_private_key()  # signs our chunk requests; the hub's ticket binds it
         self.credentials: Credentials | None = None  # what we show chunk servers: set at welcome
         self.served_url: str | None = None  # where other peers reach our chunk server
+        self.metrics_url: str | None = None  # our /metrics while we run (cfg.metrics_port)
         self.outbox = Outbox(int(cfg.outbox_memory_mb * (1 << 20)), cfg.outbox_max, cfg.spool_dir)
         self.worker = Worker(self)
         self.fetcher = Fetcher(self)
@@ -115,7 +117,7 @@ class PeerClient:
         backoff = Backoff(self.cfg.reconnect_max_s)
         tls = ssl.create_default_context(cafile=self.cfg.ca_cert or None)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http, \
-                self._chunk_server(), self._workers():
+                metrics_server(self) as self.metrics_url, self._chunk_server(), self._workers():
             while not stop.is_set():
                 try:
                     if await self._connection_until(http, stop):

@@ -80,6 +80,11 @@ class PeerConfig:
     score_timeout_s: float = 5.0
     """Deadline for scoring one completion (the reward this peer claims), in a worker process
     off the event loop; past it the worker is killed and the completion claims 0."""
+    metrics_port: int = -1
+    """TCP port of this peer's Prometheus /metrics (0 = a free one, the log prints the URL;
+    -1 = none). It shows this peer's own counters only: no keys, no other peer's address."""
+    metrics_host: str = "127.0.0.1"
+    """Address the peer's /metrics listens on (0.0.0.0 for a Prometheus on another machine)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -99,6 +104,9 @@ class PeerConfig:
             raise ConfigError("keep_versions", f"must be >= 2 (a delta needs its base), got {self.keep_versions}")
         if self.upload_limit_mbps < 0:
             raise ConfigError("upload_limit_mbps", f"must be >= 0, got {self.upload_limit_mbps}")
+        if not -1 <= self.metrics_port < 65536:
+            raise ConfigError("metrics_port", f"a TCP port, 0 (a free one) or -1 (none), got "
+                                              f"{self.metrics_port}")
         if self.advertise and not self.advertise.startswith(("http://", "https://")):
             raise ConfigError("advertise", f"expected http://HOST:PORT, got {self.advertise!r}")
         self.listen_host_port  # noqa: B018  (parsed now, so a bad address fails at start)

@@ -33,8 +33,14 @@ class Fetcher:
 
     def __init__(self, peer: PeerClient):
         self.peer = peer
-        self.downloaded_bytes = 0  # chunk bytes of every version fetched, hub and peers
+        self.bytes_from_hub = self.bytes_from_peers = 0  # chunk bytes of every version fetched
+        self.versions_fetched = 0  # downloads that completed and verified
         self._download: tuple[Download, asyncio.Task] | None = None
+
+    @property
+    def downloaded_bytes(self) -> int:
+        """Chunk bytes of every version fetched, from the hub and from peers."""
+        return self.bytes_from_hub + self.bytes_from_peers
 
     @property
     def download(self) -> Download | None:
@@ -53,7 +59,7 @@ class Fetcher:
         cfg = peer.cfg
         download = Download(peer.store, held, http=conn.http, hub_base_url=conn.hub_base_url,
                             me=peer.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s,
-                            credentials=peer.credentials)
+                            credentials=peer.credentials, first=self.downloaded_bytes == 0)
         download.set_plan(plan)
         conn.protocol.download_started(manifest)
         self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
@@ -74,8 +80,10 @@ class Fetcher:
         version = held.manifest.version
         try:
             stats = await download.run()
-            self.downloaded_bytes += stats.bytes_from_hub + stats.bytes_from_peers
+            self.bytes_from_hub += stats.bytes_from_hub
+            self.bytes_from_peers += stats.bytes_from_peers
             await asyncio.to_thread(self.peer.store.finish, held)
+            self.versions_fetched += 1
         except SnapshotError as exc:
             log.error("giving up on v%d: %s", version, exc)
             return

@@ -11,7 +11,8 @@ entry already there is used when its files still match the index, so a rejoin do
 nothing. A peer never opens `welcome.model` as a path and never downloads from the Hugging Face
 hub. The directory holds no weights: the engine is built from config.json with untrained
 weights (`echo2p2p.policy.model.load_policy`), and the weights arrive through the overlay as
-the current version, before which the worker generates nothing.
+the current version, before which the worker generates nothing. On a terminal the fetch shows
+a progress bar of the index's bytes (`echo2p2p.runtime.progress`): the peer waits on it, once.
 
 Every failure is a SnapshotError with one sentence saying what did not verify.
 """
@@ -23,7 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -33,6 +34,7 @@ from echo2p2p import signing
 from echo2p2p.errors import SnapshotError
 from echo2p2p.model_index import (MAX_INDEX_BYTES, ModelIndex, file_digest, index_digest,
                                   parse_index)
+from echo2p2p.runtime.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +72,15 @@ async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m
         log.info("model %s: files from the cache, %s", index.model, target)
         return str(target)
     files = {}
-    for entry in index.files:
-        body = await _get(http, f"{base_url}/model/{entry.name}", headers, entry.nbytes,
-                          timeout_s, f"model file {entry.name}", "its signed index declares")
-        if len(body) != entry.nbytes or file_digest(body) != entry.digest:
-            raise SnapshotError(f"model file {entry.name} does not match its size and digest "
-                                "in the signed index")
-        files[entry.name] = body
+    with progress_bar(index.total_bytes, "model files", show=True) as bar:  # no hub text
+        for entry in index.files:
+            body = await _get(http, f"{base_url}/model/{entry.name}", headers, entry.nbytes,
+                              timeout_s, f"model file {entry.name}", "its signed index declares",
+                              on_block=bar.update)
+            if len(body) != entry.nbytes or file_digest(body) != entry.digest:
+                raise SnapshotError(f"model file {entry.name} does not match its size and "
+                                    "digest in the signed index")
+            files[entry.name] = body
     await asyncio.to_thread(_install, target, files, index)
     log.info("model %s: %d files (%d bytes) fetched from the hub into %s", index.model,
              len(files), index.total_bytes, target)
@@ -84,9 +88,10 @@ async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m
 
 
 async def _get(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str], cap: int,
-               timeout_s: float, what: str, bound: str) -> bytes:
+               timeout_s: float, what: str, bound: str,
+               on_block: Callable[[int], object] | None = None) -> bytes:
     """The body of GET `url`, at most `cap` bytes (`bound` says whose), under a deadline per
-    read and overall."""
+    read and overall; `on_block(n)` after each block of n bytes."""
     timeout = aiohttp.ClientTimeout(total=timeout_s + cap / MIN_RATE_BPS,
                                     sock_connect=timeout_s, sock_read=timeout_s)
     async with http.get(url, headers=dict(headers), timeout=timeout,
@@ -101,6 +106,8 @@ async def _get(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str]
             body += block
             if len(body) > cap:
                 raise SnapshotError(f"{what}: the hub sends more than the {cap} bytes {bound}")
+            if on_block is not None:
+                on_block(len(block))
     return bytes(body)
 
 

@@ -46,6 +46,7 @@ class Worker:
         self.leases: asyncio.Queue[tuple[m.LeaseGrant, float]] = asyncio.Queue()
         self.generating = 0
         self.loaded = self.submitted = 0
+        self.tokens_generated = 0  # model tokens sampled, kept or not (the engine's work)
         self._draw = 0
         self._scorer: Scorer | None = None  # claimed rewards (`_scorer_for`)
 
@@ -182,6 +183,7 @@ class Worker:
                 return None
         else:
             version, made = await asyncio.to_thread(peer._generate, lease, seed)
+        self.tokens_generated += sum(len(x.logprobs) for x in made)  # a logprob per model token
         if version is None or version < lease.min_version:
             return None
         if peer.env is not None:  # the environment's rewards are the claims

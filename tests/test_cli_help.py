@@ -31,7 +31,8 @@ PEER_PATHS = command_paths(peer_cli.build_parser())
 
 def test_the_walk_finds_the_subcommands():
     """The walk sees the subcommands we know of (guards against passing over nothing)."""
-    assert {("serve",), ("demo",), ("plan",), ("token",)} <= set(HUB_PATHS)
+    assert {("serve",), ("demo",), ("plan",), ("token",), ("status",),
+            ("report",)} <= set(HUB_PATHS)
     assert ("join",) in PEER_PATHS
 
 

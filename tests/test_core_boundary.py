@@ -29,11 +29,11 @@ IO_COMMON = {"collections", "contextlib", "dataclasses", "logging", "math", "sys
 SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "policy": {"inspect", "os", "pathlib", "string", "threading", "numpy", "tokenizers",
                "torch", "transformers", "vllm"},
-    "overlay": {"asyncio", "aiohttp", "tqdm", "urllib"},
+    "overlay": {"asyncio", "aiohttp", "urllib"},
     "scoring": {"asyncio", "concurrent", "ctypes", "importlib", "inspect", "multiprocessing",
                 "os", "pickle", "resource", "select", "shutil", "signal", "subprocess",
                 "tempfile", "threading"},
-    "runtime": {"asyncio", "aiohttp", "importlib", "os", "uvloop"},
+    "runtime": {"asyncio", "aiohttp", "importlib", "os", "tqdm", "uvloop"},
 }
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
-from tqdm import tqdm
 
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
 from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
+from echo2p2p.runtime.progress import progress_bar
 
 from .store import ChunkStore, Held, chunk_path
 from .tickets import Credentials, server_base
@@ -47,9 +46,12 @@ class Download:
     def __init__(self, store: ChunkStore, held: Held, *, http: aiohttp.ClientSession,
                  hub_base_url: str, me: str, report: Callable[[m.RelayReport], Awaitable[None]],
                  window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0,
-                 credentials: Credentials | None = None):
+                 credentials: Credentials | None = None, first: bool = False):
+        """`first`: the first version this peer takes, which shows a progress bar on a terminal
+        whatever its size (later ones only when large: `echo2p2p.runtime.progress`)."""
         self.store, self.held, self.http = store, held, http
         self.credentials = credentials  # None: a hub that issues no tickets
+        self.first = first
         self.hub_base_url, self.me, self.report = hub_base_url, me, report
         self.window, self.stall_s, self.replan_wait_s = window, stall_s, replan_wait_s
         self.failover = Failover(len(held.manifest.chunks), me, replan_wait_s=replan_wait_s)
@@ -82,8 +84,9 @@ class Download:
         missing = set(self.held.assembler.missing)
         in_flight: dict[asyncio.Task, tuple[int, str]] = {}
         load: Counter[str] = Counter()
-        bar = tqdm(total=sum(c.wire_bytes for c in manifest.chunks), unit="B", unit_scale=True,
-                   desc=f"v{manifest.version}", leave=False, disable=not sys.stderr.isatty())
+        # A delta as large as a big full version is as long a wait: the bar goes by size.
+        bar = progress_bar(sum(c.wire_bytes for c in manifest.chunks), f"v{manifest.version}",
+                           show=self.first or None)
         try:
             while missing:
                 now = time.monotonic()

@@ -1,3 +1,4 @@
-"""How an echo2p2p process runs: logging and the event loop (`process`), and the deadlines of
-every HTTP server it starts (`http_deadlines`). Used by both entry points and both servers.
+"""How an echo2p2p process runs: logging and the event loop (`process`), the deadlines of
+every HTTP server it starts (`http_deadlines`), and the progress bars of its long waits
+(`progress`). Used by both entry points and both servers.
 """

@@ -1,7 +1,7 @@
 """The hub's record of how a version spread: reports believed only as far as they could be."""
 
 from echo2p2p import messages as m
-from echo2p2p.propagation import MIN_MEASURED_BYTES, Propagation
+from echo2p2p.propagation import MIN_MEASURED_BYTES, Propagation, deciles
 
 SIZE = 4 * MIN_MEASURED_BYTES
 
@@ -47,3 +47,14 @@ def test_the_record_says_how_far_and_how_fast_it_spread():
     assert (record["t50_s"], record["t100_s"], record["done_s"]) == (1.5, 2.25, 2.25)
     assert record["hub_upload_copies"] == 0.5 and record["delta_wire_bytes"] == 100
     assert prop.record(0, None, complete=False)["hub_upload_copies"] is None
+
+
+def test_the_cdf_gives_the_seconds_until_each_tenth_of_the_peers_held_it():
+    """Deciles of 4 peers of which 3 finished: 0 % at 0 s, 10-25 % at the first, 30-50 % at
+    the second, 60-75 % at the third, never 80 % or more; as the 50/90/100 % are counted."""
+    assert deciles([3.0, 1.0, 2.0], 4) == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, None, None, None]
+    prop = Propagation(1, 0.0, {"a", "b", "c"}, predicted_bcast_s=4.5)
+    prop.done_after_s.update(a=1.0, b=2.0, c=3.0)
+    record = prop.record(SIZE, None, complete=True)
+    assert record["cdf_s"][5] == record["t50_s"] == 2.0 and record["cdf_s"][10] == record["t100_s"]
+    assert record["predicted_bcast_s"] == 4.5

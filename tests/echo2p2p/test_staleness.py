@@ -66,6 +66,7 @@ def test_buffer_drops_groups_that_aged_in_queue():
     assert [g.lease_id for g in batch] == ["b", "c"]
     stats = buf.statistics()
     assert (stats.queued, stats.admitted_total, stats.dropped_stale_total) == (1, 4, 1)
+    assert buf.dropped_lags == {2: 1}  # by lag in versions, for the dashboard's histogram
 
 
 def test_buffer_trains_the_oldest_versions_first():

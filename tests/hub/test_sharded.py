@@ -50,33 +50,38 @@ def assert_same(a: dict, b: dict) -> None:
     assert a["texts"] == b["texts"]
 
 
-def test_two_ranks_train_as_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    """The 4 steps on this process, uninterrupted: what every rank count must end at. Made
+    once (the steps are seeded, and the tests only read it)."""
+    return sharded_steps.run(None)
+
+
+def test_two_ranks_train_as_one_process(tmp_path, one_process):
     """4 off-policy steps with the ratio clip, KL and gradient clipping active: 2 ranks end
     where one process does."""
-    one = sharded_steps.run(None)
     two = on_two_ranks(tmp_path)
     w0 = sharded_steps.initial_weights()
-    moved = max((w - w0[name]).abs().max().item() for name, w in one["weights"].items())
+    moved = max((w - w0[name]).abs().max().item() for name, w in one_process["weights"].items())
     assert moved > 100 * WEIGHT_TOL  # the comparison is not between two idle models
-    assert all(s["clip_frac"] > 0 and s["grad_norm"] > 0.5 for s in one["stats"])
-    assert all(s["kl"] > 0 for s in one["stats"][1:])
-    assert_same(one, two)
+    assert all(s["clip_frac"] > 0 and s["grad_norm"] > 0.5 for s in one_process["stats"])
+    assert all(s["kl"] > 0 for s in one_process["stats"][1:])
+    assert_same(one_process, two)
 
 
-def test_activation_checkpointing_on_two_ranks_changes_nothing(tmp_path):
+def test_activation_checkpointing_on_two_ranks_changes_nothing(tmp_path, one_process):
     """Recomputing each layer's activations in the backward (FSDP gathers the layer again)
     gives the same steps."""
-    assert_same(sharded_steps.run(None), on_two_ranks(tmp_path, "--checkpointing", "on"))
+    assert_same(one_process, on_two_ranks(tmp_path, "--checkpointing", "on"))
 
 
-def test_a_checkpoint_resumes_on_another_rank_count(tmp_path):
+def test_a_checkpoint_resumes_on_another_rank_count(tmp_path, one_process):
     """Saved on 2 ranks, resumed on 1, and the other way round: both end where 4 uninterrupted
     steps do (the AdamW moments and step count came back too)."""
-    whole = sharded_steps.run(None)
     on_two_ranks(tmp_path, "--save", str(tmp_path / "two-ranks"))
-    assert_same(whole, sharded_steps.run(None, load=str(tmp_path / "two-ranks")))
+    assert_same(one_process, sharded_steps.run(None, load=str(tmp_path / "two-ranks")))
     sharded_steps.run(None, save=str(tmp_path / "one-rank"))
-    assert_same(whole, on_two_ranks(tmp_path, "--load", str(tmp_path / "one-rank")))
+    assert_same(one_process, on_two_ranks(tmp_path, "--load", str(tmp_path / "one-rank")))
 
 
 def hub_command(*args: str) -> list[str]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 
 from echo2p2p import messages as m
+from echo2p2p.activation import Worker
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.peers import PeerConn
+from echo2p2p.hub.plan import broadcast_s
 from echo2p2p.pool import Pool
 from echo2p2p.hub.tracker import VersionTracker
 from echo2p2p.hub.versions import blob_version
@@ -156,3 +158,27 @@ def test_the_hub_serves_the_chunks_of_the_versions_it_keeps():
         rig.tracker.publish(blob_version(KEY, version, BLOB))
     assert rig.tracker.snapshot(0, None) is None and sorted(rig.tracker.published) == [1, 2]
     assert asyncio.run(rig.tracker.chunk_lookup(0, None, 0, 0.0)) is GONE
+
+
+def test_each_broadcast_is_predicted_from_the_measured_hub_and_peer_rates():
+    """No prediction until the hub's send rate and some peer's upload are measured; then the
+    capacity model's T_bcast over them, a peer not measured yet counting as their mean."""
+    rig = Rig()
+    a, b = rig.join("a"), rig.join("b")
+    rig.tracker.publish(blob_version(KEY, 0, BLOB))
+    rig.clock += 2.0
+    rig.tracker.chunk_served(0, len(BLOB))  # the hub sent a whole copy in 2 s
+    for peer in (a, b):
+        rig.tracker.transfer_reported(peer, m.TransferReport(0, None, 2.0, 0, 0, []))
+        rig.tracker.holding_reported(peer, 0)
+    (spread,) = rig.records
+    assert spread["predicted_bcast_s"] is None  # nothing was measured at its publication
+    assert rig.tracker.hub_send_bps == 8 * len(BLOB) / 2.0
+    rig.tracker.publish(blob_version(KEY, 1, BLOB))
+    assert rig.tracker.propagation[1].predicted_bcast_s is None  # no peer's upload known
+    a.upload_bps = 4e6
+    v2 = blob_version(KEY, 2, BLOB)
+    rig.tracker.publish(v2)
+    want = broadcast_s(v2.full.wire_bytes, 8 * len(BLOB) / 2.0,
+                       [Worker("a", 0.0, 0.0, 4e6), Worker("b", 0.0, 0.0, 4e6)], "pipelined")
+    assert rig.tracker.propagation[2].predicted_bcast_s == round(want, 3) > 0

@@ -1,8 +1,9 @@
 """vLLM for real (the community CPU wheel in its own venv): the engine's logprobs, seeds and
 weight updates, checked against the hub's own forward pass on the same weights.
 
-One harness session (tests/vllm/harness.py) runs the engine; each test reads its record. The
-hub side holds the same weights: v0 from the model directory (fp32), v1 as published (bf16)
+One harness session (tests/vllm/harness.py) runs the engine, started with the first vLLM test
+and running while the peer tests do (tests/vllm/conftest.py); each test here reads its record.
+The hub side holds the same weights: v0 from the model directory (fp32), v1 as published (bf16)
 cast into the fp32 model, as the spot-checker loads a version.
 """
 
@@ -26,7 +27,7 @@ from echo2p2p.rows import parse_samples
 from echo2p2p.tasks import AdditionTask
 from tests.conftest import markdown_table
 
-from .conftest import run_harness
+from .conftest import Harness
 
 pytestmark = pytest.mark.vllm
 
@@ -39,14 +40,16 @@ GROUP_TOLERANCE = 1e-5  # nats, the mean over a group (the spot-check's statisti
 
 
 @pytest.fixture(scope="module")
-def session(vllm_py, tmp_path_factory):
+def session(engine_session):
     """(harness record, the hub's model at v0, v1's published state, the spec)."""
-    return run_session(vllm_py, tmp_path_factory.mktemp("vllm"))
+    harness, *hub_side = engine_session
+    return harness.wait_record(), *hub_side
 
 
-def run_session(python, work, dtype: str = "auto"):
+def start_session(python, work, dtype: str = "auto"):
     """One harness session on a copy of the built-in model with the engine in `dtype` (auto:
-    float32 on CPU); (record, the hub's model at v0, v1's published state, the spec)."""
+    float32 on CPU), started in the background; (the running Harness, the hub's model at v0,
+    v1's published state, the spec)."""
     model_dir = work / "model"
     shutil.copytree(builtin_dir(), model_dir)
     model, tokenizer = load_policy(str(model_dir))
@@ -60,7 +63,14 @@ def run_session(python, work, dtype: str = "auto"):
             "max_new_tokens": NEW_TOKENS, "settings": SETTINGS, "dtype": dtype,
             "prompts": [encode(p.prompt) for p in problems],
             "long_prompt": encode(("12+34=46\n" * 40)[:300] + "47+385=")}
-    return run_harness(python, spec, work), model, v1, spec
+    return Harness(python, spec, work), model, v1, spec
+
+
+def run_session(python, work, dtype: str = "auto"):
+    """`start_session`, waited for (bench/vllm_agreement.py): (record, the hub's model at v0,
+    v1's published state, the spec)."""
+    harness, *hub_side = start_session(python, work, dtype)
+    return harness.wait_record(), *hub_side
 
 
 def _recompute(model, prompt: list[int], ids: list[int], temperature: float, top_p: float):

@@ -5,7 +5,6 @@ place while generation goes on, and the hub's own recompute of every rollout agr
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import replace
 
 import pytest
@@ -14,18 +13,20 @@ from echo2p2p.hub.trainer import start_hub
 from tests.conftest import wait_until
 from tests.peer.test_model_from_hub import make_lab_model
 
+from .conftest import vllm_env
+
 pytestmark = pytest.mark.vllm
 
 STEPS = 4
 
 
-async def vllm_peer_until_done(vllm_py, run, log_path, env, cwd=None, extra=()) -> str:
+async def vllm_peer_until_done(vllm_py, run, log_path, cwd=None, extra=()) -> str:
     """A vLLM peer process joined to `run` until the run finishes (or the peer exits); its log."""
     with open(log_path, "wb") as log_file:
         proc = await asyncio.create_subprocess_exec(
             str(vllm_py), "-m", "echo2p2p.peer.cli", "join", run.url, "--name", "vllm-peer",
             "--engine", "vllm", "--device", "cpu", "--listen", "", "--log-level", "info", *extra,
-            cwd=cwd, env=env, stdout=log_file, stderr=log_file)
+            cwd=cwd, env=vllm_env(), stdout=log_file, stderr=log_file)
     try:
         await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 600)
     finally:
@@ -49,10 +50,8 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
     log_path = tmp_path / "peer.log"
     cfg = replace(hub_cfg, model="finetune", max_steps=STEPS, spot_check_fraction=1.0,
                   spot_check_tolerance=1e-3, lr=3e-3)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
     async with start_hub(cfg, stream=None) as run:
-        log = await vllm_peer_until_done(vllm_py, run, log_path, env, cwd=volunteer,
+        log = await vllm_peer_until_done(vllm_py, run, log_path, cwd=volunteer,
                                          extra=("--model-cache", str(tmp_path / "cache")))
         c = run.hub.counters
         assert run.finished.is_set(), log[-4000:]
@@ -89,10 +88,9 @@ async def test_a_vllm_peer_plays_multi_turn_episodes_the_hub_replays(vllm_py, hu
     tokens only: observation tokens carry no logprob)."""
     cfg = replace(hub_cfg, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
                   max_steps=2, spot_check_fraction=1.0, spot_check_tolerance=1e-3)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     log_path = tmp_path / "peer.log"
     async with start_hub(cfg, stream=None) as run:
-        log = await vllm_peer_until_done(vllm_py, run, log_path, env)
+        log = await vllm_peer_until_done(vllm_py, run, log_path)
         c = run.hub.counters
         assert run.finished.is_set(), log[-4000:]
     assert c.rejected == 0 and c.spot_failed == 0, vars(c)

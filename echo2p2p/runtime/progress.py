@@ -1,0 +1,33 @@
+"""Progress bars for the long waits, in one style: a version's download, a checkpoint write, the
+model's files fetched from the hub.
+
+A bar counts bytes (kB, MB, GB) with the rate and the time left, on stderr, and is drawn only
+when stderr is a terminal: in a log file or under a supervisor it prints nothing. It redraws at
+most twice a second and leaves no line behind when closed (the log says what finished). A wait
+of unknown size may be a short one: its bar appears only once it has lasted UNKNOWN_WAIT_S.
+Knows nothing of what is being counted: the caller updates it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from tqdm import tqdm
+
+LARGE_BYTES = 64 << 20  # a wait this big or bigger gets a bar; the built-in model's stay quiet
+REDRAW_S = 0.5
+UNKNOWN_WAIT_S = 2.0
+
+
+def progress_bar(total: int | None, desc: str, *, show: bool | None = None,
+                 stream: TextIO | None = None) -> tqdm:
+    """A bar of `total` bytes (None: unknown, no time left shown) on `stream` (stderr).
+    `show`: True, or None for "when `total` is unknown or at least LARGE_BYTES"; either way it
+    is drawn only on a terminal. Use it as a context manager, or close it."""
+    if show is None:
+        show = total is None or total >= LARGE_BYTES
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, mininterval=REDRAW_S,
+                delay=UNKNOWN_WAIT_S if total is None else 0.0, leave=False,
+                file=stream or sys.stderr,
+                disable=None if show else True)  # None: tqdm turns it off unless a terminal
