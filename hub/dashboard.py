@@ -18,6 +18,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import re
 import ssl
@@ -43,6 +44,7 @@ FILES = Path(__file__).with_name("dashboard")
 STATIC = ("dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css")
 STATUS_EVERY_S = 2.0
 HEARTBEAT_S = 15.0
+REPLAYED = ("eval", "step", "propagation")  # the run log records a resumed feed starts from
 INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.S)
 CSP = ("default-src 'self'; script-src 'self' {scripts}; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -62,6 +64,9 @@ async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
         yield None
         return
     feed = Feed()
+    if run.resumed:  # the history before the restart, from the run log
+        for record in await asyncio.to_thread(logged_before, run.runlog.run_dir, run.hub.step):
+            feed.record(record)
     run.runlog.listeners.append(feed.record)
     try:
         async with serve_dashboard(run, feed) as port:
@@ -105,6 +110,25 @@ def snapshot(run: HubRun, feed: Feed) -> dict[str, Any]:
     return {"run_id": run.hub.run_id, "max_lag": run.cfg.max_lag, "kappa": run.cfg.kappa,
             "step": run.hub.step, **feed.snapshot(), "staleness": now["staleness"],
             "status": now}
+
+
+def logged_before(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """What a run resumed at `step` logged before it: the step records of steps 0 .. step - 1,
+    the evaluation and propagation records of versions up to `step` (those after the
+    checkpoint are trained, and logged, again), the last of each, in order. Lines that do not
+    parse are passed over."""
+    kept: dict[tuple[int, int], dict[str, Any]] = {}
+    with (run_dir / "metrics.jsonl").open(encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+                kind = record.get("event", "step")
+                at = record["step"] + 1 if kind == "step" else record["version"]  # its version
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if kind in REPLAYED and isinstance(at, int) and at <= step:
+                kept[(at, REPLAYED.index(kind))] = record  # a version's eval before its step
+    return [kept[key] for key in sorted(kept)]
 
 
 def token_check(token: str) -> Any:

@@ -15,13 +15,12 @@ Per-peer series are bounded: at most MAX_PEER_SERIES connected peers get a `peer
 value is the hub's id of the peer, never a name the peer sent. `labelled_peers` picks them: the
 most admitted completions first, ties to the earliest joined; the others count in the totals
 only (and in `echo2_peers_unlabelled`). A peer's name and engine appear in one info metric, cut
-to `[A-Za-z0-9._-]` and LABEL_CHARS characters. Knows nothing of HTTP beyond its one handler.
+to `[A-Za-z0-9._-]` and 32 characters (`echo2p2p.runtime.labels`). Knows nothing of HTTP beyond its one handler.
 """
 
 from __future__ import annotations
 
 import heapq
-import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.utils import floatToGoString
 
 from echo2p2p import messages as m
+from echo2p2p.runtime.labels import label_text
 
 from .status import peer_state
 
@@ -42,10 +42,8 @@ if TYPE_CHECKING:
     from .trainer import HubRun
 
 MAX_PEER_SERIES = 64  # peers with series of their own; 1,000 peers would be 10,000 series
-LABEL_CHARS = 32  # longest label value made from text a peer sent
 PEER_STATES = ("active", "standby", "quarantined")  # what `status.peer_state` says
 DROPPED_BUCKETS = 4  # lags past S with a bucket of their own
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 # (name, help, HubStatistics field): running totals of the hub (hub.counters).
 HUB_COUNTERS = (
@@ -111,12 +109,6 @@ def labelled_peers(peer_ids: Iterable[str], admitted: Mapping[str, int],
     """The peers that get series of their own: the `limit` with the most admitted completions,
     ties to the earliest joined (`peer_ids` in join order, as `Hub.peers` keeps them)."""
     return heapq.nsmallest(limit, peer_ids, key=lambda pid: -admitted.get(pid, 0))  # stable
-
-
-def label_text(text: str, limit: int = LABEL_CHARS) -> str:
-    """Text from a peer as a label value: at most `limit` characters of [A-Za-z0-9._-] (any
-    other character becomes '_')."""
-    return _UNSAFE.sub("_", text[:limit])
 
 
 class RecordWatch:

@@ -25,7 +25,8 @@ def status(run: HubRun) -> dict[str, Any]:
     accounts = hub.pool.per_peer(now)  # price, active, rollouts/s, admitted, $
     return {
         "run_id": hub.run_id, "step": stats.step, "hub_key": hub.hub_key.hex(),
-        "published_version": stats.newest_version,
+        "published_version": stats.newest_version, "max_lag": run.cfg.max_lag,
+        "kappa": run.cfg.kappa,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
                               "held_version": p.held_version, "relay_url": p.server_url,
                               "relay": p.relay, "upload_mbps": round(p.upload_bps / 1e6, 2),

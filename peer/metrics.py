@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
@@ -24,21 +23,14 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
                                     Metric)
 
 from echo2p2p.runtime import http_deadlines
+from echo2p2p.runtime.labels import label_text
 
 if TYPE_CHECKING:
     from .client import PeerClient
 
 log = logging.getLogger(__name__)
 
-LABEL_CHARS = 32  # longest label value made from text the hub sent
 MAX_REASONS = 16  # reject reasons with a series of their own; the rest count as "other"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def label_text(text: str, limit: int = LABEL_CHARS) -> str:
-    """Text as a label value: at most `limit` characters of [A-Za-z0-9._-] ('_' for others).
-    (The hub's /metrics has the same rule; the applications never import each other.)"""
-    return _UNSAFE.sub("_", text[:limit])
 
 
 class PeerCollector:

@@ -24,7 +24,7 @@ from yarl import URL
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.dashboard import FILES, STATIC, serve_dashboard
+from echo2p2p.hub.dashboard import FILES, STATIC, logged_before, serve_dashboard
 from echo2p2p.hub.feed import KEEP, POINTS, STEP_SERIES, VERSION_KEYS, Feed
 from echo2p2p.hub.trainer import start_hub
 
@@ -253,3 +253,22 @@ async def test_numbers_that_are_not_finite_go_out_as_null():
     assert status == {"trust": None}
     steps = feed.snapshot()["steps"]
     assert (steps["reward"], steps["busy"]) == ([None], [None])
+
+
+def test_a_resumed_feed_starts_from_what_the_run_logged_before_its_checkpoint(tmp_path):
+    """A run killed after step 4, resumed from its checkpoint at v3: steps 0-2 and versions up
+    to 3 come back once each (the last of a step logged twice), steps 3-4 are trained again."""
+    lines = [{"event": "eval", "version": 0, "eval/accuracy": 0.25}]
+    for step in range(5):
+        lines += [{"step": step, "version": step + 1, "train/reward_mean": step / 10},
+                  {"event": "propagation", "version": step + 1, "peers": 2}]
+    lines.insert(3, {"step": 1, "version": 2, "train/reward_mean": 0.99})  # logged, then again
+    text = "\n".join(json.dumps(r) for r in lines) + "\nnot json\n[1, 2]\n"
+    (tmp_path / "metrics.jsonl").write_text(text)
+    feed = Feed()
+    for record in logged_before(tmp_path, 3):
+        feed.record(record)
+    steps = feed.snapshot()["steps"]
+    assert steps["step"] == [0, 1, 2] and steps["reward"] == [0.0, 0.1, 0.2]
+    assert feed.snapshot()["evals"]["version"] == [0]
+    assert [v["version"] for v in feed.snapshot()["versions"]] == [1, 2, 3]
