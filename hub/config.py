@@ -22,6 +22,7 @@ from echo2p2p.tasks import ANSWER_FORMATS
 
 DEFAULT_PORT = 8765
 TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.trackers)
+SECRETS = ("dashboard_token",)  # never written to the run dir nor sent to a tracker
 # `demo` (and `Run.demo`) differ from `serve` in these defaults only.
 DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
 

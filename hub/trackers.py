@@ -25,13 +25,12 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 
-from .config import HubConfig, names
+from .config import SECRETS, HubConfig, names
 
 log = logging.getLogger(__name__)
 
 STEP, VERSION = "step", "propagation/version"  # the two x axes
 WANDB_PROJECT = "echo2p2p"  # unless WANDB_PROJECT names another
-SECRETS = ("dashboard_token",)  # never sent to a tracker (wandb uploads its config)
 NOT_CHARTED = ("event", "version", "peer_upload_mbps")  # of a propagation record
 
 

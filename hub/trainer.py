@@ -31,7 +31,7 @@ from echo2p2p.staleness import is_publish_version, lag_versions
 from echo2p2p.tasks import AdditionTask, MathTask
 from echo2p2p.overlay.tickets import Tickets
 
-from .config import HubConfig
+from .config import SECRETS, HubConfig
 from .dashboard import dashboard
 from .durable import Checkpoints
 from .estimates import Estimates
@@ -320,7 +320,8 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
         saved = await asyncio.to_thread(Checkpoints(Path(cfg.run_dir)).load)
     run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run_dir or f"runs/{run_id}")
-    config = {"run_id": run_id, **as_dict(cfg)}
+    # the run's config.json, without the secrets (a resumed run is given them again)
+    config = {"run_id": run_id, **{k: v for k, v in as_dict(cfg).items() if k not in SECRETS}}
     runlog = RunLog(run_dir, config, stream)
     # before the policy loads: a tracker's missing package is a ConfigError on report_to
     trackers = await asyncio.to_thread(open_trackers, cfg, run_dir, run_id, config)

@@ -134,6 +134,7 @@ async def test_wandb_offline_run_holds_the_run_log(hub_cfg, monkeypatch, tmp_pat
     assert summary["train/reward_mean"] == steps[-1]["train/reward_mean"]
     assert config["run_id"] == run_id and config["max_steps"] == 3
     assert "dashboard_token" not in config  # a secret: wandb uploads its config
+    assert "s3cret" not in (Path(cfg.run_dir) / "config.json").read_text()  # nor in the run dir
 
 
 async def test_a_tracker_without_its_package_stops_the_start(hub_cfg, monkeypatch):
