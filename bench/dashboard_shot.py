@@ -30,8 +30,7 @@ from playwright.async_api import async_playwright  # noqa: E402
 
 from echo2p2p.hub.config import HubConfig  # noqa: E402
 from echo2p2p.hub.trainer import start_hub  # noqa: E402
-from echo2p2p.peer.client import PeerClient  # noqa: E402
-from echo2p2p.peer.config import PeerConfig  # noqa: E402
+from tests.conftest import running_peers  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -44,17 +43,11 @@ PEERS = [("volunteer-rtx3090", 0.0), ("spot-a10g-eu", 0.35), ("spot-l4-us", 0.42
 @contextlib.asynccontextmanager
 async def peers(url: str, n: int):
     """`n` real peers joined to `url` (names and prices from PEERS), stopped on exit."""
-    stop = asyncio.Event()
-    clients = [PeerClient(PeerConfig(hub_url=url, name=name, price_per_hour=price,
-                                     torch_threads=1))
-               for name, price in (PEERS * (n // len(PEERS) + 1))[:n]]
-    async with asyncio.TaskGroup() as tg:
-        for client in clients:
-            tg.create_task(client.run(stop))
-        try:
-            yield clients
-        finally:
-            stop.set()
+    async with contextlib.AsyncExitStack() as stack:
+        for name, price in (PEERS * (n // len(PEERS) + 1))[:n]:
+            await stack.enter_async_context(
+                running_peers(url, 1, name=name, price_per_hour=price, torch_threads=1))
+        yield
 
 
 async def shoot(url: str, out: Path) -> dict:

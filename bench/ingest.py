@@ -57,6 +57,7 @@ from echo2p2p.hub.runlog import RunLog  # noqa: E402
 from echo2p2p.hub.server import Hub, TokenizedProblem  # noqa: E402
 from echo2p2p.hub.trainer import HubRun  # noqa: E402
 from echo2p2p.staleness import lag_versions  # noqa: E402
+from tests.conftest import wait_until  # noqa: E402
 
 
 # --- peers (second process) ------------------------------------------------------------------
@@ -250,18 +251,11 @@ async def with_dashboard(hub: Hub, url: str, args: argparse.Namespace) -> list[t
             n = args.dashboard_clients
             for clients in [0, n, n, 0] * args.rounds:
                 async with browsers(base, clients) as read:
-                    await until(lambda: feed.clients == clients)  # gone ones, at the next write
+                    await wait_until(lambda: feed.clients == clients, 30)  # gone ones, at the next write
                     result = await phase(hub, url, args, rate=0.0)
                 results.append((clients, {**result, "read": read}))
             drainer.cancel()
         return results
-
-
-async def until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the dashboard's clients did not settle"
-        await asyncio.sleep(0.1)
 
 
 def replace_seconds(args: argparse.Namespace, seconds: float) -> argparse.Namespace:

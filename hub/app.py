@@ -37,20 +37,24 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
         authorize=Tickets(hub.hub_key, hub.run_id, "hub")))
     for path, handler in (routes or {}).items():
         app.router.add_get(path, handler)
+    tls = tls_context(hub.cfg.tls_cert, hub.cfg.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
-    tls = None
-    if hub.cfg.tls_cert:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            tls.load_cert_chain(hub.cfg.tls_cert, hub.cfg.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            await runner.cleanup()
-            raise ConfigError("tls_cert", f"cannot load {hub.cfg.tls_cert} with key "
-                                          f"{hub.cfg.tls_key}: {exc}") from None
     try:
         await web.TCPSite(runner, host, port, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:
         await hub.close_all()
         await runner.cleanup()
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext | None:
+    """The hub's TLS, for its peers' port and its dashboard's: None without a certificate."""
+    if not cert:
+        return None
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("tls_cert", f"cannot load {cert} with key {key}: {exc}") from None
+    return tls

@@ -21,16 +21,15 @@ import hmac
 import json
 import logging
 import re
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from echo2p2p.errors import ConfigError
 from echo2p2p.runtime import http_deadlines
 
+from .app import tls_context
 from .feed import Feed, event_frame, finite_json
 from .metrics import metrics_handler
 from .status import status
@@ -87,15 +86,15 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
     app.on_response_prepare.append(_secure_headers)
     app.router.add_get("/", _index)
     app.router.add_get("/static/{name}", _static)
-    app.router.add_get("/status", _answer(lambda: status(run)))
+    app.router.add_get("/status", json_answer(lambda: status(run)))
     app.router.add_get("/metrics", metrics_handler(run))
-    app.router.add_get("/api/snapshot", _answer(lambda: snapshot(run, feed)))
+    app.router.add_get("/api/snapshot", json_answer(lambda: snapshot(run, feed)))
     app.router.add_get("/events", _events(run, feed))
     app.cleanup_ctx.append(_status_ticker(run, feed))
+    tls = tls_context(cfg.tls_cert, cfg.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        tls = _tls(cfg.tls_cert, cfg.tls_key)
         port = cfg.dashboard_port if port is None else port
         await web.TCPSite(runner, cfg.dashboard_host, port, ssl_context=tls).start()
         yield runner.addresses[0][1]
@@ -174,8 +173,8 @@ async def _static(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(FILES / name)
 
 
-def _answer(data: Callable[[], Any]) -> Handler:
-    """A GET handler answering `data()` as JSON."""
+def json_answer(data: Callable[[], Any]) -> Handler:
+    """A GET handler answering `data()` as JSON (not finite numbers as null)."""
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(text=finite_json(data()), content_type="application/json")
@@ -227,14 +226,3 @@ def _status_ticker(run: HubRun, feed: Feed) -> Callable[[web.Application], Async
 
     return ticking
 
-
-def _tls(cert: str, key: str) -> ssl.SSLContext | None:
-    """The hub's TLS (hub.app's), for the dashboard's port too."""
-    if not cert:
-        return None
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        tls.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError("tls_cert", f"cannot load {cert} with key {key}: {exc}") from None
-    return tls

@@ -34,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 from echo2p2p import messages as m
 from echo2p2p.runtime.labels import label_text
 
-from .status import peer_state
+from .status import dropped_lags, peer_state
 
 if TYPE_CHECKING:
     from .peers import PeerConn
@@ -185,7 +185,7 @@ class RunCollector:
                             self.run.runlog.staleness, range(s + 1))
         yield lag_histogram("echo2_dropped_group_lag_versions", "Lag of the groups dropped as "
                             "too stale (on arrival or in the queue).",
-                            hub.counters.stale_lags + hub.buffer.dropped_lags,
+                            dropped_lags(hub),
                             range(s + 1, s + 1 + DROPPED_BUCKETS))
 
     def _last_step(self) -> Iterator[Metric]:

@@ -10,6 +10,7 @@ what this returns).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def status(run: HubRun) -> dict[str, Any]:
                               "trust": round(hub.trust.score(p.identity), 3),
                               "quarantined": p.identity in hub.trust.quarantined,
                               **accounts.get(p.peer_id, {}), "state": peer_state(hub, p),
-                              "last_seen_s": round(now - p.session.last_heard, 1)}
+                              "last_seen_s": round(p.protocol.silent_for(now), 1)}
                   for p in hub.peers.values()},
         "capacity": run.capacity_metrics(),
         "cost": {**hub.pool.meter(now), "lp_bound_usd_per_hour": hub.pool.lp_bound()},
@@ -53,7 +54,10 @@ def peer_state(hub: Hub, conn: PeerConn) -> str:
 def staleness(run: HubRun) -> dict[str, dict[str, int]]:
     """Groups by lag in versions over the run: trained on, and dropped as stale (on arrival,
     or aged out in the queue)."""
-    hub = run.hub
-    dropped = hub.counters.stale_lags + hub.buffer.dropped_lags
     return {"trained": {str(k): n for k, n in sorted(run.runlog.staleness.items())},
-            "dropped": {str(k): n for k, n in sorted(dropped.items())}}
+            "dropped": {str(k): n for k, n in sorted(dropped_lags(run.hub).items())}}
+
+
+def dropped_lags(hub: Hub) -> Counter[int]:
+    """Groups dropped as stale by their lag in versions: on arrival, and aged out in the queue."""
+    return hub.counters.stale_lags + hub.buffer.dropped_lags

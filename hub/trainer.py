@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
@@ -32,7 +31,7 @@ from echo2p2p.tasks import AdditionTask, MathTask
 from echo2p2p.overlay.tickets import Tickets
 
 from .config import SECRETS, HubConfig
-from .dashboard import dashboard
+from .dashboard import dashboard, json_answer
 from .durable import Checkpoints
 from .estimates import Estimates
 from .model_files import ModelFiles, model_routes, token_facts
@@ -241,12 +240,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
     hub, runlog = run.hub, run.runlog
 
-    async def handle_status(request: web.Request) -> web.Response:
-        return web.json_response(status(run))
-
     files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
     hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
-    routes = {"/status": handle_status,
+    routes = {"/status": json_answer(lambda: status(run)),
               **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
