@@ -15,7 +15,7 @@ Per-peer series are bounded: at most MAX_PEER_SERIES connected peers get a `peer
 value is the hub's id of the peer, never a name the peer sent. `labelled_peers` picks them: the
 most admitted completions first, ties to the earliest joined; the others count in the totals
 only (and in `echo2_peers_unlabelled`). A peer's name and engine appear in one info metric, cut
-to `[A-Za-z0-9._-]` and 32 characters (`echo2p2p.runtime.labels`). Knows nothing of HTTP beyond its one handler.
+to `[A-Za-z0-9._-]` and 32 characters (`echo2p2p.runtime.prometheus`). Knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, InfoMetricFamily, Metric)
 from prometheus_client.utils import floatToGoString
 
 from echo2p2p import messages as m
-from echo2p2p.runtime.labels import label_text
+from echo2p2p.runtime.prometheus import exposition, gauge, label_text
 
 from .status import dropped_lags, peer_state
 
@@ -144,18 +144,18 @@ class RunCollector:
         stats = hub.statistics()
         yield InfoMetricFamily("echo2_run", "The run this hub trains.",
                                value={"run_id": label_text(hub.run_id)})
-        yield _gauge("echo2_step", "The learner's step (the newest version trained).", stats.step)
-        yield _gauge("echo2_published_version", "The newest version published to peers.",
+        yield gauge("echo2_step", "The learner's step (the newest version trained).", stats.step)
+        yield gauge("echo2_published_version", "The newest version published to peers.",
                      stats.newest_version)
-        yield _gauge("echo2_training", "1 while a learner step runs, else 0.", int(stats.training))
-        yield _gauge("echo2_max_lag_versions", "S: the most versions a trained rollout may lag.",
+        yield gauge("echo2_training", "1 while a learner step runs, else 0.", int(stats.training))
+        yield gauge("echo2_max_lag_versions", "S: the most versions a trained rollout may lag.",
                      cfg.max_lag)
-        yield _gauge("echo2_publish_every_steps", "kappa: a version is published every this many "
+        yield gauge("echo2_publish_every_steps", "kappa: a version is published every this many "
                                                   "steps.", cfg.kappa)
-        yield _gauge("echo2_queued_groups", "Admitted groups waiting for the learner.",
+        yield gauge("echo2_queued_groups", "Admitted groups waiting for the learner.",
                      stats.queued_groups)
-        yield _gauge("echo2_open_leases", "Leases granted and not yet answered.", stats.open_leases)
-        yield _gauge("echo2_judging_submissions", "Submissions being scored or spot-checked.",
+        yield gauge("echo2_open_leases", "Leases granted and not yet answered.", stats.open_leases)
+        yield gauge("echo2_judging_submissions", "Submissions being scored or spot-checked.",
                      stats.judging)
         for name, doc, field in HUB_COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(stats, field))
@@ -192,15 +192,15 @@ class RunCollector:
         records = self.run.records
         last = records[-1] if records and "step" in records[-1] else {}
         for key, name, doc in STEP_GAUGES:
-            yield _gauge(name, doc, last.get(key))
+            yield gauge(name, doc, last.get(key))
         evaluation = self.watch.evaluation or {}
-        yield _gauge("echo2_eval_accuracy", "Held-out reward of the newest evaluated version.",
+        yield gauge("echo2_eval_accuracy", "Held-out reward of the newest evaluated version.",
                      evaluation.get("eval/accuracy"))
-        yield _gauge("echo2_eval_version", "The version the held-out reward was measured on.",
+        yield gauge("echo2_eval_version", "The version the held-out reward was measured on.",
                      evaluation.get("version"))
         capacity = self.run.capacity_metrics()
         for key, name, doc in CAPACITY_GAUGES:
-            yield _gauge(name, doc, capacity.get(key))
+            yield gauge(name, doc, capacity.get(key))
 
     def _cost(self) -> Iterator[Metric]:
         pool = self.run.hub.pool
@@ -208,20 +208,20 @@ class RunCollector:
         yield CounterMetricFamily("echo2_cost_dollars", "Dollars accrued by active peers at their "
                                   "declared prices (peers gone included).",
                                   value=meter["cost/usd_total"])
-        yield _gauge("echo2_cost_dollars_per_hour", "What the active peers cost now.",
+        yield gauge("echo2_cost_dollars_per_hour", "What the active peers cost now.",
                      meter["cost/usd_per_hour"])
         per_1k = meter["cost/usd_per_1k_rollouts"]
-        yield _gauge("echo2_cost_dollars_per_rollout", "Dollars so far per admitted completion.",
+        yield gauge("echo2_cost_dollars_per_rollout", "Dollars so far per admitted completion.",
                      None if per_1k is None else per_1k / 1000)
-        yield _gauge("echo2_cost_lp_bound_dollars_per_hour", "The LP relaxation's lower bound on "
+        yield gauge("echo2_cost_lp_bound_dollars_per_hour", "The LP relaxation's lower bound on "
                      "what the required throughput costs.", pool.lp_bound())
 
     def _propagation(self) -> Iterator[Metric]:
         """The newest propagation record: how the last version that spread did."""
         r = self.watch.propagation or {}
-        yield _gauge("echo2_propagation_version", "The version the echo2_propagation_ metrics "
+        yield gauge("echo2_propagation_version", "The version the echo2_propagation_ metrics "
                      "describe: the newest whose spread was logged.", r.get("version"))
-        yield _gauge("echo2_propagation_peers", "Peers expected to fetch that version.",
+        yield gauge("echo2_propagation_peers", "Peers expected to fetch that version.",
                      r.get("peers"))
         reach = GaugeMetricFamily("echo2_propagation_seconds", "Seconds from publication until "
                                   "this share of the expected peers had all of its chunks.",
@@ -230,7 +230,7 @@ class RunCollector:
             if r.get(key) is not None:
                 reach.add_metric([share], r[key])
         yield reach
-        yield _gauge("echo2_propagation_bcast_seconds", "T_bcast of that version: until 90 % of "
+        yield gauge("echo2_propagation_bcast_seconds", "T_bcast of that version: until 90 % of "
                      "the expected peers generated with it (reload included).", r.get("t_bcast_s"))
         sources = GaugeMetricFamily("echo2_propagation_bytes", "Chunk bytes of that version "
                                     "served by the hub and, as peers report, by peers.",
@@ -251,7 +251,7 @@ class RunCollector:
         yield by_state
         chosen = labelled_peers(hub.peers, {p: a["admitted"] for p, a in accounts.items()},
                                 self.max_peer_series)
-        yield _gauge("echo2_peers_unlabelled", "Connected peers without echo2_hub_peer_ series "
+        yield gauge("echo2_peers_unlabelled", "Connected peers without echo2_hub_peer_ series "
                      f"(only the {self.max_peer_series} most admitted have them).",
                      len(hub.peers) - len(chosen))
         yield from _peer_series(hub, [hub.peers[p] for p in chosen], accounts, now)
@@ -303,13 +303,6 @@ def lag_histogram(name: str, doc: str, lags: Counter[int], bounds: range) -> Met
                                  sum_value=sum(lag * n for lag, n in lags.items()))
 
 
-def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
-    """A gauge of one sample, or of none while `value` is unknown (the family is still listed,
-    so a dashboard's query names something that exists)."""
-    if value is None:
-        return GaugeMetricFamily(name, doc, labels=[])
-    return GaugeMetricFamily(name, doc, value=float(value))
-
 
 def metrics_handler(run: HubRun, max_peer_series: int = MAX_PEER_SERIES
                     ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -319,9 +312,4 @@ def metrics_handler(run: HubRun, max_peer_series: int = MAX_PEER_SERIES
     run.runlog.listeners.append(watch)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(run, watch, max_peer_series))
-
-    async def handle(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    return handle
+    return exposition(registry)

@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
-                                    Metric)
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, InfoMetricFamily, Metric
 
 from echo2p2p.runtime import http_deadlines
-from echo2p2p.runtime.labels import label_text
+from echo2p2p.runtime.prometheus import exposition, gauge, label_text
 
 if TYPE_CHECKING:
     from .client import PeerClient
@@ -47,7 +46,7 @@ class PeerCollector:
             info |= {"peer": label_text(welcome.peer_id), "run_id": label_text(welcome.run_id)}
         yield InfoMetricFamily("echo2_peer", "This peer: its engine and name, and the id and "
                                "run the hub gave it.", value=info)
-        yield _gauge("echo2_peer_held_version", "The version the engine generates with (a relay: "
+        yield gauge("echo2_peer_held_version", "The version the engine generates with (a relay: "
                      "the newest complete one).", stats.version)
         for name, doc, value in (
             ("echo2_peer_connections", "Connections the hub welcomed.", stats.connections),
@@ -69,9 +68,9 @@ class PeerCollector:
         fetched.add_metric(["peers"], fetcher.bytes_from_peers)
         yield fetched
         yield rejected_by_reason(stats.rejected)
-        yield _gauge("echo2_peer_outbox_groups", "Submitted groups the hub has not answered yet "
+        yield gauge("echo2_peer_outbox_groups", "Submitted groups the hub has not answered yet "
                      "(sent again on reconnect).", len(peer.outbox))
-        yield _gauge("echo2_peer_leases_held", "Leases generating or queued.", peer.worker.held())
+        yield gauge("echo2_peer_leases_held", "Leases generating or queued.", peer.worker.held())
 
 
 def rejected_by_reason(reasons: dict[str, int]) -> CounterMetricFamily:
@@ -89,12 +88,6 @@ def rejected_by_reason(reasons: dict[str, int]) -> CounterMetricFamily:
     return family
 
 
-def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
-    """A gauge of one sample, or of none while `value` is unknown (the family is still listed)."""
-    if value is None:
-        return GaugeMetricFamily(name, doc, labels=[])
-    return GaugeMetricFamily(name, doc, value=float(value))
-
 
 def peer_registry(peer: PeerClient) -> CollectorRegistry:
     """A registry of `peer`'s metrics alone."""
@@ -111,14 +104,8 @@ async def metrics_server(peer: PeerClient) -> AsyncIterator[str | None]:
     if cfg.metrics_port < 0:
         yield None
         return
-    registry = peer_registry(peer)
-
-    async def handle(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     app = web.Application()
-    app.router.add_get("/metrics", handle)
+    app.router.add_get("/metrics", exposition(peer_registry(peer)))
     runner = http_deadlines.runner(app)
     await runner.setup()
     try:

@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from echo2p2p.runtime.labels import label_text
+from echo2p2p.runtime.prometheus import label_text
 from echo2p2p.hub.metrics import (MAX_PEER_SERIES, lag_histogram, labelled_peers,
                                   metrics_handler)
 from echo2p2p.hub.trainer import start_hub
