@@ -119,8 +119,19 @@ class Cluster:
                     return result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+                    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}; "
+                                         f"what each process printed last:\n{self.tails()}")
                 self._news.wait(remaining)
+
+    def tails(self, lines: int = 12) -> str:
+        """The last `lines` lines of every process's output, the hub's 4 times as many: what a
+        timed-out wait shows, to tell a stall from a slow machine."""
+        out = []
+        for proc in self.procs:
+            state = "running" if proc.alive else f"exited {proc.popen.returncode}"
+            keep = lines * 4 if proc.role == "hub" else lines
+            out += [f"--- {proc.name} ({state})", *proc.lines[-keep:]]
+        return "\n".join(out)
 
     def _spawn(self, name: str, role: str, argv: list[str], cls=Proc, **extra) -> Proc:
         popen = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=subprocess.PIPE,

@@ -14,12 +14,18 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
+
 from echo2p2p.tasks import AdditionTask
 
 from .accounting import Accounting, Incarnation, account
 from .conftest import Row
 from .harness import (Cluster, HubLog, HubProc, Proc, events, final_state, read_metrics, steps,
                       versions_held)
+
+# Above every scenario's own deadlines (START_S and RUN_S waits in turn), so that a slow or
+# stalled run fails by its harness's message, which says what each process printed last.
+pytestmark = pytest.mark.timeout(900)
 
 SEED = 5  # which peers die
 START_S = 180  # deadline for processes to start and join (2 loaded cores, torch imports)
@@ -310,7 +316,8 @@ def test_byzantine_peers(cluster: Cluster, report, tmp_path):
             caught_at.setdefault(log.names.get(pid, pid), now)
         return set(FORGERS) <= caught_at.keys()
 
-    cluster.wait_for(all_caught, START_S + RUN_S, "every liar to be quarantined")
+    cluster.wait_for(lambda: joined(hub, 3 + len(FORGERS)), START_S, "7 peers to join")
+    cluster.wait_for(all_caught, RUN_S, "every liar to be quarantined")
     recover_s = max(caught_at[n] - lied_at.get(n, caught_at[n]) for n in FORGERS)
     records = finish(cluster, hub, max_steps)
 
