@@ -6,19 +6,24 @@ version of M bytes and logs when each peer holds all of it, verified. Strategies
 - star: the hub uploads the version to every peer (`echo2-hub --relay star`);
 - pipelined: our overlay: the hub uploads each chunk once to its owner, owners relay to the rest
   as soon as a chunk is verified (`echo2p2p.relay`), shares weighted by measured upload;
+- gossip: `echo2-hub --relay gossip`: the hub deals each chunk to one seeder and gives each
+  peer a neighbour sample; peers spread the rest over links (`echo2p2p.gossip`);
 - shardcast: PyPI shardcast's relay tree (`shardcast_race.py`), same hosts, shaping and bytes.
 Modes (pipelined, at the largest N): uniform links; heterogeneous (every third peer's uplink at
 B/4), against the max-flow lower bound M / min(B_hub, (B_hub + sum of peer uplinks) / N) of
 upload-limited broadcast; churn (25 % of the relaying peers SIGKILLed 0.35 M/B into the
-version), against the undisturbed time. Our peers run `echo2-peer join --engine relay`; each
+version), against the undisturbed time; nat (gossip, at the largest N): a `--nat-fraction` of
+the peers (default 0.5) run no chunk server, so nobody can dial them, and upload only over the
+links they open. Our peers run `echo2-peer join --engine relay`; each
 run first broadcasts one untimed version so the hub has measured every peer's upload.
 
     python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 32] [--rate-mbit 40]
 
 Prints a table, writes broadcast.png (completion time vs N per strategy; needs matplotlib),
 then one JSON line: {"bench": "broadcast", "shaping": "tbf", "n_peers", "bytes", "rate_bps",
-"chunk_bytes", "ratio_to_ideal": {"star", "pipelined", "shardcast"},
-"heterogeneous_ratio_to_bound", "churn_ratio"}, where ratio_to_ideal = time for all peers to
+"chunk_bytes", "ratio_to_ideal": {"star", "pipelined", "gossip", "shardcast"},
+"heterogeneous_ratio_to_bound", "churn_ratio", "nat": {"fraction", "ratio_to_ideal",
+"hub_upload_copies"}}, where ratio_to_ideal = time for all peers to
 hold the version / (M/B) at the largest N. Without root (no namespaces) every process runs on
 127.0.0.1 with an in-process token bucket instead ("shaping": "token-bucket"; no shardcast).
 """
@@ -93,11 +98,11 @@ class Cluster:
     """A hub and N relay peers as processes, in a testbed's namespaces or on loopback."""
 
     def __init__(self, bed: netns.Testbed | None, n: int, relay: str, args: argparse.Namespace,
-                 rates_bps: list[int]):
+                 rates_bps: list[int], nat: float = 0.0):
         self.bed, self.procs = bed, []
         host = bed.hosts[0].ip if bed else "127.0.0.1"
         port = HUB_PORT if bed else _free_port()
-        rounds = 1 if relay == "star" else 2  # pipelined: one untimed round to measure uplinks
+        rounds = 1 if relay == "star" else 2  # one untimed round to measure uplinks
         limit = [] if bed else ["--limit-mbps", str(rates_bps[0] / 1e6)]
         self.hub = self._start(0, [sys.executable, __file__, "_hub", "--host", host, "--port",
                                    str(port), "--relay", relay, "--n-peers", str(n), "--bytes",
@@ -106,7 +111,8 @@ class Cluster:
         self.rounds = rounds
         for i in range(1, n + 1):
             cap = [] if bed else ["--upload-limit-mbps", str(rates_bps[i] / 1e6)]
-            listen = f"{bed.hosts[i].ip if bed else '127.0.0.1'}:0"
+            nated = i <= round(nat * n)  # no listener: nobody can dial it
+            listen = "" if nated else f"{bed.hosts[i].ip if bed else '127.0.0.1'}:0"
             self.procs.append(self._start(i, [
                 sys.executable, "-m", "echo2p2p.peer.cli", "join", f"ws://{host}:{port}/ws",
                 "--engine", "relay", "--name", f"peer{i}", "--listen", listen,
@@ -140,10 +146,11 @@ class Cluster:
             proc.wait()
 
 
-def run_ours(bed, n: int, relay: str, rates_bps: list[int], args, churn: float = 0.0) -> dict:
+def run_ours(bed, n: int, relay: str, rates_bps: list[int], args, churn: float = 0.0,
+             nat: float = 0.0) -> dict:
     """One broadcast with our hub and peers; the record plus 'all_s', the time by which every
     peer still alive held the version."""
-    cluster = Cluster(bed, n, relay, args, rates_bps)
+    cluster = Cluster(bed, n, relay, args, rates_bps, nat)
     try:
         def kill_some():  # churn: a timer after publication, then SIGKILL a quarter of peers
             time.sleep(0.35 * args.bytes * 8 / rates_bps[0])
@@ -175,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-mbit", type=float, default=20, help="B, every uplink, Mbit/s")
     p.add_argument("--chunk-kib", type=int, default=0,
                    help="chunk (and shardcast shard) size; 0 = the hub's automatic choice")
-    p.add_argument("--strategies", default="star,pipelined,shardcast")
-    p.add_argument("--modes", default="uniform,heterogeneous,churn")
+    p.add_argument("--strategies", default="star,pipelined,gossip,shardcast")
+    p.add_argument("--modes", default="uniform,heterogeneous,churn,nat")
+    p.add_argument("--nat-fraction", type=float, default=0.5,
+                   help="nat mode: the fraction of peers that accept no inbound connection")
     p.add_argument("--plot", default="broadcast.png")
     p.add_argument("--shaping", choices=("tbf", "token-bucket"), default="tbf",
                    help="token-bucket: no namespaces, every process on 127.0.0.1 with an "
@@ -198,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         strategies = [s for s in strategies if s != "shardcast"]
 
     rows: list[tuple[str, str, int, float | None, float | None]] = []
+    copies: dict[str, float | None] = {}  # mode -> the hub's upload in copies (nat mode)
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
 
@@ -211,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                     result = run_shardcast(bed, n, args)
                 else:
                     result = run_ours(bed, n, strategy, rates, args,
-                                      churn=0.25 if mode == "churn" else 0.0)
+                                      churn=0.25 if mode == "churn" else 0.0,
+                                      nat=args.nat_fraction if mode == "nat" else 0.0)
+                    copies[mode] = result.get("hub_upload_copies")
             finally:
                 if bed:
                     bed.close()
@@ -222,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rows.append((mode, strategy, n, t, t / ideal_s if t else None))
             print(f"{mode:14s} {strategy:10s} N={n:3d}  {_fmt(t)} s  ratio {_fmt(rows[-1][4])}"
+                  f"  hub copies {_fmt(result.get('hub_upload_copies'))}"
                   + (f"  ({result.get('error')})" if result.get("error") else ""), flush=True)
             return t
 
@@ -234,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
             one("heterogeneous", "pipelined", n_max)
         if "churn" in modes and "pipelined" in strategies:
             one("churn", "pipelined", n_max)
+        if "nat" in modes and "gossip" in strategies:
+            one("nat", "gossip", n_max)
 
     by = {(mode, s, n): ratio for mode, s, n, _, ratio in rows}
-    uniform = {s: by.get(("uniform", s, n_max)) for s in ("star", "pipelined", "shardcast")}
+    uniform = {s: by.get(("uniform", s, n_max))
+               for s in ("star", "pipelined", "gossip", "shardcast")}
     undisturbed = next((t for mode, s, n, t, _ in rows
                         if (mode, s, n) == ("uniform", "pipelined", n_max)), None)
     churned = next((t for mode, s, n, t, _ in rows if mode == "churn"), None)
@@ -249,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_ideal": {s: _round(r) for s, r in uniform.items()},
         "heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "pipelined", n_max))),
         "churn_ratio": _round(churned / undisturbed if churned and undisturbed else None),
+        "nat": {"fraction": args.nat_fraction,
+                "ratio_to_ideal": _round(by.get(("nat", "gossip", n_max))),
+                "hub_upload_copies": _round(copies.get("nat"))},
     }))
     return 0
 
@@ -263,7 +282,7 @@ def _plot(rows, ns: list[int], path: str, ideal_s: float) -> None:
         print("matplotlib not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy in ("star", "pipelined", "shardcast"):
+    for strategy in ("star", "pipelined", "gossip", "shardcast"):
         points = [(n, t) for mode, s, n, t, _ in rows if mode == "uniform" and s == strategy and t]
         if points:
             ax.plot(*zip(*points), marker="o", label=strategy)

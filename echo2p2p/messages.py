@@ -278,6 +278,19 @@ class RelayPlan:
     revision: int
     sources: list[RelaySource]
     owners: bytes
+    gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are empty)
+
+
+@dataclass(frozen=True)
+class GossipPlan:
+    """A peer's part in a gossip broadcast (`relay_plan.gossip`): the chunks it fetches from the
+    hub, `seed` (packed little-endian uint32; every chunk has one seeder), and the peers it
+    dials, `neighbours` (a random sample; at most 32). Everything else it learns from its links."""
+
+    version: int
+    base_version: int | None
+    seed: bytes
+    neighbours: list[RelaySource]
 
 
 # --- either way ----------------------------------------------------------------------------

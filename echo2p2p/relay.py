@@ -6,24 +6,30 @@ peer fetches it from the owner. Owners' shares are proportional to their measure
 bandwidth and interleaved along the stream, so the hub's uplink carries the version once, each
 owner uploads its share to the N - 1 others, and a chunk moves on as soon as it is verified
 while the next one is still arriving. With N peers of upload B each, that takes about
-M/B + 2 chunk times, for any N; a star (the hub sends everything to everyone) takes N * M/B.
+M/B + 2 chunk times while N is well under the chunk count (past it, each owner uploads its
+one or two chunks N - 1 times over: 5.7 x M/B for 256 peers and 54 chunks in
+`bench/gossip_sweep.py`); a star (the hub sends everything to everyone) takes N * M/B.
 A peer that cannot accept connections is a leaf: it owns nothing and only pulls.
 
 When an owner leaves, or peers report it as corrupt or stalled, its chunks are re-dealt to the
-remaining owners (a new plan revision); a chunk nobody can serve comes from the hub. This
-module is pure: no sockets, no clock; `propagation` turns the hub's observations into the
-per-version figures of the run log.
+remaining owners (a new plan revision); a chunk nobody can serve comes from the hub.
+The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
+the peers route themselves (`echo2p2p.gossip`). This module is pure: no sockets, no clock;
+`propagation` turns the hub's observations into the per-version figures of the run log.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import struct
 from dataclasses import dataclass, field
 
 from . import messages as m
 
-STRATEGIES = ("pipelined", "star")
+STRATEGIES = ("pipelined", "star", "gossip")  # pipelined: the tracker; gossip: echo2p2p.gossip
+GOSSIP_DEGREE = 8  # neighbours the hub samples for each peer in gossip mode
+MAX_NEIGHBOURS = 32  # never more in one GossipPlan (a peer refuses a longer list)
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,50 @@ class Broadcast:
         weights = [r if r > 0 else default for r in rates]
         for i, j in zip(chunks, deal(len(chunks), weights)):
             self._owners[i] = servers[j].peer_id
+
+
+@dataclass(frozen=True)
+class GossipDeal:
+    """One member's part of a gossip version: what it seeds, whom it dials."""
+
+    seed: list[int]  # chunk indices it fetches from the hub (every chunk has one seeder)
+    neighbours: list[m.RelaySource]  # a random sample of the other members' chunk servers
+
+
+def gossip_plan(members: list[Member], n_chunks: int, degree: int = GOSSIP_DEGREE,
+                rng: random.Random | None = None) -> dict[str, GossipDeal]:
+    """The hub's whole part in a gossip version: every chunk dealt to exactly one seeder, in
+    proportion to measured upload like the tracker's owners (NAT'd members seed too: they
+    upload over the links they open), and each member a sample of `degree` (at most
+    MAX_NEIGHBOURS) other members that accept links; a member that accepts none gets twice as
+    many, since nobody dials it (in `bench/gossip_sweep.py` that took half-NAT'd swarms from
+    1.55 to 1.40 x M/B at 32 peers). O(N) work and messages, none per chunk."""
+    seeds = deal_seeds(members, list(range(n_chunks)))
+    return {mb.peer_id: GossipDeal(seeds[mb.peer_id], neighbour_sample(
+                members, mb.peer_id, degree if mb.url else 2 * degree, rng)) for mb in members}
+
+
+def deal_seeds(members: list[Member], chunks: list[int]) -> dict[str, list[int]]:
+    """`chunks` dealt among `members` (each chunk to one), in proportion to measured upload (an
+    unmeasured member counts as the average): the first deal, or the seeds of a member that
+    left before the hub had sent them (then the shell sends each receiver its share)."""
+    seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
+    if not members:
+        return seeds
+    rates = [mb.upload_bps if 0 < mb.upload_bps < math.inf else 0.0 for mb in members]
+    known = [r for r in rates if r > 0]
+    default = sum(known) / len(known) if known else 1.0
+    for i, j in zip(chunks, deal(len(chunks), [r if r > 0 else default for r in rates])):
+        seeds[members[j].peer_id].append(i)
+    return seeds
+
+
+def neighbour_sample(members: list[Member], me: str, degree: int = GOSSIP_DEGREE,
+                     rng: random.Random | None = None) -> list[m.RelaySource]:
+    """Up to `degree` (capped at MAX_NEIGHBOURS) members other than `me` with a chunk server,
+    drawn at random: a fresh sample for a peer whose neighbours left."""
+    public = [m.RelaySource(mb.peer_id, mb.url) for mb in members if mb.url and mb.peer_id != me]
+    return (rng or random).sample(public, min(max(degree, 0), MAX_NEIGHBOURS, len(public)))
 
 
 def owners_of(plan: m.RelayPlan) -> list[int]:

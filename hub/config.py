@@ -130,6 +130,10 @@ class HubConfig:
     peers holding the previous version (1 = never send deltas)."""
     keep_versions: int = 3
     """Published versions the hub keeps to serve (late fetches, deltas' bases)."""
+    catch_up_versions: int = 16
+    """A peer up to this many versions behind (back from a disconnect, or from cold standby)
+    catches up with one delta from the version it holds instead of the newest in full; the hub
+    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full."""
     upload_limit_mbps: float = 0.0
     """Cap on the hub's chunk upload, in Mbit/s (0 = no cap)."""
     activation: str = "cost"
@@ -254,6 +258,8 @@ class HubConfig:
             raise ConfigError("activation_margin", f"must be in [0, 10], got {self.activation_margin}")
         if self.chunk_bytes < 0:
             raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
+        if not 0 <= self.catch_up_versions <= 1024:
+            raise ConfigError("catch_up_versions", f"must be in [0, 1024], got {self.catch_up_versions}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0),
                             ("checkpoint_every", 0)):
             if getattr(self, name) < least:

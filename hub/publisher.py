@@ -10,11 +10,12 @@ each version exactly as published (the weights are not exported twice).
 With `files` (`versions.VersionFiles`, what `start_hub` gives it: `<run_dir>/versions`) the raw
 stream is written to a file first and everything after reads it from the mapping: chunks go to
 their file as they are coded, the delta base and the spot-checker's copy are views of the
-mapped streams. Given the learner's `iter_weights` (what `start_hub` passes), each tensor is
-gathered from the shards, cast and written to the stream before the next is gathered, so the
-hub's RAM never holds a whole version: the model plus one tensor. Given a dict, the dict is the
-copy (2P bytes for P parameters in bf16). Without `files`, all of it stays in RAM (tests,
-benchmarks).
+mapped streams; each `Published` carries views of the newest `catch_up_versions` + 1 streams
+(`versions.Bases`), from which `hub.catchup` builds a laggard's delta. Given the learner's
+`iter_weights` (what `start_hub` passes), each tensor is gathered from the shards, cast and
+written to the stream before the next is gathered, so the hub's RAM never holds a whole
+version: the model plus one tensor. Given a dict, the dict is the copy (2P bytes for P
+parameters in bf16). Without `files`, all of it stays in RAM (tests, benchmarks).
 Not streaming: the signed manifest names every chunk's digest, so nothing can be announced
 before the last chunk is coded (bench/realsize.py measures what that costs).
 
@@ -35,7 +36,7 @@ from echo2p2p import signing
 from echo2p2p import snapshot as snap
 
 from .config import HubConfig
-from .versions import Published, Snapshot, VersionFiles, mapped_state
+from .versions import Bases, Published, Snapshot, VersionFiles, mapped_state
 
 if TYPE_CHECKING:
     from .spotcheck import SpotChecker
@@ -51,6 +52,7 @@ class Publisher:
         self._spot = spot
         self._files = files
         self._last_stream: tuple[int, bytes | memoryview] | None = None  # the next delta's base
+        self._streams: dict[int, bytes | memoryview] = {}  # catch-up bases, the newest last
         self.published = 0  # versions built so far by this process
         self.timings: dict[str, float] = {}  # seconds per stage of the last build
 
@@ -91,13 +93,16 @@ class Publisher:
             self._spot.keep(version, weights if self._files is None
                             else mapped_state(stream, full.manifest.tensors))
         self._last_stream = (version, stream)
+        self._streams[version] = stream
+        for old in list(self._streams)[:-(self.cfg.catch_up_versions + 1)]:
+            del self._streams[old]
         self.published += 1
         if self._files is not None:
             self._files.forget_before(version)
         end = time.perf_counter()
         self.timings = {"stream_s": written - start, "full_s": coded - written,
                         "delta_s": end - coded, "build_s": end - start}
-        return Published(full, delta)
+        return Published(full, delta, Bases(dict(self._streams), self._signature, self.cfg.zstd_level))
 
     def _snapshot(self, version: int, tensors: list, chunk_bytes: int,
                   base: tuple[int, bytes | memoryview] | None, map_chunks: Any) -> Snapshot:
@@ -114,7 +119,10 @@ class Publisher:
         return self._sign(manifest, chunks)
 
     def _sign(self, manifest: Any, chunks: Any) -> Snapshot:
-        return Snapshot(manifest, chunks, signing.sign_manifest(self._signing_key, manifest))
+        return Snapshot(manifest, chunks, self._signature(manifest))
+
+    def _signature(self, manifest: Any) -> bytes:
+        return signing.sign_manifest(self._signing_key, manifest)
 
 
 def _laid_out(entries: Iterable[tuple], layout: list) -> Iterator[memoryview]:

@@ -2,11 +2,13 @@
 
 `VersionTracker.publish` announces each version to every ready peer (as a delta to those whose
 whole stream is at its base, else in full) with a relay plan per manifest
-(`echo2p2p.relay.Broadcast`); a late joiner or a cold standby peer put to work catches up on the
-newest in full. Plans are re-dealt when a relaying peer leaves, is quarantined or fails the
-hub's own check; each peer's report of a finished transfer feeds the per-version propagation
-record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the peers' measured
-upload and the hub's send rate, from which the next version's T_bcast is predicted.
+(`echo2p2p.relay.Broadcast`); a late joiner, a peer back from a disconnect or a cold standby
+peer put to work catches up on the newest: as one delta from a version it holds whole
+(`hub.catchup`), else in full. Plans are re-dealt when a relaying peer leaves, is quarantined
+or fails the hub's own check; each peer's report of a finished transfer feeds the per-version
+propagation record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the
+peers' measured upload and the hub's send rate, from which the next version's T_bcast is
+predicted.
 It serves the hub's share of chunks (`chunk_lookup`). It never grants leases, judges rollouts
 or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
 """
@@ -14,6 +16,7 @@ or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +25,9 @@ from echo2p2p.activation import Worker
 from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
-from echo2p2p.relay import Broadcast, Member
+from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour_sample
 
+from .catchup import CatchUps
 from .config import HubConfig
 from .peers import PeerConn
 from .plan import broadcast_s
@@ -48,6 +52,9 @@ class VersionTracker:
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
         self.hub_send_bps: float | None = None  # EWMA over the versions spread, bits/s
+        self.catchups = CatchUps(cfg.catch_up_versions)  # deltas for peers behind (hub.catchup)
+        # Gossip: (version, base) -> peer id -> its seed chunks, and the plan revision sent last.
+        self.seeds: dict[tuple[int, int | None], tuple[dict[str, list[int]], int]] = {}
 
     @property
     def newest(self) -> Published | None:
@@ -77,10 +84,40 @@ class VersionTracker:
         for snap, members in ((delta, on_delta), (version.full, in_full)):
             if not members:
                 continue
+            if self.cfg.relay == "gossip":
+                self.announce_gossip(snap, members)
+                continue
             plan = self._broadcast(snap).start([self.member(c) for c in members])
             for conn in members:
                 conn.protocol.announce(version.version)
                 conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
+
+    def announce_gossip(self, snap: Snapshot, conns: list[PeerConn], late: bool = False) -> None:
+        """Gossip: one announcement per peer with its seed chunks and a neighbour sample, and
+        nothing after it (no plan revisions, no lookups). Quarantined peers seed nothing; a
+        `late` joiner dials a sample of every peer here, and seeds nothing if another peer
+        here holds the (full) version whole, else everything (nobody else may have it)."""
+        manifest = snap.manifest
+        seeders = [c for c in conns if not late and not self._quarantined(c)]
+        if late and (manifest.base_version is not None or not any(
+                c.stream_version == manifest.version for c in self.peers.values())):
+            seeders = conns
+        deals = gossip_plan([self.member(c) for c in seeders], len(snap.chunks))
+        if not late:
+            self.seeds[(manifest.version, manifest.base_version)] = (
+                {pid: list(d.seed) for pid, d in deals.items()}, 1)
+            self.seeds = {k: v for k, v in self.seeds.items() if k[0] in self.published}
+        everyone = [self.member(c) for c in (self.peers.values() if late else conns)]
+        for conn in conns:
+            deal = deals.get(conn.peer_id)
+            seed = deal.seed if deal is not None else []
+            gossip = m.GossipPlan(manifest.version, manifest.base_version,
+                                  struct.pack(f"<{len(seed)}I", *seed),
+                                  deal.neighbours if deal is not None
+                                  else neighbour_sample(everyone, conn.peer_id))
+            conn.protocol.announce(manifest.version)
+            conn.post(m.VersionAnnouncement(manifest, m.RelayPlan(
+                manifest.version, manifest.base_version, 1, [], b"", gossip), snap.signature))
 
     def predicted_bcast_s(self, version: Published, conns: list[PeerConn], on_delta: int
                           ) -> float | None:
@@ -98,15 +135,38 @@ class VersionTracker:
         return round(broadcast_s(nbytes, self.hub_send_bps, workers, self.cfg.relay), 3)
 
     def catch_up(self, conn: PeerConn) -> None:
-        """A late joiner, or a cold standby peer put to work, pulls the newest version in full."""
+        """A late joiner, a peer back from a disconnect or a cold standby peer put to work pulls
+        the newest version: as one delta from a version it holds whole, when the hub keeps that
+        one's stream and the delta is smaller (`hub.catchup`), else in full."""
         newest = self.newest
         if newest is None or not conn.protocol.needs(newest.version):
             return
         conn.protocol.announce(newest.version)
-        broadcast = self._broadcast(newest.full)
-        plan = (broadcast.join(self.member(conn)) if broadcast.members
-                else broadcast.start([self.member(conn)]))
-        conn.post(m.VersionAnnouncement(newest.full.manifest, plan, newest.full.signature))
+        base = self.catchups.base_for(newest, conn.stream_version, conn.hello.peer_key)
+        if base is None:
+            self._announce(conn, newest.full)
+        else:
+            self.catchups.delta(newest, base, lambda snap: self._caught_up(conn, newest, snap))
+
+    def _caught_up(self, conn: PeerConn, target: Published, delta: Snapshot | None) -> None:
+        """`conn`'s catch-up delta to `target` is ready (None: send it in full). The delta goes
+        first, then the version in full, pull-only: a peer that holds the delta's base fetches
+        the delta and ignores the second; one that lacks it (a wrong claim) takes the second."""
+        if self.newest is not target or self.peers.get(conn.peer_id) is not conn:
+            return  # a newer version was announced to it meanwhile, or it left
+        if delta is not None:
+            self._announce(conn, delta)
+        self._announce(conn, target.full, relays=delta is None)
+
+    def _announce(self, conn: PeerConn, snap: Snapshot, relays: bool = True) -> None:
+        """`snap` to one peer joining its broadcast (as a relay, if it may and `relays`)."""
+        if self.cfg.relay == "gossip":
+            self.announce_gossip(snap, [conn], late=True)
+            return
+        member = conn.member(relays=relays and not self._quarantined(conn))
+        broadcast = self._broadcast(snap)
+        plan = broadcast.join(member) if broadcast.members else broadcast.start([member])
+        conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
 
     def _broadcast(self, snap: Snapshot) -> Broadcast:
         key = (snap.manifest.version, snap.manifest.base_version)
@@ -120,7 +180,9 @@ class VersionTracker:
     # --- re-dealing ------------------------------------------------------------------
 
     def route_around(self, peer_id: str) -> None:
-        """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members."""
+        """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members;
+        in gossip, its seed chunks to the other seeders (`reseed`)."""
+        self.reseed(peer_id)
         for broadcast in self.broadcasts.values():
             plan = broadcast.drop(peer_id)
             if plan is None:
@@ -128,6 +190,23 @@ class VersionTracker:
             for member in broadcast.members:
                 if (conn := self.peers.get(member)) is not None:
                     conn.post(plan)
+
+    def reseed(self, peer_id: str) -> None:
+        """Gossip: `peer_id` (left, quarantined or failed the hub's check) may not have passed
+        its seed chunks on; deal them among the other seeders still here, one plan revision
+        each, carrying only the added seeds. A receiver fetches one from the hub only if none
+        of its links holds it (`echo2p2p.gossip.Swarm`), so a seed already spread costs nothing."""
+        for (version, base), (deals, revision) in list(self.seeds.items()):
+            orphans = deals.pop(peer_id, [])
+            heirs = [c for pid in deals if (c := self.peers.get(pid)) is not None
+                     and not self._quarantined(c)]
+            if not orphans or not heirs or version not in self.propagation:
+                continue
+            self.seeds[(version, base)] = (deals, revision + 1)
+            for pid, added in deal_seeds([self.member(c) for c in heirs], orphans).items():
+                deals[pid] += added
+                gossip = m.GossipPlan(version, base, struct.pack(f"<{len(added)}I", *added), [])
+                self.peers[pid].post(m.RelayPlan(version, base, revision + 1, [], b"", gossip))
 
     def peer_left(self, peer_id: str) -> None:
         """`peer_id` left (already out of `peers`): re-deal its chunks, and report the versions
@@ -139,10 +218,13 @@ class VersionTracker:
     # --- chunks and transfers --------------------------------------------------------
 
     def snapshot(self, version: int, base: int | None) -> Snapshot | None:
-        """The published manifest (version, base) this hub still keeps, if any."""
+        """The published manifest (version, base) this hub still keeps, or the catch-up delta
+        (base -> version) it has cached, if any."""
         pub = self.published.get(version)
         snap = pub and (pub.full if base is None else pub.delta)
-        return snap if snap is not None and snap.manifest.base_version == base else None
+        if snap is not None and snap.manifest.base_version == base:
+            return snap
+        return self.catchups.snapshot(version, base) if base is not None else None
 
     async def chunk_lookup(self, version: int, base: int | None, index: int, wait_s: float) -> bytes:
         """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
@@ -162,6 +244,7 @@ class VersionTracker:
         if snap is None:
             return
         conn.protocol.note_whole(msg.version)
+        self.catchups.remember(conn.hello.peer_key, msg.version)  # for its next connection
         prop = self.propagation.get(msg.version)
         if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
             return  # not a version being tracked, or not the first report: nothing to count

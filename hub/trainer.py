@@ -351,10 +351,10 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
               decode=CompletionDecoder(tokenizer), setup=setup)
     checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
     eval_scorer = Scorer(setup.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
-    # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the
-    # spot-checker (one, the next delta's base, without), the chunks of those the tracker keeps.
-    on_disk = VersionFiles(run_dir / "versions", keep_streams=cfg.max_lag + 1 if spot else 1,
-                           keep_chunks=cfg.keep_versions)
+    # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the spot-checker
+    # (else one: the next delta's base), catch_up_versions + 1 as laggards' bases (hub.catchup).
+    on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.keep_versions,
+                           keep_streams=max(cfg.max_lag + 1 if spot else 1, cfg.catch_up_versions + 1))
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
                  Publisher(cfg, key, spot, on_disk), estimates)
     if saved is not None:

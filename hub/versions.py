@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,24 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Bases:
+    """What the hub keeps to build catch-up deltas to one version (`hub.catchup`): the raw
+    streams of it and of the versions before it still kept (version -> stream), and how its
+    manifests are signed."""
+
+    streams: Mapping[int, bytes | memoryview]
+    sign: Callable[[m.Manifest], bytes]
+    zstd_level: int = 3
+
+
+@dataclass(frozen=True)
 class Published:
-    """One version: always in full, and as a delta against the previous version unless an anchor."""
+    """One version: always in full, and as a delta against the previous version unless an anchor;
+    `bases`, if kept, for deltas against older versions (a peer catching up)."""
 
     full: Snapshot
     delta: Snapshot | None = None
+    bases: Bases | None = field(default=None, compare=False, repr=False)
 
     @property
     def version(self) -> int:
@@ -42,9 +55,11 @@ class Published:
 
 
 def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] | None = None,
-                 *, chunk_bytes: int = 0, zstd_level: int = 3) -> Published:
+                 *, chunk_bytes: int = 0, zstd_level: int = 3,
+                 kept: Mapping[int, bytes] | None = None) -> Published:
     """`data` as a signed version (one uint8 tensor), with a delta against `base` if given: for
-    benchmarks and tests of the overlay, which need bytes, not a model."""
+    benchmarks and tests of the overlay, which need bytes, not a model. Its catch-up bases are
+    `data`, `base` and the older streams in `kept` (version -> bytes)."""
     chunk_bytes = chunk_bytes or auto_chunk_bytes(len(data))
 
     def signed(base_: tuple[int, bytes] | None) -> Snapshot:
@@ -52,7 +67,9 @@ def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] 
                                           chunk_bytes=chunk_bytes, zstd_level=zstd_level, base=base_)
         return Snapshot(manifest, chunks, signing.sign_manifest(key, manifest))
 
-    return Published(signed(None), signed(base) if base is not None else None)
+    streams = {**(kept or {}), **dict([base] if base is not None else []), version: data}
+    return Published(signed(None), signed(base) if base is not None else None,
+                     Bases(streams, lambda manifest: signing.sign_manifest(key, manifest), zstd_level))
 
 
 # --- retention on disk --------------------------------------------------------------------
@@ -62,7 +79,8 @@ def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] 
 # (S + 1) x 2P bytes of streams plus keep_versions x (full + delta wire bytes), ~84 GB for a 7B
 # model at S = 2; `VersionFiles` writes them to files and maps them back (`mmap`, copy on
 # write), so they live in the page cache: pages the kernel reads back on demand and may drop,
-# not memory the hub holds.
+# not memory the hub holds. The publisher also keeps views of the newest catch_up_versions + 1
+# streams (`Bases`), which `start_hub` keeps as files too (keep_streams).
 
 
 class VersionFiles:

@@ -4,7 +4,9 @@ Started once, for as long as the peer runs (across connections), at `cfg.listen`
 it is ''): GET /chunk/{version}/{base}/{index} from the client's chunk store, admitted by the
 tickets the hub issues (`echo2p2p.overlay.tickets`), metered and optionally rate-limited
 (`echo2p2p.overlay.serving`), under the idle and request-head deadlines of
-`echo2p2p.runtime.http_deadlines`. It never fetches anything and never speaks to the hub; it
+`echo2p2p.runtime.http_deadlines`; and GET /gossip, the gossip links others open to us
+(`echo2p2p.overlay.links`, which share the rate limit). It also bounds the links' life: they
+close, dialled ones too, when it stops. It never fetches anything and never speaks to the hub; it
 only says, once bound, the URL other peers reach it at.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from echo2p2p.overlay.links import LINK_PATH, Links, link_handler
 from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Tickets
@@ -29,17 +32,37 @@ log = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def chunk_server(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: UploadMeter,
-                       tickets: Tickets, hub_url: str) -> AsyncIterator[str | None]:
+                       tickets: Tickets, hub_url: str, links: Links | None = None
+                       ) -> AsyncIterator[str | None]:
     """Serve chunks from `store()` (read at each request: a welcome may replace the store);
     yields the URL other peers should use, or None when `cfg.listen` is ''."""
+    async with _serve(cfg, store, meter, tickets, hub_url, links) as url:
+        if links is None:
+            yield url
+            return
+        links.url = url
+        try:
+            yield url
+        finally:
+            await links.close()  # before the server's cleanup, which waits for open links
+
+
+@contextlib.asynccontextmanager
+async def _serve(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: UploadMeter,
+                 tickets: Tickets, hub_url: str, links: Links | None) -> AsyncIterator[str | None]:
     if not cfg.listen:
         yield None
         return
-    limiter = TokenBucket(cfg.upload_limit_mbps * 1e6) if cfg.upload_limit_mbps else None
+    if links is not None:
+        limiter = links.limiter  # one cap for both routes
+    else:
+        limiter = TokenBucket(cfg.upload_limit_mbps * 1e6) if cfg.upload_limit_mbps else None
     app = web.Application()
     app.router.add_get("/chunk/{version}/{base}/{index}",
                        chunk_handler(lambda *a: store().chunk(*a), meter, limiter,
                                      authorize=tickets))
+    if links is not None:
+        app.router.add_get(LINK_PATH, link_handler(links, tickets))
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     host, port = cfg.listen_host_port

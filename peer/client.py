@@ -166,7 +166,7 @@ class PeerClient:
     async def _chunk_server(self):
         """Serve our chunks at `cfg.listen` for as long as the peer runs (nothing if '')."""
         async with chunk_server(self.cfg, lambda: self.store, self.meter, self.tickets,
-                                self.url) as served_url:
+                                self.url, self.fetcher.links) as served_url:
             if served_url is not None:
                 self.served_url = served_url
             yield

@@ -65,6 +65,11 @@ class PeerConfig:
     """Versions to keep (to serve, and as bases of deltas); each costs one copy of the weights in RAM."""
     relay_stall_s: float = 10.0
     """A source that makes no progress on a chunk for this long is reported and skipped."""
+    gossip_degree: int = 8
+    """With a hub on --relay gossip: links this peer dials (to the neighbours the hub sampled and
+    the ones it hears of). A peer with --listen '' (behind NAT) still serves over these."""
+    gossip_max_links: int = 24
+    """With --relay gossip: most links this peer keeps, dialled and accepted together."""
     outbox_memory_mb: float = 64.0
     """Rollouts waiting for the hub's answer (it is away, or has not acked yet) are kept in
     memory up to this many MiB, then spilled to files in --spool-dir; all are sent again on
@@ -102,6 +107,10 @@ class PeerConfig:
                               "must be >= 1 (outbox_max) and >= 0 (outbox_memory_mb)")
         if self.keep_versions < 2:
             raise ConfigError("keep_versions", f"must be >= 2 (a delta needs its base), got {self.keep_versions}")
+        if not 1 <= self.gossip_degree <= self.gossip_max_links <= 256:
+            raise ConfigError("gossip_degree" if self.gossip_degree < 1 else "gossip_max_links",
+                              "need 1 <= gossip_degree <= gossip_max_links <= 256, got "
+                              f"{self.gossip_degree} and {self.gossip_max_links}")
         if self.upload_limit_mbps < 0:
             raise ConfigError("upload_limit_mbps", f"must be >= 0, got {self.upload_limit_mbps}")
         if not -1 <= self.metrics_port < 65536:

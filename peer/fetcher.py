@@ -1,8 +1,12 @@
 """The peer's fetcher: one download per announced version, and staging what completes.
 
 A `VersionAnnounced` event starts a download (`echo2p2p.overlay.download.Download`: chunks over
-HTTP by the hub's relay plan, failing over from bad sources), superseding an older one still
-under way; a `PlanRevised` event re-routes it. A complete version is reported to the hub
+HTTP by the hub's relay plan, failing over from bad sources; or, when the plan is a gossip one,
+`echo2p2p.overlay.gossip_download.GossipDownload` over the peer's `Links`), superseding an older
+one still under way; a `PlanRevised` event re-routes it. A tracker download belongs to its hub
+connection and ends with it; a gossip download outlives it (its task is the links'), and the
+announcement of the same version on the next connection finds it still running.
+A complete version is reported to the hub
 (`TransferReport`) and handed, as tensors, to the worker's swapper — or, for a relay node that
 generates nothing, held and announced as held. The fetcher never touches the engine, and what
 it decides about which announcement wins is the connection protocol's
@@ -18,9 +22,15 @@ from typing import TYPE_CHECKING
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
 from echo2p2p.overlay.download import Download
+from echo2p2p.overlay.gossip_download import GossipDownload
+from echo2p2p.overlay.links import Links
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from echo2p2p.overlay.store import Held
+    from echo2p2p.overlay.tickets import Credentials
+    from echo2p2p.peer_protocol import PeerProtocol
 
     from .client import PeerClient
     from .connection import HubConnection
@@ -36,6 +46,16 @@ class Fetcher:
         self.bytes_from_hub = self.bytes_from_peers = 0  # chunk bytes of every version fetched
         self.versions_fetched = 0  # downloads that completed and verified
         self._download: tuple[Download, asyncio.Task] | None = None
+        cfg = peer.cfg
+        self.links = Links(self._identity, peer.meter, degree=cfg.gossip_degree,
+                           max_links=cfg.gossip_max_links, upload_limit_mbps=cfg.upload_limit_mbps,
+                           want_timeout_s=cfg.relay_stall_s)
+        self._protocol: PeerProtocol | None = None  # the connection that announced the download
+
+    def _identity(self) -> tuple[str | None, Credentials | None]:
+        """Who we are to other peers' chunk servers now (a reconnect gives a new peer id)."""
+        welcome = self.peer.welcome
+        return (welcome.peer_id if welcome else None), self.peer.credentials
 
     @property
     def downloaded_bytes(self) -> int:
@@ -48,8 +68,16 @@ class Fetcher:
         return self._download[0] if self._download is not None else None
 
     def start(self, conn: HubConnection, manifest: m.Manifest, plan: m.RelayPlan) -> None:
-        """Fetch the announced version, dropping the older download still under way."""
-        self.cancel()
+        """Fetch the announced version, dropping the older download still under way (a gossip
+        download of this very version carries on, with the neighbours of this plan)."""
+        running = self.download
+        if (isinstance(running, GossipDownload)
+                and running.held.manifest.version == manifest.version):
+            conn.protocol.download_started(running.held.manifest)
+            self._protocol = conn.protocol
+            running.set_plan(plan)
+            return
+        self._drop()
         peer = self.peer
         held = peer.store.begin(manifest)
         if held is None:
@@ -57,12 +85,24 @@ class Fetcher:
                         "version", manifest.version, manifest.base_version)
             return
         cfg = peer.cfg
-        download = Download(peer.store, held, http=conn.http, hub_base_url=conn.hub_base_url,
-                            me=peer.welcome.peer_id, report=conn.send, stall_s=cfg.relay_stall_s,
-                            credentials=peer.credentials, first=self.downloaded_bytes == 0)
-        download.set_plan(plan)
+        kwargs = dict(http=conn.http, hub_base_url=conn.hub_base_url, me=peer.welcome.peer_id,
+                      stall_s=cfg.relay_stall_s, credentials=peer.credentials,
+                      first=self.downloaded_bytes == 0)
         conn.protocol.download_started(manifest)
-        self._download = (download, conn.tg.create_task(self._fetch_version(conn, download)))
+        self._protocol = conn.protocol
+        if plan.gossip is not None:
+            try:
+                download = GossipDownload(peer.store, held, report=peer.send, links=self.links,
+                                          gossip=plan.gossip, **kwargs)
+            except ValueError as exc:
+                log.warning("ignoring a gossip plan for v%d: %s", manifest.version, exc)
+                return
+            task = self.links.spawn(self._fetch_version(download, peer.send))
+        else:
+            download = Download(peer.store, held, report=conn.send, **kwargs)
+            download.set_plan(plan)
+            task = conn.tg.create_task(self._fetch_version(download, conn.send))
+        self._download = (download, task)
 
     def revise(self, plan: m.RelayPlan) -> None:
         """A newer relay plan for the download under way (the protocol matched it)."""
@@ -70,12 +110,18 @@ class Fetcher:
             self._download[0].set_plan(plan)
 
     def cancel(self) -> None:
-        """Stop the download under way (a newer version, or the connection is gone)."""
+        """The connection is gone: stop a download that needs it (a gossip one carries on)."""
+        if not isinstance(self.download, GossipDownload):
+            self._drop()
+
+    def _drop(self) -> None:
+        """Stop the download under way (a newer version)."""
         if self._download is not None:
             self._download[1].cancel()
             self._download = None
 
-    async def _fetch_version(self, conn: HubConnection, download: Download) -> None:
+    async def _fetch_version(self, download: Download,
+                             send: Callable[[m.Message], Awaitable[None]]) -> None:
         held = download.held
         version = held.manifest.version
         try:
@@ -88,23 +134,25 @@ class Fetcher:
             log.error("giving up on v%d: %s", version, exc)
             return
         finally:
-            conn.protocol.download_ended(held.manifest)
+            if self._protocol is not None:
+                self._protocol.download_ended(held.manifest)
             if self._download is not None and self._download[0] is download:
                 self._download = None
         log.info("v%d complete in %.2f s (%d bytes from the hub, %d from peers)", version,
                  stats.download_s, stats.bytes_from_hub, stats.bytes_from_peers)
-        await conn.send(m.TransferReport(
+        await send(m.TransferReport(
             version, held.manifest.base_version, stats.download_s, stats.bytes_from_hub,
             stats.bytes_from_peers, stats.sources))
-        await self._stage(conn, version, held)
+        await self._stage(send, version, held)
 
-    async def _stage(self, conn: HubConnection, version: int, held: Held) -> None:
+    async def _stage(self, send: Callable[[m.Message], Awaitable[None]], version: int,
+                     held: Held) -> None:
         worker = self.peer.worker
         if worker.version == version:
             return  # announced again after a reconnect: the engine has it already
         if self.peer.cfg.engine == "relay":
             worker.set_version(version)
-            await conn.send(m.VersionHeld(version))
+            await send(m.VersionHeld(version))
             return
         from echo2p2p.policy.weights import tensors_to_state
 

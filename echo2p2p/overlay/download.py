@@ -122,9 +122,12 @@ class Download:
             for task in in_flight:
                 task.cancel()
             bar.close()
+        return self.statistics(time.monotonic() - start)
+
+    def statistics(self, download_s: float) -> TransferStats:
+        """What this download fetched, from whom, over `download_s` seconds."""
         return TransferStats(
-            time.monotonic() - start, self._bytes[HUB],
-            sum(n for s, n in self._bytes.items() if s != HUB),
+            download_s, self._bytes[HUB], sum(n for s, n in self._bytes.items() if s != HUB),
             [m.SourceRate(s, n, round(self._span[s][1] - self._span[s][0], 4))
              for s, n in self._bytes.items() if s != HUB])
 

@@ -9,6 +9,7 @@ their outboxes with the peer side's decoder.
 from __future__ import annotations
 
 import asyncio
+import struct
 
 from echo2p2p import messages as m
 from echo2p2p.activation import Worker
@@ -100,6 +101,44 @@ def test_a_relay_that_leaves_is_dealt_around_and_the_others_are_told():
         (plan,) = sent(c)
         assert isinstance(plan, m.RelayPlan)
         assert "a" not in {s.peer_id for s in plan.sources}
+
+
+def seeds_of(plan: m.RelayPlan) -> list[int]:
+    seed = plan.gossip.seed
+    return list(struct.unpack(f"<{len(seed) // 4}I", seed))
+
+
+def test_gossip_deals_each_chunk_to_one_seeder_and_a_leaving_seeders_to_the_others():
+    """Gossip: one announcement per peer, no per-chunk owners; every chunk has exactly one
+    seeder, and when one leaves mid-version its seeds go, once each, to the seeders still here
+    (and to no quarantined peer); once the version has spread, nothing more is sent."""
+    rig = Rig(relay="gossip")
+    conns = [rig.join(p) for p in "abcd"]
+    for c in conns:
+        sent(c)
+    rig.tracker.publish(blob_version(KEY, 0, b"\2" * (4 << 20), chunk_bytes=1 << 18))
+    first = {}
+    for c in conns:
+        (ann,) = sent(c)
+        assert ann.plan.owners == b"" and ann.plan.sources == []
+        first[c.peer_id] = seeds_of(ann.plan)
+    n = len(rig.tracker.newest.full.chunks)
+    assert sorted(i for s in first.values() for i in s) == list(range(n))
+    rig.quarantined.add("d")
+    del rig.peers["a"]
+    rig.tracker.peer_left("a")
+    added = {c.peer_id: [seeds_of(p) for p in sent(c)] for c in conns[1:]}
+    assert added["d"] == []
+    revisions = [p for c in ("b", "c") for p in added[c]]
+    assert sorted(i for s in revisions for i in s) == sorted(first["a"])
+    for c in conns[1:3]:
+        rig.tracker.transfer_reported(c, m.TransferReport(0, None, 1.0, 0, 0, []))
+        rig.tracker.holding_reported(c, 0)
+    rig.tracker.transfer_reported(conns[3], m.TransferReport(0, None, 1.0, 0, 0, []))
+    rig.tracker.holding_reported(conns[3], 0)
+    del rig.peers["b"]
+    rig.tracker.peer_left("b")  # v0 has spread: its seeds are nobody's concern
+    assert sent(conns[2]) == []
 
 
 def test_a_quarantined_peer_only_pulls():

@@ -1,0 +1,284 @@
+"""One gossip link: its frames, their checks, and the wants both ways over one websocket.
+
+Theory of operation. On a link every frame is one binary msgpack map (`echo2p2p.frames`,
+`LINK_LIMITS`, every field type-checked; `Link.receive` checks values): `have` (a manifest's
+bitfield, on link open and when a download starts), `had` (indices newly verified), `want` /
+`piece` / `cancel` (a request, its answer, and a withdrawal or refusal), `peers` (peer
+exchange). A malformed frame, a piece nobody asked for or of the wrong size, more than
+`SERVE_WINDOW` wants at once, a bitfield that does not fit a manifest we know, or a want that
+goes unanswered closes the link with a reason (`LinkError`). Remote bitfields are kept for the
+`KEEP_KEYS` newest manifests only, so a link's memory is bounded. The set of links, dialling
+and the route are `echo2p2p.overlay.links`'; what a download hears is its `Listener`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import re
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+from echo2p2p import messages as m
+from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.frames import Limits, decode_frame, encode_frame
+from echo2p2p.gossip import unpack_bits
+
+from .store import Held, Key
+
+if TYPE_CHECKING:
+    from .links import Links
+
+log = logging.getLogger(__name__)
+
+LINK_PATH = "/gossip"
+MAX_PIECE_BYTES = 16 << 20  # largest chunk on the wire a link carries
+MAX_BITS_BYTES = 1 << 16  # largest bitfield: 524288 chunks
+MAX_HAD = 1024  # indices in one `had`
+MAX_SOURCES = 16  # entries in one `peers`
+SERVE_WINDOW = 2  # wants the other end may have outstanding with us
+KEEP_KEYS = 3  # manifests whose remote bitfields a link keeps
+WANT_TIMEOUT_S = 10.0  # default: a want unanswered this long (+ 256 KiB/s) drops the link
+SEND_DEADLINE_S = 10.0  # a frame not taken this long drops the link
+LINK_LIMITS = Limits(max_str_len=256, max_bin_len=MAX_PIECE_BYTES, max_array_len=MAX_SOURCES,
+                     max_map_len=16, max_objects=256)
+_ENDED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
+          aiohttp.WSMsgType.ERROR)
+HONEST_ENDS = (None, "closed", "duplicate link", "peer stopping")  # a close that bans nobody
+PEER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # what a link may call itself
+_MAX_INDEX = 2**32 - 2
+
+
+@dataclass(frozen=True)
+class Have:
+    TYPE = "have"
+    version: int
+    base: int | None
+    bits: bytes  # bit i (LSB first in byte i // 8) = chunk i is held
+
+
+@dataclass(frozen=True)
+class Had:
+    TYPE = "had"
+    version: int
+    base: int | None
+    indices: bytes  # packed <u4
+
+
+@dataclass(frozen=True)
+class Want:
+    TYPE = "want"
+    version: int
+    base: int | None
+    index: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    TYPE = "piece"
+    version: int
+    base: int | None
+    index: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Cancel:
+    TYPE = "cancel"  # from the asker: no longer wanted; from the holder: will not send it
+    version: int
+    base: int | None
+    index: int
+
+
+@dataclass(frozen=True)
+class Peers:
+    TYPE = "peers"
+    sources: list[m.RelaySource]
+
+
+FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers)}
+
+
+class LinkError(Exception):
+    """The other end broke a link rule; the reason goes into the close frame."""
+
+
+class Listener(Protocol):
+    """What a download of one manifest hears from the links."""
+
+    held: Held
+
+    def link_up(self, link: Link) -> None: ...
+    def link_down(self, link: Link) -> None: ...
+    def heard(self, link: Link, bits: bytes | None, indices: list[int]) -> None: ...
+
+
+def _check_key(rec: Any) -> Key:
+    if not 0 <= rec.version <= _MAX_INDEX or not (rec.base is None or 0 <= rec.base < rec.version):
+        raise LinkError(f"bad manifest key in {rec.TYPE}")
+    if hasattr(rec, "index") and not 0 <= rec.index <= _MAX_INDEX:
+        raise LinkError(f"bad index in {rec.TYPE}")
+    return rec.version, rec.base
+
+
+class Link:
+    """One live link to `peer_id`; `dialled`: we opened it."""
+
+    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool):
+        self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
+        self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
+        self._asked: dict[tuple[Key, int], tuple[int, asyncio.Future]] = {}  # ours: size, answer
+        self._serving: dict[tuple[Key, int], asyncio.Task] = {}  # theirs
+        self._withdrawn: collections.deque[tuple[Key, int]] = collections.deque(maxlen=64)
+        self._send_lock = asyncio.Lock()
+        self.reason: str | None = None  # why it closed
+
+    async def send(self, rec: Any) -> None:
+        """Send one frame; a frame the other end does not take in time closes the link."""
+        deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
+        async with self._send_lock:
+            try:
+                async with asyncio.timeout(deadline_s):
+                    await self.ws.send_bytes(encode_frame(rec.TYPE, rec))
+            except TimeoutError:
+                self.links.spawn(self.close("stopped reading"))
+                raise ConnectionError("the link stopped reading") from None
+
+    async def want(self, key: Key, index: int, size: int) -> bytes | None:
+        """Ask for chunk `index` of manifest `key` (`size` wire bytes): its bytes, or None if
+        refused or the link went; a want left unanswered drops the link."""
+        fut = asyncio.get_running_loop().create_future()
+        self._asked[(key, index)] = (size, fut)
+        try:
+            await self.send(Want(*key, index))
+            async with asyncio.timeout(self.links.want_timeout_s + size / (256 << 10)):
+                return await fut
+        except TimeoutError:
+            await self.close("a want went unanswered")
+            return None
+        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            return None
+        finally:
+            asked = self._asked.pop((key, index), None) is not None
+            if asked and (fut.cancelled() or not fut.done()):
+                self._withdrawn.append((key, index))  # its piece may be on its way: not unasked
+
+    async def run(self) -> None:
+        """Read frames until the link ends; then fail what is pending on it."""
+        try:
+            async for msg in self.ws:
+                if msg.type in _ENDED:
+                    break
+                if msg.type is not aiohttp.WSMsgType.BINARY:
+                    raise LinkError("non-binary frame")
+                try:
+                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+                except RemoteProtocolError as exc:
+                    raise LinkError(exc.reason) from None
+                await self.receive(rec)
+        except LinkError as exc:
+            log.warning("dropping the link to %s: %s", self.peer_id, exc)
+            await self.close(str(exc))
+        except (ConnectionError, aiohttp.ClientError, TimeoutError):
+            pass
+        finally:
+            self.reason = self.reason or "closed"
+            for _, fut in self._asked.values():
+                if not fut.done():
+                    fut.set_result(None)
+            for task in self._serving.values():
+                task.cancel()
+            self.links.dropped(self)
+
+    async def receive(self, rec: Any) -> None:
+        if isinstance(rec, Peers):
+            self.links.heard_of(rec.sources)
+            return
+        key = _check_key(rec)
+        if isinstance(rec, (Have, Had)):
+            self._heard(key, rec)
+        elif isinstance(rec, Want):
+            if len(self._serving) >= SERVE_WINDOW:
+                raise LinkError(f"over {SERVE_WINDOW} wants outstanding")
+            if (key, rec.index) not in self._serving:
+                task = asyncio.create_task(self._serve(key, rec.index))
+                self._serving[(key, rec.index)] = task
+        elif isinstance(rec, Piece):
+            size, fut = self._asked.get((key, rec.index), (None, None))
+            if fut is None:
+                if (key, rec.index) in self._withdrawn:
+                    return
+                raise LinkError("a piece nobody asked for")
+            if len(rec.data) != size:
+                raise LinkError(f"a piece of {len(rec.data)} bytes, expected {size}")
+            if not fut.done():
+                fut.set_result(rec.data)
+        elif isinstance(rec, Cancel):
+            if (task := self._serving.pop((key, rec.index), None)) is not None:
+                task.cancel()  # its slot is free now: the asker may want another at once
+            if (asked := self._asked.get((key, rec.index))) is not None and not asked[1].done():
+                asked[1].set_result(None)
+
+    def _heard(self, key: Key, rec: Have | Had) -> None:
+        if isinstance(rec, Have):
+            if len(rec.bits) > MAX_BITS_BYTES:
+                raise LinkError("bitfield too large")
+            indices, bits = [], bytearray(rec.bits)
+        else:
+            if len(rec.indices) % 4 or len(rec.indices) > 4 * MAX_HAD:
+                raise LinkError("had is not at most 1024 packed uint32")
+            indices = list(struct.unpack(f"<{len(rec.indices) // 4}I", rec.indices))
+            if indices and max(indices) >= 8 * MAX_BITS_BYTES:
+                raise LinkError("had past any manifest")
+            bits = self.bits.get(key, bytearray())
+            top = max(indices, default=-1) // 8 + 1
+            bits.extend(bytes(max(0, top - len(bits))))
+            for i in indices:
+                bits[i // 8] |= 1 << (i % 8)
+        if (held := self.links.advertised.get(key)) is not None:
+            n = len(held.wires)  # a manifest we know: exactly its length, nothing past its end
+            try:
+                if isinstance(rec, Have):
+                    unpack_bits(rec.bits, n)
+            except ValueError as exc:
+                raise LinkError(str(exc)) from None
+            if indices and max(indices) >= n:
+                raise LinkError("a had index past the manifest")
+        self.bits[key] = bits
+        for old in sorted(self.bits)[:-KEEP_KEYS]:
+            del self.bits[old]
+        if (listener := self.links.listeners.get(key)) is not None:
+            try:
+                listener.heard(self, bytes(bits) if isinstance(rec, Have) else None, indices)
+            except ValueError as exc:  # the core found it does not fit the manifest
+                raise LinkError(str(exc)) from None
+
+    async def _serve(self, key: Key, index: int) -> None:
+        try:
+            held = self.links.advertised.get(key)
+            data = held.wires[index] if held is not None and index < len(held.wires) else None
+            if data is None:
+                await self.send(Cancel(*key, index))
+                return
+            await self.links.upload(self, Piece(*key, index, data), self._serving)
+        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            pass
+        finally:
+            if self._serving.get((key, index)) is asyncio.current_task():
+                del self._serving[(key, index)]
+
+    async def close(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        with contextlib.suppress(Exception):
+            await self.ws.close(code=m.CLOSE_PROTOCOL_ERROR, message=reason.encode()[:120])
+
+
+async def quietly(coro: Any) -> None:
+    """Send, ignoring a link that is going (its reader sees it end)."""
+    with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError, TimeoutError):
+        await coro

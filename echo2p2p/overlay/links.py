@@ -1,0 +1,225 @@
+"""Peer links for the gossip overlay: one websocket per pair of peers, chunks both ways.
+
+Theory of operation. A peer with a chunk server accepts links at GET /gossip (a websocket
+upgrade admitted by the same ticket header as chunk requests; the dialer names itself with
+`?id=PEER_ID`, which must be the ticket's peer id). Every peer, NAT'd or not, dials the
+neighbours the hub sampled for it and the ones it hears of from its links (`peers` frames), up
+to `degree` links, and accepts up to `max_links`. One link per pair: when both ends dial, the
+lower peer id's dial wins. A link is symmetric, so a peer nobody can dial still uploads over the
+links it opened; a link that broke a rule bans its peer id for the run.
+
+`Links` is the peer's set of links, alive across hub connections: the manifests it advertises
+(`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
+every piece through `ChunkStore.add` and reports to the core `echo2p2p.gossip.Swarm`), uploads
+under one cap and at most UPLOAD_SLOTS at once. One link's frames are `echo2p2p.overlay.link`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from echo2p2p import messages as m
+
+from .link import (HONEST_ENDS, KEEP_KEYS, PEER_ID, LINK_PATH, MAX_HAD, MAX_PIECE_BYTES,
+                   MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link, Listener, Peers,
+                   Piece, quietly)
+from .serving import UPLOAD_SLOTS, TokenBucket, UploadMeter
+from .store import Held, Key
+from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LINK_PATH", "Links", "link_handler"]
+
+
+class Links:
+    """This peer's links, across hub connections. `identity()`: (our peer id, credentials),
+    read at each dial; `url`: our chunk server's, shared in `peers` frames (None: NAT'd)."""
+
+    def __init__(self, identity: Callable[[], tuple[str | None, Credentials | None]],
+                 meter: UploadMeter, *, degree: int = 8, max_links: int = 24,
+                 upload_limit_mbps: float = 0.0, want_timeout_s: float = WANT_TIMEOUT_S):
+        self.identity, self.meter, self.want_timeout_s = identity, meter, want_timeout_s
+        self.degree, self.max_links = degree, max_links
+        self.limiter = TokenBucket(upload_limit_mbps * 1e6) if upload_limit_mbps else None
+        self.url: str | None = None
+        self.http: aiohttp.ClientSession | None = None  # set by the first download
+        self.links: dict[str, Link] = {}
+        self.advertised: dict[Key, Held] = {}  # manifests we serve over links (KEEP_KEYS newest)
+        self.listeners: dict[Key, Listener] = {}
+        self.known: dict[str, str] = {}  # peer id -> chunk server base URL, heard of (bounded)
+        self._dialling: set[str] = set()
+        self.banned: set[str] = set()  # peers whose link broke a rule
+        self._sending = asyncio.Semaphore(UPLOAD_SLOTS)
+        self._tasks: set[asyncio.Task] = set()
+        self.closing = False
+
+    def begin(self, held: Held, listener: Listener) -> None:
+        """Advertise `held` and route what links hear about it to `listener`."""
+        self.advertised[held.key] = held
+        for old in sorted(self.advertised)[:-KEEP_KEYS]:
+            del self.advertised[old]
+            self.listeners.pop(old, None)
+        self.listeners[held.key] = listener
+        for link in list(self.links.values()):
+            listener.link_up(link)
+            self.spawn(self._have(link, held))
+
+    def end(self, held: Held, listener: Listener) -> None:
+        """`listener` is done (complete or superseded); `held` stays advertised."""
+        if self.listeners.get(held.key) is listener:
+            del self.listeners[held.key]
+
+    def had(self, key: Key, indices: list[int]) -> None:
+        """Tell every link we verified `indices` of manifest `key`."""
+        for pos in range(0, len(indices), MAX_HAD):
+            batch = struct.pack(f"<{len(indices[pos:pos + MAX_HAD])}I", *indices[pos:pos + MAX_HAD])
+            for link in list(self.links.values()):
+                self.spawn(quietly(link.send(Had(*key, batch))))
+
+    def heard_of(self, sources: list[m.RelaySource]) -> None:
+        """Neighbours from the hub's sample or a link's `peers`: remember (bounded), dial."""
+        me, _ = self.identity()
+        for s in sources:
+            base = server_base(s.url)
+            if (base and s.peer_id != me and s.peer_id not in self.banned
+                    and PEER_ID.fullmatch(s.peer_id) and len(self.known) < 256):
+                self.known[s.peer_id] = base
+        self.dial_more()
+
+    def dial_more(self) -> None:
+        if self.closing:
+            return
+        for peer_id, base in list(self.known.items()):
+            if len(self.links) + len(self._dialling) >= self.degree or self.http is None:
+                return
+            if peer_id not in self.links and peer_id not in self._dialling:
+                self._dialling.add(peer_id)
+                self.spawn(self._dial(peer_id, base))
+
+    async def _dial(self, peer_id: str, base: str) -> None:
+        me, credentials = self.identity()
+        headers = credentials.header(peer_id) if credentials is not None else {}
+        try:
+            async with asyncio.timeout(SEND_DEADLINE_S):
+                ws = await self.http.ws_connect(base + LINK_PATH, params={"id": me or ""},
+                                                headers=headers, max_msg_size=2 * MAX_PIECE_BYTES,
+                                                compress=0, heartbeat=30.0)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.debug("cannot link to %s at %s: %s", peer_id, base, type(exc).__name__)
+            self.known.pop(peer_id, None)
+            return
+        finally:
+            self._dialling.discard(peer_id)
+        await self.serve(Link(self, peer_id, ws, dialled=True))
+
+    def admits(self, peer_id: str, dialled: bool) -> bool:
+        """Whether a new link to `peer_id` may open (one per pair: the lower id's dial wins)."""
+        me, _ = self.identity()
+        old = self.links.get(peer_id)
+        if peer_id in self.banned:
+            return False
+        if old is None:
+            return len(self.links) < self.max_links
+        winner_dialled = (me or "") < peer_id  # our dial wins iff our id is the lower
+        return dialled == winner_dialled and old.dialled != dialled
+
+    async def serve(self, link: Link) -> None:
+        """Run `link` until it ends (an accepted link: inside its request handler)."""
+        if not self.admits(link.peer_id, link.dialled):
+            await link.close("duplicate link")
+            return
+        if (old := self.links.pop(link.peer_id, None)) is not None:
+            for listener in list(self.listeners.values()):
+                listener.link_down(old)
+            self.spawn(old.close("duplicate link"))
+        self.links[link.peer_id] = link
+        for listener in self.listeners.values():
+            listener.link_up(link)
+        for held in self.advertised.values():
+            self.spawn(self._have(link, held))
+        sources = [m.RelaySource(p, u) for p, u in list(self.known.items())[:MAX_SOURCES - 1]]
+        me, _ = self.identity()
+        if self.url and me:
+            sources.append(m.RelaySource(me, self.url))
+        self.spawn(quietly(link.send(Peers(sources))))
+        await link.run()
+
+    def dropped(self, link: Link) -> None:
+        if link.reason not in HONEST_ENDS and len(self.banned) < 4096:
+            self.banned.add(link.peer_id)  # it broke a rule: never linked again
+            self.known.pop(link.peer_id, None)
+        if self.links.get(link.peer_id) is link:
+            del self.links[link.peer_id]
+            for listener in list(self.listeners.values()):
+                listener.link_down(link)
+            self.dial_more()
+
+    async def upload(self, link: Link, piece: Piece, slots: dict) -> None:
+        """Send `piece` under the upload cap, at most UPLOAD_SLOTS pieces at once. Its want
+        leaves `slots` (the link's serve window) as it starts out: the asker may have the piece,
+        and want the next, before the send returns (so a link has at most SERVE_WINDOW wants
+        waiting, plus the one piece its send lock lets out)."""
+        async with self._sending:
+            if self.limiter is not None:
+                await self.limiter.take(len(piece.data))
+            slots.pop(((piece.version, piece.base), piece.index), None)
+            await link.send(piece)
+            self.meter.served_bytes += len(piece.data)
+
+    async def _have(self, link: Link, held: Held) -> None:
+        bits = bytearray((len(held.wires) + 7) // 8)
+        for i, wire in enumerate(held.wires):
+            if wire is not None:
+                bits[i // 8] |= 1 << (i % 8)
+        await quietly(link.send(Have(*held.key, bytes(bits))))
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        """Run `coro` until it ends or the links close."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("link task failed", exc_info=task.exception())
+
+    async def close(self) -> None:
+        """Close every link and stop every task (the peer is stopping)."""
+        self.closing = True
+        for link in list(self.links.values()):
+            await link.close("peer stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def link_handler(links: Links, tickets: Tickets):
+    """The aiohttp handler of GET /gossip?id=PEER_ID: a link from a peer the hub admitted."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        peer_id = request.query.get("id", "")
+        if not PEER_ID.fullmatch(peer_id):
+            return web.Response(status=400, text="expected /gossip?id=PEER_ID")
+        if not tickets(request):
+            return web.Response(status=403, text="a ticket from this run's hub is required")
+        header = request.headers.get(TICKET_HEADER, "")
+        if header and header.split(".", 1)[0] != peer_id:
+            return web.Response(status=403, text="the ticket is another peer's")
+        if not links.admits(peer_id, dialled=False):
+            return web.Response(status=409, text="no room for this link")
+        ws = web.WebSocketResponse(max_msg_size=2 * MAX_PIECE_BYTES, compress=False, heartbeat=30.0)
+        await ws.prepare(request)
+        await links.serve(Link(links, peer_id, ws, dialled=False))
+        return ws
+
+    return handle

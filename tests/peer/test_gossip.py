@@ -1,0 +1,216 @@
+"""The gossip overlay over real loopback sockets: a hub on --relay gossip, in-process peers with
+links (`echo2p2p.overlay.links`), some of them NAT'd (no chunk server), some hostile."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections import Counter
+from dataclasses import replace
+
+import aiohttp
+import pytest
+
+from echo2p2p import messages as m
+from echo2p2p import signing
+from echo2p2p.frames import encode_frame
+from echo2p2p.hub.peers import PeerConn
+from echo2p2p.hub.versions import blob_version
+from echo2p2p.overlay import link as lk
+from echo2p2p.overlay.store import GONE
+from echo2p2p.overlay.tickets import Credentials
+
+from tests.conftest import tracker, wait_until
+from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
+
+
+@pytest.fixture
+def hub_frames(monkeypatch) -> Counter:
+    """Every message the hub posts to a peer, counted by (type, version)."""
+    sent: Counter = Counter()
+    post = PeerConn.post
+
+    def counting(self: PeerConn, msg: m.Message) -> None:
+        sent[(msg.TYPE, getattr(msg, "version", None) or getattr(
+            getattr(msg, "manifest", None), "version", None))] += 1
+        post(self, msg)
+
+    monkeypatch.setattr(PeerConn, "post", counting)
+    return sent
+
+
+async def test_gossip_spreads_a_version_with_one_announcement_per_peer(hub_frames):
+    """5 peers on --relay gossip: every one rebuilds v1 bit for bit; the hub sends each peer one
+    announcement for it and nothing else about it (no plan revision, nothing per chunk), and
+    uploads about one copy: the peers send each other the rest over their links."""
+    data = os.urandom(1 << 20)
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 5) as peers:
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 5)
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: propagation(records, 1))
+        assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in peers)
+        assert all(c.fetcher.links.links for c in peers)
+    assert hub_frames[("version", 1)] == 5
+    assert not any(tag == "relay_plan" for tag, _ in hub_frames)
+    record = propagation(records, 1)
+    assert record["complete"] and record["peers"] == 5
+    assert record["bytes_from_hub"] <= 1.5 * record["full_wire_bytes"]
+    assert record["bytes_from_peers"] >= 3 * len(data)
+
+
+async def test_a_version_completes_with_the_hubs_control_connection_cut():
+    """4 peers on capped uplinks; once the hub has served one copy of every chunk it cuts every
+    peer's control connection, refuses new ones and stops serving chunks: every peer still
+    completes v1 from its links, bit for bit, and reports it once the hub takes it back."""
+    data = os.urandom(2 << 20)
+    served: set[int] = set()
+    cut = asyncio.Event()
+
+    def control(hub) -> None:
+        honest_lookup, honest_greet = hub.chunk_lookup, hub._greet
+
+        async def lookup(version, base, index, wait_s):
+            if cut.is_set():
+                return GONE
+            if version == 1:
+                served.add(index)
+            return await honest_lookup(version, base, index, wait_s)
+
+        async def greet(ws, protocol, hello, request):
+            if cut.is_set():
+                await ws.close(code=m.CLOSE_GOING_AWAY, message=b"control plane down")
+                return None
+            return await honest_greet(ws, protocol, hello, request)
+
+        hub.chunk_lookup, hub._greet = lookup, greet
+
+    async with tracker(control, relay="gossip", upload_limit_mbps=64) as (hub, key, url, records), \
+            Peers(url, 4, upload_limit_mbps=8, reconnect_max_s=0.5) as peers:
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 4)
+        v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
+        hub.publish(v1)
+        await wait_until(lambda: len(served) == len(v1.full.chunks))
+        cut.set()
+        for conn in list(hub.peers.values()):
+            await conn.close(m.CLOSE_GOING_AWAY, "control plane down")
+        assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
+        await wait_until(lambda: not hub.peers)
+        await wait_until(lambda: all(holds(c, 1) for c in peers))
+        assert all(bytes(c.store.stream(1)) == data for c in peers)
+        assert not hub.peers  # completed with no control connection at all
+        cut.clear()
+        await wait_until(lambda: len(hub.peers) == 4 and all(
+            p.stream_version == 1 for p in hub.peers.values()))
+
+
+async def test_nated_peers_upload_over_the_links_they_open():
+    """6 peers, 3 of them with no chunk server (nobody can dial them): each still uploads over
+    the links it dialled, and the hub uploads about one copy."""
+    data = os.urandom(1 << 20)
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 3) as public, \
+            Peers(url, 3, listen="") as nated:
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 6)
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: propagation(records, 1))
+        assert all(bytes(c.store.stream(1)) == data for c in [*public, *nated])
+        assert all(c.served_url is None and c.meter.served_bytes > 0 for c in nated)
+    record = propagation(records, 1)
+    assert record["complete"] and record["peers"] == 6
+    assert record["bytes_from_hub"] <= 1.5 * record["full_wire_bytes"]
+    assert record["bytes_from_peers"] >= 4 * len(data)
+
+
+def misbehave(client, kind: str) -> None:
+    """Make `client`'s links serve badly: corrupt pieces, pieces a byte short, or no answer."""
+    links = client.fetcher.links
+    honest = links.upload
+
+    async def upload(link, piece, slots):
+        if kind == "silent":
+            await asyncio.Event().wait()  # never answers: cancelled when the link closes
+        data = bytes([piece.data[0] ^ 1]) + piece.data[1:] if kind == "corrupt" else piece.data[:-1]
+        await honest(link, replace(piece, data=data), slots)
+
+    links.upload = upload
+
+
+async def test_hostile_neighbours_are_dropped_and_the_version_completes_from_others():
+    """Of 5 peers, one corrupts every piece it serves, one sends pieces a byte short and one
+    never answers a want: the two honest peers drop (and ban) each of them and still rebuild v1
+    bit for bit, from each other and the hub."""
+    data = os.urandom(512 << 10)
+    async with tracker(relay="gossip") as (hub, key, url, records), \
+            Peers(url, 5, relay_stall_s=2.0) as peers:
+        for client, kind in zip(peers, ("corrupt", "short", "silent")):
+            misbehave(client, kind)
+        honest = peers[3:]
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 5)
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: all(holds(c, 1) for c in honest))
+        assert all(bytes(c.store.stream(1)) == data for c in honest)
+        bad = {c.welcome.peer_id for c in peers[:3]}
+        assert bad <= set().union(*(c.fetcher.links.banned for c in honest))
+        assert not any(c.welcome.peer_id in c2.fetcher.links.banned
+                       for c in honest for c2 in honest)
+        assert len(hub.peers) == 5  # nothing crashed
+
+
+def admitted(hub_key: bytes, peer_id: str) -> Credentials:
+    """Credentials the hub signed for a peer that never joined (only a test holds its key)."""
+    private = signing.new_private_key()
+    ticket = signing.sign_ticket(hub_key, "run", peer_id, signing.public_key(private))
+    return Credentials("run", peer_id, private, ticket)
+
+
+HOSTILE_FRAMES = {
+    "garbage": b"\x93not msgpack at all",
+    "unknown type": encode_frame("shout", lk.Cancel(1, None, 0)),
+    "bitfield of the wrong length": encode_frame("have", lk.Have(1, None, b"\xff" * 4096)),
+    "had past the manifest": encode_frame("had", lk.Had(1, None, struct.pack("<I", 10_000))),
+    "a piece nobody asked for": encode_frame("piece", lk.Piece(1, None, 0, b"x" * 100)),
+    "bad index": encode_frame("want", lk.Want(1, None, -5)),
+}
+
+
+async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
+    """Frames no honest peer sends, each on a fresh link to a peer that holds v1: the link is
+    closed with code 1002 and a reason; the peer carries on (still joined, still serving)."""
+    data = os.urandom(256 << 10)
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 2)
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: holds(peer, 1) and holds(other, 1))
+        target, hostile = peer.welcome.peer_id, admitted(key, "p99")
+        async with aiohttp.ClientSession() as http:
+            for what, frame in HOSTILE_FRAMES.items():
+                await wait_until(lambda: "p99" not in peer.fetcher.links.links)  # the last one
+                peer.fetcher.links.banned.clear()
+                async with http.ws_connect(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
+                                           headers=hostile.header(target)) as ws:
+                    await ws.send_bytes(frame)
+                    while (msg := await ws.receive()).type is aiohttp.WSMsgType.BINARY:
+                        pass  # its have and peers frames
+                    assert msg.type is aiohttp.WSMsgType.CLOSE, what
+                    assert ws.close_code == m.CLOSE_PROTOCOL_ERROR and msg.extra, what
+        assert len(hub.peers) == 2 and bytes(peer.store.stream(1)) == data
+        assert await peer.store.chunk(1, None, 0, 0) is not None
+
+
+async def test_a_link_needs_a_ticket_naming_the_dialler():
+    """No ticket, or another peer's ticket: 403 before any websocket."""
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 2)
+        target = peer.welcome.peer_id
+        async with aiohttp.ClientSession() as http:
+            for params, headers in (({"id": "p99"}, {}),
+                                    ({"id": "p99"}, other.credentials.header(target))):
+                async with http.get(peer.served_url + lk.LINK_PATH, params=params,
+                                    headers=headers) as resp:
+                    assert resp.status == 403
