@@ -9,12 +9,12 @@ version of M bytes and logs when each peer holds all of it, verified. Strategies
 - gossip: `echo2-hub --relay gossip`: the hub deals each chunk to one seeder and gives each
   peer a neighbour sample; peers spread the rest over links (`echo2p2p.gossip`);
 - shardcast: PyPI shardcast's relay tree (`shardcast_race.py`), same hosts, shaping and bytes.
-Modes (pipelined, at the largest N): uniform links; heterogeneous (every third peer's uplink at
-B/4), against the max-flow lower bound M / min(B_hub, (B_hub + sum of peer uplinks) / N) of
-upload-limited broadcast; churn (25 % of the relaying peers SIGKILLed 0.35 M/B into the
-version), against the undisturbed time; nat (gossip, at the largest N): a `--nat-fraction` of
-the peers (default 0.5) run no chunk server, so nobody can dial them, and upload only over the
-links they open. Our peers run `echo2-peer join --engine relay`; each
+Modes (pipelined and gossip, at the largest N): uniform links; heterogeneous (every third
+peer's uplink at B/4), against the max-flow lower bound M / min(B_hub, (B_hub + sum of peer
+uplinks) / N) of upload-limited broadcast; churn (25 % of the relaying peers SIGKILLed 0.35 M/B into the
+version), against the undisturbed time; nat: a `--nat-fraction` of the peers (default 0.5) run
+no chunk server, so nobody can dial them (the tracker's leaves; gossip's peers that upload
+only over the links they open). Our peers run `echo2-peer join --engine relay`; each
 run first broadcasts one untimed version so the hub has measured every peer's upload.
 
     python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 32] [--rate-mbit 40]
@@ -23,7 +23,8 @@ Prints a table, writes broadcast.png (completion time vs N per strategy; needs m
 then one JSON line: {"bench": "broadcast", "shaping": "tbf", "n_peers", "bytes", "rate_bps",
 "chunk_bytes", "ratio_to_ideal": {"star", "pipelined", "gossip", "shardcast"},
 "heterogeneous_ratio_to_bound", "churn_ratio", "nat": {"fraction", "ratio_to_ideal",
-"hub_upload_copies"}}, where ratio_to_ideal = time for all peers to
+"hub_upload_copies"} (gossip's), "gossip": {"heterogeneous_ratio_to_bound", "churn_ratio",
+"nat_tracker_ratio_to_ideal"}}, where ratio_to_ideal = time for all peers to
 hold the version / (M/B) at the largest N. Without root (no namespaces) every process runs on
 127.0.0.1 with an in-process token bucket instead ("shaping": "token-bucket"; no shardcast).
 """
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         strategies = [s for s in strategies if s != "shardcast"]
 
     rows: list[tuple[str, str, int, float | None, float | None]] = []
-    copies: dict[str, float | None] = {}  # mode -> the hub's upload in copies (nat mode)
+    copies: dict[tuple[str, str], float | None] = {}  # (mode, strategy) -> hub upload, copies
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     result = run_ours(bed, n, strategy, rates, args,
                                       churn=0.25 if mode == "churn" else 0.0,
                                       nat=args.nat_fraction if mode == "nat" else 0.0)
-                    copies[mode] = result.get("hub_upload_copies")
+                    copies[(mode, strategy)] = result.get("hub_upload_copies")
             finally:
                 if bed:
                     bed.close()
@@ -243,19 +244,20 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in strategies:
                     one("uniform", strategy, n)
         n_max = ns[-1]
-        if "heterogeneous" in modes and "pipelined" in strategies:
-            one("heterogeneous", "pipelined", n_max)
-        if "churn" in modes and "pipelined" in strategies:
-            one("churn", "pipelined", n_max)
-        if "nat" in modes and "gossip" in strategies:
-            one("nat", "gossip", n_max)
+        for mode in ("heterogeneous", "churn", "nat"):
+            for strategy in ("pipelined", "gossip"):
+                if mode in modes and strategy in strategies:
+                    one(mode, strategy, n_max)
 
     by = {(mode, s, n): ratio for mode, s, n, _, ratio in rows}
     uniform = {s: by.get(("uniform", s, n_max))
                for s in ("star", "pipelined", "gossip", "shardcast")}
-    undisturbed = next((t for mode, s, n, t, _ in rows
-                        if (mode, s, n) == ("uniform", "pipelined", n_max)), None)
-    churned = next((t for mode, s, n, t, _ in rows if mode == "churn"), None)
+    times = {(mode, s, n): t for mode, s, n, t, _ in rows}
+
+    def churn_ratio(strategy: str) -> float | None:
+        churned, undisturbed = (times.get((mode, strategy, n_max)) for mode in ("churn", "uniform"))
+        return churned / undisturbed if churned and undisturbed else None
+
     _plot(rows, ns, args.plot, ideal_s)
     print(f"M = {args.bytes / 2**20:.0f} MiB, B = {rate / 1e6:.0f} Mbit/s, M/B = {ideal_s:.2f} s, "
           f"chunks of {args.chunk_bytes >> 10} KiB, shaping {shaping}")
@@ -264,10 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         "rate_bps": rate, "chunk_bytes": args.chunk_bytes,
         "ratio_to_ideal": {s: _round(r) for s, r in uniform.items()},
         "heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "pipelined", n_max))),
-        "churn_ratio": _round(churned / undisturbed if churned and undisturbed else None),
+        "churn_ratio": _round(churn_ratio("pipelined")),
         "nat": {"fraction": args.nat_fraction,
                 "ratio_to_ideal": _round(by.get(("nat", "gossip", n_max))),
-                "hub_upload_copies": _round(copies.get("nat"))},
+                "hub_upload_copies": _round(copies.get(("nat", "gossip")))},
+        "gossip": {"heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "gossip", n_max))),
+                   "churn_ratio": _round(churn_ratio("gossip")),
+                   "nat_tracker_ratio_to_ideal": _round(by.get(("nat", "pipelined", n_max)))},
     }))
     return 0
 
