@@ -19,10 +19,11 @@ asks, in this order:
    in endgame (the last `endgame_chunks` all in flight); `got` names the losers, and the
    shell sends them `cancel`.
 
-The serving side orders its queued pieces by `serve_rank`: the chunk its links hold least
-first, and among those a peer that accepts no connection first (its links are its only way to
-get and pass on chunks). In `bench/gossip_sweep.py` that ordering, instead of FIFO, took 32
-peers from 1.56 to 1.35 x M/B.
+`serve_rank` is the order a serving side should take its queued pieces in: the chunk its links
+hold least first, and among those a peer that accepts no connection first (its links are its
+only way to get and pass on chunks). `bench/gossip_sweep.py` serves by it, and that ordering,
+instead of FIFO, took 32 emulated peers from 1.56 to 1.35 x M/B; the links of
+`echo2p2p.overlay.links` still serve FIFO.
 
 A seeder that leaves before the hub sent it its seeds: the hub deals them again
 (`relay.deal_seeds`, one message to each receiver) and `add_seed` takes them; with the hub's
