@@ -334,7 +334,7 @@ def decode_counted(data: bytes, limits: Limits = FROM_HUB) -> tuple[Message, int
 
 
 def pack_ids(ids: list[int]) -> bytes:
-    """Token ids as little-endian uint32."""
+    """Ids (token ids, chunk indices) as little-endian uint32."""
     return struct.pack(f"<{len(ids)}I", *ids)
 
 

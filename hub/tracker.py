@@ -16,7 +16,6 @@ or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -112,7 +111,7 @@ class VersionTracker:
             deal = deals.get(conn.peer_id)
             seed = deal.seed if deal is not None else []
             gossip = m.GossipPlan(manifest.version, manifest.base_version,
-                                  struct.pack(f"<{len(seed)}I", *seed),
+                                  m.pack_ids(seed),
                                   deal.neighbours if deal is not None
                                   else neighbour_sample(everyone, conn.peer_id))
             conn.protocol.announce(manifest.version)
@@ -205,7 +204,7 @@ class VersionTracker:
             self.seeds[(version, base)] = (deals, revision + 1)
             for pid, added in deal_seeds([self.member(c) for c in heirs], orphans).items():
                 deals[pid] += added
-                gossip = m.GossipPlan(version, base, struct.pack(f"<{len(added)}I", *added), [])
+                gossip = m.GossipPlan(version, base, m.pack_ids(added), [])
                 self.peers[pid].post(m.RelayPlan(version, base, revision + 1, [], b"", gossip))
 
     def peer_left(self, peer_id: str) -> None:

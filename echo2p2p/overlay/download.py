@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -95,14 +95,7 @@ class Download:
                     if source is not None and load[source] < self.window:
                         load[source] += 1
                         in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
-                self._changed.clear()
-                waiter = asyncio.create_task(self._changed.wait())
-                try:
-                    done, _ = await asyncio.wait([*in_flight, waiter], timeout=HUB_RETRY_S,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                for task in done - {waiter}:
+                for task in await self._finished(in_flight, HUB_RETRY_S):
                     i, source = in_flight.pop(task)
                     load[source] -= 1
                     fault = task.result()
@@ -130,6 +123,18 @@ class Download:
             download_s, self._bytes[HUB], sum(n for s, n in self._bytes.items() if s != HUB),
             [m.SourceRate(s, n, round(self._span[s][1] - self._span[s][0], 4))
              for s, n in self._bytes.items() if s != HUB])
+
+    async def _finished(self, in_flight: Iterable[asyncio.Task], timeout: float) -> set[asyncio.Task]:
+        """The requests of `in_flight` that are done once one is, the plan changed
+        (`_changed`) or `timeout` passed (then maybe none)."""
+        self._changed.clear()
+        waiter = asyncio.create_task(self._changed.wait())
+        try:
+            done, _ = await asyncio.wait([*in_flight, waiter], timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        return done - {waiter}
 
     async def _fetch(self, index: int, source: str) -> str | None:
         """Fetch chunk `index` from `source` and verify it: None once it is in, else the fault

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 
 from echo2p2p import messages as m
@@ -43,7 +42,7 @@ class GossipDownload(Download):
         n = len(self.held.manifest.chunks)
         if len(gossip.seed) % 4:
             raise ValueError("gossip seed is not packed uint32")
-        seed = struct.unpack(f"<{len(gossip.seed) // 4}I", gossip.seed)
+        seed = m.unpack_ids(gossip.seed)
         self.swarm = Swarm(n, self.me, [i for i in seed if i < n], window=self.window,
                            hub_fallback_s=self.stall_s)
         self.neighbours = gossip.neighbours[:MAX_NEIGHBOURS]
@@ -57,8 +56,7 @@ class GossipDownload(Download):
         gossip = plan.gossip
         if len(gossip.seed) % 4 == 0:
             n = len(self.held.manifest.chunks)
-            self.swarm.add_seed(i for i in struct.unpack(f"<{len(gossip.seed) // 4}I", gossip.seed)
-                                if i < n)
+            self.swarm.add_seed(i for i in m.unpack_ids(gossip.seed) if i < n)
             self._changed.set()
         self.links.heard_of(gossip.neighbours[:MAX_NEIGHBOURS])
 
@@ -113,15 +111,8 @@ class GossipDownload(Download):
                     in_flight[asyncio.create_task(self._want(index, source))] = (index, source)
                 wake = self.swarm.wake_at(now)
                 timeout = HUB_RETRY_S if wake is None else min(HUB_RETRY_S, max(wake - now, 0.01))
-                self._changed.clear()
-                waiter = asyncio.create_task(self._changed.wait())
-                try:
-                    done, _ = await asyncio.wait([*in_flight, waiter], timeout=timeout,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
                 got = []
-                for task in done - {waiter}:
+                for task in await self._finished(in_flight, timeout):
                     if (entry := in_flight.pop(task, None)) is None:
                         continue
                     index, source = entry

@@ -18,7 +18,6 @@ import collections
 import contextlib
 import logging
 import re
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -232,7 +231,7 @@ class Link:
         else:
             if len(rec.indices) % 4 or len(rec.indices) > 4 * MAX_HAD:
                 raise LinkError("had is not at most 1024 packed uint32")
-            indices = list(struct.unpack(f"<{len(rec.indices) // 4}I", rec.indices))
+            indices = m.unpack_ids(rec.indices)
             if indices and max(indices) >= 8 * MAX_BITS_BYTES:
                 raise LinkError("had past any manifest")
             bits = self.bits.get(key, bytearray())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -80,7 +79,7 @@ class Links:
     def had(self, key: Key, indices: list[int]) -> None:
         """Tell every link we verified `indices` of manifest `key`."""
         for pos in range(0, len(indices), MAX_HAD):
-            batch = struct.pack(f"<{len(indices[pos:pos + MAX_HAD])}I", *indices[pos:pos + MAX_HAD])
+            batch = m.pack_ids(indices[pos:pos + MAX_HAD])
             for link in list(self.links.values()):
                 self.spawn(quietly(link.send(Had(*key, batch))))
 
