@@ -128,14 +128,9 @@ class Broadcast:
             for i in chunks:
                 self._owners[i] = None
             return
-        # A rate that is not a positive finite number counts as unmeasured (defence in depth:
-        # the hub only keeps plausible rates), and an unmeasured one as the average.
-        rates = [mb.upload_bps if 0 < mb.upload_bps < math.inf else 0.0 for mb in servers]
-        known = [r for r in rates if r > 0]
-        default = sum(known) / len(known) if known else 1.0
-        weights = [r if r > 0 else default for r in rates]
-        for i, j in zip(chunks, deal(len(chunks), weights)):
-            self._owners[i] = servers[j].peer_id
+        for peer_id, owned in deal_seeds(servers, list(chunks)).items():
+            for i in owned:
+                self._owners[i] = peer_id
 
 
 @dataclass(frozen=True)
@@ -160,9 +155,11 @@ def gossip_plan(members: list[Member], n_chunks: int, degree: int = GOSSIP_DEGRE
 
 
 def deal_seeds(members: list[Member], chunks: list[int]) -> dict[str, list[int]]:
-    """`chunks` dealt among `members` (each chunk to one), in proportion to measured upload (an
-    unmeasured member counts as the average): the first deal, or the seeds of a member that
-    left before the hub had sent them (then the shell sends each receiver its share)."""
+    """`chunks` dealt among `members` (each chunk to one), in proportion to measured upload:
+    the tracker's owners, gossip's first deal, or the seeds of a member that left before the
+    hub had sent them (then the shell sends each receiver its share). A rate that is not a
+    positive finite number counts as unmeasured (defence in depth: the hub only keeps
+    plausible rates), and an unmeasured one as the average."""
     seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
     if not members:
         return seeds
