@@ -14,7 +14,8 @@ to rank 0 over the interconnect, cast, coded on --hub-cores) is added to T_bcast
 is announced only once its last chunk is coded.
 
 The broadcast time T_bcast is estimated for every candidate receiving each version (standby
-workers stay warm): with the pipelined overlay, the max-flow bound of upload-limited broadcast,
+workers stay warm): with the overlay (gossip or the pipelined tracker), the max-flow bound of
+upload-limited broadcast,
 M / min(B_hub, (B_hub + sum of worker uplinks) / N), times PIPELINED_OVER_BOUND as measured by
 `bench/broadcast.py`; with a star, N * M / B_hub.
 
@@ -36,6 +37,7 @@ from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_
 from echo2p2p.errors import ConfigError
 from echo2p2p.learner_size import (ModelShape, least_ranks, memory_per_rank_bytes, publish_s,
                                    train_step_s)
+from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import default_publish_every
 
 PIPELINED_OVER_BOUND = 1.4
@@ -67,7 +69,8 @@ class PlanConfig:
     """Which provisioning rule: sequential (workers must also fit the download into the period)
     or overlapped (workers keep generating on the old version while downloading)."""
     relay: str = "pipelined"
-    """How versions reach workers: pipelined (the overlay) or star."""
+    """How versions reach workers: gossip or pipelined (the overlay: peers relay chunks to
+    each other, estimated alike) or star."""
     margin: float = 0.1
     """Safety margin on the required throughput (0.1 = provision 10 % more)."""
     learner_ranks: int = 1
@@ -99,8 +102,8 @@ class PlanConfig:
             raise ConfigError("model_bytes/margin/max_lag/publish_every", "must be >= 0")
         if self.reading not in {r.value for r in Reading}:
             raise ConfigError("reading", f"sequential or overlapped, got {self.reading!r}")
-        if self.relay not in ("pipelined", "star"):
-            raise ConfigError("relay", f"pipelined or star, got {self.relay!r}")
+        if self.relay not in STRATEGIES:
+            raise ConfigError("relay", f"one of {', '.join(STRATEGIES)}, got {self.relay!r}")
         if self.train_step_ranks < 0 or self.learner_memory_gb < 0:
             raise ConfigError("train_step_ranks/learner_memory_gb", "must be >= 0")
         if not 0 < self.learner_efficiency <= 1:

@@ -63,7 +63,7 @@ class GossipDownload(Download):
     # --- what the links tell us (Listener) ---------------------------------------------
 
     def link_up(self, link: Link) -> None:
-        if not self.swarm.link_up(link.peer_id):
+        if not self.swarm.link_up(link.peer_id, reachable=not link.natted):
             return
         self._linked[link.peer_id] = link
         bits = link.bits.get(self.held.key)  # heard before this download began

@@ -126,10 +126,12 @@ def _check_key(rec: Any) -> Key:
 
 
 class Link:
-    """One live link to `peer_id`; `dialled`: we opened it."""
+    """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
+    has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool):
+    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
+        self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
         self._asked: dict[tuple[Key, int], tuple[int, asyncio.Future]] = {}  # ours: size, answer
         self._serving: dict[tuple[Key, int], asyncio.Task] = {}  # theirs

@@ -11,7 +11,9 @@ links it opened; a link that broke a rule bans its peer id for the run.
 `Links` is the peer's set of links, alive across hub connections: the manifests it advertises
 (`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
 every piece through `ChunkStore.add` and reports to the core `echo2p2p.gossip.Swarm`), uploads
-under one cap and at most UPLOAD_SLOTS at once. One link's frames are `echo2p2p.overlay.link`'s.
+under one cap and at most UPLOAD_SLOTS at once, the queued ones in the core's `serve_rank`
+order (a dialler's `nat=1` marks its link NAT'd). One link's frames are
+`echo2p2p.overlay.link`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from echo2p2p import messages as m
 from .link import (HONEST_ENDS, KEEP_KEYS, PEER_ID, LINK_PATH, MAX_HAD, MAX_PIECE_BYTES,
                    MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link, Listener, Peers,
                    Piece, quietly)
-from .serving import UPLOAD_SLOTS, TokenBucket, UploadMeter
+from .serving import UPLOAD_SLOTS, RankedSlots, TokenBucket, UploadMeter
 from .store import Held, Key
 from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
@@ -56,7 +58,7 @@ class Links:
         self.known: dict[str, str] = {}  # peer id -> chunk server base URL, heard of (bounded)
         self._dialling: set[str] = set()
         self.banned: set[str] = set()  # peers whose link broke a rule
-        self._sending = asyncio.Semaphore(UPLOAD_SLOTS)
+        self._sending = RankedSlots(UPLOAD_SLOTS)
         self._tasks: set[asyncio.Task] = set()
         self.closing = False
 
@@ -108,7 +110,8 @@ class Links:
         headers = credentials.header(peer_id) if credentials is not None else {}
         try:
             async with asyncio.timeout(SEND_DEADLINE_S):
-                ws = await self.http.ws_connect(base + LINK_PATH, params={"id": me or ""},
+                params = {"id": me or "", "nat": "0" if self.url else "1"}
+                ws = await self.http.ws_connect(base + LINK_PATH, params=params,
                                                 headers=headers, max_msg_size=2 * MAX_PIECE_BYTES,
                                                 compress=0, heartbeat=30.0)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -162,16 +165,26 @@ class Links:
             self.dial_more()
 
     async def upload(self, link: Link, piece: Piece, slots: dict) -> None:
-        """Send `piece` under the upload cap, at most UPLOAD_SLOTS pieces at once. Its want
-        leaves `slots` (the link's serve window) as it starts out: the asker may have the piece,
-        and want the next, before the send returns (so a link has at most SERVE_WINDOW wants
-        waiting, plus the one piece its send lock lets out)."""
-        async with self._sending:
+        """Send `piece` under the upload cap, at most UPLOAD_SLOTS pieces at once, queued in
+        `serve_rank` order. Its want leaves `slots` (the link's serve window) as it starts out:
+        the asker may have the piece, and want the next, before the send returns (so a link has
+        at most SERVE_WINDOW wants waiting, plus the one piece its send lock lets out)."""
+        async with self._sending.hold(self.serve_rank(link, (piece.version, piece.base),
+                                                      piece.index)):
             if self.limiter is not None:
                 await self.limiter.take(len(piece.data))
             slots.pop(((piece.version, piece.base), piece.index), None)
             await link.send(piece)
             self.meter.served_bytes += len(piece.data)
+
+    def serve_rank(self, link: Link, key: Key, index: int) -> tuple[bool, int]:
+        """`echo2p2p.gossip.Swarm.serve_rank` over the links: how many of our links hold the
+        chunk (the rarest spreads first), then a NAT'd asker first (links are its only way to
+        get chunks and to pass them on)."""
+        byte, bit = divmod(index, 8)
+        holders = sum(1 for other in self.links.values()
+                      if byte < len(bits := other.bits.get(key, b"")) and bits[byte] >> bit & 1)
+        return not link.natted, holders
 
     async def _have(self, link: Link, held: Held) -> None:
         bits = bytearray((len(held.wires) + 7) // 8)
@@ -203,7 +216,8 @@ class Links:
 
 
 def link_handler(links: Links, tickets: Tickets):
-    """The aiohttp handler of GET /gossip?id=PEER_ID: a link from a peer the hub admitted."""
+    """The aiohttp handler of GET /gossip?id=PEER_ID&nat=0|1: a link from a peer the hub
+    admitted; nat=1: it has no chunk server (what it says only orders our uploads)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         peer_id = request.query.get("id", "")
@@ -218,7 +232,8 @@ def link_handler(links: Links, tickets: Tickets):
             return web.Response(status=409, text="no room for this link")
         ws = web.WebSocketResponse(max_msg_size=2 * MAX_PIECE_BYTES, compress=False, heartbeat=30.0)
         await ws.prepare(request)
-        await links.serve(Link(links, peer_id, ws, dialled=False))
+        await links.serve(Link(links, peer_id, ws, dialled=False,
+                               natted=request.query.get("nat") == "1"))
         return ws
 
     return handle

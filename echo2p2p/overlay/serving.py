@@ -9,10 +9,12 @@ cap) and are counted by an `UploadMeter`; at most `slots` responses send at once
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -47,6 +49,43 @@ class TokenBucket:
         self._free_at = max(self._free_at, now) + nbytes / self.rate
         if self._free_at - now > PIECE_BYTES / self.rate:  # keep at most one piece in flight
             await asyncio.sleep(self._free_at - now - PIECE_BYTES / self.rate)  # pacing timer
+
+
+class RankedSlots:
+    """At most `n` holders at once, like a semaphore, but the waiter of lowest rank enters
+    first (FIFO among equal ranks): the gossip links' uplink serves the rarest piece first."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self._waiting: list[tuple[tuple, int, asyncio.Future]] = []  # heap
+        self._order = 0  # arrival order: FIFO among equal ranks
+
+    @contextlib.asynccontextmanager
+    async def hold(self, rank: tuple) -> AsyncIterator[None]:
+        if self.free and not self._waiting:
+            self.free -= 1
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self._order += 1
+            heapq.heappush(self._waiting, (rank, self._order, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release()  # handed a slot as we were cancelled: pass it on
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, fut = heapq.heappop(self._waiting)
+            if not fut.done():  # a cancelled waiter's future is done: skip it
+                fut.set_result(None)
+                return
+        self.free += 1
 
 
 Lookup = Callable[[int, int | None, int, float], Awaitable[bytes | None]]

@@ -342,3 +342,21 @@ def test_emulation_counts_the_real_announcement():
     man = sweep.manifest(10, 1 << 20)
     encoded, plan_bytes = sweep.gossip_announcement(man, [1, 2], [])
     assert len(encoded) > plan_bytes >= len(struct.pack("<2I", 1, 2))
+
+
+def test_a_natted_link_is_asked_first_and_its_wants_are_served_first():
+    """A NAT'd peer's upload has only its links as outlets: of two links holding a chunk the
+    NAT'd one is asked even when more loaded, and at our uplink its wants go before a public
+    link's, whatever the chunks' rarity."""
+    swarm = Swarm(8, "me", [], window=2)
+    assert swarm.link_up("public") and swarm.link_up("nat", reachable=False)
+    swarm.heard_have("public", pack_bits(range(8), 8))
+    swarm.heard_have("nat", pack_bits(range(8), 8))
+    picks = [source for _, source in swarm.requests(0.0)]
+    assert picks[:2] == ["nat", "nat"] and picks[2:] == ["public", "public"]
+    rare, common = 0, 1
+    swarm.link_down("public")
+    assert swarm.link_up("public2")
+    swarm.heard_had("public2", [common])
+    assert swarm.serve_rank("nat", common) < swarm.serve_rank("public2", rare)
+    assert swarm.serve_rank("public2", rare) < swarm.serve_rank("public2", common)

@@ -118,6 +118,10 @@ async def test_nated_peers_upload_over_the_links_they_open():
         await wait_until(lambda: propagation(records, 1))
         assert all(bytes(c.store.stream(1)) == data for c in [*public, *nated])
         assert all(c.served_url is None and c.meter.served_bytes > 0 for c in nated)
+        nated_ids = {c.welcome.peer_id for c in nated}
+        accepted = [(p, link) for c in public for p, link in c.fetcher.links.links.items()]
+        assert {p for p, link in accepted if link.natted} == nated_ids  # served first by rank
+        assert all(not link.natted for p, link in accepted if p not in nated_ids)
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 6
     assert record["bytes_from_hub"] <= 1.5 * record["full_wire_bytes"]
