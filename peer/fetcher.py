@@ -69,10 +69,10 @@ class Fetcher:
 
     def start(self, conn: HubConnection, manifest: m.Manifest, plan: m.RelayPlan) -> None:
         """Fetch the announced version, dropping the older download still under way (a gossip
-        download of this very version carries on, with the neighbours of this plan)."""
+        download of this very manifest carries on, with the neighbours of this plan; one of
+        another manifest under the same number, redone by a resumed hub, is dropped)."""
         running = self.download
-        if (isinstance(running, GossipDownload)
-                and running.held.manifest.version == manifest.version):
+        if isinstance(running, GossipDownload) and running.held.manifest == manifest:
             conn.protocol.download_started(running.held.manifest)
             self._protocol = conn.protocol
             running.set_plan(plan)

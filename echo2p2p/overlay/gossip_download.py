@@ -66,7 +66,7 @@ class GossipDownload(Download):
         if not self.swarm.link_up(link.peer_id, reachable=not link.natted):
             return
         self._linked[link.peer_id] = link
-        bits = link.bits.get(self.held.key)  # heard before this download began
+        bits = link.bits_of(self.held)  # heard before this download began
         if bits is not None:
             held = [k * 8 + b for k, byte in enumerate(bits) for b in range(8) if byte >> b & 1]
             try:

@@ -28,7 +28,7 @@ from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import Limits, decode_frame, encode_frame
 from echo2p2p.gossip import unpack_bits
 
-from .store import Held, Key
+from .store import Held, Key, key_order
 
 if TYPE_CHECKING:
     from .links import Links
@@ -59,6 +59,7 @@ class Have:
     version: int
     base: int | None
     bits: bytes  # bit i (LSB first in byte i // 8) = chunk i is held
+    digest: bytes = b""  # the manifest's (its stream digest): another one under this key is not ours
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class Link:
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
         self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
+        self.digests: dict[Key, bytes] = {}  # the digest of the manifest it holds, per key
         self._asked: dict[tuple[Key, int], tuple[int, asyncio.Future]] = {}  # ours: size, answer
         self._serving: dict[tuple[Key, int], asyncio.Task] = {}  # theirs
         self._withdrawn: collections.deque[tuple[Key, int]] = collections.deque(maxlen=64)
@@ -225,10 +227,24 @@ class Link:
             if (asked := self._asked.get((key, rec.index))) is not None and not asked[1].done():
                 asked[1].set_result(None)
 
+    def same(self, held: Held) -> bool:
+        """Whether the other end's `have` of `held`'s key was of `held`'s manifest (a `have`
+        without a digest: whatever it holds): a hub resumed from a checkpoint redoes versions
+        under the numbers of the old ones. No `have` (or one forgotten): no."""
+        theirs = self.digests.get(held.key)
+        return theirs is not None and theirs in (b"", held.manifest.digest)
+
+    def bits_of(self, held: Held) -> bytes | None:
+        """What the other end said it holds of `held`'s manifest (None: nothing, or another
+        manifest under the same key)."""
+        bits = self.bits.get(held.key)
+        return bytes(bits) if bits is not None and self.same(held) else None
+
     def _heard(self, key: Key, rec: Have | Had) -> None:
         if isinstance(rec, Have):
-            if len(rec.bits) > MAX_BITS_BYTES:
-                raise LinkError("bitfield too large")
+            if len(rec.bits) > MAX_BITS_BYTES or len(rec.digest) > 64:
+                raise LinkError("bitfield or digest too large")
+            self.digests[key] = rec.digest
             indices, bits = [], bytearray(rec.bits)
         else:
             if len(rec.indices) % 4 or len(rec.indices) > 4 * MAX_HAD:
@@ -241,7 +257,9 @@ class Link:
             bits.extend(bytes(max(0, top - len(bits))))
             for i in indices:
                 bits[i // 8] |= 1 << (i % 8)
-        if (held := self.links.advertised.get(key)) is not None:
+        held = self.links.advertised.get(key)
+        theirs = self.digests.get(key)
+        if held is not None and theirs in (None, b"", held.manifest.digest):
             n = len(held.wires)  # a manifest we know: exactly its length, nothing past its end
             try:
                 if isinstance(rec, Have):
@@ -251,9 +269,14 @@ class Link:
             if indices and max(indices) >= n:
                 raise LinkError("a had index past the manifest")
         self.bits[key] = bits
-        for old in sorted(self.bits)[:-KEEP_KEYS]:
+        for old in sorted(self.bits, key=key_order)[:-KEEP_KEYS]:
             del self.bits[old]
+            self.digests.pop(old, None)
         if (listener := self.links.listeners.get(key)) is not None:
+            if held is not None and not self.same(held):  # another manifest: none of ours
+                if isinstance(rec, Have):
+                    listener.heard(self, bytes((len(held.wires) + 7) // 8), [])
+                return
             try:
                 listener.heard(self, bytes(bits) if isinstance(rec, Have) else None, indices)
             except ValueError as exc:  # the core found it does not fit the manifest
@@ -262,7 +285,8 @@ class Link:
     async def _serve(self, key: Key, index: int) -> None:
         try:
             held = self.links.advertised.get(key)
-            data = held.wires[index] if held is not None and index < len(held.wires) else None
+            data = (held.wires[index] if held is not None and index < len(held.wires)
+                    and self.same(held) else None)
             if data is None:
                 await self.send(Cancel(*key, index))
                 return

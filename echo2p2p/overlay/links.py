@@ -32,7 +32,7 @@ from .link import (HONEST_ENDS, KEEP_KEYS, PEER_ID, LINK_PATH, MAX_HAD, MAX_PIEC
                    MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link, Listener, Peers,
                    Piece, quietly)
 from .serving import UPLOAD_SLOTS, RankedSlots, TokenBucket, UploadMeter
-from .store import Held, Key
+from .store import Held, Key, key_order
 from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Links:
     def begin(self, held: Held, listener: Listener) -> None:
         """Advertise `held` and route what links hear about it to `listener`."""
         self.advertised[held.key] = held
-        for old in sorted(self.advertised)[:-KEEP_KEYS]:
+        for old in sorted(self.advertised, key=key_order)[:-KEEP_KEYS]:
             del self.advertised[old]
             self.listeners.pop(old, None)
         self.listeners[held.key] = listener
@@ -191,7 +191,7 @@ class Links:
         for i, wire in enumerate(held.wires):
             if wire is not None:
                 bits[i // 8] |= 1 << (i % 8)
-        await quietly(link.send(Have(*held.key, bytes(bits))))
+        await quietly(link.send(Have(*held.key, bytes(bits), held.manifest.digest)))
 
     def spawn(self, coro: Any) -> asyncio.Task:
         """Run `coro` until it ends or the links close."""

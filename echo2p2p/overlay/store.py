@@ -21,6 +21,13 @@ Key = tuple[int, int | None]  # (version, base version or None for a full snapsh
 GONE = b""  # what a lookup answers for a version this host no longer keeps
 
 
+def key_order(key: Key) -> tuple[int, int]:
+    """A sort key for manifest keys, oldest first: a version's full form (base None) before
+    its deltas, never None compared with an int."""
+    version, base = key
+    return version, -1 if base is None else base
+
+
 def chunk_path(version: int, base: int | None, index: int) -> str:
     """The URL path of one chunk on any chunk server."""
     return f"/chunk/{version}/{'full' if base is None else base}/{index}"
@@ -49,9 +56,11 @@ class ChunkStore:
         self._pulse = asyncio.Event()  # set and replaced whenever anything arrives
 
     def begin(self, manifest: m.Manifest) -> Held | None:
-        """Start (or resume) assembling `manifest`; None for a delta whose base is not here."""
+        """Start (or resume) assembling `manifest`; None for a delta whose base is not here.
+        Another manifest under a key being assembled replaces it: a hub resumed from a
+        checkpoint redoes its versions under their numbers (both are signed by the hub)."""
         key = (manifest.version, manifest.base_version)
-        if key in self._held:
+        if key in self._held and self._held[key].manifest == manifest:
             return self._held[key]
         base = None
         if manifest.base_version is not None:

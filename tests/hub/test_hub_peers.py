@@ -262,7 +262,8 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
         async with running_peers(run.url, 1, engines=[NaNEngine(bad=2)]) as (peer,):
             await asyncio.wait_for(run.finished.wait(), 120)
             # A rollout may still be on its way when the learner stops: the hub, still
-            # serving, answers it (it leases no more once its budget is full).
+            # serving, answers it (it leases no more once its budget is full). Checked here:
+            # one granted just before may still be generated as the peers stop.
             await wait_until(lambda: not peer.outbox.pending())
     assert peer.statistics().connections == 1 and run.hub.counters.closed_for_protocol == 0
-    assert peer.statistics().acked >= cfg.prompts_per_step * 3 and not peer.outbox.pending()
+    assert peer.statistics().acked >= cfg.prompts_per_step * 3

@@ -14,7 +14,7 @@ import pytest
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from echo2p2p.frames import encode_frame
+from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay import link as lk
@@ -204,6 +204,44 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
                     assert ws.close_code == m.CLOSE_PROTOCOL_ERROR and msg.extra, what
         assert len(hub.peers) == 2 and bytes(peer.store.stream(1)) == data
         assert await peer.store.chunk(1, None, 0, 0) is not None
+
+
+async def test_another_manifest_under_the_same_number_is_never_served_as_ours():
+    """A resumed hub redoes v1 with other weights: a link that says (by the digest on its have)
+    it holds another manifest under v1's key gets `cancel` for its wants, not our pieces, and
+    stays open (as it does through haves of full and delta keys of one version); once it says
+    it holds ours, the same want is served."""
+    data = os.urandom(256 << 10)
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 2)
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: holds(peer, 1) and holds(other, 1))
+        ours = peer.fetcher.links.advertised[(1, None)]
+        n = len(ours.wires)
+        async with aiohttp.ClientSession() as http, http.ws_connect(
+                peer.served_url + lk.LINK_PATH, params={"id": "p99"},
+                headers=admitted(key, "p99").header(peer.welcome.peer_id)) as ws:
+
+            async def answer(want: int, digest: bytes, n_chunks: int):
+                bits = bytes((n_chunks + 7) // 8)
+                await ws.send_bytes(encode_frame("have", lk.Have(1, None, bits, digest)))
+                await ws.send_bytes(encode_frame("want", lk.Want(1, None, want)))
+                while (msg := await ws.receive()).type is aiohttp.WSMsgType.BINARY:
+                    rec, _ = decode_frame(msg.data, lk.LINK_LIMITS, lk.FRAMES)
+                    if isinstance(rec, (lk.Cancel, lk.Piece)) and rec.index == want:
+                        return rec
+                raise AssertionError(f"the link closed: {ws.close_code} {msg.extra}")
+
+            refused = await answer(0, b"\x01" * 32, n + 9)  # another manifest and length: no fault
+            assert isinstance(refused, lk.Cancel)
+            served = await answer(0, ours.manifest.digest, n)
+            assert isinstance(served, lk.Piece) and served.data == ours.wires[0]
+            for k in [(2, None), (2, 1), (3, 2), (3, None)]:  # full and delta keys of a version
+                await ws.send_bytes(encode_frame("have", lk.Have(*k, b"\xff", b"\x02" * 32)))
+            forgotten = await answer(1, ours.manifest.digest, n)  # v1 is the oldest of 5 keys
+            assert isinstance(forgotten, lk.Cancel)  # the link kept the 3 newest, and is open
+        assert len(hub.peers) == 2
 
 
 async def test_a_link_needs_a_ticket_naming_the_dialler():

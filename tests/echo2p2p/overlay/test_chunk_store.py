@@ -78,6 +78,22 @@ async def test_full_then_delta_assemble_and_serve():
     assert [await store.chunk(2, 1, i, 0) for i in range(len(c2))] == c2
 
 
+async def test_a_manifest_redone_under_the_same_number_replaces_the_one_assembling():
+    """A resumed hub publishes different weights under a number we were assembling: begin()
+    starts the new manifest afresh (its chunks verify, the old one's do not), and the same
+    manifest again resumes it."""
+    store = ChunkStore()
+    old, _ = _version(1, _blob(1))
+    new, chunks = _version(1, _blob(2))
+    first = store.begin(old)
+    held = store.begin(new)
+    assert held is not first and held.manifest == new and store.begin(new) is held
+    for i, chunk in enumerate(chunks):
+        await store.add(held, i, chunk)
+    assert bytes(store.finish(held)) == _blob(2)
+    assert await store.chunk(1, None, 0, 0) == chunks[0]
+
+
 async def test_delta_without_its_base_is_not_begun():
     """begin() answers None for a delta whose base stream is not here (nor yet complete)."""
     store = ChunkStore()

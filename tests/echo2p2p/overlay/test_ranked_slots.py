@@ -1,5 +1,6 @@
-"""The gossip uplink's queue: `RankedSlots` lets the lowest rank in first, and a waiter that is
-cancelled never leaks a slot; `Links.serve_rank` puts a NAT'd asker first, then the chunk fewest links hold."""
+"""The gossip links' bookkeeping: `RankedSlots` lets the lowest rank in first, and a waiter
+that is cancelled never leaks a slot; `Links.serve_rank` puts a NAT'd asker first, then the
+chunk fewest links hold; `Links.begin` keeps the newest manifests, full and delta alike."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 from echo2p2p.gossip import pack_bits
 from echo2p2p.overlay.links import Links
 from echo2p2p.overlay.serving import RankedSlots, UploadMeter
+from echo2p2p.overlay.store import key_order
 
 
 async def test_waiters_enter_lowest_rank_first_and_equal_ranks_in_order():
@@ -72,3 +74,14 @@ def test_serve_rank_puts_a_natted_asker_first_then_the_rarest_chunk():
     assert links.serve_rank(natted, key, 0) == (False, 3) < links.serve_rank(public, key, 2)
     assert links.serve_rank(public, (2, 1), 0) == (True, 0)  # a manifest nobody spoke of
     assert links.serve_rank(public, key, 19) == (True, 0)
+
+
+def test_links_keep_the_newest_manifests_full_and_delta_alike():
+    """A peer may hold a version both in full and as a delta (caught up, then announced): the
+    links keep the KEEP_KEYS newest keys, a version's full form older than its deltas, and
+    never compare None with a base."""
+    links = Links(lambda: ("p0", None), UploadMeter())
+    for key in [(1, None), (2, None), (2, 1), (3, 2), (3, None)]:
+        links.begin(SimpleNamespace(key=key, wires=[]), SimpleNamespace())
+    assert sorted(links.advertised, key=key_order) == [(2, 1), (3, None), (3, 2)]
+    assert list(links.listeners) == list(links.advertised)
