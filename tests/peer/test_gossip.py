@@ -4,6 +4,7 @@ links (`echo2p2p.overlay.links`), some of them NAT'd (no chunk server), some hos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 from collections import Counter
@@ -181,15 +182,22 @@ HOSTILE_FRAMES = {
 }
 
 
-async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
-    """Frames no honest peer sends, each on a fresh link to a peer that holds v1: the link is
-    closed with code 1002 and a reason; the peer carries on (still joined, still serving)."""
-    data = os.urandom(256 << 10)
+@contextlib.asynccontextmanager
+async def two_holding_v1(data: bytes):
+    """A gossip hub and two peers that both hold v1 (`data`): yields (hub, key, peer, other)."""
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 2)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: holds(peer, 1) and holds(other, 1))
+        yield hub, key, peer, other
+
+
+async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
+    """Frames no honest peer sends, each on a fresh link to a peer that holds v1: the link is
+    closed with code 1002 and a reason; the peer carries on (still joined, still serving)."""
+    data = os.urandom(256 << 10)
+    async with two_holding_v1(data) as (hub, key, peer, other):
         target, hostile = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
             for what, frame in HOSTILE_FRAMES.items():
@@ -212,11 +220,7 @@ async def test_another_manifest_under_the_same_number_is_never_served_as_ours():
     stays open (as it does through haves of full and delta keys of one version); once it says
     it holds ours, the same want is served."""
     data = os.urandom(256 << 10)
-    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-        await joined(hub, 2)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: holds(peer, 1) and holds(other, 1))
+    async with two_holding_v1(data) as (hub, key, peer, other):
         ours = peer.fetcher.links.advertised[(1, None)]
         n = len(ours.wires)
         async with aiohttp.ClientSession() as http, http.ws_connect(
