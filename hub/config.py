@@ -123,10 +123,11 @@ class HubConfig:
     zstd_level: int = 3
     """zstd level for snapshot chunks."""
     relay: str = "pipelined"
-    """How versions reach peers: gossip (peers tell their neighbours what they hold and fetch
-    from each other; the hub uploads each version about once and sends each peer one
-    announcement), pipelined (the hub as tracker: it deals every chunk to a relay and answers
-    lookups) or star (the hub uploads every version to every peer)."""
+    """How versions reach peers: pipelined (the hub as tracker: it deals every chunk to a
+    relaying peer and answers lookups; the hub uploads each version about once), gossip (peers
+    tell their neighbours what they hold and fetch from each other; one announcement per peer
+    from the hub, which still uploads about once) or star (the hub uploads every version to
+    every peer)."""
     anchor_every: int = 10
     """Every this many published versions go out in full; the others as lossless deltas to the
     peers holding the previous version (1 = never send deltas)."""

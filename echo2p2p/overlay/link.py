@@ -59,7 +59,7 @@ class Have:
     version: int
     base: int | None
     bits: bytes  # bit i (LSB first in byte i // 8) = chunk i is held
-    digest: bytes = b""  # the manifest's (its stream digest): another one under this key is not ours
+    digest: bytes = b""  # the manifest's digest: another manifest under this key is not ours
 
 
 @dataclass(frozen=True)

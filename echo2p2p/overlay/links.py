@@ -178,9 +178,9 @@ class Links:
             self.meter.served_bytes += len(piece.data)
 
     def serve_rank(self, link: Link, key: Key, index: int) -> tuple[bool, int]:
-        """`echo2p2p.gossip.Swarm.serve_rank` over the links: how many of our links hold the
-        chunk (the rarest spreads first), then a NAT'd asker first (links are its only way to
-        get chunks and to pass them on)."""
+        """`echo2p2p.gossip.Swarm.serve_rank` over the links: a NAT'd asker first (links are
+        its only way to get chunks and to pass them on), then the chunk fewest of our links
+        hold (the rarest spreads first)."""
         byte, bit = divmod(index, 8)
         holders = sum(1 for other in self.links.values()
                       if byte < len(bits := other.bits.get(key, b"")) and bits[byte] >> bit & 1)

@@ -53,7 +53,7 @@ class TokenBucket:
 
 class RankedSlots:
     """At most `n` holders at once, like a semaphore, but the waiter of lowest rank enters
-    first (FIFO among equal ranks): the gossip links' uplink serves the rarest piece first."""
+    first (FIFO among equal ranks): the gossip links' uplink, in `Links.serve_rank` order."""
 
     def __init__(self, n: int):
         self.free = n
