@@ -26,7 +26,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import Limits, decode_frame, encode_frame
-from echo2p2p.gossip import unpack_bits
+from echo2p2p.gossip import bitfield_size, unpack_bits
 
 from .store import Held, Key, key_order
 
@@ -275,7 +275,7 @@ class Link:
         if (listener := self.links.listeners.get(key)) is not None:
             if held is not None and not self.same(held):  # another manifest: none of ours
                 if isinstance(rec, Have):
-                    listener.heard(self, bytes((len(held.wires) + 7) // 8), [])
+                    listener.heard(self, bytes(bitfield_size(len(held.wires))), [])
                 return
             try:
                 listener.heard(self, bytes(bits) if isinstance(rec, Have) else None, indices)

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from echo2p2p import messages as m
+from echo2p2p.gossip import pack_bits
 
 from .link import (HONEST_ENDS, KEEP_KEYS, PEER_ID, LINK_PATH, MAX_HAD, MAX_PIECE_BYTES,
                    MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link, Listener, Peers,
@@ -187,11 +188,9 @@ class Links:
         return not link.natted, holders
 
     async def _have(self, link: Link, held: Held) -> None:
-        bits = bytearray((len(held.wires) + 7) // 8)
-        for i, wire in enumerate(held.wires):
-            if wire is not None:
-                bits[i // 8] |= 1 << (i % 8)
-        await quietly(link.send(Have(*held.key, bytes(bits), held.manifest.digest)))
+        bits = pack_bits((i for i, wire in enumerate(held.wires) if wire is not None),
+                         len(held.wires))
+        await quietly(link.send(Have(*held.key, bits, held.manifest.digest)))
 
     def spawn(self, coro: Any) -> asyncio.Task:
         """Run `coro` until it ends or the links close."""
