@@ -270,6 +270,8 @@ class RelayPlan:
     `owners` is packed little-endian uint32, one per chunk: an index into `sources`, or
     HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the hub; that peer
     then serves it to the others. A newer `revision` of the same manifest replaces the plan.
+    `window`: the requests to keep in flight per source (0: the peer's own default); the
+    striped chain asks for more, since one source serves nearly every chunk.
     """
 
     TYPE: ClassVar[str] = "relay_plan"
@@ -279,6 +281,7 @@ class RelayPlan:
     sources: list[RelaySource]
     owners: bytes
     gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are empty)
+    window: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ A peer that cannot accept connections is a leaf: it owns nothing and only pulls.
 
 When an owner leaves, or peers report it as corrupt or stalled, its chunks are re-dealt to the
 remaining owners (a new plan revision); a chunk nobody can serve comes from the hub.
+"striped-chain" is the ECHO-2 paper's broadcast: the serving members form a ring, each
+chunk's owner (the first hop of its stripe) fetches it from the hub, and every other member
+fetches every chunk from its predecessor in the ring, so each relays to one child; each plan is
+the member's own (`Broadcast.plan(peer_id)`). A member that leaves is spliced out (its child
+fetches from its predecessor) and its stripes get new first hops; a leaf or late joiner pulls
+from the owners, as in "pipelined". The ring moves at its slowest uplink.
 The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
 the peers route themselves (`echo2p2p.gossip`). This module is pure: no sockets, no clock;
 `propagation` turns the hub's observations into the per-version figures of the run log.
@@ -27,9 +33,12 @@ from dataclasses import dataclass, field
 
 from . import messages as m
 
-STRATEGIES = ("pipelined", "star", "gossip")  # pipelined: the tracker; gossip: echo2p2p.gossip
+# pipelined: the tracker; gossip: echo2p2p.gossip; striped-chain: the ECHO-2 paper's chains
+STRATEGIES = ("pipelined", "star", "gossip", "striped-chain")
 GOSSIP_DEGREE = 8  # neighbours the hub samples for each peer in gossip mode
 MAX_NEIGHBOURS = 32  # never more in one GossipPlan (a peer refuses a longer list)
+CHAIN_WINDOW = 2  # striped-chain: requests in flight to the parent, per stripe it relays
+MAX_WINDOW = 32  # never more in one RelayPlan (a peer caps it there)
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Broadcast:
     excluded: set[str] = field(default_factory=set)  # left, or reported: never an owner again
     revision: int = 0
     _owners: list[str | None] = field(default_factory=list)  # peer id per chunk; None = the hub
+    _ring: list[str] = field(default_factory=list)  # striped-chain: the first members that serve
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -86,36 +96,65 @@ class Broadcast:
         """Deal every chunk among the serving members; the first plan."""
         self.members = {mb.peer_id: mb for mb in members}
         self._owners = [None] * self.n_chunks
+        self._ring = [mb.peer_id for mb in members if mb.url]
         self._redeal(range(self.n_chunks))
+        self.revision += 1
         return self.plan()
 
     def join(self, member: Member) -> m.RelayPlan:
         """A peer that arrived after the start pulls by the current plan; it owns nothing."""
         self.members[member.peer_id] = member
-        return self.plan()
+        self.revision += 1
+        return self.plan(member.peer_id)
 
     def drop(self, peer_id: str) -> m.RelayPlan | None:
-        """Stop routing through `peer_id` (left, corrupt or stalled); the new plan if it owned
-        chunks, else None."""
+        """Stop routing through `peer_id` (left, corrupt or stalled); the new (shared) plan if
+        it owned chunks or was in the ring, else None: then every member's `plan` changed."""
+        in_ring = peer_id in self.ring()
         self.excluded.add(peer_id)
         orphaned = [i for i, owner in enumerate(self._owners) if owner == peer_id]
-        if not orphaned:
+        if not orphaned and not in_ring:
             return None
         self._redeal(orphaned)
+        self.revision += 1
         return self.plan()
 
-    def plan(self) -> m.RelayPlan:
-        self.revision += 1
-        ids = sorted({o for o in self._owners if o is not None})
-        index = {peer_id: k for k, peer_id in enumerate(ids)}
-        owners = [m.HUB_OWNER if o is None else index[o] for o in self._owners]
-        return m.RelayPlan(self.version, self.base_version, self.revision,
-                           [m.RelaySource(i, self.members[i].url) for i in ids],
-                           struct.pack(f"<{len(owners)}I", *owners))
+    def plan(self, peer_id: str | None = None) -> m.RelayPlan:
+        """The current plan: the one every member shares, or in "striped-chain" the one
+        `peer_id` follows (its own stripes from the hub, the rest from its predecessor in the
+        ring; a member outside the ring shares the owners' plan)."""
+        ring, window = self.ring(), 0
+        if peer_id in ring and len(ring) > 1:
+            parent = ring[ring.index(peer_id) - 1]
+            sources = [m.RelaySource(p, self.members[p].url) for p in (peer_id, parent)]
+            owners = [0 if o == peer_id else 1 for o in self._owners]
+            window = min(CHAIN_WINDOW * (len(ring) - 1), MAX_WINDOW)
+        else:
+            ids = sorted({o for o in self._owners if o is not None})
+            index = {pid: k for k, pid in enumerate(ids)}
+            sources = [m.RelaySource(i, self.members[i].url) for i in ids]
+            owners = [m.HUB_OWNER if o is None else index[o] for o in self._owners]
+        return m.RelayPlan(self.version, self.base_version, self.revision, sources,
+                           struct.pack(f"<{len(owners)}I", *owners), window=window)
+
+    def ring(self) -> list[str]:
+        """"striped-chain": the members in the ring, in order (empty for other strategies)."""
+        if self.strategy != "striped-chain":
+            return []
+        return [p for p in self._ring if p not in self.excluded]
 
     def owner(self, index: int) -> str | None:
         """The peer that relays chunk `index` now (None: the hub, or no such chunk)."""
         return self._owners[index] if 0 <= index < len(self._owners) else None
+
+    def source(self, peer_id: str, index: int) -> str | None:
+        """Whom `peer_id` is told to fetch chunk `index` from now (None: the hub)."""
+        owner, ring = self.owner(index), self.ring()
+        if owner == peer_id:
+            return None
+        if owner is None or peer_id not in ring or len(ring) < 2:
+            return owner
+        return ring[ring.index(peer_id) - 1]
 
     def hub_share(self) -> float:
         """Fraction of chunks nobody relays: the hub serves them to every member."""
@@ -124,6 +163,8 @@ class Broadcast:
     def _redeal(self, chunks: range | list[int]) -> None:
         servers = [mb for mb in self.members.values()
                    if mb.url and mb.peer_id not in self.excluded]
+        if self.strategy == "striped-chain":  # a first hop outside the ring would feed nobody
+            servers = [self.members[p] for p in self.ring()]
         if self.strategy == "star" or not servers:
             for i in chunks:
                 self._owners[i] = None

@@ -126,8 +126,10 @@ class HubConfig:
     """How versions reach peers: pipelined (the hub as tracker: it deals every chunk to a
     relaying peer and answers lookups; the hub uploads each version about once), gossip (peers
     tell their neighbours what they hold and fetch from each other; one announcement per peer
-    from the hub, which still uploads about once) or star (the hub uploads every version to
-    every peer)."""
+    from the hub, which still uploads about once), striped-chain (the ECHO-2 paper's: each
+    chunk's owner fetches it from the hub, every other peer fetches it from its predecessor in
+    a ring; as fast as the slowest uplink) or star (the hub uploads every version to every
+    peer)."""
     anchor_every: int = 10
     """Every this many published versions go out in full; the others as lossless deltas to the
     peers holding the previous version (1 = never send deltas)."""

@@ -17,7 +17,8 @@ The broadcast time T_bcast is estimated for every candidate receiving each versi
 workers stay warm): with the overlay (gossip or the pipelined tracker), the max-flow bound of
 upload-limited broadcast,
 M / min(B_hub, (B_hub + sum of worker uplinks) / N), times PIPELINED_OVER_BOUND as measured by
-`bench/broadcast.py`; with a star, N * M / B_hub.
+`bench/broadcast.py`; with the striped chain, M / min(B_hub, N / (N - 1) * the slowest worker
+uplink) times the same; with a star, N * M / B_hub.
 
     echo2-hub plan --workers examples/workers.toml --model-bytes 16e9 --uplink-mbps 1000
 """
@@ -70,7 +71,7 @@ class PlanConfig:
     or overlapped (workers keep generating on the old version while downloading)."""
     relay: str = "pipelined"
     """How versions reach workers: gossip or pipelined (the overlay: peers relay chunks to
-    each other, estimated alike) or star."""
+    each other, estimated alike), striped-chain or star."""
     margin: float = 0.1
     """Safety margin on the required throughput (0.1 = provision 10 % more)."""
     learner_ranks: int = 1
@@ -163,6 +164,9 @@ def broadcast_s(nbytes: float, hub_bps: float, workers: list[Worker], relay: str
     n = max(len(workers), 1)
     if relay == "star":
         return n * 8 * nbytes / hub_bps
+    if relay == "striped-chain" and n > 1:  # every chunk crosses every uplink in the ring
+        slowest = min(w.upload_bps for w in workers) * n / (n - 1)
+        return PIPELINED_OVER_BOUND * 8 * nbytes / min(hub_bps, slowest)
     rate = min(hub_bps, (hub_bps + sum(w.upload_bps for w in workers)) / n)
     return PIPELINED_OVER_BOUND * 8 * nbytes / rate
 

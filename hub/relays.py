@@ -145,7 +145,7 @@ class RelayJudge:
         manifest's, if the hub still keeps them. Only a chunk the accuser was told to fetch from
         the accused is worth a look."""
         if (snap is not None and broadcast is not None and accuser.peer_id in broadcast.members
-                and broadcast.owner(report.index) == accused.peer_id):
+                and broadcast.source(accuser.peer_id, report.index) == accused.peer_id):
             self.accused(accuser, accused, report.reason, snap.manifest, report.index)
 
     async def _probe(self, conn: PeerConn, version: int) -> None:

@@ -86,10 +86,12 @@ class VersionTracker:
             if self.cfg.relay == "gossip":
                 self.announce_gossip(snap, members)
                 continue
-            plan = self._broadcast(snap).start([self.member(c) for c in members])
+            broadcast = self._broadcast(snap)
+            broadcast.start([self.member(c) for c in members])
             for conn in members:
                 conn.protocol.announce(version.version)
-                conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
+                conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
+                                                snap.signature))
 
     def announce_gossip(self, snap: Snapshot, conns: list[PeerConn], late: bool = False) -> None:
         """Gossip: one announcement per peer with its seed chunks and a neighbour sample, and
@@ -164,8 +166,12 @@ class VersionTracker:
             return
         member = conn.member(relays=relays and not self._quarantined(conn))
         broadcast = self._broadcast(snap)
-        plan = broadcast.join(member) if broadcast.members else broadcast.start([member])
-        conn.post(m.VersionAnnouncement(snap.manifest, plan, snap.signature))
+        if broadcast.members:
+            broadcast.join(member)
+        else:
+            broadcast.start([member])
+        conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
+                                        snap.signature))
 
     def _broadcast(self, snap: Snapshot) -> Broadcast:
         key = (snap.manifest.version, snap.manifest.base_version)
@@ -183,12 +189,11 @@ class VersionTracker:
         in gossip, its seed chunks to the other seeders (`reseed`)."""
         self.reseed(peer_id)
         for broadcast in self.broadcasts.values():
-            plan = broadcast.drop(peer_id)
-            if plan is None:
+            if broadcast.drop(peer_id) is None:
                 continue
             for member in broadcast.members:
                 if (conn := self.peers.get(member)) is not None:
-                    conn.post(plan)
+                    conn.post(broadcast.plan(member))
 
     def reseed(self, peer_id: str) -> None:
         """Gossip: `peer_id` (left, quarantined or failed the hub's check) may not have passed

@@ -22,6 +22,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
 from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
+from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
 
 from .store import ChunkStore, Held, chunk_path
@@ -76,6 +77,8 @@ class Download:
             log.warning("ignoring a relay plan for v%d: %s", plan.version, ignored)
             return
         self._urls.update(urls)
+        if plan.window > 0:  # the hub's, within bounds (a frame may carry any int)
+            self.window = min(plan.window, MAX_WINDOW)
         self._changed.set()
 
     async def run(self) -> TransferStats:
