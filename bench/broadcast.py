@@ -125,17 +125,21 @@ class Cluster:
         return self.bed.popen(i, argv, **kw) if self.bed else subprocess.Popen(argv, **kw)
 
     def timed_record(self, on_published=None) -> dict:
-        """The propagation record of the last round; `on_published()` runs as it starts. After
-        RUN_TIMEOUT_S a watchdog kills the hub, which ends the wait."""
+        """The propagation record of the last round, with the first round's as "first";
+        `on_published()` runs as the last starts. After RUN_TIMEOUT_S a watchdog kills the
+        hub, which ends the wait."""
         watchdog = threading.Timer(RUN_TIMEOUT_S, lambda: os.killpg(self.hub.pid, signal.SIGKILL))
         watchdog.start()
         try:
+            first: dict = {}
             for line in self.hub.stdout:
                 msg = json.loads(line)
                 if msg.get("published") == self.rounds and on_published:
                     on_published()
+                if msg.get("version") == 1:
+                    first = msg
                 if msg.get("version") == self.rounds:
-                    return msg
+                    return {**msg, "first": first}
         finally:
             watchdog.cancel()
         raise RuntimeError(f"hub ended or timed out without a record (exit {self.hub.poll()})")

@@ -37,6 +37,7 @@ class Propagation:
     on_delta: int = 0
     received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
     predicted_bcast_s: float | None = None  # the capacity model's, made at publication
+    dealt: dict[str, int] = field(default_factory=dict)  # chunks each peer relays or seeds
 
     def count(self, reporter: str, report: m.TransferReport, size: int) -> None:
         """`reporter`'s transfer report of a manifest of `size` wire bytes, believed only as far
@@ -74,6 +75,8 @@ class Propagation:
             **propagation(list(self.done_after_s.values()), len(self.expected)),
             "cdf_s": deciles(list(self.done_after_s.values()), len(self.expected)),
             "done_s": round(max(self.done_after_s.values(), default=0.0), 3),
+            "done_by_peer_s": {p: round(t, 3) for p, t in self.done_after_s.items()},
+            "chunks_dealt": dict(self.dealt),
             "serving": serving, "t_bcast_s": serving["t90_s"],
             "predicted_bcast_s": self.predicted_bcast_s,
             "hub_sent_s": round(self.hub_sent_after_s, 3),

@@ -39,6 +39,7 @@ GOSSIP_DEGREE = 8  # neighbours the hub samples for each peer in gossip mode
 MAX_NEIGHBOURS = 32  # never more in one GossipPlan (a peer refuses a longer list)
 CHAIN_WINDOW = 2  # striped-chain: requests in flight to the parent, per stripe it relays
 MAX_WINDOW = 32  # never more in one RelayPlan (a peer caps it there)
+MAX_TAIL = 0.1  # no relay whose one chunk, passed on, takes more of the hub's sending time
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Broadcast:
     members: dict[str, Member] = field(default_factory=dict)
     excluded: set[str] = field(default_factory=set)  # left, or reported: never an owner again
     revision: int = 0
+    hub_bps: float | None = None  # the hub's send rate, if measured (caps owners' shares)
     _owners: list[str | None] = field(default_factory=list)  # peer id per chunk; None = the hub
     _ring: list[str] = field(default_factory=list)  # striped-chain: the first members that serve
 
@@ -147,6 +149,14 @@ class Broadcast:
         """The peer that relays chunk `index` now (None: the hub, or no such chunk)."""
         return self._owners[index] if 0 <= index < len(self._owners) else None
 
+    def dealt(self) -> dict[str, int]:
+        """Chunks each member owns now (relays to the others, or heads in the ring)."""
+        counts = {pid: 0 for pid in self.members}
+        for owner in self._owners:
+            if owner is not None:
+                counts[owner] += 1
+        return counts
+
     def source(self, peer_id: str, index: int) -> str | None:
         """Whom `peer_id` is told to fetch chunk `index` from now (None: the hub)."""
         owner, ring = self.owner(index), self.ring()
@@ -169,7 +179,8 @@ class Broadcast:
             for i in chunks:
                 self._owners[i] = None
             return
-        for peer_id, owned in deal_seeds(servers, list(chunks)).items():
+        copies = 1 if self.strategy == "striped-chain" else len(self.members) - 1
+        for peer_id, owned in deal_seeds(servers, list(chunks), copies, self.hub_bps).items():
             for i in owned:
                 self._owners[i] = peer_id
 
@@ -183,33 +194,80 @@ class GossipDeal:
 
 
 def gossip_plan(members: list[Member], n_chunks: int, degree: int = GOSSIP_DEGREE,
-                rng: random.Random | None = None) -> dict[str, GossipDeal]:
+                rng: random.Random | None = None, hub_bps: float | None = None
+                ) -> dict[str, GossipDeal]:
     """The hub's whole part in a gossip version: every chunk dealt to exactly one seeder, in
     proportion to measured upload like the tracker's owners (NAT'd members seed too: they
     upload over the links they open), and each member a sample of `degree` (at most
     MAX_NEIGHBOURS) other members that accept links; a member that accepts none gets twice as
     many, since nobody dials it (in `bench/gossip_sweep.py` that took half-NAT'd swarms from
-    1.55 to 1.40 x M/B at 32 peers). O(N) work and messages, none per chunk."""
-    seeds = deal_seeds(members, list(range(n_chunks)))
+    1.55 to 1.40 x M/B at 32 peers). A seeder uploads each seed at least once: its share is
+    capped at what its uplink sends while the hub sends the version at `hub_bps`. O(N) work
+    and messages, none per chunk."""
+    seeds = deal_seeds(members, list(range(n_chunks)), 1, hub_bps)
     return {mb.peer_id: GossipDeal(seeds[mb.peer_id], neighbour_sample(
                 members, mb.peer_id, degree if mb.url else 2 * degree, rng)) for mb in members}
 
 
-def deal_seeds(members: list[Member], chunks: list[int]) -> dict[str, list[int]]:
+def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
+               hub_bps: float | None = None) -> dict[str, list[int]]:
     """`chunks` dealt among `members` (each chunk to one), in proportion to measured upload:
     the tracker's owners, gossip's first deal, or the seeds of a member that left before the
     hub had sent them (then the shell sends each receiver its share). A rate that is not a
     positive finite number counts as unmeasured (defence in depth: the hub only keeps
-    plausible rates), and an unmeasured one as the average."""
+    plausible rates), and an unmeasured one as the average.
+
+    A member uploads each chunk it is dealt `copies` times (the tracker's owner: to every
+    other member; a gossip seeder: once), and never gets more than its uplink sends while
+    the hub sends all of `chunks` at `hub_bps` (None: no cap); none at all if one chunk,
+    passed on `copies` times, takes it over MAX_TAIL of that time (its last chunk leaves only
+    once it has come): a slow peer's share must not hold the fast ones back. What those caps
+    leave goes to the others (water-filling); only when every member is capped do shares pass their caps."""
     seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
-    if not members:
+    if not members or not chunks:
         return seeds
     rates = [mb.upload_bps if 0 < mb.upload_bps < math.inf else 0.0 for mb in members]
     known = [r for r in rates if r > 0]
     default = sum(known) / len(known) if known else 1.0
-    for i, j in zip(chunks, deal(len(chunks), [r if r > 0 else default for r in rates])):
-        seeds[members[j].peer_id].append(i)
+    capped = hub_bps is not None and 0 < hub_bps < math.inf
+    caps = [r * len(chunks) / (max(copies, 1) * hub_bps) if r and capped else math.inf
+            for r in rates]
+    caps = [0.0 if c * MAX_TAIL < 1 else c for c in caps]
+    counts = capped_shares(len(chunks), [r if r > 0 else default for r in rates], caps)
+    dealt = [j for j, c in enumerate(counts) if c > 0]
+    for i, k in zip(chunks, deal(len(chunks), [counts[j] for j in dealt])):
+        seeds[members[dealt[k]].peer_id].append(i)
     return seeds
+
+
+def capped_shares(n: int, weights: list[float], caps: list[float]) -> list[int]:
+    """`n` items as whole counts in proportion to `weights`, none over its cap (water-filling:
+    a capped member keeps its cap and the rest is shared among the others); when the caps add
+    up to less than `n`, what is left is shared by weight over everyone whose cap is not 0
+    (over everyone, if all are). The counts sum to n."""
+    counts = [0.0] * len(weights)
+    free = set(range(len(weights)))
+    left = float(n)
+    while free and left > 0:
+        total = sum(weights[j] for j in free)
+        over = {j for j in free if left * weights[j] / total > caps[j]}
+        if not over:
+            for j in free:
+                counts[j] += left * weights[j] / total
+            left = 0.0
+            break
+        for j in over:
+            counts[j] = math.floor(caps[j])
+            left -= counts[j]
+        free -= over
+    spill = [w if k > 0 else 0.0 for w, k in zip(weights, caps)]  # a zero cap takes no spill
+    spill = spill if any(spill) else weights
+    counts = [c + left * w / sum(spill) for c, w in zip(counts, spill)]
+    whole = [math.floor(c + 1e-9) for c in counts]  # then the largest remainders get one more,
+    order = sorted(range(len(counts)), key=lambda j: (whole[j] + 1 > caps[j], whole[j] - counts[j]))
+    for j in order[:n - sum(whole)]:  # first those it takes past no cap
+        whole[j] += 1
+    return whole
 
 
 def neighbour_sample(members: list[Member], me: str, degree: int = GOSSIP_DEGREE,

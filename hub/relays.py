@@ -1,7 +1,8 @@
 """The hub's own evidence about the peers' chunk servers: no report is believed without it.
 
 A peer advertises a chunk server URL in its hello; the hub deals it chunks only once it has
-asked that server itself (`probe`: any authorised answer within the deadline). A peer that
+asked that server itself (`probe`: any authorised answer within the deadline), and it times
+that server's uplink itself (`uplink_bps`), which deals the first version's shares. A peer that
 accuses a relay of a corrupt chunk, a stall or no answer names the chunk, and the hub fetches
 that chunk from the accused with its own ticket (`fetch`): a chunk that arrives whole and
 matches the signed manifest's digest clears the accused (and a "corrupt" accuser has lied); a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +26,8 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
 from echo2p2p.overlay.download import MIN_RATE_BYTES_S
+from echo2p2p.overlay.serving import PIECE_BYTES, PROBE_PATH
+from echo2p2p.propagation import MAX_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.relay import Broadcast
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0  # an advertised chunk server must answer the hub's probe within this
 PROBE_ATTEMPTS = 3  # probes before a server that does not answer stays a leaf
 PROBE_RETRY_S = 2.0  # between probe attempts
+PROBE_BYTES = 512 << 10  # timed from a new chunk server: its uplink before any version spreads
+MIN_PROBED_BYTES = 64 << 10  # less than this by the deadline says nothing about an uplink
 FETCH_WAIT_S = 10.0  # how long the accused may long-poll for the contested chunk
 CHECKS_AT_ONCE = 8  # hub-side probes and fetches in flight; more wait their turn
 MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
@@ -76,6 +82,28 @@ class RelayCheck:
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.debug("probe of %s failed: %s", base_url, type(exc).__name__)
         return False
+
+    async def uplink_bps(self, base_url: str, audience: str) -> float | None:
+        """`audience`'s uplink as the hub times it itself: PROBE_BYTES from its server's
+        /probe, bits/s over what arrived by PROBE_TIMEOUT_S (a lower bound: TCP's slow start
+        counts against it); None if too little came."""
+        got, start = 0, time.monotonic()
+        try:
+            async with self._slots, asyncio.timeout(PROBE_TIMEOUT_S):
+                start = time.monotonic()
+                async with self._session().get(base_url + PROBE_PATH,
+                                               params={"bytes": str(PROBE_BYTES)},
+                                               headers=self._headers(audience)) as resp:
+                    if resp.status != 200:
+                        return None
+                    async for data in resp.content.iter_chunked(PIECE_BYTES):
+                        got += len(data)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass  # what came by the deadline is the measure
+        elapsed = time.monotonic() - start
+        if got < MIN_PROBED_BYTES or elapsed <= 0:
+            return None
+        return min(8 * got / elapsed, MAX_RATE_BYTES_S * 8)
 
     async def fetch(self, base_url: str, audience: str, manifest: m.Manifest, index: int) -> str:
         """Fetch chunk `index` of `manifest` from `audience`'s server and judge it: one of
@@ -150,6 +178,9 @@ class RelayJudge:
 
     async def _probe(self, conn: PeerConn, version: int) -> None:
         ok = await self.check.probe(conn.server_url, conn.peer_id, version)
+        rate = ok and await self.check.uplink_bps(conn.server_url, conn.peer_id)
+        if rate and not conn.upload_bps:  # the first version's shares; measured ones replace it
+            conn.upload_bps = rate
         if conn.relay == "unprobed":  # not judged meanwhile
             conn.relay = "ok" if ok else "failed"
             log.info("chunk server of %s at %s: %s", conn.peer_id, conn.server_url,

@@ -88,6 +88,7 @@ class VersionTracker:
                 continue
             broadcast = self._broadcast(snap)
             broadcast.start([self.member(c) for c in members])
+            self.propagation[version.version].dealt.update(broadcast.dealt())
             for conn in members:
                 conn.protocol.announce(version.version)
                 conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
@@ -103,8 +104,11 @@ class VersionTracker:
         if late and (manifest.base_version is not None or not any(
                 c.stream_version == manifest.version for c in self.peers.values())):
             seeders = conns
-        deals = gossip_plan([self.member(c) for c in seeders], len(snap.chunks))
+        deals = gossip_plan([self.member(c) for c in seeders], len(snap.chunks),
+                            hub_bps=self.hub_bps_estimate())
         if not late:
+            if (prop := self.propagation.get(manifest.version)) is not None:
+                prop.dealt.update({pid: len(d.seed) for pid, d in deals.items()})
             self.seeds[(manifest.version, manifest.base_version)] = (
                 {pid: list(d.seed) for pid, d in deals.items()}, 1)
             self.seeds = {k: v for k, v in self.seeds.items() if k[0] in self.published}
@@ -176,8 +180,20 @@ class VersionTracker:
     def _broadcast(self, snap: Snapshot) -> Broadcast:
         key = (snap.manifest.version, snap.manifest.base_version)
         if key not in self.broadcasts:
-            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.cfg.relay)
+            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.cfg.relay,
+                                             hub_bps=self.hub_bps_estimate())
         return self.broadcasts[key]
+
+    def hub_bps_estimate(self) -> float | None:
+        """The hub's send rate, bits/s, that caps a slow peer's share (`relay.deal_seeds`): as
+        measured over the versions spread, else the configured upload cap, else (the first
+        version) the median of the peers' uplinks the hub probed at join; None: unknown."""
+        if self.hub_send_bps:
+            return self.hub_send_bps
+        if self.cfg.upload_limit_mbps:
+            return self.cfg.upload_limit_mbps * 1e6
+        rates = sorted(c.upload_bps for c in self.peers.values() if c.upload_bps)
+        return rates[len(rates) // 2] if rates else None
 
     def member(self, conn: PeerConn) -> Member:
         return conn.member(relays=not self._quarantined(conn))

@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from echo2p2p.overlay.links import LINK_PATH, Links, link_handler
-from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
+from echo2p2p.overlay.serving import (PROBE_PATH, TokenBucket, UploadMeter, chunk_handler,
+                                      probe_handler)
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.runtime import http_deadlines
@@ -61,6 +62,7 @@ async def _serve(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: Upload
     app.router.add_get("/chunk/{version}/{base}/{index}",
                        chunk_handler(lambda *a: store().chunk(*a), meter, limiter,
                                      authorize=tickets))
+    app.router.add_get(PROBE_PATH, probe_handler(limiter, authorize=tickets))
     if links is not None:
         app.router.add_get(LINK_PATH, link_handler(links, tickets))
     runner = http_deadlines.runner(app)  # idle and request-head deadlines

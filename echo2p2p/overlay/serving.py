@@ -27,6 +27,8 @@ MAX_WAIT_S = 30.0  # longest long poll a server grants
 PIECE_BYTES = 64 << 10  # uploads are written (and rate-limited) in pieces of this size
 WRITE_DEADLINE_S = 10.0  # a chunk receiver that takes no piece for this long is cut off
 UPLOAD_SLOTS = 2  # responses a chunk server sends at once (see chunk_handler)
+PROBE_PATH = "/probe"  # GET /probe?bytes=N: N zero bytes through the uplink, for the hub to time
+MAX_PROBE_BYTES = 1 << 20
 
 
 @dataclass
@@ -150,3 +152,34 @@ def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | Non
 
     return handle
 
+
+
+def probe_handler(limiter: TokenBucket | None = None,
+                  authorize: Callable[[web.Request], bool] | None = None):
+    """The aiohttp handler for GET /probe?bytes=N: N (at most MAX_PROBE_BYTES) zero bytes,
+    paced like chunks, so that the hub can time this peer's uplink itself before dealing it
+    any chunk."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if authorize is not None and not authorize(request):
+            return web.Response(status=403, text="a ticket from this run's hub is required")
+        try:
+            nbytes = min(max(int(request.query.get("bytes", "0")), 0), MAX_PROBE_BYTES)
+        except ValueError:
+            return web.Response(status=400, text="expected /probe?bytes=N")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = nbytes
+        piece = bytes(min(PIECE_BYTES, nbytes))
+        try:
+            await response.prepare(request)
+            for pos in range(0, nbytes, PIECE_BYTES):
+                size = min(PIECE_BYTES, nbytes - pos)
+                if limiter is not None:
+                    await limiter.take(size)
+                async with asyncio.timeout(WRITE_DEADLINE_S):
+                    await response.write(piece[:size])
+            await response.write_eof()
+        except (ConnectionError, TimeoutError):
+            pass  # the hub stopped timing: nothing to tell it
+        return response
+
+    return handle

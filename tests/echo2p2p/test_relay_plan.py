@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2p2p import messages as m
-from echo2p2p.relay import Broadcast, Member, deal, owners_of, propagation
+from echo2p2p.relay import (Broadcast, Member, capped_shares, deal, deal_seeds, owners_of,
+                            propagation)
 
 FAST = settings(max_examples=80, deadline=None)
 
@@ -285,3 +286,45 @@ def test_propagation_percentiles(done, n_peers, want):
     """t50/t90/t100 are the times by which ceil(p % of n_peers) had the version, else None."""
     got = propagation([float(t) for t in done], n_peers)
     assert (got["t50_s"], got["t90_s"], got["t100_s"]) == want
+
+
+# --- capped shares: a slow uplink never gets more than it can pass on ----------------------
+
+
+@FAST
+@given(n=st.integers(0, 500), weights=st.lists(st.floats(0.1, 100.0), min_size=1, max_size=12),
+       caps=st.data())
+def test_capped_shares_sum_to_n_and_respect_every_cap_that_can_be_met(n, weights, caps):
+    """The counts sum to n; when the caps leave room for n, none is passed, else each count
+    is at least its cap, floored."""
+    cap = caps.draw(st.lists(st.one_of(st.just(math.inf), st.floats(0.0, 200.0)),
+                             min_size=len(weights), max_size=len(weights)))
+    counts = capped_shares(n, weights, cap)
+    assert sum(counts) == n and min(counts) >= 0
+    if sum(math.floor(min(c, n)) for c in cap) >= n:
+        assert all(c <= k + 1e-9 for c, k in zip(counts, cap))
+    else:
+        assert all(c >= math.floor(k) for c, k in zip(counts, cap) if k < math.inf)
+
+
+def test_a_slow_uplink_is_capped_and_the_fast_ones_take_the_rest():
+    """8 owners, one at 1 Mbit/s and seven at 20 against a 20 Mbit/s hub: each chunk is
+    uploaded 7 times, so the slow one can pass on half a chunk in half the hub's time of 128
+    chunks: it owns none; proportional shares would have given it about one."""
+    members = _members(8, bps=[20e6] * 7 + [1e6])
+    plan = Broadcast(1, None, 128, hub_bps=20e6).start(members)
+    counts = Counter(_owner_ids(plan))
+    assert "s7" not in counts and sum(counts.values()) == 128
+    assert max(counts.values()) - min(counts.values()) <= 1
+    uncapped = Counter(_owner_ids(Broadcast(1, None, 128).start(members)))
+    assert uncapped["s7"] >= 1
+
+
+def test_a_gossip_seeder_too_slow_to_pass_one_seed_on_in_time_seeds_nothing():
+    """A seeder uploads each seed once. Against a 40 Mbit/s hub, one at 1 Mbit/s could pass
+    on 5 of 200 seeds while the hub sends them all, so one seed takes it a fifth of that
+    time, over MAX_TAIL: it seeds none, though its weight alone would give it 18."""
+    members = _members(2, bps=[1e6, 10e6])
+    seeds = deal_seeds(members, list(range(200)), copies=1, hub_bps=40e6)
+    assert len(seeds["s0"]) == 0 and len(seeds["s1"]) == 200
+    assert len(deal_seeds(members, list(range(200)))["s0"]) == 18
