@@ -1,32 +1,37 @@
-"""How long one version takes to reach N peers: star vs our pipelined overlay vs shardcast.
+"""How long one version takes to reach N peers: star, our overlays and shardcast, raced.
 
 The hub and every peer are separate processes, each in its own network namespace with its
 uplink shaped to B by `tc tbf` (`netns.Testbed`); the hub publishes a random (incompressible)
-version of M bytes and logs when each peer holds all of it, verified. Strategies:
+version of M bytes and logs when each peer holds all of it, verified, and when its engine
+serves it. Strategies:
 - star: the hub uploads the version to every peer (`echo2-hub --relay star`);
-- pipelined: our overlay: the hub uploads each chunk once to its owner, owners relay to the rest
-  as soon as a chunk is verified (`echo2p2p.relay`), shares weighted by measured upload;
-- gossip: `echo2-hub --relay gossip`: the hub deals each chunk to one seeder and gives each
-  peer a neighbour sample; peers spread the rest over links (`echo2p2p.gossip`);
+- pipelined: the tracker: the hub uploads each chunk once to its owner, owners relay to the
+  rest as soon as a chunk is verified (`echo2p2p.relay`), shares by the uplinks the hub timed;
+- gossip: `--relay gossip`: the hub deals each chunk to one seeder and gives each peer a
+  neighbour sample; peers spread the rest over links (`echo2p2p.gossip`);
+- striped-chain: `--relay striped-chain`, the ECHO-2 paper's: a ring in which every chunk
+  starts at its stripe's first hop and each peer relays to one child;
 - shardcast: PyPI shardcast's relay tree (`shardcast_race.py`), same hosts, shaping and bytes.
-Modes (pipelined and gossip, at the largest N): uniform links; heterogeneous (every third
-peer's uplink at B/4), against the max-flow lower bound M / min(B_hub, (B_hub + sum of peer
-uplinks) / N) of upload-limited broadcast; churn (25 % of the relaying peers SIGKILLed 0.35 M/B into the
-version), against the undisturbed time; nat: a `--nat-fraction` of the peers (default 0.5) run
-no chunk server, so nobody can dial them (the tracker's leaves; gossip's peers that upload
-only over the links they open). Our peers run `echo2-peer join --engine relay`; each
-run first broadcasts one untimed version so the hub has measured every peer's upload.
+Modes (each overlay, at the largest N): uniform; heterogeneous (every third uplink at B/4),
+against the max-flow bound M / min(B_hub, (B_hub + sum of peer uplinks) / N); churn (25 % of
+the peers SIGKILLed 0.35 M/B into the version), against the undisturbed time; nat (a
+`--nat-fraction` of the peers run no chunk server); slow_peer (one uplink at B/20): when all
+the others hold it, over M/B. Each run broadcasts two versions: the first before any uplink
+was measured by a version ("first_version_ratio": its time over the second's), the second
+timed. `--scale` adds the emulated sweep at 64-256 peers (`gossip_sweep.py`: the same pure
+cores, RTT 20-200 ms, loss-free token buckets).
 
-    python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 32] [--rate-mbit 40]
+    python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 16] [--rate-mbit 20]
 
-Prints a table, writes broadcast.png (completion time vs N per strategy; needs matplotlib),
-then one JSON line: {"bench": "broadcast", "shaping": "tbf", "n_peers", "bytes", "rate_bps",
-"chunk_bytes", "ratio_to_ideal": {"star", "pipelined", "gossip", "shardcast"},
-"heterogeneous_ratio_to_bound", "churn_ratio", "nat": {"fraction", "ratio_to_ideal",
-"hub_upload_copies"} (gossip's), "gossip": {"heterogeneous_ratio_to_bound", "churn_ratio",
-"nat_tracker_ratio_to_ideal"}}, where ratio_to_ideal = time for all peers to
-hold the version / (M/B) at the largest N. Without root (no namespaces) every process runs on
-127.0.0.1 with an in-process token bucket instead ("shaping": "token-bucket"; no shardcast).
+Prints a table, writes broadcast.png (needs matplotlib), then one JSON line: {"bench":
+"broadcast", "shaping", "n_peers", "bytes", "rate_bps", "chunk_bytes", and per strategy:
+"ratio_to_ideal" (all peers hold it / (M/B)), "ratio_q90_reload" (90 % serve it, reload
+included), "first_version_ratio", "heterogeneous_ratio_to_bound", "churn_ratio",
+"slow_peer_ratio" (all but the slow peer hold it / (M/B)), "slow_peer_over_uniform" (that
+time over the uniform one), "slow_peer_first_version_ratio", "nat": {"ratio_to_ideal",
+"hub_upload_copies"}; "scale_sweep": {strategy: {N: {"ratio_to_ideal", "hub_upload_copies"}}}}.
+Without root every process runs on 127.0.0.1 with an in-process token bucket instead
+("shaping": "token-bucket"; no shardcast).
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ async def hub_main(args: argparse.Namespace) -> None:
 
     cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
-                    zstd_level=1)
+                    zstd_level=1, tcp_congestion=args.tcp_congestion)
     key = signing.new_private_key()
     task = AdditionTask()
     records: asyncio.Queue[dict] = asyncio.Queue()
@@ -108,7 +113,8 @@ class Cluster:
         self.hub = self._start(0, [sys.executable, __file__, "_hub", "--host", host, "--port",
                                    str(port), "--relay", relay, "--n-peers", str(n), "--bytes",
                                    str(args.bytes), "--chunk-bytes", str(args.chunk_bytes),
-                                   "--rounds", str(rounds), *limit], stdout=subprocess.PIPE)
+                                   "--rounds", str(rounds), "--tcp-congestion",
+                                   args.tcp_congestion, *limit], stdout=subprocess.PIPE)
         self.rounds = rounds
         for i in range(1, n + 1):
             cap = [] if bed else ["--upload-limit-mbps", str(rates_bps[i] / 1e6)]
@@ -117,7 +123,7 @@ class Cluster:
             self.procs.append(self._start(i, [
                 sys.executable, "-m", "echo2p2p.peer.cli", "join", f"ws://{host}:{port}/ws",
                 "--engine", "relay", "--name", f"peer{i}", "--listen", listen,
-                "--log-level", "error", *cap]))
+                "--log-level", "error", "--tcp-congestion", args.tcp_congestion, *cap]))
 
     def _start(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -166,6 +172,7 @@ def run_ours(bed, n: int, relay: str, rates_bps: list[int], args, churn: float =
     finally:
         cluster.close()
     record["all_s"] = record["done_s"] if record["complete"] else None
+    record["strategy"] = relay
     return record
 
 
@@ -176,28 +183,12 @@ def run_shardcast(bed, n: int, args) -> dict:
     out = shardcast_race.run_shardcast(bed, origin=0, middles=middles, clients=clients,
                                        payload=payload, timeout_s=RUN_TIMEOUT_S,
                                        workdir=Path(args.workdir), shard_bytes=args.chunk_bytes)
-    return {"all_s": out["completion_s"] if out["ok"] else None, "error": out["error"]}
+    return {"all_s": out["completion_s"] if out["ok"] else None, "error": out["error"],
+            "strategy": "shardcast"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="N = 8, M = 8 MiB: a few minutes")
-    p.add_argument("--peers", default="4,8,16", help="values of N, comma-separated")
-    p.add_argument("--mbytes", type=float, default=16, help="M, the version's size in MiB")
-    p.add_argument("--rate-mbit", type=float, default=20, help="B, every uplink, Mbit/s")
-    p.add_argument("--chunk-kib", type=int, default=0,
-                   help="chunk (and shardcast shard) size; 0 = the hub's automatic choice")
-    p.add_argument("--strategies", default="star,pipelined,gossip,shardcast")
-    p.add_argument("--modes", default="uniform,heterogeneous,churn,nat")
-    p.add_argument("--nat-fraction", type=float, default=0.5,
-                   help="nat mode: the fraction of peers that accept no inbound connection")
-    p.add_argument("--plot", default="broadcast.png")
-    p.add_argument("--shaping", choices=("tbf", "token-bucket"), default="tbf",
-                   help="token-bucket: no namespaces, every process on 127.0.0.1 with an "
-                        "in-process uplink cap (the fallback when namespaces cannot be made)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.peers, args.mbytes = "8", 8
+    args = _parse(argv)
     ns = sorted(int(x) for x in args.peers.split(","))
     args.bytes = int(args.mbytes * 2**20)
     args.chunk_bytes = args.chunk_kib << 10 or auto_chunk_bytes(args.bytes)
@@ -210,78 +201,150 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no network namespaces ({why_not}): shaping in-process, without shardcast",
               file=sys.stderr)
         strategies = [s for s in strategies if s != "shardcast"]
-
-    rows: list[tuple[str, str, int, float | None, float | None]] = []
-    copies: dict[tuple[str, str], float | None] = {}  # (mode, strategy) -> hub upload, copies
+    runs: dict[tuple[str, str, int], dict] = {}  # (mode, strategy, N) -> its record
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
-
-        def one(mode: str, strategy: str, n: int) -> float | None:
-            rates = [rate] * (n + 1)
-            if mode == "heterogeneous":
-                rates = [rate] + [rate // 4 if i % 3 == 0 else rate for i in range(1, n + 1)]
-            bed = netns.Testbed(n + 1, rates) if shaping == "tbf" else None
-            try:
-                if strategy == "shardcast":
-                    result = run_shardcast(bed, n, args)
-                else:
-                    result = run_ours(bed, n, strategy, rates, args,
-                                      churn=0.25 if mode == "churn" else 0.0,
-                                      nat=args.nat_fraction if mode == "nat" else 0.0)
-                    copies[(mode, strategy)] = result.get("hub_upload_copies")
-            finally:
-                if bed:
-                    bed.close()
-            t = result["all_s"]
-            if mode == "heterogeneous":
-                bound = args.bytes * 8 / min(rates[0], sum(rates) / n)
-                rows.append((mode, strategy, n, t, t / bound if t else None))
-            else:
-                rows.append((mode, strategy, n, t, t / ideal_s if t else None))
-            print(f"{mode:14s} {strategy:10s} N={n:3d}  {_fmt(t)} s  ratio {_fmt(rows[-1][4])}"
-                  f"  hub copies {_fmt(result.get('hub_upload_copies'))}"
-                  + (f"  ({result.get('error')})" if result.get("error") else ""), flush=True)
-            return t
-
         if "uniform" in modes:
             for n in ns:
                 for strategy in strategies:
-                    one("uniform", strategy, n)
-        n_max = ns[-1]
-        for mode in ("heterogeneous", "churn", "nat"):
-            for strategy in ("pipelined", "gossip"):
+                    runs[("uniform", strategy, n)] = _one(args, "uniform", strategy, n, rate,
+                                                          shaping)
+        for mode in ("heterogeneous", "churn", "nat", "slow_peer"):
+            for strategy in OVERLAYS:
                 if mode in modes and strategy in strategies:
-                    one(mode, strategy, n_max)
-
-    by = {(mode, s, n): ratio for mode, s, n, _, ratio in rows}
-    uniform = {s: by.get(("uniform", s, n_max))
-               for s in ("star", "pipelined", "gossip", "shardcast")}
-    times = {(mode, s, n): t for mode, s, n, t, _ in rows}
-
-    def churn_ratio(strategy: str) -> float | None:
-        churned, undisturbed = (times.get((mode, strategy, n_max)) for mode in ("churn", "uniform"))
-        return churned / undisturbed if churned and undisturbed else None
-
-    _plot(rows, ns, args.plot, ideal_s)
+                    runs[(mode, strategy, ns[-1])] = _one(args, mode, strategy, ns[-1], rate,
+                                                          shaping)
+    sweep = scale_sweep([int(x) for x in args.scale.split(",")]) if args.scale else {}
+    _plot(runs, ns, args.plot, ideal_s, sweep)
     print(f"M = {args.bytes / 2**20:.0f} MiB, B = {rate / 1e6:.0f} Mbit/s, M/B = {ideal_s:.2f} s, "
           f"chunks of {args.chunk_bytes >> 10} KiB, shaping {shaping}")
-    print(json.dumps({
-        "bench": "broadcast", "shaping": shaping, "n_peers": n_max, "bytes": args.bytes,
-        "rate_bps": rate, "chunk_bytes": args.chunk_bytes,
-        "ratio_to_ideal": {s: _round(r) for s, r in uniform.items()},
-        "heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "pipelined", n_max))),
-        "churn_ratio": _round(churn_ratio("pipelined")),
-        "nat": {"fraction": args.nat_fraction,
-                "ratio_to_ideal": _round(by.get(("nat", "gossip", n_max))),
-                "hub_upload_copies": _round(copies.get(("nat", "gossip")))},
-        "gossip": {"heterogeneous_ratio_to_bound": _round(by.get(("heterogeneous", "gossip", n_max))),
-                   "churn_ratio": _round(churn_ratio("gossip")),
-                   "nat_tracker_ratio_to_ideal": _round(by.get(("nat", "pipelined", n_max)))},
-    }))
+    print(json.dumps({"bench": "broadcast", "shaping": shaping, "n_peers": ns[-1],
+                      "bytes": args.bytes, "rate_bps": rate, "chunk_bytes": args.chunk_bytes,
+                      **summary(runs, ns[-1], ideal_s, args.nat_fraction), "scale_sweep": sweep}))
     return 0
 
 
-def _plot(rows, ns: list[int], path: str, ideal_s: float) -> None:
+OVERLAYS = ("pipelined", "gossip", "striped-chain")  # the strategies every mode races
+SLOW_DIVISOR = 20  # slow_peer mode: one uplink at B / 20 (1 Mbit/s against 20)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="N = 8, M = 8 MiB: a few minutes")
+    p.add_argument("--peers", default="4,8,16", help="values of N, comma-separated")
+    p.add_argument("--mbytes", type=float, default=16, help="M, the version's size in MiB")
+    p.add_argument("--rate-mbit", type=float, default=20, help="B, every uplink, Mbit/s")
+    p.add_argument("--chunk-kib", type=int, default=0,
+                   help="chunk (and shardcast shard) size; 0 = the hub's automatic choice")
+    p.add_argument("--strategies", default="star,pipelined,gossip,striped-chain,shardcast")
+    p.add_argument("--modes", default="uniform,heterogeneous,churn,nat,slow_peer")
+    p.add_argument("--nat-fraction", type=float, default=0.5,
+                   help="nat mode: the fraction of peers that accept no inbound connection")
+    p.add_argument("--scale", default="8,16,64,256",
+                   help="the emulated scale sweep's N values (bench/gossip_sweep.py); '' = none")
+    p.add_argument("--tcp-congestion", default="cubic",
+                   help="the hub's and peers' --tcp-congestion ('' = the machine's default)")
+    p.add_argument("--plot", default="broadcast.png")
+    p.add_argument("--shaping", choices=("tbf", "token-bucket"), default="tbf",
+                   help="token-bucket: no namespaces, every process on 127.0.0.1 with an "
+                        "in-process uplink cap (the fallback when namespaces cannot be made)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.peers, args.mbytes = "8", 8
+    return args
+
+
+def _rates(mode: str, n: int, rate: int) -> list[int]:
+    if mode == "heterogeneous":
+        return [rate] + [rate // 4 if i % 3 == 0 else rate for i in range(1, n + 1)]
+    if mode == "slow_peer":
+        return [rate] * n + [rate // SLOW_DIVISOR]
+    return [rate] * (n + 1)
+
+
+def _one(args, mode: str, strategy: str, n: int, rate: int, shaping: str) -> dict:
+    """One broadcast in `mode`; its record (with "all_s", None if incomplete), printed."""
+    rates = _rates(mode, n, rate)
+    bed = netns.Testbed(n + 1, rates) if shaping == "tbf" else None
+    try:
+        if strategy == "shardcast":
+            result = run_shardcast(bed, n, args)
+        else:
+            result = run_ours(bed, n, strategy, rates, args, churn=0.25 if mode == "churn" else 0.0,
+                              nat=args.nat_fraction if mode == "nat" else 0.0)
+    finally:
+        if bed:
+            bed.close()
+    ideal_s = args.bytes * 8 / rate
+    result["bound_s"] = args.bytes * 8 / min(rates[0], sum(rates) / n)
+    print(f"{mode:14s} {strategy:13s} N={n:3d}  {_fmt(result['all_s'])} s  ratio "
+          f"{_fmt(result['all_s'] and result['all_s'] / ideal_s)}  hub copies "
+          f"{_fmt(result.get('hub_upload_copies'))}"
+          + (f"  ({result.get('error')})" if result.get("error") else ""), flush=True)
+    return result
+
+
+def summary(runs: dict, n: int, ideal_s: float, nat_fraction: float) -> dict:
+    """The JSON line's figures at the largest N, per strategy (None where not run)."""
+    def per(mode: str, figure) -> dict:
+        out = {}
+        for strategy in ("star", *OVERLAYS, "shardcast"):
+            rec = runs.get((mode, strategy, n))
+            out[strategy] = _round(figure(rec)) if rec and rec.get("all_s") else None
+            if strategy == "shardcast" and mode != "uniform":
+                del out[strategy]  # shardcast runs uniform links only
+        return out
+
+    uniform = {s: r for (mode, s, _), r in runs.items() if mode == "uniform"}
+    return {
+        "ratio_to_ideal": per("uniform", lambda r: r["all_s"] / ideal_s),
+        "ratio_q90_reload": per("uniform", lambda r: r["t_bcast_s"] / ideal_s
+                                if r.get("t_bcast_s") else None),
+        "first_version_ratio": per("uniform", lambda r: r["first"]["done_s"] / r["all_s"]
+                                   if r.get("first") else None),
+        "heterogeneous_ratio_to_bound": per("heterogeneous", lambda r: r["all_s"] / r["bound_s"]),
+        "churn_ratio": per("churn", lambda r: r["all_s"] / uniform[r["strategy"]]["all_s"]),
+        "slow_peer_ratio": per("slow_peer", lambda r: _all_but_slowest(r) / ideal_s),
+        "slow_peer_over_uniform": per("slow_peer", lambda r: _all_but_slowest(r)
+                                      / uniform[r["strategy"]]["all_s"]
+                                      if uniform.get(r["strategy"], {}).get("all_s") else None),
+        "slow_peer_first_version_ratio": per(
+            "slow_peer", lambda r: _all_but_slowest(r["first"]) / ideal_s),
+        "nat": {"fraction": nat_fraction,
+                "ratio_to_ideal": per("nat", lambda r: r["all_s"] / ideal_s),
+                "hub_upload_copies": per("nat", lambda r: r["hub_upload_copies"])},
+    }
+
+
+def _all_but_slowest(record: dict) -> float:
+    """When every peer but the one that finished last held the version."""
+    times = sorted(record["done_by_peer_s"].values())
+    return times[-2] if len(times) > 1 else times[-1]
+
+
+def scale_sweep(ns: list[int]) -> dict:
+    """Part 2's curve: the same pure cores at `ns` emulated peers (`gossip_sweep`: loss-free
+    token buckets at 100 Mbit/s, one-way latency 10-100 ms per pair, i.e. RTT 20-200 ms, a
+    113 M bf16 version in 216 chunks of 1 MiB; the hub would cut it in 256 KiB, which
+    costs the emulation 4x the CPU): time / (M/B) and hub upload in copies."""
+    import gossip_sweep
+
+    out: dict[str, dict] = {"pipelined": {}, "gossip": {}}
+    for n in ns:
+        setup = gossip_sweep.Setup(n, n_chunks=216, chunk_bytes=1 << 20)
+        for strategy, run in (("pipelined", gossip_sweep.run_tracker),
+                              ("gossip", gossip_sweep.run_gossip)):
+            res = run(setup)
+            out[strategy][n] = {"ratio_to_ideal": round(res.time_s / setup.m_over_b_s, 3),
+                                "hub_upload_copies": round(res.hub_copies, 3),
+                                "complete": res.complete}
+            print(f"scale sweep   {strategy:13s} N={n:3d}  ratio "
+                  f"{out[strategy][n]['ratio_to_ideal']:6.2f}  hub copies "
+                  f"{out[strategy][n]['hub_upload_copies']:5.2f}", flush=True)
+    return out
+
+
+def _plot(runs: dict, ns: list[int], path: str, ideal_s: float, sweep: dict) -> None:
     try:
         import matplotlib
 
@@ -290,15 +353,23 @@ def _plot(rows, ns: list[int], path: str, ideal_s: float) -> None:
     except ImportError:
         print("matplotlib not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy in ("star", "pipelined", "gossip", "shardcast"):
-        points = [(n, t) for mode, s, n, t, _ in rows if mode == "uniform" and s == strategy and t]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for strategy in ("star", *OVERLAYS, "shardcast"):
+        points = sorted((n, r["all_s"]) for (mode, s, n), r in runs.items()
+                        if mode == "uniform" and s == strategy and r.get("all_s"))
         if points:
             ax.plot(*zip(*points), marker="o", label=strategy)
     ax.axhline(ideal_s, color="grey", linestyle="--", label="M/B")
     ax.set(xlabel="peers N", ylabel="time until every peer holds the version (s)", xticks=ns,
-           title="one version, every uplink shaped to B")
+           title="real processes, every uplink a tc tbf at B")
     ax.legend()
+    for strategy, series in sweep.items():
+        xs = sorted(series)
+        ax2.plot(xs, [series[n]["ratio_to_ideal"] for n in xs], marker="o", label=strategy)
+    ax2.axhline(1.0, color="grey", linestyle="--", label="M/B")
+    ax2.set(xscale="log", xlabel="emulated peers N", ylabel="time / (M/B)",
+            title="scale sweep: RTT 20-200 ms, token buckets")
+    ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"plot written to {path}")
@@ -324,7 +395,7 @@ def _hub_entry(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     for flag, typ in (("--host", str), ("--port", int), ("--relay", str), ("--n-peers", int),
                       ("--bytes", int), ("--chunk-bytes", int), ("--rounds", int),
-                      ("--limit-mbps", float)):
+                      ("--limit-mbps", float), ("--tcp-congestion", str)):
         p.add_argument(flag, type=typ, default=0.0 if typ is float else None)
     asyncio.run(hub_main(p.parse_args(argv)))
 

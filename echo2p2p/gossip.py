@@ -51,6 +51,7 @@ HUB_FALLBACK_S = 5.0  # nothing new heard for this long: orphan chunks come from
 MAX_LINKS = 64  # links one swarm keeps (dialled plus accepted); more are refused
 ENDGAME_CHUNKS = 4  # duplicate wants only while this few chunks are missing
 REROUTE_FACTOR = 6.0  # a want out this many times the quickest piece's time gets a second source
+SLOW_LINK_FACTOR = 4.0  # a link this many times slower than the median one is asked last
 
 
 def bitfield_size(n_chunks: int) -> int:
@@ -118,6 +119,8 @@ class Swarm:
         self._asked: dict[int, set[str]] = {}  # chunk -> sources with a want out for it
         self._asked_at: dict[tuple[int, str], float] = {}  # (chunk, source) -> when asked
         self._fastest_s: float | None = None  # the quickest piece from a link so far
+        self._took: dict[str, float] = {}  # link -> its pieces' time from want to piece (EWMA)
+        self._slow_s = float("inf")  # a link whose pieces take longer than this is slow
         self._load: Counter[str] = Counter()  # source -> wants out
         self._serving: dict[str, set[int]] = {}  # link -> chunks it wants of us now
         self._natted: set[str] = set()  # links to peers that accept no connection
@@ -157,6 +160,7 @@ class Swarm:
             self._count[i] -= 1
         self._natted.discard(peer)
         self._serving.pop(peer, None)
+        self._took.pop(peer, None)
         for i in [i for i, srcs in self._asked.items() if peer in srcs]:
             self._release(i, peer)
 
@@ -201,6 +205,10 @@ class Swarm:
         if asked_at is not None and now is not None and source != HUB:
             took = now - asked_at
             self._fastest_s = took if self._fastest_s is None else min(self._fastest_s, took)
+            self._took[source] = 0.5 * (self._took.get(source, took) + took)
+            times = sorted(self._took.values())
+            if len(times) >= 3:
+                self._slow_s = SLOW_LINK_FACTOR * times[len(times) // 2]
         self._missing.discard(index)  # not news: only what links say they hold delays orphans
         losers = [s for s in self._asked.get(index, ()) if s != source]
         for s in [*losers, source]:
@@ -286,11 +294,17 @@ class Swarm:
 
     def _pick_link(self, index: int, idle: list[str]) -> str | None:
         """Of the `idle` links that hold `index`, are still under `window` and were not asked
-        for it yet: a NAT'd one first, then the least loaded."""
+        for it yet: a NAT'd one first, then the least loaded. A slow link (its pieces take
+        SLOW_LINK_FACTOR x the median link's) is asked only when no other link holds it: a
+        peer on a thin uplink must not hold the others back."""
         asked = self._asked.get(index, ())
+        slow = {p for p, took in self._took.items() if took > self._slow_s}
+        shunned = slow if any(index in held for p, held in self._links.items()
+                              if p not in slow) else set()
         best, best_key = None, None
         for peer in idle:
-            if index in self._links[peer] and peer not in asked and self._load[peer] < self.window:
+            if (index in self._links[peer] and peer not in asked and peer not in shunned
+                    and self._load[peer] < self.window):
                 key = (peer not in self._natted, self._load[peer], self.rng.random())
                 if best_key is None or key < best_key:
                     best, best_key = peer, key

@@ -17,8 +17,9 @@ remaining owners (a new plan revision); a chunk nobody can serve comes from the 
 chunk's owner (the first hop of its stripe) fetches it from the hub, and every other member
 fetches every chunk from its predecessor in the ring, so each relays to one child; each plan is
 the member's own (`Broadcast.plan(peer_id)`). A member that leaves is spliced out (its child
-fetches from its predecessor) and its stripes get new first hops; a leaf or late joiner pulls
-from the owners, as in "pipelined". The ring moves at its slowest uplink.
+fetches from its predecessor) and its stripes get new first hops; a leaf, a late joiner or a
+peer whose uplink is under half the hub's (`ring_of`) pulls from the owners, as in
+"pipelined". The ring moves at its slowest uplink.
 The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
 the peers route themselves (`echo2p2p.gossip`). This module is pure: no sockets, no clock;
 `propagation` turns the hub's observations into the per-version figures of the run log.
@@ -40,6 +41,7 @@ MAX_NEIGHBOURS = 32  # never more in one GossipPlan (a peer refuses a longer lis
 CHAIN_WINDOW = 2  # striped-chain: requests in flight to the parent, per stripe it relays
 MAX_WINDOW = 32  # never more in one RelayPlan (a peer caps it there)
 MAX_TAIL = 0.1  # no relay whose one chunk, passed on, takes more of the hub's sending time
+RING_MIN_UPLINK = 0.5  # striped-chain: slower uplinks (against the hub's) are leaves, not links
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Broadcast:
         """Deal every chunk among the serving members; the first plan."""
         self.members = {mb.peer_id: mb for mb in members}
         self._owners = [None] * self.n_chunks
-        self._ring = [mb.peer_id for mb in members if mb.url]
+        self._ring = ring_of(members, self.hub_bps)
         self._redeal(range(self.n_chunks))
         self.revision += 1
         return self.plan()
@@ -185,6 +187,17 @@ class Broadcast:
                 self._owners[i] = peer_id
 
 
+def ring_of(members: list[Member], hub_bps: float | None) -> list[str]:
+    """The striped chain's ring: the members that serve, less those whose uplink is under
+    RING_MIN_UPLINK x `hub_bps` (every chunk crosses every uplink in the ring, so one at a
+    quarter of the rate would take the whole ring to a quarter; as a leaf it only costs each
+    first hop a share more). All serving members when fewer than two would be left."""
+    servers = [mb for mb in members if mb.url]
+    fast = [mb for mb in servers if not hub_bps or not mb.upload_bps
+            or mb.upload_bps >= RING_MIN_UPLINK * hub_bps]
+    return [mb.peer_id for mb in (fast if len(fast) >= 2 else servers)]
+
+
 @dataclass(frozen=True)
 class GossipDeal:
     """One member's part of a gossip version: what it seeds, whom it dials."""
@@ -222,7 +235,8 @@ def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
     the hub sends all of `chunks` at `hub_bps` (None: no cap); none at all if one chunk,
     passed on `copies` times, takes it over MAX_TAIL of that time (its last chunk leaves only
     once it has come): a slow peer's share must not hold the fast ones back. What those caps
-    leave goes to the others (water-filling); only when every member is capped do shares pass their caps."""
+    leave goes to the others (water-filling); only when every member is capped do shares pass
+    their caps."""
     seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
     if not members or not chunks:
         return seeds
@@ -264,8 +278,9 @@ def capped_shares(n: int, weights: list[float], caps: list[float]) -> list[int]:
     spill = spill if any(spill) else weights
     counts = [c + left * w / sum(spill) for c, w in zip(counts, spill)]
     whole = [math.floor(c + 1e-9) for c in counts]  # then the largest remainders get one more,
-    order = sorted(range(len(counts)), key=lambda j: (whole[j] + 1 > caps[j], whole[j] - counts[j]))
-    for j in order[:n - sum(whole)]:  # first those it takes past no cap
+    order = sorted(range(len(counts)),  # first those it takes past no cap
+                   key=lambda j: (whole[j] + 1 > caps[j], whole[j] - counts[j]))
+    for j in order[:n - sum(whole)]:
         whole[j] += 1
     return whole
 

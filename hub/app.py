@@ -19,6 +19,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.runtime import http_deadlines
+from echo2p2p.runtime.tcp import listening_socket
 
 if TYPE_CHECKING:
     from .server import Hub
@@ -41,7 +42,8 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        sock = listening_socket(host, port, hub.cfg.tcp_congestion)
+        await web.SockSite(runner, sock, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:
         await hub.close_all()

@@ -16,6 +16,7 @@ from echo2p2p.policy.prompts import MODES as PROMPT_FORMATS
 from echo2p2p.policy.prompts import PromptFormat
 from echo2p2p.pool import POLICIES
 from echo2p2p.relay import STRATEGIES
+from echo2p2p.runtime.tcp import check_congestion
 from echo2p2p.staleness import check_schedule, default_publish_every
 from echo2p2p.tasks import ANSWER_FORMATS
 
@@ -122,6 +123,9 @@ class HubConfig:
     0 = about a thousandth of the version, 64 KiB to 8 MiB (see snapshot.auto_chunk_bytes)."""
     zstd_level: int = 3
     """zstd level for snapshot chunks."""
+    tcp_congestion: str = "cubic"
+    """TCP congestion control of the sockets the hub serves chunks on ('' = the machine's
+    default; see echo2p2p.runtime.tcp for why cubic)."""
     relay: str = "pipelined"
     """How versions reach peers: pipelined (the hub as tracker: it deals every chunk to a
     relaying peer and answers lookups; the hub uploads each version about once), gossip (peers
@@ -253,6 +257,7 @@ class HubConfig:
             raise ConfigError("weights_dtype", f"bfloat16 or float32, got {self.weights_dtype!r}")
         if self.max_steps < 0 or self.eval_every < 0 or self.publish_every < 0:
             raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
+        check_congestion(self.tcp_congestion)
         if self.relay not in STRATEGIES:
             raise ConfigError("relay", f"one of {', '.join(STRATEGIES)}, got {self.relay!r}")
         if self.activation not in POLICIES:

@@ -25,6 +25,7 @@ from echo2p2p.overlay.serving import (PROBE_PATH, TokenBucket, UploadMeter, chun
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.runtime import http_deadlines
+from echo2p2p.runtime.tcp import listening_socket
 
 from .config import PeerConfig
 
@@ -68,7 +69,7 @@ async def _serve(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: Upload
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     host, port = cfg.listen_host_port
-    site = web.TCPSite(runner, host, port)
+    site = web.SockSite(runner, listening_socket(host, port, cfg.tcp_congestion))
     await site.start()
     bound_port = runner.addresses[0][1]
     served_url = cfg.advertise or f"http://{reachable_host(host, hub_url)}:{bound_port}"

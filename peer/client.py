@@ -29,6 +29,7 @@ from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, Sna
 from echo2p2p.overlay.serving import UploadMeter
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
+from echo2p2p.runtime.tcp import socket_factory
 from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
                                            require_environment)
 from echo2p2p.tasks import REWARDS
@@ -116,7 +117,9 @@ class PeerClient:
         refused: JoinRefused | None = None
         backoff = Backoff(self.cfg.reconnect_max_s)
         tls = ssl.create_default_context(cafile=self.cfg.ca_cert or None)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http, \
+        connector = aiohttp.TCPConnector(ssl=tls,
+                                         socket_factory=socket_factory(self.cfg.tcp_congestion))
+        async with aiohttp.ClientSession(connector=connector) as http, \
                 metrics_server(self) as self.metrics_url, self._chunk_server(), self._workers():
             while not stop.is_set():
                 try:

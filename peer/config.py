@@ -15,6 +15,7 @@ from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError, RemoteProtocolError
+from echo2p2p.runtime.tcp import check_congestion
 from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
 
 
@@ -61,6 +62,9 @@ class PeerConfig:
     address, or for 0.0.0.0 the address of the interface that routes to the hub)."""
     upload_limit_mbps: float = 0.0
     """Cap on this peer's upload to other peers, in Mbit/s (0 = no cap)."""
+    tcp_congestion: str = "cubic"
+    """TCP congestion control of the sockets that carry chunks from this peer ('' = the
+    machine's default; see echo2p2p.runtime.tcp for why cubic)."""
     keep_versions: int = 3
     """Versions to keep (to serve, and as bases of deltas); each costs one copy of the weights in RAM."""
     relay_stall_s: float = 10.0
@@ -126,6 +130,7 @@ class PeerConfig:
         if self.score_timeout_s == float("inf"):  # a deadline that never comes is none
             raise ConfigError("score_timeout_s", "must be finite")
         normalize_url(self.hub_url)
+        check_congestion(self.tcp_congestion)
         if self.ca_cert and not os.path.isfile(self.ca_cert):
             raise ConfigError("ca_cert", f"no such file: {self.ca_cert}")
         self.pinned_hub_key  # noqa: B018  (parsed now, so a bad pin fails at start naming hub_key)

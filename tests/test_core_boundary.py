@@ -33,7 +33,8 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "scoring": {"asyncio", "concurrent", "ctypes", "importlib", "inspect", "multiprocessing",
                 "os", "pickle", "resource", "select", "shutil", "signal", "subprocess",
                 "tempfile", "threading"},
-    "runtime": {"asyncio", "aiohttp", "importlib", "os", "prometheus_client", "tqdm", "uvloop"},
+    "runtime": {"asyncio", "aiohttp", "importlib", "os", "prometheus_client", "socket", "tqdm",
+                "uvloop"},
 }
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 

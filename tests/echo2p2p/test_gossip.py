@@ -163,6 +163,27 @@ def test_a_late_want_gets_a_second_source():
     assert swarm.requests(7.1) == [(j, "b")]
 
 
+def test_a_slow_link_is_asked_only_for_what_no_other_link_holds():
+    """Once a link's pieces take SLOW_LINK_FACTOR x the median link's, it gets no want a
+    faster link could answer; a chunk only it holds is still asked of it."""
+    held = set(range(30))
+    swarm = _linked(Swarm(32, "me", (), window=1, endgame_chunks=0, reroute_factor=1e6),
+                    {"a": held, "b": held, "c": held, "s": held | {30, 31}})
+    first = dict((src, i) for i, src in swarm.requests(0.0))
+    assert first["s"] in (30, 31)
+    for src in "abc":
+        swarm.got(first[src], src, 0.1)
+    swarm.got(first["s"], "s", 2.0)  # 20 x the others
+    asked_of_s = []
+    for k in range(12):
+        now = 2.0 + 0.2 * k
+        for i, src in swarm.requests(now):
+            asked_of_s += [i] if src == "s" else []
+            swarm.got(i, src, now + (2.0 if src == "s" else 0.1))
+    assert asked_of_s == [({30, 31} - {first["s"]}).pop()]  # the one chunk only it holds
+    assert len(swarm.missing) < 32 - 12
+
+
 def test_link_down_releases_its_wants():
     swarm = _linked(Swarm(2, "me", ()), {"a": {0, 1}})
     assert sorted(swarm.requests(0.0)) == [(0, "a"), (1, "a")]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2p2p import messages as m
-from echo2p2p.relay import Broadcast, Member, owners_of
+from echo2p2p.relay import Broadcast, Member, owners_of, ring_of
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -99,3 +99,19 @@ def test_other_strategies_share_one_plan():
     assert bc.ring() == [] and all(bc.plan(f"s{i}") == shared for i in range(3))
     assert all(bc.source("s0", i) == (None if bc.owner(i) == "s0" else bc.owner(i))
                for i in range(12))
+
+
+def test_a_slow_uplink_is_left_out_of_the_ring_and_pulls_from_the_first_hops():
+    """Against a 20 Mbit/s hub, a member at 5 is a leaf: the ring is the fast ones, and it
+    pulls each chunk from its first hop; with no hub rate known, everyone is in the ring."""
+    members = [Member(f"s{i}", f"http://10.0.0.{i}:80", 20e6) for i in range(3)]
+    members.append(Member("slow", "http://10.0.0.9:80", 5e6))
+    bc = Broadcast(1, None, 12, strategy="striped-chain", hub_bps=20e6)
+    bc.start(members)
+    assert sorted(bc.ring()) == ["s0", "s1", "s2"]
+    assert _sources(bc, "slow") == [bc.owner(i) for i in range(12)]
+    _check_chains(bc, ["s0", "s1", "s2"])
+    unknown = Broadcast(1, None, 12, strategy="striped-chain")
+    unknown.start(members)
+    assert len(unknown.ring()) == 4
+    assert len(ring_of(members[2:], 20e6)) == 2  # never a ring of one

@@ -25,7 +25,7 @@ def test_half_the_peers_behind_nat_still_upload_and_the_hub_sends_about_one_copy
     reaches every peer, the hub uploads at most 1.3 copies, and every peer, the NAT'd ones too,
     uploaded enough to the others for the hub to measure its rate."""
     n, rate = 6, 40_000_000
-    args = argparse.Namespace(bytes=4 << 20, chunk_bytes=64 << 10)
+    args = argparse.Namespace(bytes=4 << 20, chunk_bytes=64 << 10, tcp_congestion="cubic")
     with netns.Testbed(n + 1, rate, prefix="e2nat") as bed:
         record = broadcast.run_ours(bed, n, "gossip", [rate] * (n + 1), args, nat=0.5)
     assert record["complete"] and record["peers"] == n and record["all_s"] is not None

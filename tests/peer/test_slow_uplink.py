@@ -29,7 +29,7 @@ def test_the_slow_peer_gets_no_more_than_its_uplink_carries_from_the_first_versi
     ones share the rest; the version reaches everyone; the hub saw the slow uplink as slow."""
     n, fast, slow = 6, 40_000_000, 1_000_000
     rates = [fast] * n + [slow]
-    args = argparse.Namespace(bytes=4 << 20, chunk_bytes=64 << 10)
+    args = argparse.Namespace(bytes=4 << 20, chunk_bytes=64 << 10, tcp_congestion="cubic")
     with netns.Testbed(n + 1, rates, prefix="e2slow") as bed:
         record = broadcast.run_ours(bed, n, relay, rates, args)
     first = record["first"]
