@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 STEP, VERSION = "step", "propagation/version"  # the two x axes
 WANDB_PROJECT = "echo2p2p"  # unless WANDB_PROJECT names another
-NOT_CHARTED = ("event", "version", "peer_upload_mbps")  # of a propagation record
+# Of a propagation record: per-peer maps stay in the run log (256 peers would be 256 series).
+NOT_CHARTED = ("event", "version", "peer_upload_mbps", "done_by_peer_s", "chunks_dealt")
 
 
 def points(record: dict[str, Any]) -> tuple[str, int, dict[str, float]] | None:

@@ -12,6 +12,7 @@ import struct
 
 import aiohttp
 
+from echo2p2p.overlay.serving import PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER
 
 from tests.conftest import wait_until
@@ -147,7 +148,7 @@ async def test_relay_urls_use_host_and_port_and_tickets_do_not_replay(tmp_path, 
                          or any(stalls_about(run, a) for a in attackers), 240)
         from_honest = harvested()
         chosen = sorted({f"{q.path}?{q.query}" for q in odd_relay.requests + relay.requests
-                         if not q.path.startswith("/chunk/") or set(_keys(q.query)) - {"wait"}})
+                         if not _our_route(q)})
         replays = []
         async with aiohttp.ClientSession() as http:
             for value in sorted({ticket(q) for q in from_honest})[:3]:
@@ -176,3 +177,11 @@ async def test_relay_urls_use_host_and_port_and_tickets_do_not_replay(tmp_path, 
 
 def _keys(query: str) -> list[str]:
     return [part.partition("=")[0] for part in query.split("&") if part]
+
+
+def _our_route(q: Request) -> bool:
+    """A request the protocol builds itself: a chunk (query `wait` at most) or the hub's uplink
+    probe (query `bytes` only), never a path or query from the advertised URL."""
+    if q.path.startswith("/chunk/"):
+        return not set(_keys(q.query)) - {"wait"}
+    return q.path == PROBE_PATH and set(_keys(q.query)) == {"bytes"}
