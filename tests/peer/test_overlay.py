@@ -89,15 +89,17 @@ async def test_star_sends_everything_from_the_hub():
     assert record["bytes_from_peers"] == 0 and all(c.meter.served_bytes == 0 for c in relays)
 
 
-async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
-    """5 peers on capped uplinks; one relay that has begun serving is taken down; the four
-    others still complete the version (its chunks re-dealt by the hub)."""
+async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
+                                   ) -> tuple[Hub, list[dict]]:
+    """`n` peers on capped uplinks; one relay that has begun serving v1 is taken down; the
+    others must still complete it, bit for bit. `check(hub)` runs then, before the peers
+    leave; returns the hub and its run log."""
     data = os.urandom(1 << 20)
-    async with tracker(upload_limit_mbps=16) as (hub, key, url, records):
-        peers = Peers(url, 5, upload_limit_mbps=16)
+    async with tracker(upload_limit_mbps=16, **hub_overrides) as (hub, key, url, records):
+        peers = Peers(url, n, upload_limit_mbps=16)
         async with peers as relays:
             hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-            await joined(hub, 5)
+            await joined(hub, n)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
             await wait_until(lambda: any(c.meter.served_bytes > 0 for c in relays))
             victim = next(c for c in relays if c.meter.served_bytes > 0)
@@ -106,8 +108,16 @@ async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
             survivors = [c for c in relays if c is not victim]
             await wait_until(lambda: propagation(records, 1))
             assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in survivors)
-    record = propagation(records, 1)
-    assert record["complete"]
+            if check is not None:
+                check(hub)
+    return hub, records
+
+
+async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
+    """5 peers on capped uplinks; one relay that has begun serving is taken down; the four
+    others still complete the version (its chunks re-dealt by the hub)."""
+    hub, records = await kill_a_relay_mid_version(5)
+    assert propagation(records, 1)["complete"]
     assert sum(b.revision for k, b in hub.broadcasts.items() if k[0] == 1) >= 2  # re-dealt
 
 

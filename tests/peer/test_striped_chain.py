@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
+from echo2p2p.hub.server import Hub
 from echo2p2p.hub.versions import blob_version
 
 from tests.conftest import tracker, wait_until
-from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
+from tests.peer.test_overlay import (CHUNK, Peers, holds, joined, kill_a_relay_mid_version,
+                                     propagation)
 
 
 async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
@@ -35,22 +37,11 @@ async def test_a_ring_member_killed_mid_version_is_spliced_out():
     """On capped uplinks, a member that has begun relaying is taken down: the hub splices
     the ring (its child fetches from its parent, its stripes get new first hops) and the
     others complete the version."""
-    data = os.urandom(1 << 20)
-    async with tracker(relay="striped-chain", upload_limit_mbps=16) as (hub, key, url, records):
-        peers = Peers(url, 4, upload_limit_mbps=16)
-        async with peers as ring:
-            hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-            await joined(hub, 4)
-            hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-            await wait_until(lambda: any(c.meter.served_bytes > 0 for c in ring))
-            victim = next(c for c in ring if c.meter.served_bytes > 0)
-            assert not all(holds(c, 1) for c in ring), "the transfer was over before the kill"
-            peers.kill(victim)
-            survivors = [c for c in ring if c is not victim]
-            await wait_until(lambda: propagation(records, 1))
-            assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in survivors)
-            broadcast = hub.broadcasts[(1, None)]
-            assert len(broadcast.ring()) == 3 and len(broadcast.excluded) == 1
+    def spliced(hub: Hub) -> None:
+        broadcast = hub.broadcasts[(1, None)]
+        assert len(broadcast.ring()) == 3 and len(broadcast.excluded) == 1
+
+    _, records = await kill_a_relay_mid_version(4, spliced, relay="striped-chain")
     record = propagation(records, 1)
     assert record["complete"]
     assert record["hub_upload_copies"] <= 1.5  # the spliced child is not fed by the hub
