@@ -120,7 +120,7 @@ class Swarm:
         self._asked_at: dict[tuple[int, str], float] = {}  # (chunk, source) -> when asked
         self._fastest_s: float | None = None  # the quickest piece from a link so far
         self._took: dict[str, float] = {}  # link -> its pieces' time from want to piece (EWMA)
-        self._slow_s = float("inf")  # a link whose pieces take longer than this is slow
+        self._slow: set[str] = set()  # links whose pieces take SLOW_LINK_FACTOR x the median's
         self._load: Counter[str] = Counter()  # source -> wants out
         self._serving: dict[str, set[int]] = {}  # link -> chunks it wants of us now
         self._natted: set[str] = set()  # links to peers that accept no connection
@@ -161,6 +161,7 @@ class Swarm:
         self._natted.discard(peer)
         self._serving.pop(peer, None)
         self._took.pop(peer, None)
+        self._slow.discard(peer)
         for i in [i for i, srcs in self._asked.items() if peer in srcs]:
             self._release(i, peer)
 
@@ -208,7 +209,8 @@ class Swarm:
             self._took[source] = 0.5 * (self._took.get(source, took) + took)
             times = sorted(self._took.values())
             if len(times) >= 3:
-                self._slow_s = SLOW_LINK_FACTOR * times[len(times) // 2]
+                slow_s = SLOW_LINK_FACTOR * times[len(times) // 2]
+                self._slow = {p for p, t in self._took.items() if t > slow_s}
         self._missing.discard(index)  # not news: only what links say they hold delays orphans
         losers = [s for s in self._asked.get(index, ()) if s != source]
         for s in [*losers, source]:
@@ -298,9 +300,9 @@ class Swarm:
         SLOW_LINK_FACTOR x the median link's) is asked only when no other link holds it: a
         peer on a thin uplink must not hold the others back."""
         asked = self._asked.get(index, ())
-        slow = {p for p, took in self._took.items() if took > self._slow_s}
-        shunned = slow if any(index in held for p, held in self._links.items()
-                              if p not in slow) else set()
+        slow = self._slow
+        shunned = slow if slow and any(index in held for p, held in self._links.items()
+                                       if p not in slow) else set()
         best, best_key = None, None
         for peer in idle:
             if (index in self._links[peer] and peer not in asked and peer not in shunned
