@@ -63,7 +63,7 @@ async def _serve(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: Upload
     app.router.add_get("/chunk/{version}/{base}/{index}",
                        chunk_handler(lambda *a: store().chunk(*a), meter, limiter,
                                      authorize=tickets))
-    app.router.add_get(PROBE_PATH, probe_handler(limiter, authorize=tickets))
+    app.router.add_get(PROBE_PATH, probe_handler(limiter, authorize=tickets.hub_only))
     if links is not None:
         app.router.add_get(LINK_PATH, link_handler(links, tickets))
     runner = http_deadlines.runner(app)  # idle and request-head deadlines

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from echo2p2p import signing
+from echo2p2p.failover import HUB
 
 TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex peer key>.<hex ticket>.<hex auth>"
 
@@ -42,6 +43,13 @@ class Tickets:
         if ok and len(self._valid) < 100_000:
             self._valid.add(value)
         return ok
+
+    def hub_only(self, request: Any) -> bool:
+        """`self(request)`, and the ticket is the hub's own (peer id "hub"): for routes only the
+        hub has a use for, such as the uplink probe, which another peer could use to fill
+        this server's uplink."""
+        value = request.headers.get(TICKET_HEADER, "")
+        return self(request) and (self.hub_key == b"" or value.split(".", 1)[0] == HUB)
 
     def _verify(self, value: str) -> bool:
         parts = value.split(".")

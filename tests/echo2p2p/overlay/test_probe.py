@@ -53,3 +53,24 @@ async def test_the_hub_times_a_capped_uplink_at_no_more_than_its_cap():
             assert await check.uplink_bps(base + "/nothing", "peer") is None
     finally:
         await check.close()
+
+
+def test_only_the_hubs_own_ticket_opens_the_probe():
+    """Another peer's valid ticket opens this server's chunks but not its probe (which it
+    could use to fill the uplink); the hub's own ticket opens both."""
+    from types import SimpleNamespace
+
+    from echo2p2p import signing
+    from echo2p2p.overlay.tickets import Credentials, Tickets
+
+    hub_key, peer_key = signing.new_private_key(), signing.new_private_key()
+    hub_pub = signing.public_key(hub_key)
+    tickets = Tickets(hub_pub, "run", "p1")
+    hub = Credentials("run", "hub", hub_key,
+                      signing.sign_ticket(hub_key, "run", "hub", hub_pub)).header("p1")
+    peer = Credentials("run", "p2", peer_key, signing.sign_ticket(
+        hub_key, "run", "p2", signing.public_key(peer_key))).header("p1")
+    as_request = [SimpleNamespace(headers=h) for h in (hub, peer)]
+    assert [tickets(r) for r in as_request] == [True, True]
+    assert [tickets.hub_only(r) for r in as_request] == [True, False]
+    assert Tickets(b"").hub_only(SimpleNamespace(headers={}))  # a hub that issues none
