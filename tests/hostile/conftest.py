@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 from dataclasses import dataclass, replace
 
 import pytest
@@ -35,6 +36,7 @@ class Row:
     reaction: str = "?"
     hub_alive: str = "?"
     honest_training: str = "?"
+    steps_per_min: str = "-"  # "without / with" the attacker, measured in one run
     accuracy: str = "-"  # "without / with" for poisoning attacks
     note: str = ""
     result: str = "?"
@@ -42,8 +44,8 @@ class Row:
 
 ROWS: list[Row] = []
 COLUMNS = ("attack", "hub's reaction (close code, reason, counter/trust event)", "hub alive",
-           "honest peer still training", "held-out accuracy without / with attacker", "note",
-           "test")
+           "honest peer still training", "steps/min without / with attacker",
+           "held-out accuracy without / with attacker", "note", "test")
 
 
 _OUTCOME = pytest.StashKey[str]()  # the test's outcome, for its row
@@ -104,15 +106,18 @@ def honest_baseline(tmp_path_factory) -> Baseline:
     return baseline
 
 
-def _by_item(r: Row) -> tuple[int, str]:
-    """Rows in the issue's order: attacks are labelled "<item number>. ..."."""
-    number = r.attack.split(".", 1)[0]
-    return (int(number[:-1] if number[-1:].isalpha() else number), r.attack)
+def _by_item(r: Row) -> tuple[tuple[int, ...], str]:
+    """Rows in the issues' order: attacks are labelled "<item number>. ..." (an earlier round)
+    or "R3-<item number>. ..." (issue 28's round three), optionally with a letter ("5a.")."""
+    label = r.attack.split(". ", 1)[0]
+    return (tuple(int(n) for n in re.findall(r"\d+", label)) if label.startswith("R")
+            else (0, *(int(n) for n in re.findall(r"\d+", label))), r.attack)
 
 
 def table(rows: list[Row]) -> list[str]:
     return markdown_table([COLUMNS] + [(r.attack, r.reaction, r.hub_alive, r.honest_training,
-                                        r.accuracy, r.note, r.result) for r in rows])
+                                        r.steps_per_min, r.accuracy, r.note, r.result)
+                                       for r in rows])
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -89,6 +90,21 @@ async def still_training(run: HubRun, honest: PeerClient, since: Mark,
     s = honest.statistics()
     return (f"yes: {steps(run) - since.steps} steps, {s.acked - since.acked} groups acked, "
             f"{s.versions_loaded - since.loaded} versions loaded since")
+
+
+async def steps_per_min(run: HubRun, n_steps: int = 3, timeout_s: float = 180.0) -> float:
+    """Learner steps per minute over the next `n_steps` steps, by the wall clock: the figure of
+    the suite table's "steps/min without / with the attacker" column, measured in one run
+    (before the attack, then during it). Never asserted: these machines are noisy."""
+    first = steps(run)
+    start = time.monotonic()
+    await wait_until(lambda: steps(run) >= first + n_steps, timeout_s)
+    return 60.0 * (steps(run) - first) / (time.monotonic() - start)
+
+
+def cell_rate(without: float, with_: float) -> str:
+    """The table's steps/min cell: "without / with"."""
+    return f"{without:.1f} / {with_:.1f}"
 
 
 async def hub_alive(run: HubRun) -> bool:
