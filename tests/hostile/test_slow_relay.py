@@ -24,7 +24,7 @@ from .attackers import CHUNK_IN_URL, raw_peer
 from .conftest import yes
 from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
                       run_events, small_cfg, steps_per_min, still_training)
-from .test_relays import plan_in, sources
+from .test_relays import ACCUSERS, owner_of_first_chunk, plan_in, sources
 
 
 @dataclass
@@ -127,3 +127,45 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
     assert reports.get("slow"), reports
     assert conn.upload_bps / 1e6 < probed_mbps / 10
     assert attacker.peer_id not in sources(plan_in(later))
+
+
+async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
+    """Three connections report the honest relay "slow": the hub times it itself, finds it
+    fast, and it stays a relay with its estimate."""
+    r = row(f"R3-5b. {ACCUSERS} connections report the honest relay 'slow'")
+    cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)  # as test_relays' accusers
+    async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
+        honest_id = peer_id(run, HONEST)
+        honest_conn = run.hub.peers[honest_id]
+        accusers = [await stack.enter_async_context(raw_peer(run.url, keep_alive=True))
+                    for _ in range(ACCUSERS)]
+        since = mark(run, honest)
+        without = await steps_per_min(run)
+        for i, accuser in enumerate(accusers):
+            assert await accuser.hello(name=f"slow-accuser-{i}") is not None, accuser.reaction()
+            plan = plan_in(await accuser.wait_frame(
+                lambda f: (p := plan_in(f)) is not None and owner_of_first_chunk(p) == honest_id))
+            await accuser.send("relay_report", version=plan["version"],
+                               base_version=plan["base_version"], peer_id=honest_id,
+                               reason="slow", index=0)
+
+        def checks() -> list[str]:
+            return [e["verdict"] for e in run_events(run, "relay_check")
+                    if e["accused"] == honest_id and e["reason"] == "slow"]
+
+        with_ = await steps_per_min(run)
+        await wait_until(lambda: len(checks()) == ACCUSERS or honest_conn.relay != "ok", 120)
+        r.honest_training = await still_training(run, honest, since)
+        later = len(accusers[0].frames)
+        relays_on = await accusers[0].wait_frame(
+            lambda f: (p := plan_in(f)) is not None and honest_id in sources(p), since=later,
+            allow_close=True)
+        r.steps_per_min = cell_rate(without, with_)
+        r.reaction = (f"hub's checks of the honest relay: {checks()}; its status "
+                      f"{honest_conn.relay}, estimate {honest_conn.upload_bps / 1e6:.0f} Mbit/s; "
+                      + ("still a relay" if relays_on else "NO LONGER A RELAY")
+                      + f"; accusers {[a.reaction() for a in accusers]}")
+        r.hub_alive = yes(alive := await hub_alive(run))
+    assert alive
+    assert honest_conn.relay == "ok" and "slow" not in checks(), (honest_conn.relay, checks())
+    assert relays_on is not None, "the honest peer was dropped as a relay"
