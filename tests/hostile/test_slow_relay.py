@@ -107,8 +107,11 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
         r.steps_per_min = cell_rate(without, with_ := await steps_per_min(run))
         r.reaction = f"NO VERDICT: status {conn.relay}, estimate {probed_mbps:.0f} Mbit/s"
         await wait_until(lambda: conn.relay != "ok", 120)
-        judged_at = len(attacker.frames)
+        judged_at, loaded = len(attacker.frames), honest.statistics().versions_loaded
         r.honest_training = await still_training(run, honest, since)
+        # Once a version wholly fetched after the verdict is in (one under way may still wait
+        # on the relay's chunks it asked for before), the rate without its share.
+        await wait_until(lambda: honest.statistics().versions_loaded >= loaded + 2, 120)
         r.note = f"after the verdict: {await steps_per_min(run):.1f} steps/min"
         # Every plan made after the verdict routes around it: the next version's first plan.
         later = await attacker.wait_frame(lambda f: f["t"] == "version", since=judged_at)
