@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 
-SLACK = 4.0  # a chunk may take this many times its expected transfer time (two requests in
-# flight per receiver share the relay's upload slots, and rates are estimates)
+SLACK = 4.0  # a chunk may take this many times its expected transfer time (rates are estimates)
 GRACE_S = 1.0  # and this much more: scheduling, a fresh connection's slow start
+DEFAULT_WINDOW = 2  # requests a receiver keeps in flight per source (unless RelayPlan.window)
 
 
 def share_rate_bps(upload_bps: float, pullers: int) -> float:
@@ -29,6 +29,13 @@ def share_rate_bps(upload_bps: float, pullers: int) -> float:
     if not (0 < upload_bps < math.inf):
         return 0.0
     return upload_bps / max(pullers, 1)
+
+
+def per_request_bps(rate_bps: float, window: int) -> float:
+    """The rate each of `window` requests a receiver keeps in flight to one source may expect:
+    they share what the receiver may expect of it (a striped chain's 32 requests to one parent
+    wait their turn for its upload slots)."""
+    return rate_bps / max(window, 1)
 
 
 def slow_after_s(nbytes: int, rate_bps: float, wait_s: float = 0.0) -> float:

@@ -33,7 +33,7 @@ from echo2p2p.overlay.serving import PIECE_BYTES, PROBE_PATH
 from echo2p2p.propagation import MAX_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
-from echo2p2p.pace import GRACE_S, measured_bps, slow_after_s
+from echo2p2p.pace import DEFAULT_WINDOW, GRACE_S, measured_bps, per_request_bps, slow_after_s
 from echo2p2p.relay import Broadcast
 
 from .peers import PeerConn
@@ -171,7 +171,7 @@ class RelayJudge:
     def accused(self, accuser: PeerConn, accused: PeerConn, reason: str, manifest: m.Manifest,
                 index: int, rate_bps: float = 0.0) -> None:
         """`accuser` says `accused` served chunk `index` of `manifest` badly (`reason`);
-        `rate_bps`: what the accuser was told to expect of it (judges "slow")."""
+        `rate_bps`: what each request the accuser sent it may take (judges "slow")."""
         key = (manifest.version, manifest.base_version)
         if accused.relay != "ok" or (accuser.identity, accused.peer_id, key) in self._accusations:
             return  # it relays nothing already, or this accuser was heard on this manifest
@@ -189,8 +189,9 @@ class RelayJudge:
         the accused is worth a look."""
         if (snap is not None and broadcast is not None and accuser.peer_id in broadcast.members
                 and broadcast.source(accuser.peer_id, report.index) == accused.peer_id):
-            told = broadcast.plan(accuser.peer_id).sources
-            rate_bps = next((s.rate_bps for s in told if s.peer_id == accused.peer_id), 0.0)
+            told = broadcast.plan(accuser.peer_id)  # what its downloader judged by
+            rate_bps = next((s.rate_bps for s in told.sources if s.peer_id == accused.peer_id), 0.0)
+            rate_bps = per_request_bps(rate_bps, told.window or DEFAULT_WINDOW)
             self.accused(accuser, accused, report.reason, snap.manifest, report.index, rate_bps)
 
     async def _probe(self, conn: PeerConn, version: int) -> None:

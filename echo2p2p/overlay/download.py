@@ -3,9 +3,10 @@
 `Download` fetches each chunk from its owner in the plan (the hub for the chunks this peer
 owns), at most `window` requests in flight per source, every request under a deadline. A
 source that serves a corrupt chunk, stalls, cannot be reached or serves a chunk far slower than
-the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided; its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the
-last resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are
-the core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
+the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided;
+its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
+resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are the
+core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
 from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
-from echo2p2p.pace import too_slow
+from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
 
@@ -48,7 +49,7 @@ class Download:
 
     def __init__(self, store: ChunkStore, held: Held, *, http: aiohttp.ClientSession,
                  hub_base_url: str, me: str, report: Callable[[m.RelayReport], Awaitable[None]],
-                 window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0,
+                 window: int = DEFAULT_WINDOW, stall_s: float = 10.0, replan_wait_s: float = 3.0,
                  credentials: Credentials | None = None, first: bool = False):
         """`first`: the first version this peer takes, which shows a progress bar on a terminal
         whatever its size (later ones only when large: `echo2p2p.runtime.progress`)."""
@@ -187,7 +188,8 @@ class Download:
             began, _ = self._span.get(source, (first_byte, 0.0))
             self._span[source] = (min(began, first_byte), time.monotonic())
             # The rate is at least the deadline's own floor, so that rule is never the looser.
-            rate_bps = max(self._rates.get(source, 0.0), 8 * MIN_RATE_BYTES_S)
+            rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
+                           8 * MIN_RATE_BYTES_S)
             if source != HUB and too_slow(len(data), last_byte - sent, rate_bps, poll_s):
                 return "slow"
             return None

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import struct
 
-from echo2p2p.pace import GRACE_S, SLACK, measured_bps, share_rate_bps, slow_after_s, too_slow
+from echo2p2p.pace import (GRACE_S, SLACK, measured_bps, per_request_bps, share_rate_bps,
+                           slow_after_s, too_slow)
 from echo2p2p.relay import Broadcast, Member
 
 MBIT = 1e6
@@ -16,6 +17,12 @@ def test_a_relays_upload_is_shared_among_those_that_pull_from_it():
     """Each of 4 receivers may expect a quarter of the relay's measured upload."""
     assert share_rate_bps(100 * MBIT, 4) == 25 * MBIT
     assert share_rate_bps(100 * MBIT, 0) == 100 * MBIT  # nobody else pulls: all of it
+
+
+def test_requests_in_flight_to_one_source_share_its_rate():
+    """A striped chain's 32 requests to its parent each wait their turn: 1/32 of the rate."""
+    assert per_request_bps(64 * MBIT, 32) == 2 * MBIT
+    assert per_request_bps(64 * MBIT, 0) == 64 * MBIT
 
 
 def test_an_unmeasured_or_absurd_upload_promises_nothing():
