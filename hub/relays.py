@@ -211,12 +211,14 @@ class RelayJudge:
             nbytes = manifest.chunks[index].wire_bytes
             floor_bps = 8 * MIN_RATE_BYTES_S  # as the receiver's rule: never looser than a stall
             limit_s = slow_after_s(nbytes, max(rate_bps, floor_bps))
-            verdict, elapsed_s = await self.check.fetch(  # cut off once it is slow in any case
+            timed, elapsed_s = await self.check.fetch(  # cut off once it is slow in any case
                 accused.server_url, accused.peer_id, manifest, index, wait_s=PACE_WAIT_S,
                 deadline_s=limit_s + GRACE_S)
-            if verdict in ("intact", "stall") and elapsed_s > limit_s:  # late, or cut off
+            if timed in ("intact", "stall") and elapsed_s > limit_s:  # late, or cut off
                 verdict = "slow"
                 self._slow(accused, measured_bps(nbytes, elapsed_s))
+            elif timed != "unreachable":  # gone meanwhile (a version it dropped): no evidence
+                verdict = timed
         log.warning("checked %s's report of %s (%s, chunk %d of v%d): %s", accuser.peer_id,
                     accused.peer_id, reason, index, manifest.version, verdict)
         self._on_event({"event": "relay_check", "accuser": accuser.peer_id,
