@@ -134,7 +134,7 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
 
 async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
     """Three connections report the honest relay "slow": the hub times it itself, finds it
-    fast, and it stays a relay with its estimate."""
+    fast, and it stays a relay."""
     r = row(f"R3-5b. {ACCUSERS} connections report the honest relay 'slow'")
     cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)  # as test_relays' accusers
     async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
