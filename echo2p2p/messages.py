@@ -30,7 +30,7 @@ from .frames import (  # noqa: F401  re-exported: the wire's names, reached as m
 
 FINISH_REASONS = ("stop", "length")
 ENGINES = ("transformers", "vllm", "relay")  # Hello.engine; "relay" generates nothing
-RELAY_FAULTS = ("corrupt", "stall", "unreachable")
+RELAY_FAULTS = ("corrupt", "stall", "unreachable", "slow")
 HUB_OWNER = 0xFFFFFFFF  # in RelayPlan.owners: fetch this chunk from the hub
 
 
@@ -133,7 +133,8 @@ class TransferReport:
 @dataclass(frozen=True)
 class RelayReport:
     """A source misbehaved: `reason` is "corrupt" (a chunk failed its digest), "stall" (no
-    progress before the deadline) or "unreachable"."""
+    progress before the deadline), "unreachable" or "slow" (a chunk came whole, but far slower
+    than its `RelaySource.rate_bps` allows: `echo2p2p.pace`)."""
 
     TYPE: ClassVar[str] = "relay_report"
     version: int
@@ -261,6 +262,9 @@ class RelaySource:
 
     peer_id: str
     url: str  # http://HOST:PORT
+    # What each receiver may expect from it, bits/s: its measured upload shared among the members
+    # that pull from it (`echo2p2p.pace`); 0 = not measured. A chunk far slower is reported "slow".
+    rate_bps: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import struct
 from dataclasses import dataclass, field
 
 from . import messages as m
+from .pace import share_rate_bps
 
 # pipelined: the tracker; gossip: echo2p2p.gossip; striped-chain: the ECHO-2 paper's chains
 STRATEGIES = ("pipelined", "star", "gossip", "striped-chain")
@@ -130,16 +131,21 @@ class Broadcast:
         ring, window = self.ring(), 0
         if peer_id in ring and len(ring) > 1:
             parent = ring[ring.index(peer_id) - 1]
-            sources = [m.RelaySource(p, self.members[p].url) for p in (peer_id, parent)]
+            sources = [self._source(p, 1) for p in (peer_id, parent)]  # a parent feeds one
             owners = [0 if o == peer_id else 1 for o in self._owners]
             window = min(CHAIN_WINDOW * (len(ring) - 1), MAX_WINDOW)
         else:
             ids = sorted({o for o in self._owners if o is not None})
             index = {pid: k for k, pid in enumerate(ids)}
-            sources = [m.RelaySource(i, self.members[i].url) for i in ids]
+            sources = [self._source(i, len(self.members) - 1) for i in ids]  # all but it pull
             owners = [m.HUB_OWNER if o is None else index[o] for o in self._owners]
         return m.RelayPlan(self.version, self.base_version, self.revision, sources,
                            struct.pack(f"<{len(owners)}I", *owners), window=window)
+
+    def _source(self, peer_id: str, pullers: int) -> m.RelaySource:
+        """`peer_id` as a source in a plan, with the rate each of its `pullers` may expect."""
+        member = self.members[peer_id]
+        return m.RelaySource(peer_id, member.url, share_rate_bps(member.upload_bps, pullers))
 
     def ring(self) -> list[str]:
         """"striped-chain": the members in the ring, in order (empty for other strategies)."""

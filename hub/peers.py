@@ -39,7 +39,7 @@ class PeerConn:
     transport: asyncio.BaseTransport | None
     remote: str | None = None  # its IP address
     upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
-    relay: str = "unprobed"  # its chunk server: unprobed, ok (the hub reached it), failed
+    relay: str = "unprobed"  # its chunk server: unprobed, ok (the hub reached it), failed, slow
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
     # What the protocol keeps, read where the hub's view of a peer is shown.

@@ -6,7 +6,10 @@ that server's uplink itself (`uplink_bps`), which deals the first version's shar
 accuses a relay of a corrupt chunk, a stall or no answer names the chunk, and the hub fetches
 that chunk from the accused with its own ticket (`fetch`): a chunk that arrives whole and
 matches the signed manifest's digest clears the accused (and a "corrupt" accuser has lied); a
-wrong digest convicts it; no answer in time keeps it out of relaying. Requests go to the
+wrong digest convicts it; no answer in time keeps it out of relaying. Accused of "slow", it
+is asked for the chunk once more, now that it holds it, as a receiver asks, and timed: far
+slower than the rate its share was dealt for (`echo2p2p.pace`), it relays nothing more on
+this connection and its upload estimate falls to what the hub measured. Requests go to the
 scheme, host and port of the advertised URL only, never to a path someone chose.
 
 `RelayCheck` does the HTTP; `RelayJudge` keeps the verdicts (who relays, who lied) and runs
@@ -30,6 +33,7 @@ from echo2p2p.overlay.serving import PIECE_BYTES, PROBE_PATH
 from echo2p2p.propagation import MAX_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
+from echo2p2p.pace import DEFAULT_WINDOW, GRACE_S, measured_bps, per_request_bps, slow_after_s
 from echo2p2p.relay import Broadcast
 
 from .peers import PeerConn
@@ -43,10 +47,12 @@ PROBE_RETRY_S = 2.0  # between probe attempts
 PROBE_BYTES = 512 << 10  # timed from a new chunk server: its uplink before any version spreads
 MIN_PROBED_BYTES = 64 << 10  # less than this by the deadline says nothing about an uplink
 FETCH_WAIT_S = 10.0  # how long the accused may long-poll for the contested chunk
+PACE_WAIT_S = 5.0  # the timed fetch of a "slow" check asks as receivers do (relay_stall_s / 2),
+# so the accused cannot tell it from theirs by its query; it holds the chunk by then: no wait
 CHECKS_AT_ONCE = 8  # hub-side probes and fetches in flight; more wait their turn
 MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
 
-VERDICTS = ("intact", "corrupt", "stall", "unreachable")
+VERDICTS = ("intact", "corrupt", "stall", "unreachable", "slow")
 
 
 class RelayCheck:
@@ -105,28 +111,36 @@ class RelayCheck:
             return None
         return min(8 * got / elapsed, MAX_RATE_BYTES_S * 8)
 
-    async def fetch(self, base_url: str, audience: str, manifest: m.Manifest, index: int) -> str:
-        """Fetch chunk `index` of `manifest` from `audience`'s server and judge it: one of
-        VERDICTS."""
+    async def fetch(self, base_url: str, audience: str, manifest: m.Manifest, index: int,
+                    wait_s: float = FETCH_WAIT_S, deadline_s: float | None = None
+                    ) -> tuple[str, float]:
+        """Fetch chunk `index` of `manifest` from `audience`'s server, letting it wait `wait_s`
+        for the chunk, within `deadline_s` (None: a receiver's, at least), and judge it: one of
+        VERDICTS but "slow", and the seconds from the request to the last byte or the fault
+        (the wait for one of our own slots not counted)."""
         entry = manifest.chunks[index]
         url = base_url + chunk_path(manifest.version, manifest.base_version, index)
-        deadline_s = FETCH_WAIT_S + PROBE_TIMEOUT_S + entry.wire_bytes / MIN_RATE_BYTES_S
+        if deadline_s is None:
+            deadline_s = wait_s + PROBE_TIMEOUT_S + entry.wire_bytes / MIN_RATE_BYTES_S
+        sent = time.monotonic()
         try:
             async with self._slots, asyncio.timeout(deadline_s):
-                async with self._session().get(url, params={"wait": str(FETCH_WAIT_S)},
+                sent = time.monotonic()
+                async with self._session().get(url, params={"wait": str(wait_s)},
                                                headers=self._headers(audience)) as resp:
-                    if resp.status == 503:
-                        return "stall"  # alive, but it never got the chunk it should serve
+                    if resp.status == 503:  # alive, but it never got the chunk it should serve
+                        return "stall", time.monotonic() - sent
                     if resp.status != 200:
-                        return "unreachable"
+                        return "unreachable", time.monotonic() - sent
                     if resp.content_length != entry.wire_bytes:
-                        return "corrupt"
+                        return "corrupt", time.monotonic() - sent
                     data = await resp.content.readexactly(entry.wire_bytes)
         except TimeoutError:
-            return "stall"
+            return "stall", time.monotonic() - sent
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
-            return "unreachable"
-        return "intact" if chunk_digest(data) == entry.digest else "corrupt"
+            return "unreachable", time.monotonic() - sent
+        elapsed = time.monotonic() - sent
+        return ("intact" if chunk_digest(data) == entry.digest else "corrupt"), elapsed
 
     async def close(self) -> None:
         if self._http is not None:
@@ -155,8 +169,9 @@ class RelayJudge:
             self._spawn(self._probe(conn, version))
 
     def accused(self, accuser: PeerConn, accused: PeerConn, reason: str, manifest: m.Manifest,
-                index: int) -> None:
-        """`accuser` says `accused` served chunk `index` of `manifest` badly (`reason`)."""
+                index: int, rate_bps: float = 0.0) -> None:
+        """`accuser` says `accused` served chunk `index` of `manifest` badly (`reason`);
+        `rate_bps`: what each request the accuser sent it may take (judges "slow")."""
         key = (manifest.version, manifest.base_version)
         if accused.relay != "ok" or (accuser.identity, accused.peer_id, key) in self._accusations:
             return  # it relays nothing already, or this accuser was heard on this manifest
@@ -165,7 +180,7 @@ class RelayJudge:
                         accuser.peer_id)
             return
         self._accusations.add((accuser.identity, accused.peer_id, key))
-        self._spawn(self._judge(accuser, accused, reason, manifest, index))
+        self._spawn(self._judge(accuser, accused, reason, manifest, index, rate_bps))
 
     def heard(self, accuser: PeerConn, accused: PeerConn, report: m.RelayReport,
               broadcast: Broadcast | None, snap: Snapshot | None) -> None:
@@ -174,7 +189,10 @@ class RelayJudge:
         the accused is worth a look."""
         if (snap is not None and broadcast is not None and accuser.peer_id in broadcast.members
                 and broadcast.source(accuser.peer_id, report.index) == accused.peer_id):
-            self.accused(accuser, accused, report.reason, snap.manifest, report.index)
+            told = broadcast.plan(accuser.peer_id)  # what its downloader judged by
+            rate_bps = next((s.rate_bps for s in told.sources if s.peer_id == accused.peer_id), 0.0)
+            rate_bps = per_request_bps(rate_bps, told.window or DEFAULT_WINDOW)
+            self.accused(accuser, accused, report.reason, snap.manifest, report.index, rate_bps)
 
     async def _probe(self, conn: PeerConn, version: int) -> None:
         ok = await self.check.probe(conn.server_url, conn.peer_id, version)
@@ -187,14 +205,26 @@ class RelayJudge:
                      "reachable" if ok else "no answer, so it only pulls")
 
     async def _judge(self, accuser: PeerConn, accused: PeerConn, reason: str,
-                     manifest: m.Manifest, index: int) -> None:
-        verdict = await self.check.fetch(accused.server_url, accused.peer_id, manifest, index)
+                     manifest: m.Manifest, index: int, rate_bps: float) -> None:
+        verdict, _ = await self.check.fetch(accused.server_url, accused.peer_id, manifest, index)
+        if verdict == "intact" and reason == "slow":  # it holds the chunk now: time it
+            nbytes = manifest.chunks[index].wire_bytes
+            floor_bps = 8 * MIN_RATE_BYTES_S  # as the receiver's rule: never looser than a stall
+            limit_s = slow_after_s(nbytes, max(rate_bps, floor_bps))
+            timed, elapsed_s = await self.check.fetch(  # cut off once it is slow in any case
+                accused.server_url, accused.peer_id, manifest, index, wait_s=PACE_WAIT_S,
+                deadline_s=limit_s + GRACE_S)
+            if timed in ("intact", "stall") and elapsed_s > limit_s:  # late, or cut off
+                verdict = "slow"
+                self._slow(accused, measured_bps(nbytes, elapsed_s))
+            elif timed != "unreachable":  # gone meanwhile (a version it dropped): no evidence
+                verdict = timed
         log.warning("checked %s's report of %s (%s, chunk %d of v%d): %s", accuser.peer_id,
                     accused.peer_id, reason, index, manifest.version, verdict)
         self._on_event({"event": "relay_check", "accuser": accuser.peer_id,
                         "accused": accused.peer_id, "reason": reason,
                         "version": manifest.version, "chunk": index, "verdict": verdict})
-        if verdict == "intact":
+        if verdict in ("intact", "slow"):
             if reason == "corrupt":  # the chunk is whole: the accusation was a lie
                 self._distrust(accuser, "false_report")
             return
@@ -205,6 +235,16 @@ class RelayJudge:
         if accused.relay != "failed":
             accused.relay = "failed"
             self.bad.add(accused.identity)
+            self._failed(accused)
+
+    def _slow(self, accused: PeerConn, measured: float | None) -> None:
+        """The hub itself saw `accused` deliver far below its dealt rate: it relays nothing more
+        on this connection (a new one is probed afresh: slow is not malice), and its estimate
+        is what the hub measured."""
+        if measured is not None:
+            accused.upload_bps = min(accused.upload_bps or measured, measured)
+        if accused.relay == "ok":
+            accused.relay = "slow"
             self._failed(accused)
 
     def _spawn(self, coro: Any) -> None:

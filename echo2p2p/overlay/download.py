@@ -2,16 +2,18 @@
 
 `Download` fetches each chunk from its owner in the plan (the hub for the chunks this peer
 owns), at most `window` requests in flight per source, every request under a deadline. A
-source that serves a corrupt chunk, stalls or cannot be reached is reported to the hub and
-avoided; its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the
-last resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are
-the core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
+source that serves a corrupt chunk, stalls, cannot be reached or serves a chunk far slower than
+the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided;
+its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
+resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are the
+core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,6 +24,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
 from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
+from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
 
@@ -46,7 +49,7 @@ class Download:
 
     def __init__(self, store: ChunkStore, held: Held, *, http: aiohttp.ClientSession,
                  hub_base_url: str, me: str, report: Callable[[m.RelayReport], Awaitable[None]],
-                 window: int = 2, stall_s: float = 10.0, replan_wait_s: float = 3.0,
+                 window: int = DEFAULT_WINDOW, stall_s: float = 10.0, replan_wait_s: float = 3.0,
                  credentials: Credentials | None = None, first: bool = False):
         """`first`: the first version this peer takes, which shows a progress bar on a terminal
         whatever its size (later ones only when large: `echo2p2p.runtime.progress`)."""
@@ -57,6 +60,7 @@ class Download:
         self.window, self.stall_s, self.replan_wait_s = window, stall_s, replan_wait_s
         self.failover = Failover(len(held.manifest.chunks), me, replan_wait_s=replan_wait_s)
         self._urls: dict[str, str] = {HUB: hub_base_url}
+        self._rates: dict[str, float] = {}  # source -> bits/s the plan says to expect of it
         self._changed = asyncio.Event()
         self._bytes: Counter[str] = Counter()
         self._span: dict[str, tuple[float, float]] = {}  # source -> (first byte, last byte)
@@ -77,6 +81,8 @@ class Download:
             log.warning("ignoring a relay plan for v%d: %s", plan.version, ignored)
             return
         self._urls.update(urls)
+        self._rates.update({s.peer_id: s.rate_bps for s in plan.sources
+                            if 0 < s.rate_bps < math.inf})
         if plan.window > 0:  # the hub's, within bounds (a frame may carry any int)
             self.window = min(plan.window, MAX_WINDOW)
         self._changed.set()
@@ -102,10 +108,12 @@ class Download:
                     i, source = in_flight.pop(task)
                     load[source] -= 1
                     fault = task.result()
-                    if fault is None:
+                    if fault in (None, "slow"):  # a slow chunk is in, but its source is avoided
                         missing.discard(i)
                         bar.update(manifest.chunks[i].wire_bytes)
-                    elif source == HUB:
+                    if fault is None:
+                        continue
+                    if source == HUB:
                         log.warning("the hub did not serve chunk %d of v%d (%s); retrying", i,
                                     manifest.version, fault)
                         self.failover.failed(source, time.monotonic())
@@ -140,7 +148,8 @@ class Download:
         return done - {waiter}
 
     async def _fetch(self, index: int, source: str) -> str | None:
-        """Fetch chunk `index` from `source` and verify it: None once it is in, else the fault
+        """Fetch chunk `index` from `source` and verify it: None once it is in, "slow" once it is
+        in but came far slower than the plan's rate for `source` allows, else the fault
         ("corrupt", "stall" or "unreachable")."""
         m_ = self.held.manifest
         entry = m_.chunks[index]
@@ -150,6 +159,7 @@ class Download:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.stall_s, sock_read=self.stall_s)
         asked = time.monotonic()
         while True:
+            sent = time.monotonic()  # of the request that answers: its long poll is allowed for
             try:
                 async with asyncio.timeout(poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S):
                     async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout,
@@ -164,6 +174,7 @@ class Download:
                             return "corrupt"
                         first_byte = time.monotonic()
                         data = await resp.content.readexactly(entry.wire_bytes)
+                        last_byte = time.monotonic()
             except TimeoutError:
                 return "stall"
             except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
@@ -176,4 +187,9 @@ class Download:
             self._bytes[source] += len(data)
             began, _ = self._span.get(source, (first_byte, 0.0))
             self._span[source] = (min(began, first_byte), time.monotonic())
+            # The rate is at least the deadline's own floor, so that rule is never the looser.
+            rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
+                           8 * MIN_RATE_BYTES_S)
+            if source != HUB and too_slow(len(data), last_byte - sent, rate_bps, poll_s):
+                return "slow"
             return None

@@ -30,11 +30,21 @@ def test_upload_is_what_receivers_got_over_their_median_span():
     assert prop.upload_rates() == {"b": 8 * 3 * (SIZE // 2) / 2.0}
 
 
-def test_an_even_count_of_spans_takes_the_mean_of_the_middle_two():
+def test_an_even_count_of_spans_takes_the_shorter_middle_one():
+    """Of two receivers, one that claims a span a million times too long (a liar, or a slow
+    link of its own) does not slow the relay on paper: the shorter span counts."""
     prop = Propagation(1, 0.0, {"a", "b", "c"})
     prop.count("a", report(("b", SIZE, 1.0)), SIZE)
-    prop.count("c", report(("b", SIZE, 3.0)), SIZE)
-    assert prop.upload_rates() == {"b": 8 * 2 * SIZE / 2.0}
+    prop.count("c", report(("b", SIZE, 1e6)), SIZE)
+    assert prop.upload_rates() == {"b": 8 * 2 * SIZE / 1.0}
+
+
+def test_one_liar_of_three_receivers_moves_the_median_by_one_place_only():
+    """Receivers at 1, 2 and 4 s: a liar at 1e6 s in place of the 1 s one gives the 4 s span."""
+    prop = Propagation(1, 0.0, {"a", "b", "c", "d"})
+    for receiver, span in (("a", 1e6), ("c", 2.0), ("d", 4.0)):
+        prop.count(receiver, report(("b", SIZE // 2, span)), SIZE)
+    assert prop.upload_rates() == {"b": 8 * 3 * (SIZE // 2) / 4.0}
 
 
 def test_the_record_says_how_far_and_how_fast_it_spread():
