@@ -234,7 +234,8 @@ class HubConfig:
     dashboard_token: str = ""
     """Read-only access token of the dashboard, /metrics and /status on its port: sent as
     `Authorization: Bearer TOKEN` or once as ?token=TOKEN in the page's URL ('' = none, only
-    on loopback)."""
+    on loopback). /status on the peers' port answers all of it only with this token (or, with
+    none set, on a loopback --host), else only the run's public part: no peer is named."""
     report_to: str = ""
     """Experiment trackers that also get every run log record, comma-separated: wandb,
     tensorboard (pip install 'echo2p2p[wandb]' or '[tensorboard]'; WANDB_MODE=offline works

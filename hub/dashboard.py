@@ -147,9 +147,9 @@ def token_check(token: str) -> Any:
 
 
 def status_route(run: HubRun) -> Handler:
-    """GET /status on the peers' port, which anyone who can reach a peer's port can ask: all of
-    it with the dashboard token (without one set: on a hub listening on loopback only), else
-    only its public part, which the harness and load balancers poll (`status.public_status`)."""
+    """GET /status on the peers' port, which anyone who can reach the hub may ask: all of it
+    with the dashboard token (with none set: on a hub listening on loopback only), else only
+    the run's public part (`status.public_status`), which is what health checks need."""
     token = run.cfg.dashboard_token
     everything = json_answer(lambda: status(run))
     public = json_answer(lambda: public_status(run))
