@@ -286,7 +286,8 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p.policy.model import build_char_tokenizer
 
     cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
-                    max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers)
+                    max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers,
+                    joins_per_min=0)  # every emulated peer joins at once from 127.0.0.1
     task = AdditionTask()
     problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
     hub = Hub(cfg, "bench", task, problems, decode=CompletionDecoder(build_char_tokenizer()))

@@ -21,9 +21,12 @@ one that does not hold b skips the delta and takes the full one. Never a loop: n
 announced again.
 
 `CatchUps` caches one encode per (base, target) for every peer on the same base, encodes in the
-event loop's default executor (never on the loop), and keeps at most `max_entries` deltas,
-dropping those for older targets first; a new base when all are for the newest gets the full
-version, as does a base not kept, one too far back, and a delta no smaller than the full one.
+event loop's default executor (never on the loop), at most `max_building` at once, and keeps at
+most `max_entries` deltas, dropping those for older targets first; a new base when all are for
+the newest, or while `max_building` encodes run, gets the full version, as does a base not
+kept (never published, or dropped), one too far back, and a delta no smaller than the full one.
+So however many peers claim bases, however fast, the hub encodes at most `max_entries` deltas a
+published version, `max_building` at a time.
 """
 
 from __future__ import annotations
@@ -69,13 +72,18 @@ def build_catch_up(target: Published, base: int) -> Snapshot | None:
 class CatchUps:
     """The catch-up deltas built and being built, and the bases peers reported, for one hub."""
 
-    def __init__(self, max_versions: int, max_entries: int = MAX_ENTRIES):
-        """`max_versions`: the furthest back a base may be (`HubConfig.catch_up_versions`)."""
+    def __init__(self, max_versions: int, max_entries: int = MAX_ENTRIES,
+                 max_building: int | None = None):
+        """`max_versions`: the furthest back a base may be (`HubConfig.catch_up_versions`);
+        `max_building`: encodes at once (`HubConfig.catch_up_builds`; None: `max_entries`)."""
         self.max_versions = max_versions
         self.max_entries = max_entries
+        self.max_building = max_entries if max_building is None else max_building
         self._cache: dict[Key, asyncio.Future[Snapshot | None]] = {}  # least recently used first
         self._whole: dict[bytes, int] = {}  # peer key -> newest version it reported whole
+        self.building = 0  # encodes running (those of dropped entries too)
         self.encodes = 0  # catch-up deltas encoded so far (the cache's misses)
+        self.shared = 0  # catch-up deltas taken from the cache (the cache's hits)
 
     def remember(self, peer_key: bytes, version: int) -> None:
         """The peer with `peer_key` reported `version` whole (of a manifest the hub keeps)."""
@@ -106,16 +114,23 @@ class CatchUps:
         if future is None:
             for old in [k for k in self._cache if k[1] != target.version]:
                 del self._cache[old]  # for an older target: no peer is sent those any more
-            if len(self._cache) >= self.max_entries:
+            if len(self._cache) >= self.max_entries or self.building >= self.max_building:
                 ready(None)
                 return
             future = asyncio.get_running_loop().run_in_executor(None, build_catch_up, target, base)
+            self.building += 1
+            future.add_done_callback(self._built)
             self.encodes += 1
+        else:
+            self.shared += 1
         self._cache[key] = future  # the most recently used, last
         if future.done():
             ready(_outcome(future, key))
         else:
             future.add_done_callback(lambda f: ready(_outcome(f, key)))
+
+    def _built(self, future: asyncio.Future[Snapshot | None]) -> None:
+        self.building -= 1
 
     def snapshot(self, version: int, base: int) -> Snapshot | None:
         """The catch-up delta (base -> version) if built and still cached: chunks are served

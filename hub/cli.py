@@ -74,7 +74,8 @@ def _add_status_and_report(sub: argparse._SubParsersAction) -> None:
     status.add_argument("url", help="the hub's http(s)://HOST:PORT (its peers' port or its "
                                     "dashboard's), with or without /status")
     status.add_argument("--token", default=os.environ.get("ECHO2_DASHBOARD_TOKEN", ""),
-                        help="the dashboard's access token (default: $ECHO2_DASHBOARD_TOKEN)")
+                        help="the dashboard's access token, which the peers' port needs too "
+                             "to show the peers (default: $ECHO2_DASHBOARD_TOKEN)")
     status.add_argument("--ca-cert", default="", metavar="PEM",
                         help="certificate authority to trust for an https hub with a private "
                              "or self-signed certificate")

@@ -179,6 +179,20 @@ class HubConfig:
     max_peers_per_address: int = 256
     """Joined connections accepted from one IP address; more are refused (close code 4005).
     Bounds what one attacker's many connections can cost; raise it for a lab behind one NAT."""
+    joins_per_min: float = 120.0
+    """Joins a minute, sustained, from one IP address (an IPv6 /64) and with one join token;
+    more are refused (close code 4005) before the hub does any work for them (0 = no limit).
+    Bounds what reconnect churn costs the hub; raise it for a lab behind one NAT."""
+    join_burst: int = 64
+    """Joins at once from one address or with one join token before `joins_per_min` holds: an
+    honest peer's reconnect, or a lab's peers back from a hub restart, get straight in."""
+    joins_per_min_per_key: float = 6.0
+    """Joins a minute, sustained, with one peer key (one peer process; 0 = no limit)."""
+    join_burst_per_key: int = 4
+    """Joins at once with one peer key before `joins_per_min_per_key` holds."""
+    catch_up_builds: int = 1
+    """Catch-up deltas the hub encodes at once (off the event loop; each is shared by every peer
+    on the same base); a peer that would need another meanwhile gets the newest in full."""
     spot_check_fraction: float = 0.05
     """Share of rollout groups whose behaviour logprobs the hub recomputes under the version the
     peer claims (0 = off, 1 = every group); a mismatch counts against the peer's trust. Costs
@@ -220,7 +234,8 @@ class HubConfig:
     dashboard_token: str = ""
     """Read-only access token of the dashboard, /metrics and /status on its port: sent as
     `Authorization: Bearer TOKEN` or once as ?token=TOKEN in the page's URL ('' = none, only
-    on loopback)."""
+    on loopback). /status on the peers' port answers all of it only with this token (or, with
+    none set, on a loopback --host), else only the run's public part: no peer is named."""
     report_to: str = ""
     """Experiment trackers that also get every run log record, comma-separated: wandb,
     tensorboard (pip install 'echo2p2p[wandb]' or '[tensorboard]'; WANDB_MODE=offline works
@@ -296,7 +311,11 @@ class HubConfig:
         self.prompts  # noqa: B018 - validates prompt_format and chat_template_args
 
     def _check_view(self) -> None:
-        """The dashboard's address and access, and the trackers named."""
+        """The dashboard's address and access, the join limits, and the trackers named."""
+        for name, least in (("joins_per_min", 0), ("joins_per_min_per_key", 0), ("join_burst", 1),
+                            ("join_burst_per_key", 1), ("catch_up_builds", 1)):
+            if not getattr(self, name) >= least:  # NaN too
+                raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         if not -1 <= self.dashboard_port < 65536:
             raise ConfigError("dashboard_port", f"a TCP port, 0 (a free one) or -1 (none), got "
                                                 f"{self.dashboard_port}")

@@ -25,6 +25,7 @@ class Counters:
     duplicates: int = 0
     closed_for_protocol: int = 0
     refused: int = 0  # joins without a valid token
+    joins_too_often: int = 0  # hellos refused by the join limits (echo2p2p.join_limits)
     cut_off: int = 0  # peers that stopped reading
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
@@ -60,6 +61,9 @@ class HubStatistics:
     spot_checked: int
     spot_failed: int
     relay_reports: int  # accusations heard, all peers and reasons
+    joins_too_often: int
+    catch_up_builds: int  # catch-up deltas encoded (hub.catchup)
+    catch_up_shared: int  # catch-up deltas a peer got from the cache, another's encode
 
 
 class Changes:

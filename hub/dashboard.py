@@ -5,7 +5,8 @@ Routes: `/` (hub/dashboard/index.html), `/static/{name}` (an allow-list of that 
 feed's downsampled history with the status) and `/events` (server-sent events from the
 `echo2p2p.hub.feed.Feed`: hello, step, eval, version, and status every STATUS_EVERY_S while
 clients listen). With `dashboard_token` set every request needs it, as `Authorization: Bearer`
-or `?token=`; TLS is the hub's (tls_cert/tls_key). Behind the HTTP idle and request-head
+or `?token=` (and /status on the peers' port answers only its public part without it,
+`status_route`); TLS is the hub's (tls_cert/tls_key). Behind the HTTP idle and request-head
 deadlines (`echo2p2p.runtime.http_deadlines`), which never cut a response being sent: an event
 stream stays open, with a comment line every HEARTBEAT_S so that proxies keep it too.
 Reads the run, never changes it; knows nothing of how records are made.
@@ -32,7 +33,8 @@ from echo2p2p.runtime import http_deadlines
 from .app import tls_context
 from .feed import Feed, event_frame, finite_json
 from .metrics import metrics_handler
-from .status import status
+from .config import is_loopback
+from .status import public_status, status
 
 if TYPE_CHECKING:
     from .trainer import HubRun
@@ -142,6 +144,21 @@ def token_check(token: str) -> Any:
         return await handler(request)
 
     return check
+
+
+def status_route(run: HubRun) -> Handler:
+    """GET /status on the peers' port, which anyone who can reach the hub may ask: all of it
+    with the dashboard token (with none set: on a hub listening on loopback only), else only
+    the run's public part (`status.public_status`), which is what health checks need."""
+    token = run.cfg.dashboard_token
+    everything = json_answer(lambda: status(run))
+    public = json_answer(lambda: public_status(run))
+
+    async def handle(request: web.Request) -> web.Response:
+        full = _carries(request, token.encode()) if token else is_loopback(run.cfg.host)
+        return await (everything if full else public)(request)
+
+    return handle
 
 
 def _carries(request: web.Request, expected: bytes) -> bool:

@@ -40,6 +40,7 @@ from .app import serve
 from .config import HubConfig
 from .checkpoint import hub_state, restore_hub
 from .counters import Changes, Counters, HubStatistics
+from .door import Door
 from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
@@ -86,6 +87,7 @@ class Hub:
         self.counters = Counters()
         self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
+        self.door = Door(cfg, self.tokens, self.counters)  # who may join now
         self.trust = TrustBook()
         self.on_event = on_event or (lambda record: None)
         self.changes = Changes()  # what the wait_... methods wait on
@@ -215,7 +217,9 @@ class Hub:
             quarantined_peers=sum(map(self.guard.quarantined, self.peers.values())),
             queued_groups=len(self.buffer), open_leases=self.leases.open_count,
             judging=len(self.admission.judging),
-            relay_reports=sum(self.counters.relay_reports.values()), **counted)
+            relay_reports=sum(self.counters.relay_reports.values()),
+            catch_up_builds=self.tracker.catchups.encodes,
+            catch_up_shared=self.tracker.catchups.shared, **counted)
 
     async def wait_peers(self, n: int) -> None:
         """Return once exactly `n` peers are connected (joined and not yet left)."""
@@ -288,18 +292,11 @@ class Hub:
 
     async def _greet(self, ws: web.WebSocketResponse, protocol: hp.HubProtocol, hello: m.Hello,
                      request: web.Request) -> PeerConn | None:
-        """Join the peer that said `hello`, or close it (no valid token, a crowded address)."""
-        if (why := join_refusal(self.tokens, hello.token)) is not None:
-            self.counters.refused += 1
-            log.info("refused %s: %s", request.remote, why)
-            await close_connection(ws, protocol.session, m.CLOSE_UNAUTHORIZED, why,
-                                   request.transport)
-            return None
-        crowd = sum(c.remote == request.remote for c in self.peers.values())
-        if crowd >= self.cfg.max_peers_per_address:  # a lab behind one NAT raises the cap
-            self.counters.refused += 1
-            await close_connection(ws, protocol.session, m.CLOSE_TOO_MANY,
-                                   "too many connections from this address", request.transport)
+        """Join the peer that said `hello`, or close it (`hub.door`: joining too often, no
+        valid token, a crowded address)."""
+        refused = self.door.refusal(hello, request.remote, self.peers.values(), _now())
+        if refused is not None:
+            await close_connection(ws, protocol.session, *refused, request.transport)
             return None
         return self._join(ws, protocol, hello, request.transport, request.remote)
 

@@ -3,9 +3,9 @@
 The run (step, published version, hub key), each connected peer (engine, held version, relay,
 upload, trust, activation account, state, seconds since it was last heard), the capacity
 estimates, the cost meter with the LP bound, the staleness of what was trained and dropped, the
-queue and the last step record. Reads the hub and the run, never changes them; knows nothing of
-HTTP (the routes in `echo2p2p.hub.trainer.start_hub` and `echo2p2p.hub.dashboard` serialise
-what this returns).
+queue and the last step record; or, for whoever lacks the dashboard token, only the run's public
+part (`public_status`). Reads the hub and the run, never changes them; knows nothing of HTTP
+(the routes in `echo2p2p.hub.dashboard` serialise what this returns).
 """
 
 from __future__ import annotations
@@ -42,6 +42,16 @@ def status(run: HubRun) -> dict[str, Any]:
         "queued_groups": stats.queued_groups, "open_leases": stats.open_leases,
         "last": run.records[-1] if run.records else None,
     }
+
+
+def public_status(run: HubRun) -> dict[str, Any]:
+    """What /status on the peers' port answers without the dashboard token: what any peer
+    learns from its welcome (run, hub key, version, S) and the step. No peer's name, address,
+    trust or leases."""
+    hub = run.hub
+    return {"run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
+            "published_version": hub.tracker.newest_version, "max_lag": run.cfg.max_lag,
+            "kappa": run.cfg.kappa, "public": True}
 
 
 def peer_state(hub: Hub, conn: PeerConn) -> str:

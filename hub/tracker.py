@@ -51,7 +51,7 @@ class VersionTracker:
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
         self.hub_send_bps: float | None = None  # EWMA over the versions spread, bits/s
-        self.catchups = CatchUps(cfg.catch_up_versions)  # deltas for peers behind (hub.catchup)
+        self.catchups = CatchUps(cfg.catch_up_versions, max_building=cfg.catch_up_builds)
         # Gossip: (version, base) -> peer id -> its seed chunks, and the plan revision sent last.
         self.seeds: dict[tuple[int, int | None], tuple[dict[str, list[int]], int]] = {}
 

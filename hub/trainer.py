@@ -31,7 +31,7 @@ from echo2p2p.tasks import AdditionTask, MathTask
 from echo2p2p.overlay.tickets import Tickets
 
 from .config import SECRETS, HubConfig
-from .dashboard import dashboard, json_answer
+from .dashboard import dashboard, status_route
 from .durable import Checkpoints
 from .estimates import Estimates
 from .model_files import ModelFiles, model_routes, token_facts
@@ -39,7 +39,6 @@ from .publisher import Publisher, load_or_make_key
 from .ranks import Leader, Ranks, follow
 from .runlog import RunLog, propagation_line
 from .server import Hub, TokenizedProblem, serve
-from .status import status
 from .task_setup import TaskSetup, open_setup
 from .trackers import Trackers, open_trackers
 from .versions import VersionFiles
@@ -242,7 +241,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
 
     files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
     hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
-    routes = {"/status": json_answer(lambda: status(run)),
+    routes = {"/status": status_route(run),
               **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here

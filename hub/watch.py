@@ -170,8 +170,10 @@ def peers_table(status: dict[str, Any], limit: int = MAX_ROWS) -> Table:
     rows = sorted((p for p in part(status, "peers").values() if isinstance(p, dict)),
                   key=lambda p: (order.index(s) if (s := state_of(p)) in order else len(order),
                                  one_line(p.get("name"))))
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption=f"and {len(rows) - limit} more peers" if len(rows) > limit else None)
+    caption = f"and {len(rows) - limit} more peers" if len(rows) > limit else None
+    if status.get("public") is True:  # the hub's port without the dashboard token
+        caption = "peers not shown: this hub needs its dashboard token (--token)"
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption=caption)
     for column in ("name", "engine", "ver", "roll/s", "up Mb/s", "trust", "state", "$",
                    "seen"):  # short: nine columns in 80 characters
         text = column in ("name", "engine", "state")

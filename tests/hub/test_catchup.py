@@ -122,7 +122,7 @@ async def test_peers_on_one_base_share_one_encode_of_a_signed_delta_that_rebuild
     for conn in conns:
         rig.tracker.catch_up(conn)
     answers = [await settled(rig, conn) for conn in conns]
-    assert rig.tracker.catchups.encodes == 1
+    assert (rig.tracker.catchups.encodes, rig.tracker.catchups.shared) == (1, 1)
     full = rig.tracker.newest.full
     for delta, fallback in answers:
         assert (delta.manifest.version, delta.manifest.base_version) == (4, 0)
@@ -207,6 +207,26 @@ async def test_the_cache_is_bounded_and_a_version_published_meanwhile_wins():
     assert [(a.manifest.version, a.manifest.base_version) for a in sent(conns[2])] == [
         (5, None), (6, None)]  # no room in the cache: v5 in full, then v6 as published
     assert rig.tracker.catchups.encodes == 2
+
+
+async def test_encodes_run_at_most_catch_up_builds_at_once_and_others_get_the_full_version():
+    """With one encode running (catch_up_builds 1), a peer on another base gets the newest in
+    full at once, not a second encode; one on the running encode's base shares it."""
+    streams = chain(5)
+    rig = Rig(catch_up_builds=1)
+    for v in range(5):
+        rig.tracker.publish(version(streams, v))
+        if v < 2:
+            rig.held_before(bytes([v + 1]) * 32, v)
+    first, other, same = (rig.join(f"p{i}", bytes([b + 1]) * 32) for i, b in enumerate((0, 1, 0)))
+    for conn in (first, other, same):
+        rig.tracker.catch_up(conn)
+    assert rig.tracker.catchups.building == 1
+    assert [(a.manifest.version, a.manifest.base_version) for a in sent(other)] == [(4, None)]
+    for conn in (first, same):
+        assert [a.manifest.base_version for a in await settled(rig, conn)] == [0, None]
+    catchups = rig.tracker.catchups
+    assert (catchups.encodes, catchups.shared, catchups.building) == (1, 1, 0)
 
 
 def test_remembered_bases_are_bounded_and_need_a_real_key():

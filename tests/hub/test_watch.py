@@ -40,17 +40,19 @@ async def status(*args: str) -> tuple[int, str, str]:
 
 @pytest.mark.timeout(120)
 async def test_status_of_a_real_hub_names_its_peers_and_step(hub_cfg):
-    """From the peers' ws:// URL as the log prints it, and from the dashboard's port with its
-    token, the summary shows the run, both peers as active and the step the hub had reached;
-    the dashboard without the token answers 401: one line, exit 1."""
+    """From the peers' ws:// URL as the log prints it, and from the dashboard's port, with the
+    dashboard token, the summary shows the run, both peers as active and the step the hub had
+    reached; the dashboard without the token answers 401: one line, exit 1; the peers' port
+    without it, the run but no peer."""
     cfg = replace(hub_cfg, dashboard_port=0, dashboard_token="peek")
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 2):
             await asyncio.wait_for(run.hub.wait_step(2), 60)
             before = run.hub.step
             board = f"http://127.0.0.1:{run.dashboard_port}"
-            answers = await asyncio.gather(status(run.url), status(board, "--token", "peek"),
-                                           status(board))
+            answers = await asyncio.gather(status(run.url, "--token", "peek"),
+                                           status(board, "--token", "peek"), status(board),
+                                           status(run.url))
             after = run.hub.step
     for rc, out, err in answers[:2]:
         assert rc == 0, err
@@ -60,6 +62,8 @@ async def test_status_of_a_real_hub_names_its_peers_and_step(hub_cfg):
         assert len(rows) == 2 and all("active" in row and "transformers" in row for row in rows)
     rc, out, err = answers[2]
     assert rc == 1 and out == "" and err.count("\n") == 1 and "answered 401" in err
+    rc, out, err = answers[3]
+    assert rc == 0 and run.hub.run_id in out and "test-" not in out and "--token" in out
 
 
 def hostile_status(n_peers: int) -> dict:

@@ -1,0 +1,67 @@
+"""The hub's door: whether a peer that said hello may join now, decided before any work is done
+for it (no welcome, no catch-up, no re-plan).
+
+In order: the address's join bucket (`echo2p2p.join_limits`; an IPv6 address counts as its
+/64), the join token (`hub.tokens`), the buckets of its peer key and join token, and the
+connections its address already holds (`max_peers_per_address`). A refusal is a close code and
+a short reason, counted in `hub.counters.Counters`; only a token refusal is logged at INFO (the
+churn the limits stop would flood the log).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable
+
+from echo2p2p import messages as m
+from echo2p2p.join_limits import JoinLimits, Rate
+
+from .config import HubConfig
+from .counters import Counters
+from .peers import PeerConn
+from .tokens import TokenBook, join_refusal
+
+log = logging.getLogger("echo2p2p.hub.server")  # reported with the hub's peer-facing side
+
+
+class Door:
+    """Who may join a hub now; one per hub."""
+
+    def __init__(self, cfg: HubConfig, tokens: TokenBook | None, counters: Counters):
+        self.cfg, self.tokens, self.counters = cfg, tokens, counters
+        self.limits = JoinLimits(Rate(cfg.joins_per_min, cfg.join_burst),
+                                 Rate(cfg.joins_per_min_per_key, cfg.join_burst_per_key),
+                                 Rate(cfg.joins_per_min, cfg.join_burst))
+
+    def refusal(self, hello: m.Hello, remote: str | None, peers: Iterable[PeerConn],
+                now: float) -> tuple[int, str] | None:
+        """(close code, reason) if the peer that said `hello` from `remote` may not join now;
+        None if it may (its join is then counted against its buckets)."""
+        if (why := self.limits.refusal(now, address=address_group(remote))) is not None:
+            self.counters.joins_too_often += 1
+            return m.CLOSE_TOO_MANY, why
+        if (why := join_refusal(self.tokens, hello.token)) is not None:
+            self.counters.refused += 1
+            log.info("refused %s: %s", remote, why)
+            return m.CLOSE_UNAUTHORIZED, why
+        token_id = hello.token.partition(".")[0] if self.tokens is not None else None
+        if (why := self.limits.refusal(now, peer_key=hello.peer_key,
+                                       join_token=token_id)) is not None:
+            self.counters.joins_too_often += 1
+            return m.CLOSE_TOO_MANY, why
+        if sum(c.remote == remote for c in peers) >= self.cfg.max_peers_per_address:
+            self.counters.refused += 1  # a lab behind one NAT raises the cap
+            return m.CLOSE_TOO_MANY, "too many connections from this address"
+        return None
+
+
+def address_group(remote: str | None) -> str | None:
+    """What the join limits count `remote` as: itself, or for IPv6 its /64 (one host's share)."""
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return remote
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is a.b.c.d
+        ip = ip.ipv4_mapped
+    return str(ip) if ip.version == 4 else str(ipaddress.ip_network((ip, 64), strict=False))
