@@ -7,7 +7,8 @@ forged tag; the staleness rule judges the version. Then its samples are parsed o
 as the engines decode (`echo2p2p.completions`), with the task's verifier in the scorer's worker
 processes, off the event loop and under a deadline (`echo2p2p.scoring.scorer.Scorer`); the
 peer's text and reward are only checked against that. A share of submissions also have their
-behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`). Nothing is
+behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`): every one
+of a peer on probation, fewer as its record grows (`echo2p2p.trust.check_fraction`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
 before the peer hears of it, so a hub killed after the ack still has it when resumed.
 
@@ -114,7 +115,8 @@ class Admission:
                                          [s.text for s in msg.samples],
                                          [s.turns for s in msg.samples] if self.episodes else None)
         pending = None
-        if self.spot is not None and self.spot.wants():
+        if self.spot is not None and self.spot.wants(
+                self.trust.check_fraction(conn, self.spot.fraction)):
             # The claimed version's weights are taken now, not once scored (they may rotate out).
             pending = self.spot.check(_unscored(lease, msg, rows))
         # One task per submission, scoring then spot-checking; no ack until both are done. It
@@ -222,9 +224,9 @@ class Admission:
 
     def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
         """Queue `group` for the learner and acknowledge it, journaled first."""
-        self._journal("admit", group_to_wire(group))
+        self._journal("admit", group_to_wire(group), conn.identity)
         log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
-        self.buffer.put(group)
+        self.buffer.put(group, conn.identity)  # withdrawn if the identity is quarantined
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
         if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left

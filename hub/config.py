@@ -185,6 +185,12 @@ class HubConfig:
     one forward per checked group, an fp32 model copy (4 bytes a parameter) and the last S + 1
     published versions, kept on disk in <run_dir>/versions and memory-mapped: (S + 1) x
     parameters x 2 bytes in bf16 of files (~42 GB for a 7B model at S = 2), not of RAM."""
+    spot_check_probation: int = 8
+    """Spot-checks a peer must pass before its groups are checked less often than every one
+    (times 1 + its trust events; any event starts it over); then a share due/passed of them,
+    down to spot_check_fraction. A forger is caught on its first groups, before any is
+    trained on; an honest peer costs the hub a forward per group while on probation, then a
+    share falling as sqrt(due / 2n) near its n-th group (0: no probation, the plain fraction)."""
     spot_check_tokens: int = 0
     """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
     at the last drawn position, less evidence per check; the memory stays the same."""
@@ -281,6 +287,8 @@ class HubConfig:
         if not 0 <= self.spot_check_fraction <= 1:
             raise ConfigError("spot_check_fraction",
                               f"must be in [0, 1], got {self.spot_check_fraction}")
+        if self.spot_check_probation < 0:
+            raise ConfigError("spot_check_probation", f"must be >= 0, got {self.spot_check_probation}")
         if self.spot_check_tokens < 0:
             raise ConfigError("spot_check_tokens", f"must be >= 0 (0 = all), got {self.spot_check_tokens}")
         if not self.spot_check_tolerance > 0:

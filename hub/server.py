@@ -33,7 +33,7 @@ from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_budget, lease_min_version
-from echo2p2p.trust import TrustBook
+from echo2p2p.trust import TrustBook, TrustPolicy
 
 from .admission import Admission
 from .app import serve
@@ -86,7 +86,7 @@ class Hub:
         self.counters = Counters()
         self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
-        self.trust = TrustBook()
+        self.trust = TrustBook(TrustPolicy(probation_checks=cfg.spot_check_probation))
         self.on_event = on_event or (lambda record: None)
         self.changes = Changes()  # what the wait_... methods wait on
         log_event = lambda record: self.on_event(record)  # noqa: E731 (late-bound)
@@ -94,8 +94,8 @@ class Hub:
             cfg, self.peers, self.pool, quarantined=lambda conn: self.guard.quarantined(conn),
             on_event=log_event, now=_now)
         self.guard = TrustGuard(self.trust, self.leases, route_around=self.tracker.route_around,
-                                dispatch=self.dispatch, step=lambda: self.step,
-                                on_event=self.changes.after(log_event))
+                                withdraw=self._withdraw, dispatch=self.dispatch,
+                                step=lambda: self.step, on_event=self.changes.after(log_event))
         credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
             signing_key, run_id, "hub", self.hub_key)) if signing_key else None
         self.relays = RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
@@ -377,6 +377,15 @@ class Hub:
     def _journal(self, kind: str, *record: Any) -> None:
         if self.journal is not None:
             self.journal.write([kind, *record])
+
+    def _withdraw(self, identity: str) -> int:
+        """A quarantined identity's groups leave the queue before the learner takes them,
+        journaled so a resumed hub does not bring them back; how many."""
+        gone = self.buffer.withdraw(identity)
+        if gone:
+            self._journal("withdraw", [g.lease_id for g in gone])
+            self.counters.withdrawn_groups += len(gone)
+        return len(gone)
 
     def checkpoint(self, journal: Journal | None) -> dict[str, Any]:
         """What a checkpoint keeps of the hub, as plain data (see hub.checkpoint); from now on
