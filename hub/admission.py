@@ -176,7 +176,7 @@ class Admission:
             if self.trust.quarantined(conn):  # by another of its rollouts while this one was checked
                 self._refuse(conn, lease, "quarantined")
                 return False
-            if fair and honest:
+            if fair and honest and result.tokens:  # a version too old to check earns nothing
                 self.trust.good(conn)
         self._admit(conn, ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
                                       msg.version, rows, rewards))

@@ -188,9 +188,10 @@ class HubConfig:
     spot_check_probation: int = 8
     """Spot-checks a peer must pass before its groups are checked less often than every one
     (times 1 + its trust events; any event starts it over); then a share due/passed of them,
-    down to spot_check_fraction. A forger is caught on its first groups, before any is
-    trained on; an honest peer costs the hub a forward per group while on probation, then a
-    share falling as sqrt(due / 2n) near its n-th group (0: no probation, the plain fraction)."""
+    down to spot_check_fraction. A forger's first groups are all checked, so it is caught
+    before they are trained on; an honest peer costs the hub a forward per group while on
+    probation, then a share falling as about sqrt(due / 2n) near its n-th group. 0: the
+    plain fraction for all; spot_check_fraction 0 turns checks off whatever this is."""
     spot_check_tokens: int = 0
     """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
     at the last drawn position, less evidence per check; the memory stays the same."""

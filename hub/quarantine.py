@@ -4,8 +4,9 @@
 the scores and decides when an identity is quarantined) and, when one tips it into quarantine,
 carries that out: the peer's open leases go back to the queue, its admitted groups still
 queued are withdrawn, every relay plan is re-dealt around it, the run log gets a record and
-leases are dispatched again. Its record also sets how often its rollouts are spot-checked. It never judges a rollout
-or a chunk itself (`hub.admission` and `hub.relays` do, and report here).
+leases are dispatched again. A peer's record also sets how often its rollouts are
+spot-checked. It never judges a rollout or a chunk itself (`hub.admission` and `hub.relays`
+do, and report here).
 """
 
 from __future__ import annotations

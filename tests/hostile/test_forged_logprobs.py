@@ -75,9 +75,10 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
             for lease in rec["rollout/leases"] if lease in liar.acked_leases]
     evals = [rec["eval/accuracy"] for rec in run.records if "eval/accuracy" in rec]
     events = trust.events.get(liar_identity, {})
+    withdrawn = caught[0].get("groups_withdrawn", 0) if caught else 0
     r.reaction = (f"liar: logprob_mismatch x{events.get('logprob_mismatch', 0)}, "
-                  + (f"quarantined at step {caught[0]['step']}, {caught[0]['groups_withdrawn']} "
-                     "queued groups withdrawn" if caught else "NOT quarantined")
+                  + (f"quarantined at step {caught[0]['step']}, {withdrawn} queued groups "
+                     "withdrawn" if caught else "NOT quarantined")
                   + f"; {len(liar.acked_leases)} of its groups admitted, {len(liar_trained)} "
                     f"trained; {c.spot_checked} checked, {c.spot_failed} failed of "
                     f"{c.admitted_groups} admitted")
