@@ -10,7 +10,8 @@ peer's text and reward are only checked against that. A share of submissions als
 behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`): every one
 of a peer on probation, fewer as its record grows (`echo2p2p.trust.check_fraction`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
-before the peer hears of it, so a hub killed after the ack still has it when resumed.
+before the peer hears of it, so a hub killed after the ack still has it when resumed; so is
+the withdrawal of a quarantined peer's groups still queued (`withdraw`).
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
@@ -233,6 +234,15 @@ class Admission:
             account.admitted += len(group.samples)
         self.admitted.set()
         conn.post(m.Ack(group.lease_id))
+
+    def withdraw(self, identity: str) -> int:
+        """`identity`'s admitted groups still queued leave the buffer (it was quarantined: any
+        of them may be forged), journaled so a resumed hub does not bring them back; how many."""
+        gone = self.buffer.withdraw(identity)
+        if gone:
+            self._journal("withdraw", [g.lease_id for g in gone])
+            self.counters.withdrawn_groups += len(gone)
+        return len(gone)
 
     def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
         """The peer's generation rate from this submission: its samples over the time it spent

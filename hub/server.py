@@ -94,7 +94,8 @@ class Hub:
             cfg, self.peers, self.pool, quarantined=lambda conn: self.guard.quarantined(conn),
             on_event=log_event, now=_now)
         self.guard = TrustGuard(self.trust, self.leases, route_around=self.tracker.route_around,
-                                withdraw=self._withdraw, dispatch=self.dispatch,
+                                withdraw=lambda identity: self.admission.withdraw(identity),
+                                dispatch=self.dispatch,
                                 step=lambda: self.step, on_event=self.changes.after(log_event))
         credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
             signing_key, run_id, "hub", self.hub_key)) if signing_key else None
@@ -377,15 +378,6 @@ class Hub:
     def _journal(self, kind: str, *record: Any) -> None:
         if self.journal is not None:
             self.journal.write([kind, *record])
-
-    def _withdraw(self, identity: str) -> int:
-        """A quarantined identity's groups leave the queue before the learner takes them,
-        journaled so a resumed hub does not bring them back; how many."""
-        gone = self.buffer.withdraw(identity)
-        if gone:
-            self._journal("withdraw", [g.lease_id for g in gone])
-            self.counters.withdrawn_groups += len(gone)
-        return len(gone)
 
     def checkpoint(self, journal: Journal | None) -> dict[str, Any]:
         """What a checkpoint keeps of the hub, as plain data (see hub.checkpoint); from now on
