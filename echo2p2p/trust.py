@@ -60,9 +60,9 @@ def check_fraction(passed: int, events: int, base: float, probation: int) -> flo
     x (1 + events), then `due / passed` (a half after twice as many, ...), never below `base`,
     the hub's rate for peers with a long clean record. `base` 0 (checks off) stays 0.
 
-    A forger's first rollouts are then all checked, so it is caught before it is trained on,
-    and a new identity (a reconnect, without join tokens) starts over; an honest peer's checks
-    fall off as it proves itself: about sqrt(due / (2 n)) of its rollouts near its n-th.
+    A forger's first rollouts are then all checked, so none is trained on unchecked, and a new
+    identity (a reconnect, without join tokens) starts over; an honest peer's checks fall off
+    as it proves itself: about sqrt(due / (2 n)) of its rollouts near its n-th.
     """
     if base <= 0:
         return 0.0

@@ -95,8 +95,8 @@ class Hub:
             on_event=log_event, now=_now)
         self.guard = TrustGuard(self.trust, self.leases, route_around=self.tracker.route_around,
                                 withdraw=lambda identity: self.admission.withdraw(identity),
-                                dispatch=self.dispatch,
-                                step=lambda: self.step, on_event=self.changes.after(log_event))
+                                dispatch=self.dispatch, step=lambda: self.step,
+                                on_event=self.changes.after(log_event))
         credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
             signing_key, run_id, "hub", self.hub_key)) if signing_key else None
         self.relays = RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
