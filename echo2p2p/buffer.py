@@ -3,6 +3,8 @@
 Pure: the hub feeds admitted groups in and asks for a batch at learner step t. A group is
 re-checked against the staleness rule when it is taken (it may have aged in the queue); groups
 too old by then are dropped and counted. Batches hold only complete groups (G samples each).
+Each group is put with its source (the identity of the peer that sent it), so the groups of a
+source found lying can be withdrawn before the learner takes them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class RolloutBuffer:
     def __init__(self, max_lag: int):
         self._max_lag = max_lag
         self._queue: deque[ScoredGroup] = deque()
+        self._sources: dict[str, str] = {}  # lease id -> source, for each queued group
         self._admitted = 0
         self._dropped = 0
         self.dropped_lags: Counter[int] = Counter()  # lag in versions -> groups aged out
@@ -46,13 +49,31 @@ class RolloutBuffer:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def put(self, group: ScoredGroup) -> None:
+    def put(self, group: ScoredGroup, source: str = "") -> None:
         self._queue.append(group)
+        self._sources[group.lease_id] = source
         self._admitted += 1
 
     def groups(self) -> list[ScoredGroup]:
         """The queued groups, in arrival order (for a checkpoint)."""
         return list(self._queue)
+
+    def sources(self) -> dict[str, str]:
+        """Lease id -> source of every queued group (for a checkpoint)."""
+        return dict(self._sources)
+
+    def withdraw(self, source: str) -> list[ScoredGroup]:
+        """Remove and return every queued group put by `source`."""
+        return self.remove({lease for lease, s in self._sources.items() if s == source})
+
+    def remove(self, lease_ids: set[str]) -> list[ScoredGroup]:
+        """Remove and return the queued groups of `lease_ids` (absent ones are skipped)."""
+        gone = [g for g in self._queue if g.lease_id in lease_ids]
+        if gone:
+            self._queue = deque(g for g in self._queue if g.lease_id not in lease_ids)
+            for group in gone:
+                self._sources.pop(group.lease_id, None)
+        return gone
 
     def drop_stale(self, step: int) -> list[ScoredGroup]:
         """Remove and return every queued group too old for `step`."""
@@ -60,6 +81,8 @@ class RolloutBuffer:
         for group in self._queue:
             (fresh if judge(step, group.version, self._max_lag) is Verdict.FRESH else stale).append(group)
         self._queue = fresh
+        for group in stale:
+            self._sources.pop(group.lease_id, None)
         self._dropped += len(stale)
         self.dropped_lags.update(lag_versions(step, group.version) for group in stale)
         return stale
@@ -76,6 +99,8 @@ class RolloutBuffer:
             return None
         order = sorted(self._queue, key=lambda g: g.version)  # stable: arrival order within
         self._queue = deque(order[n_groups:])
+        for group in order[:n_groups]:
+            self._sources.pop(group.lease_id, None)
         return order[:n_groups]
 
     def statistics(self) -> BufferStats:

@@ -9,6 +9,10 @@ back each penalty in between). Once below the threshold an
 identity stays quarantined for the run: a liar that behaves for a while must not earn its way
 back to poisoning batches. Identities are what the hub can tell apart: a join token's id when
 tokens are required (a peer cannot shed its record by reconnecting), else a connection's id.
+
+The record also sets how often an identity's rollouts are spot-checked (`check_fraction`): a
+new identity, or one with a trust event, is checked on every rollout until it has passed a
+probation of checks, then less and less often, down to the hub's base rate.
 """
 
 from __future__ import annotations
@@ -37,12 +41,35 @@ class TrustPolicy:
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""
+    probation_checks: int = 8
+    """Spot-checks an identity must pass, since its last trust event, before its rollouts are
+    checked less often than every one; times (1 + its trust events so far)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if set(self.penalties) != set(EVENTS) or min(self.penalties.values()) <= 0:
             raise ValueError(f"penalties must be > 0 for exactly {EVENTS}")
+        if self.probation_checks < 0:
+            raise ValueError(f"probation_checks must be >= 0, got {self.probation_checks}")
+
+
+def check_fraction(passed: int, events: int, base: float, probation: int) -> float:
+    """The share of an identity's rollouts to spot-check, given the checks it `passed` since
+    its last trust event and its trust `events` so far: every one until it passed `probation`
+    x (1 + events), then `due / passed` (a half after twice as many, ...), never below `base`,
+    the hub's rate for peers with a long clean record. `base` 0 (checks off) stays 0.
+
+    A forger's first rollouts are then all checked, so none is trained on unchecked, and a new
+    identity (a reconnect, without join tokens) starts over; an honest peer's checks fall off
+    as it proves itself: about sqrt(due / (2 n)) of its rollouts near its n-th.
+    """
+    if base <= 0:
+        return 0.0
+    due = probation * (1 + events)
+    if passed < due:
+        return 1.0
+    return min(1.0, max(base, due / max(passed, 1)))
 
 
 class TrustBook:
@@ -53,6 +80,7 @@ class TrustBook:
         self.scores: dict[str, float] = {}
         self.events: dict[str, dict[str, int]] = {}
         self.quarantined: set[str] = set()
+        self.passed: dict[str, int] = {}  # spot-checks passed since the identity's last event
 
     def score(self, who: str) -> float:
         return self.scores.get(who, 1.0)
@@ -63,6 +91,7 @@ class TrustBook:
             raise ValueError(f"unknown trust event {event!r}")
         counts = self.events.setdefault(who, dict.fromkeys(EVENTS, 0))
         counts[event] += 1
+        self.passed.pop(who, None)  # probation starts over
         self.scores[who] = self.score(who) - self.policy.penalties[event]
         if who in self.quarantined or self.scores[who] >= self.policy.threshold:
             return False
@@ -71,15 +100,25 @@ class TrustBook:
 
     def good(self, who: str) -> None:
         """One rollout of `who` checked out."""
-        if who not in self.quarantined and who in self.scores:
+        if who in self.quarantined:
+            return
+        self.passed[who] = self.passed.get(who, 0) + 1
+        if who in self.scores:
             self.scores[who] = min(1.0, self.scores[who] + self.policy.credit)
+
+    def check_fraction(self, who: str, base: float) -> float:
+        """The share of `who`'s rollouts to spot-check now (`check_fraction`)."""
+        return check_fraction(self.passed.get(who, 0), sum(self.events.get(who, {}).values()),
+                              base, self.policy.probation_checks)
 
     def state(self) -> dict:
         """Scores, events and quarantine as plain data (for a checkpoint)."""
         return {"scores": dict(self.scores), "quarantined": sorted(self.quarantined),
-                "events": {who: dict(counts) for who, counts in self.events.items()}}
+                "events": {who: dict(counts) for who, counts in self.events.items()},
+                "passed": dict(self.passed)}
 
     def restore(self, state: dict) -> None:
         self.scores = dict(state["scores"])
         self.events = {who: dict(counts) for who, counts in state["events"].items()}
         self.quarantined = set(state["quarantined"])
+        self.passed = dict(state.get("passed", {}))  # absent from checkpoints before it

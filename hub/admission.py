@@ -7,9 +7,11 @@ forged tag; the staleness rule judges the version. Then its samples are parsed o
 as the engines decode (`echo2p2p.completions`), with the task's verifier in the scorer's worker
 processes, off the event loop and under a deadline (`echo2p2p.scoring.scorer.Scorer`); the
 peer's text and reward are only checked against that. A share of submissions also have their
-behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`). Nothing is
+behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`): every one
+of a peer on probation, fewer as its record grows (`echo2p2p.trust.check_fraction`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
-before the peer hears of it, so a hub killed after the ack still has it when resumed.
+before the peer hears of it, so a hub killed after the ack still has it when resumed; so is
+the withdrawal of a quarantined peer's groups still queued (`withdraw`).
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
@@ -114,7 +116,8 @@ class Admission:
                                          [s.text for s in msg.samples],
                                          [s.turns for s in msg.samples] if self.episodes else None)
         pending = None
-        if self.spot is not None and self.spot.wants():
+        if self.spot is not None and self.spot.wants(
+                self.trust.check_fraction(conn, self.spot.fraction)):
             # The claimed version's weights are taken now, not once scored (they may rotate out).
             pending = self.spot.check(_unscored(lease, msg, rows))
         # One task per submission, scoring then spot-checking; no ack until both are done. It
@@ -174,7 +177,7 @@ class Admission:
             if self.trust.quarantined(conn):  # by another of its rollouts while this one was checked
                 self._refuse(conn, lease, "quarantined")
                 return False
-            if fair and honest:
+            if fair and honest and result.tokens:  # a version too old to check earns nothing
                 self.trust.good(conn)
         self._admit(conn, ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
                                       msg.version, rows, rewards))
@@ -222,15 +225,24 @@ class Admission:
 
     def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
         """Queue `group` for the learner and acknowledge it, journaled first."""
-        self._journal("admit", group_to_wire(group))
+        self._journal("admit", group_to_wire(group), conn.identity)
         log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
-        self.buffer.put(group)
+        self.buffer.put(group, conn.identity)  # withdrawn if the identity is quarantined
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
         if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left
             account.admitted += len(group.samples)
         self.admitted.set()
         conn.post(m.Ack(group.lease_id))
+
+    def withdraw(self, identity: str) -> int:
+        """`identity`'s admitted groups still queued leave the buffer (it was quarantined: any
+        of them may be forged), journaled so a resumed hub does not bring them back; how many."""
+        gone = self.buffer.withdraw(identity)
+        if gone:
+            self._journal("withdraw", [g.lease_id for g in gone])
+            self.counters.withdrawn_groups += len(gone)
+        return len(gone)
 
     def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
         """The peer's generation rate from this submission: its samples over the time it spent

@@ -199,6 +199,13 @@ class HubConfig:
     one forward per checked group, an fp32 model copy (4 bytes a parameter) and the last S + 1
     published versions, kept on disk in <run_dir>/versions and memory-mapped: (S + 1) x
     parameters x 2 bytes in bf16 of files (~42 GB for a 7B model at S = 2), not of RAM."""
+    spot_check_probation: int = 8
+    """Spot-checks a peer must pass before its groups are checked less often than every one
+    (times 1 + its trust events; any event starts it over); then a share due/passed of them,
+    down to spot_check_fraction. A forger's first groups are all checked, so it is caught
+    before they are trained on; an honest peer costs the hub a forward per group while on
+    probation, then a share falling as about sqrt(due / 2n) near its n-th group. 0: the
+    plain fraction for all; spot_check_fraction 0 turns checks off whatever this is."""
     spot_check_tokens: int = 0
     """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
     at the last drawn position, less evidence per check; the memory stays the same."""
@@ -286,7 +293,7 @@ class HubConfig:
         if not 0 <= self.catch_up_versions <= 1024:
             raise ConfigError("catch_up_versions", f"must be in [0, 1024], got {self.catch_up_versions}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0),
-                            ("checkpoint_every", 0)):
+                            ("checkpoint_every", 0), ("spot_check_probation", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -29,6 +29,7 @@ class Counters:
     cut_off: int = 0  # peers that stopped reading
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
+    withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
 
@@ -60,6 +61,7 @@ class HubStatistics:
     cut_off: int
     spot_checked: int
     spot_failed: int
+    withdrawn_groups: int
     relay_reports: int  # accusations heard, all peers and reasons
     joins_too_often: int
     catch_up_builds: int  # catch-up deltas encoded (hub.catchup)

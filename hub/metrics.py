@@ -65,6 +65,8 @@ HUB_COUNTERS = (
     ("echo2_spot_checks", "Submissions whose logprobs or version tag were checked.",
      "spot_checked"),
     ("echo2_spot_check_failures", "Spot-checked submissions found forged.", "spot_failed"),
+    ("echo2_withdrawn_groups", "Admitted groups withdrawn untrained: their peer was quarantined.",
+     "withdrawn_groups"),
 )
 # (name, help, ScorerStats field): the hub's reward workers.
 SCORER_COUNTERS = (

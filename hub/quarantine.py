@@ -2,9 +2,11 @@
 
 `TrustGuard` counts trust events against a peer's identity (`echo2p2p.trust.TrustBook` keeps
 the scores and decides when an identity is quarantined) and, when one tips it into quarantine,
-carries that out: the peer's open leases go back to the queue, every relay plan is re-dealt
-around it, the run log gets a record and leases are dispatched again. It never judges a rollout
-or a chunk itself (`hub.admission` and `hub.relays` do, and report here).
+carries that out: the peer's open leases go back to the queue, its admitted groups still
+queued are withdrawn, every relay plan is re-dealt around it, the run log gets a record and
+leases are dispatched again. A peer's record also sets how often its rollouts are
+spot-checked. It never judges a rollout or a chunk itself (`hub.admission` and `hub.relays`
+do, and report here).
 """
 
 from __future__ import annotations
@@ -25,17 +27,24 @@ class TrustGuard:
     """The trust book, and what the hub does when a peer is quarantined."""
 
     def __init__(self, trust: TrustBook, leases: LeaseBook, *,
-                 route_around: Callable[[str], None], dispatch: Callable[[], None],
-                 step: Callable[[], int], on_event: Callable[[dict[str, Any]], None]):
-        """`route_around(peer_id)`: re-deal the peer's chunks in every broadcast; `dispatch`:
-        grant leases; `step`: the learner's step now; `on_event`: the run log."""
+                 route_around: Callable[[str], None], withdraw: Callable[[str], int],
+                 dispatch: Callable[[], None], step: Callable[[], int],
+                 on_event: Callable[[dict[str, Any]], None]):
+        """`route_around(peer_id)`: re-deal the peer's chunks in every broadcast;
+        `withdraw(identity)`: take its queued groups from the learner's buffer, how many;
+        `dispatch`: grant leases; `step`: the learner's step now; `on_event`: the run log."""
         self.book = trust
         self.leases = leases
-        self._route_around, self._dispatch = route_around, dispatch
+        self._route_around, self._withdraw, self._dispatch = route_around, withdraw, dispatch
         self._step, self._on_event = step, on_event
 
     def quarantined(self, conn: PeerConn) -> bool:
         return conn.identity in self.book.quarantined
+
+    def check_fraction(self, conn: PeerConn, base: float) -> float:
+        """The share of `conn`'s rollouts to spot-check now, `base` for a long clean record
+        (`echo2p2p.trust.check_fraction`)."""
+        return self.book.check_fraction(conn.identity, base)
 
     def good(self, conn: PeerConn) -> None:
         """`conn` passed a check: a point in its favour."""
@@ -43,15 +52,18 @@ class TrustGuard:
 
     def distrust(self, conn: PeerConn, event: str) -> None:
         """Count `event` against `conn`; on quarantine: no more leases (open ones go back to
-        the queue), its relays routed around, and a run log record."""
+        the queue), its queued groups withdrawn (admitted ones may be forged too: most were
+        never checked), its relays routed around, and a run log record."""
         if not self.book.record(conn.identity, event):
             return
         back = self.leases.release_peer(conn.peer_id)
+        withdrawn = self._withdraw(conn.identity)
         self._route_around(conn.peer_id)
         record = {"event": "quarantine", "step": self._step(), "peer": conn.peer_id,
                   "name": conn.hello.name, "identity": conn.identity,
                   "score": round(self.book.score(conn.identity), 3),
-                  "events": self.book.events[conn.identity], "leases_requeued": len(back)}
+                  "events": self.book.events[conn.identity], "leases_requeued": len(back),
+                  "groups_withdrawn": withdrawn}
         log.warning("quarantined %s (%s): %s", conn.peer_id, conn.hello.name, record["events"])
         self._on_event(record)
         self._dispatch()

@@ -33,7 +33,7 @@ from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_budget, lease_min_version
-from echo2p2p.trust import TrustBook
+from echo2p2p.trust import TrustBook, TrustPolicy
 
 from .admission import Admission
 from .app import serve
@@ -88,7 +88,7 @@ class Hub:
         self.pool = Pool(cfg.activation, cfg.activation_margin)
         self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
         self.door = Door(cfg, self.tokens, self.counters)  # who may join now
-        self.trust = TrustBook()
+        self.trust = TrustBook(TrustPolicy(probation_checks=cfg.spot_check_probation))
         self.on_event = on_event or (lambda record: None)
         self.changes = Changes()  # what the wait_... methods wait on
         log_event = lambda record: self.on_event(record)  # noqa: E731 (late-bound)
@@ -96,6 +96,7 @@ class Hub:
             cfg, self.peers, self.pool, quarantined=lambda conn: self.guard.quarantined(conn),
             on_event=log_event, now=_now)
         self.guard = TrustGuard(self.trust, self.leases, route_around=self.tracker.route_around,
+                                withdraw=lambda identity: self.admission.withdraw(identity),
                                 dispatch=self.dispatch, step=lambda: self.step,
                                 on_event=self.changes.after(log_event))
         credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(

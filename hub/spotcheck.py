@@ -2,9 +2,10 @@
 
 The learner divides by the behaviour logprobs a peer reports, so a peer that forges them, or
 tags its rollout with a newer version than it used (to dodge the staleness rule), steers the
-importance ratio. For a sampled share of groups the hub loads the claimed version as peers load
-it (the published bf16 state cast into an fp32 model) and recomputes each completion token's
-logprob with `grpo.token_logprobs`, the learner's own function.
+importance ratio. For a sampled share of groups (every one of a new or distrusted peer's: the
+share is its trust record's, `echo2p2p.trust.check_fraction`) the hub loads the claimed version
+as peers load it (the published bf16 state cast into an fp32 model) and recomputes each
+completion token's logprob with `grpo.token_logprobs`, the learner's own function.
 
 The statistic, mean |claimed - recomputed| over a group's checked tokens, is the mean
 |log-ratio| a forgery adds; above `spot_check_tolerance` the group fails. bench/spotcheck.py
@@ -103,9 +104,10 @@ class SpotChecker:
             for old in sorted(self._versions)[:-self.keep_n]:
                 del self._versions[old]
 
-    def wants(self) -> bool:
-        """Whether to check the next submission (a seeded draw)."""
-        return self._draw.random() < self.fraction
+    def wants(self, fraction: float | None = None) -> bool:
+        """Whether to check the next submission (a seeded draw), of a peer whose record calls
+        for checking `fraction` of its groups (None: `spot_check_fraction`, a clean record's)."""
+        return self._draw.random() < (self.fraction if fraction is None else fraction)
 
     def check(self, group: ScoredGroup) -> Coroutine[Any, Any, SpotResult]:
         """Recompute `group`'s logprobs under its claimed version; await the result. The

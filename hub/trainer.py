@@ -207,6 +207,7 @@ class HubRun:
             "rollout/rejected_total": c.rejected,
             "rollout/spot_checked_total": c.spot_checked,
             "rollout/spot_failed_total": c.spot_failed,
+            "rollout/withdrawn_total": c.withdrawn_groups,
             "hub/learner_busy_frac": self._busy_s / max(now - self._start, 1e-9),
             "hub/peers": c.peers,
             "hub/closed_for_protocol_total": c.closed_for_protocol,

@@ -79,3 +79,20 @@ def test_buffer_trains_the_oldest_versions_first():
     assert [g.lease_id for g in buf.take_batch(step=4, n_groups=1)] == ["mid"]
     assert [g.lease_id for g in buf.take_batch(step=5, n_groups=1)] == ["new"]
     assert buf.statistics().dropped_stale_total == 0
+
+
+def test_buffer_withdraws_the_groups_of_one_source():
+    """The queued groups of a source found lying leave the queue, whatever their version; other
+    sources' stay, in order; groups already taken or aged out are not withdrawn twice."""
+    buf = RolloutBuffer(max_lag=2)
+    for v, lease, source in [(0, "a", "liar"), (1, "b", "honest"), (1, "c", "liar"),
+                             (2, "d", "liar"), (2, "e", "honest")]:
+        buf.put(group(v, lease), source)
+    assert [g.lease_id for g in buf.take_batch(step=2, n_groups=1)] == ["a"]  # trained already
+    assert buf.sources() == {"b": "honest", "c": "liar", "d": "liar", "e": "honest"}
+    assert [g.lease_id for g in buf.withdraw("liar")] == ["c", "d"]
+    assert [g.lease_id for g in buf.groups()] == ["b", "e"]
+    assert buf.withdraw("liar") == [] and buf.remove({"x", "e"})[0].lease_id == "e"
+    buf.drop_stale(step=4)  # "b" (v1) ages out
+    assert buf.sources() == {} and len(buf) == 0
+    assert buf.statistics().admitted_total == 5  # withdrawn groups were admitted once

@@ -7,7 +7,7 @@ import pytest
 
 from echo2p2p import messages as m
 from echo2p2p.session import Session, Side
-from echo2p2p.trust import TrustBook, TrustPolicy
+from echo2p2p.trust import TrustBook, TrustPolicy, check_fraction
 
 from tests.conftest import tracker
 
@@ -79,3 +79,41 @@ async def test_reward_forger_is_quarantined_and_its_prompts_go_back():
     quarantine = [r for r in records if r.get("event") == "quarantine"]
     assert len(quarantine) == 1 and quarantine[0]["events"]["reward_mismatch"] == 3
     assert quarantine[0]["name"] == "forger"
+
+
+def test_check_fraction_is_every_rollout_on_probation_then_falls_to_the_base():
+    """A new identity is checked on every rollout for `probation` passes, then on due/passed of
+    them, never below the base; a trust event lengthens the probation; checks off stay off."""
+    assert check_fraction(0, 0, 0.05, 8) == check_fraction(7, 0, 0.05, 8) == 1.0
+    assert check_fraction(16, 0, 0.05, 8) == 0.5
+    assert check_fraction(10_000, 0, 0.05, 8) == 0.05
+    assert check_fraction(16, 1, 0.05, 8) == 1.0  # one event: 16 passes to earn
+    assert check_fraction(64, 1, 0.05, 8) == 0.25
+    assert check_fraction(5, 0, 0.0, 8) == 0.0  # spot-checks off
+    assert check_fraction(5, 3, 1.0, 8) == 1.0
+    assert check_fraction(0, 0, 0.05, 0) == 0.05  # no probation: the plain base
+
+
+def test_a_trust_event_starts_probation_over():
+    """Passed checks count towards probation; an event resets them (and lengthens it), a
+    quarantined identity earns nothing; the record survives a checkpoint."""
+    book = TrustBook(TrustPolicy(probation_checks=4))
+    assert book.check_fraction("a", 0.1) == 1.0
+    for _ in range(8):
+        book.good("a")
+    assert book.check_fraction("a", 0.1) == 0.5 and book.passed == {"a": 8}
+    book.record("a", "reward_mismatch")
+    assert book.check_fraction("a", 0.1) == 1.0 and "a" not in book.passed
+    for _ in range(16):
+        book.good("a")
+    assert book.check_fraction("a", 0.1) == 0.5  # due 4 x (1 + 1 event)
+    restored = TrustBook(TrustPolicy(probation_checks=4))
+    restored.restore(book.state())
+    assert restored.check_fraction("a", 0.1) == 0.5
+    book.record("b", "bad_chunk")
+    book.good("b")
+    assert "b" not in book.passed
+    old = book.state()
+    del old["passed"]  # a checkpoint from before probation: everyone starts on probation
+    restored.restore(old)
+    assert restored.check_fraction("a", 0.1) == 1.0
