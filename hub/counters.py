@@ -28,6 +28,7 @@ class Counters:
     cut_off: int = 0  # peers that stopped reading
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
+    leases_expired: int = 0  # leases whose connected holder let them run out (hub.server)
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
 
@@ -59,6 +60,7 @@ class HubStatistics:
     cut_off: int
     spot_checked: int
     spot_failed: int
+    leases_expired: int
     relay_reports: int  # accusations heard, all peers and reasons
 
 
