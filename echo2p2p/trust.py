@@ -35,8 +35,8 @@ class TrustPolicy:
         # An episode its environment's replay refutes (an observation it did not say, turns
         # after done, an episode cut short): a forged reward by other means.
         "observation_mismatch": 0.2,
-        # A lease it let run past its deadline: held from others for nothing (hoarding). Small,
-        # as an honest peer that dies mid-lease or runs late does it now and then.
+        # A lease it let run past its deadline while it had delivered no more groups than it
+        # let expire: held from others for nothing (hoarding; see echo2p2p.lease_quota).
         "lease_expired": 0.05,
         # A rollout of ids no engine emits (`bad_tokens`, `bad_turns`): a reject that would
         # otherwise be free, lease after lease.

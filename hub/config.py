@@ -119,8 +119,9 @@ class HubConfig:
     new_peer_leases: int = 2
     """Open leases a peer (and an address) that has delivered nothing may hold; each admitted
     group raises its cap by one, each lease it lets expire lowers it by two (echo2p2p.lease_quota).
-    Such peers share prompts_per_step leases on top of the budget, so hoarders never starve
-    the learner. Higher: new peers ramp up faster, hoarders hold more."""
+    Peers that have not delivered more groups than they let expire share prompts_per_step
+    leases on top of the budget, so hoarders never starve the learner, and an expiry costs them
+    trust. Higher: new peers ramp up faster, hoarders hold more."""
     weights_dtype: str = "bfloat16"
     """dtype of published versions: bfloat16 (half the bytes) or float32."""
     chunk_bytes: int = 0

@@ -55,13 +55,16 @@ class Quotas:
 
     def expired(self, late: list[Lease]) -> None:
         """These leases ran past their deadlines: each holder held one from others for
-        nothing, which costs it quota and trust (hoarding; an honest peer seldom does it)."""
+        nothing, which costs it quota, and trust unless it has delivered more groups than it
+        let expire (a hoarder pays every time; an honest peer running late now and then does
+        not walk into quarantine over a long run)."""
         for lease in late:
             if (conn := self.peers.get(lease.peer_id)) is None:
                 continue  # an orphan of a resumed hub
             self.counters.leases_expired += 1
             self.book.expired(conn.identity, conn.address_key)
-            self.guard.distrust(conn, "lease_expired")
+            if not proven(self.book.standing(conn.identity)):
+                self.guard.distrust(conn, "lease_expired")
 
 
 def new_lease_id() -> str:
