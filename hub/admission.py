@@ -1,7 +1,7 @@
 """How the hub takes a rollout submission: from lease check to admitted group (or not).
 
-A submission's lease is closed (a resubmission hears the first one's verdict, or waits for it;
-an unknown or expired one is rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
+A submission's lease is closed (a resubmission hears the first's verdict, an unknown or expired
+one is rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
 forged tag; the staleness rule judges the version. Then its samples are parsed once into rows
 (`echo2p2p.rows`), and one task per submission scores every sample from its token ids, decoded
 as the engines decode (`echo2p2p.completions`), with the task's verifier in the scorer's worker

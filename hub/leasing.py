@@ -53,6 +53,12 @@ class Quotas:
                 unproven_here += same_address
         return Held(mine, here, unproven, unproven_here, outstanding)
 
+    def left(self, conn: PeerConn) -> None:
+        """`conn` left: a standing kept for this connection alone is forgotten (its peer id is
+        never used again); its token's and its address's are kept."""
+        if conn.identity == conn.peer_id:
+            self.book.standings.pop(conn.identity, None)
+
     def expired(self, late: list[Lease]) -> None:
         """These leases ran past their deadlines: each holder held one from others for
         nothing, which costs it quota, and trust unless it has delivered more groups than it

@@ -333,6 +333,7 @@ class Hub:
         self.peers.pop(conn.peer_id, None)
         self.pool.leave(conn.peer_id, _now())
         back = self.leases.release_peer(conn.peer_id)
+        self.quotas.left(conn)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
         self.tracker.peer_left(conn.peer_id)
         self.replan(self.pool.required)

@@ -85,8 +85,8 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
                 r.honest_training = await still_training(run, honest, since)
                 holding = held()
                 if connections == 1:  # a lease run out in its hands costs it
-                    await wait_until(lambda: run.hub.counters.leases_expired > 0,
-                                     3 * lease_timeout_s)
+                    await wait_until(lambda: any(run.hub.trust.events.get(who, {}).get(
+                        "lease_expired") for who in ids), 3 * lease_timeout_s)
                 for attack in attacks:
                     attack.cancel()
             granted = sum(f["t"] == "lease" for h in hoarders for f in h.frames)
@@ -120,7 +120,8 @@ def answers(peer: RawPeer, lease_id: str) -> list[str]:
         if f["t"] == "ack":
             return "ack duplicate" if f.get("duplicate") else "ack"
         return f"reject {f['reason']}"
-    return [word(f) for f in peer.frames if f["t"] in ("ack", "reject") and f["lease_id"] == lease_id]
+    return [word(f) for f in peer.frames
+            if f["t"] in ("ack", "reject") and f["lease_id"] == lease_id]
 
 
 async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, row):
@@ -192,8 +193,8 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
         r.steps_per_min = cell_rate(without, with_)
         r.reaction = (f"first answer to 2 back-to-back submissions: {twice}; then {judged[-1]!r}; "
                       f"rejected lease resubmitted: {again}; another peer's admitted / open "
-                      f"lease and a never-granted id: {foreign}; flood of {flood} bad_tokens: trust "
-                      f"bad_rollout x{events.get('bad_rollout', 0)}, quarantined "
+                      f"lease and a never-granted id: {foreign}; flood of {flood} bad_tokens: "
+                      f"trust bad_rollout x{events.get('bad_rollout', 0)}, quarantined "
                       f"{yes(identity in run.hub.trust.quarantined)}; {prober.reaction()}")
         r.hub_alive = yes(alive := await hub_alive(run))
     assert alive
