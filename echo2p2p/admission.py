@@ -2,8 +2,9 @@
 
 `decide_submission` is the first half of admission, pure: given what the lease book said of the
 submission's lease, whether its peer is quarantined, the version it claims and the versions the
-hub published, it returns one `Decision` (acknowledge a duplicate, reject an unknown lease,
-refuse, call the version tag forged, turn it away as stale, or score it). The shell
+hub published, it returns one `Decision` (acknowledge a duplicate, repeat a rejection, wait for
+the verdict of the first submission, reject an unknown lease, refuse, call the version tag
+forged, turn it away as stale, or score it). The shell
 (`echo2p2p.hub.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
 made in this order, and the first that applies decides. No clock, no I/O, no scoring here.
 """
@@ -18,7 +19,8 @@ from .staleness import Verdict, judge
 
 
 class Action(enum.Enum):
-    ACK_DUPLICATE = "ack_duplicate"  # already completed: acknowledge again, admit nothing
+    ACK_DUPLICATE = "ack_duplicate"  # already admitted: acknowledge again, admit nothing
+    HOLD = "hold"  # the first submission is being judged: its verdict answers this one too
     REJECT = "reject"  # no open lease of this peer's: nothing to re-queue
     REFUSE = "refuse"  # the lease was open: its prompt goes back, the rollout is rejected
     FORGED = "forged"  # a version the hub never published: rejected and held against the peer
@@ -37,15 +39,20 @@ SCORE = Decision(Action.SCORE)
 
 def decide_submission(outcome: Completion, lease_open: bool, quarantined: bool,
                       unpublished: bool, step: int, version: int, max_lag: int,
-                      can_score: bool) -> Decision:
+                      can_score: bool, rejected_for: str = "") -> Decision:
     """The decision for one submission.
 
     `outcome`/`lease_open`: what closing its lease gave (`LeaseBook.complete`); `quarantined`:
     its peer is; `unpublished`: it claims a version the hub never published (see
     `HubProtocol.claims_unpublished`); `step`: the learner's; `can_score`: the hub has the
-    run's tokenizer to score token ids with."""
+    run's tokenizer to score token ids with; `rejected_for`: the reason an earlier submission
+    of this lease was rejected for (REJECTED: it is rejected again for it)."""
     if outcome is Completion.DUPLICATE:
         return Decision(Action.ACK_DUPLICATE)
+    if outcome is Completion.JUDGING:
+        return Decision(Action.HOLD)
+    if outcome is Completion.REJECTED:
+        return Decision(Action.REJECT, rejected_for)
     if not lease_open:
         return Decision(Action.REJECT, outcome.value)
     if quarantined:

@@ -20,6 +20,11 @@ from .read_budget import ReadBudget
 from .session import Session, Side, State
 
 MAX_CREDITS = 64  # lease requests a peer may have outstanding; more asked for are not kept
+# Rollouts naming no lease granted on this connection (or one already submitted) before the
+# connection is closed: an honest peer sends them only once, as it reconnects, for the leases
+# it held (at most its credits, a few times over); a flood of them is probing or a reject loop.
+MAX_UNOWED = 1024
+_OWED_MEMORY = 16 * MAX_CREDITS  # granted lease ids remembered per connection until submitted
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ class HubProtocol:
         self.stream_version: int | None = None  # newest version it has whole (a base for deltas)
         self.announced = -1  # newest version announced to it
         self.last_done = 0.0  # when its last submission arrived (see `busy_s`)
+        self.owed: dict[str, None] = {}  # lease ids granted here, not yet submitted (in order)
+        self.unowed = 0  # rollouts that named none of them
 
     # --- receiving -------------------------------------------------------------------
 
@@ -98,6 +105,14 @@ class HubProtocol:
                 m.CLOSE_TOO_BIG)
         msg = self.session.receive(data, now)
         return _EVENTS[type(msg)](self, msg)
+
+    def _rollout(self, msg: m.RolloutSubmission) -> RolloutReceived:
+        if self.owed.pop(msg.lease_id, 0) is not None:
+            self.unowed += 1
+            if self.unowed > MAX_UNOWED:
+                raise RemoteProtocolError(f"over {MAX_UNOWED} rollouts for no lease granted "
+                                          "on this connection", m.CLOSE_PROTOCOL_ERROR)
+        return RolloutReceived(msg)
 
     def _credits(self, msg: m.LeaseRequest) -> CreditsAdded:
         self.credits = min(self.credits + max(msg.n, 0), MAX_CREDITS)
@@ -130,11 +145,14 @@ class HubProtocol:
     def announce(self, version: int) -> None:
         self.announced = version
 
-    def take_credit(self) -> bool:
-        """Spend one credit on a lease grant; False when the peer has none."""
+    def take_credit(self, lease_id: str = "") -> bool:
+        """Spend one credit on a grant of `lease_id`; False when the peer has none."""
         if self.credits <= 0:
             return False
         self.credits -= 1
+        self.owed[lease_id] = None
+        if len(self.owed) > _OWED_MEMORY:  # leases it let expire, oldest first
+            del self.owed[next(iter(self.owed))]
         return True
 
     def busy_s(self, granted: float, now: float) -> float:
@@ -170,7 +188,7 @@ class HubProtocol:
 _EVENTS = {
     m.Hello: lambda p, msg: HelloReceived(msg),
     m.LeaseRequest: HubProtocol._credits,
-    m.RolloutSubmission: lambda p, msg: RolloutReceived(msg),
+    m.RolloutSubmission: HubProtocol._rollout,
     m.VersionHeld: lambda p, msg: HoldingReported(msg.version),
     m.TransferReport: lambda p, msg: TransferReported(msg),
     m.RelayReport: lambda p, msg: RelayAccused(msg),

@@ -2,11 +2,14 @@
 
 Pure: `now` comes in as an argument. A lease is one prompt x G samples granted to one peer with
 a deadline. A lease that expires or whose peer leaves goes back to the front of the queue and is
-granted again, so no prompt group is lost to churn. A lease id is used once: a second submission
-for a completed lease is answered as a duplicate (idempotent), never admitted twice.
+granted again, so no prompt group is lost to churn. A lease id is used once, and the book keeps
+what became of it for its own peer: a resubmission hears the first one's fate (admitted: a
+duplicate, never admitted twice; rejected: the same reason; still being judged: that), while a
+lease that is not the asking peer's is unknown whether or not it exists, so nobody learns of
+other peers' leases. The hub's lease ids are random (`lease_ids`): none can be guessed.
 
 Invariant: every problem handed out is, at any time, in exactly one of: pending (re-issue
-queue), an open lease, or done.
+queue), an open lease, being judged (completed, no verdict yet), or done.
 
 Durability (the hub's journal and checkpoints, `echo2p2p.hub.durable`): `state()` is the whole book as
 plain data, and every change after it is reported to `on_change` as a small tuple that `replay`
@@ -21,7 +24,7 @@ import enum
 import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 P = TypeVar("P")  # a problem: anything the hub wants to hand out; the book never looks inside
@@ -34,8 +37,10 @@ class Completion(enum.Enum):
     """What a submission for a lease id means."""
 
     NEW = "new"  # an open lease: take the rollout
-    DUPLICATE = "duplicate"  # already completed: acknowledge again, admit nothing
-    UNKNOWN = "unknown_lease"  # never granted, or granted to another peer
+    DUPLICATE = "duplicate"  # its rollout was admitted: acknowledge again, admit nothing
+    REJECTED = "rejected"  # its rollout was rejected: the same reason again (`LeaseBook.verdict`)
+    JUDGING = "judging"  # its first rollout is still being judged: the verdict will answer
+    UNKNOWN = "unknown_lease"  # never granted, granted to another peer, or forgotten
     EXPIRED = "expired"  # its deadline passed and the prompt was re-queued
 
 
@@ -73,9 +78,11 @@ class LeaseBook(Generic[P]):
     """Grants, completes, expires and re-issues leases over an endless problem stream."""
 
     def __init__(self, problems: Sequence[P], lease_timeout_s: float, seed_order: Iterator[int],
-                 on_change: Callable[[tuple], None] | None = None):
+                 on_change: Callable[[tuple], None] | None = None,
+                 lease_ids: Callable[[], str] | None = None):
         """`seed_order` yields indices into `problems` (e.g. shuffled epochs) forever;
-        `on_change` hears every change, for a journal (see `replay`)."""
+        `on_change` hears every change, for a journal (see `replay`); `lease_ids` makes a new
+        lease id (default "L0", "L1", ...; the hub's are random)."""
         if not problems:
             raise ValueError("no problems to lease")
         self._problems = problems
@@ -83,9 +90,12 @@ class LeaseBook(Generic[P]):
         self._timeout_s = lease_timeout_s
         self._pending: deque[int] = deque()  # problem indices to re-issue, first out first
         self._open: dict[str, Lease[P]] = {}
-        self._expired: OrderedDict[str, None] = OrderedDict()
-        self._done: OrderedDict[str, None] = OrderedDict()
+        self._judging: dict[str, Lease[P]] = {}  # completed, no verdict yet
+        # Closed leases: id -> (its peer, "" admitted or the reason it was rejected for).
+        self._done: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (its peer, "expired")
         self._next_id = self._drawn = 0
+        self._lease_ids = lease_ids
         self._granted = self._completed = self._expired_n = self._requeued = 0
         self.on_change = on_change or (lambda change: None)
 
@@ -97,37 +107,65 @@ class LeaseBook(Generic[P]):
         """How many open leases `peer_id` holds."""
         return sum(lease.peer_id == peer_id for lease in self._open.values())
 
+    def open_leases(self) -> Iterator[Lease[P]]:
+        return iter(self._open.values())
+
     def grant(self, peer_id: str, now: float, min_version: int) -> Lease[P]:
         if self._pending:
             index, queued = self._pending.popleft(), True
         else:
             index, queued = next(self._order), False
             self._drawn += 1
-        lease = self._open_lease(f"L{self._next_id}", peer_id, index, now, min_version)
+        lease_id = self._lease_ids() if self._lease_ids else f"L{self._next_id}"
+        lease = self._open_lease(lease_id, peer_id, index, now, min_version)
         self._next_id += 1
         self._granted += 1
         self.on_change(("grant", lease.lease_id, index, min_version, queued))
         return lease
 
     def complete(self, lease_id: str, peer_id: str) -> tuple[Completion, Lease[P] | None]:
-        """Close an open lease for a submission; the lease is returned only when NEW."""
+        """Close an open lease for a submission (it is judged until `admitted` or `requeue`);
+        the lease is returned only when NEW. A lease that is not `peer_id`'s (nor an orphan)
+        is UNKNOWN, whatever became of it."""
         lease = self._open.get(lease_id)
         if lease is not None and lease.peer_id in (peer_id, ORPHAN):
             # Not reported: the caller records what became of the rollout (admitted: "done";
             # unusable: `requeue`), so a journal cut in between leaves the lease open.
-            self._close(lease_id)
+            del self._open[lease_id]
+            self._judging[lease_id] = replace(lease, peer_id=peer_id)  # an orphan's is its now
+            self._completed += 1
             return Completion.NEW, lease
-        if lease_id in self._done:
-            return Completion.DUPLICATE, None
+        if (judged := self._judging.get(lease_id)) is not None:
+            record: tuple[str, str | None] | None = (judged.peer_id, None)
+        else:
+            record = self._done.get(lease_id) or self._expired.get(lease_id)
+        if record is None or record[0] not in (peer_id, ORPHAN):
+            return Completion.UNKNOWN, None  # never granted, or another peer's: the same word
+        verdict = record[1]
+        if verdict is None:
+            return Completion.JUDGING, None
         if lease_id in self._expired:
             return Completion.EXPIRED, None
-        return Completion.UNKNOWN, None
+        return (Completion.DUPLICATE if verdict == "" else Completion.REJECTED), None
 
-    def requeue(self, lease: Lease[P]) -> None:
-        """Put a completed lease's problem back (its rollout could not be used)."""
+    def verdict(self, lease_id: str) -> str | None:
+        """What became of a completed lease's rollout: "" admitted, the reason it was rejected
+        for, or None (being judged, or no such lease)."""
+        return self._done[lease_id][1] if lease_id in self._done else None
+
+    def admitted(self, lease_id: str) -> None:
+        """A completed lease's rollout was admitted (the hub journals it with its group)."""
+        if (lease := self._judging.pop(lease_id, None)) is not None:
+            self._settle(lease, "")
+
+    def requeue(self, lease: Lease[P], reason: str = "expired") -> None:
+        """Put a completed lease's problem back: its rollout was rejected for `reason` (by
+        default "expired": taken back unjudged, e.g. at shutdown)."""
+        judged = self._judging.pop(lease.lease_id, lease)
+        self._settle(judged, reason)
         self._pending.appendleft(lease.index)
         self._requeued += 1
-        self.on_change(("requeue", lease.lease_id, lease.index))
+        self.on_change(("requeue", lease.lease_id, lease.index, reason))
 
     def expire(self, now: float) -> list[Lease[P]]:
         """Expire every lease past its deadline; their problems go back to the queue."""
@@ -154,23 +192,27 @@ class LeaseBook(Generic[P]):
     # --- durability ------------------------------------------------------------------------
 
     def state(self) -> dict:
-        """The book as plain data (msgpack-able), for a checkpoint."""
+        """The book as plain data (msgpack-able), for a checkpoint. A lease being judged is
+        kept as open: a hub resumed from it never heard the verdict."""
+        unjudged = list(self._open.values()) + list(self._judging.values())
         return {"pending": list(self._pending), "drawn": self._drawn, "next_id": self._next_id,
-                "open": [[lease.lease_id, lease.index, lease.min_version]
-                         for lease in self._open.values()],
-                "done": list(self._done), "expired": list(self._expired)}
+                "open": [[lease.lease_id, lease.index, lease.min_version] for lease in unjudged],
+                "done": [[lease_id, verdict] for lease_id, (_, verdict) in self._done.items()],
+                "expired": list(self._expired)}
 
     def restore(self, state: dict, now: float) -> None:
         """Load `state()` into this fresh book (same problems, same order); open leases become
-        orphans with a fresh deadline."""
+        orphans with a fresh deadline, and what became of closed ones is anyone's to hear."""
         for _ in range(state["drawn"]):
             next(self._order)
         self._drawn, self._next_id = state["drawn"], state["next_id"]
         self._pending = deque(state["pending"])
         for lease_id, index, min_version in state["open"]:
             self._open_lease(lease_id, ORPHAN, index, now, min_version)
-        self._done = OrderedDict.fromkeys(state["done"])
-        self._expired = OrderedDict.fromkeys(state["expired"])
+        # (A checkpoint of an older hub lists bare ids: those rollouts were admitted.)
+        self._done = OrderedDict((done, (ORPHAN, "")) if isinstance(done, str)
+                                 else (done[0], (ORPHAN, done[1])) for done in state["done"])
+        self._expired = OrderedDict.fromkeys(state["expired"], (ORPHAN, "expired"))
 
     def replay(self, change: tuple, now: float) -> None:
         """Apply one `on_change` record to a restored book."""
@@ -183,16 +225,19 @@ class LeaseBook(Generic[P]):
                 next(self._order)
                 self._drawn += 1
             self._open_lease(lease_id, ORPHAN, index, now, min_version)
-            self._next_id = max(self._next_id, int(lease_id[1:]) + 1)
+            if lease_id[:1] == "L" and lease_id[1:].isdigit():  # the default, numbered ids
+                self._next_id = max(self._next_id, int(lease_id[1:]) + 1)
         elif kind == "done":
-            if args[0] in self._open:
-                self._close(args[0])
+            if (lease := self._open.pop(args[0], None)) is not None:
+                self._completed += 1
+                self._settle(lease, "")
         elif kind == "drop":
             if args[0] in self._open:
                 self._drop(self._open[args[0]])
         elif kind == "requeue":
-            if args[0] in self._open:
-                self._close(args[0])
+            if (lease := self._open.pop(args[0], None)) is not None:
+                self._completed += 1
+                self._settle(lease, args[2] if len(args) > 2 else "expired")
             self._pending.appendleft(args[1])
         else:
             raise ValueError(f"unknown lease change {kind!r}")
@@ -206,20 +251,19 @@ class LeaseBook(Generic[P]):
         self._open[lease_id] = lease
         return lease
 
-    def _close(self, lease_id: str) -> None:
-        del self._open[lease_id]
-        self._remember(self._done, lease_id)
-        self._completed += 1
+    def _settle(self, lease: Lease[P], verdict: str) -> None:
+        self._remember(self._done, lease.lease_id, (lease.peer_id, verdict))
 
     def _drop(self, lease: Lease[P]) -> None:
         del self._open[lease.lease_id]
-        self._remember(self._expired, lease.lease_id)
+        self._remember(self._expired, lease.lease_id, (lease.peer_id, "expired"))
         self._pending.appendleft(lease.index)
         self._requeued += 1
         self.on_change(("drop", lease.lease_id))
 
     @staticmethod
-    def _remember(memory: OrderedDict[str, None], lease_id: str) -> None:
-        memory[lease_id] = None
+    def _remember(memory: OrderedDict[str, tuple[str, str]], lease_id: str,
+                  record: tuple[str, str]) -> None:
+        memory[lease_id] = record
         if len(memory) > _DONE_MEMORY:
             memory.popitem(last=False)

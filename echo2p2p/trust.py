@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report",
-          "observation_mismatch")
+          "observation_mismatch",
+          "lease_expired", "bad_rollout")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ class TrustPolicy:
         # An episode its environment's replay refutes (an observation it did not say, turns
         # after done, an episode cut short): a forged reward by other means.
         "observation_mismatch": 0.2,
+        # A lease it let run past its deadline while it had delivered no more groups than it
+        # let expire: held from others for nothing (hoarding; see echo2p2p.lease_quota).
+        "lease_expired": 0.05,
+        # A rollout of ids no engine emits (`bad_tokens`, `bad_turns`): a reject that would
+        # otherwise be free, lease after lease.
+        "bad_rollout": 0.1,
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

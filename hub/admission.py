@@ -1,7 +1,7 @@
 """How the hub takes a rollout submission: from lease check to admitted group (or not).
 
-A submission's lease is closed (a duplicate is acknowledged again, an unknown or expired one
-rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
+A submission's lease is closed (a resubmission hears the first's verdict, an unknown or expired
+one is rejected); a quarantined peer's rollout is rejected; a version the hub never published is a
 forged tag; the staleness rule judges the version. Then its samples are parsed once into rows
 (`echo2p2p.rows`), and one task per submission scores every sample from its token ids, decoded
 as the engines decode (`echo2p2p.completions`), with the task's verifier in the scorer's worker
@@ -30,6 +30,7 @@ from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.admission import Action, decide_submission
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
+from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
@@ -46,6 +47,9 @@ if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must 
     from .spotcheck import SpotChecker, SpotResult
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
+
+# Reject reasons no honest engine earns (section 10 of docs/PROTOCOL.md): each costs trust.
+BAD_ROLLOUTS = frozenset({"bad_tokens", "bad_turns"})
 
 
 class Admission:
@@ -67,6 +71,7 @@ class Admission:
         self._step, self._newest_version, self._dispatch = step, newest_version, dispatch
         self._journal, self._on_event, self._now = journal, on_event, now
         self.vocab_size = vocab_size
+        self.quota = LeaseQuota(QuotaPolicy(start=cfg.new_peer_leases))  # earned by admissions
         self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
         self.peers_score = setup is None or setup.peers_score  # their claims can be checked
         self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
@@ -80,11 +85,14 @@ class Admission:
         decision = decide_submission(
             outcome, lease is not None, self.trust.quarantined(conn),
             conn.protocol.claims_unpublished(msg.version, self._newest_version()),
-            self._step(), msg.version, self.cfg.max_lag, self.scorer is not None)
+            self._step(), msg.version, self.cfg.max_lag, self.scorer is not None,
+            self.leases.verdict(msg.lease_id) or "")
         action = decision.action
         if action is Action.ACK_DUPLICATE:
             self.counters.duplicates += 1
             conn.post(m.Ack(msg.lease_id, duplicate=True))
+        elif action is Action.HOLD:  # no answer now: the first submission's verdict is it
+            self.counters.duplicates += 1
         elif action is Action.REJECT:
             self.counters.rejected += 1
             conn.post(m.Reject(msg.lease_id, decision.reason))
@@ -97,7 +105,7 @@ class Admission:
             self.counters.spot_checked += 1
             self._forged(conn, lease, decision.reason, {"version": msg.version})
         elif action is Action.STALE:
-            self.leases.requeue(lease)
+            self.leases.requeue(lease, decision.reason)
             self.counters.stale_on_arrival += 1
             self.counters.stale_lags[lag_versions(self._step(), msg.version)] += 1
             conn.post(m.Reject(msg.lease_id, decision.reason))
@@ -218,16 +226,22 @@ class Admission:
         self._dispatch()
 
     def _refuse(self, conn: PeerConn, lease: Any, reason: str) -> None:
-        """Reject `lease`'s rollout for `reason`; its prompt goes back to the queue, for others."""
-        self.leases.requeue(lease)
+        """Reject `lease`'s rollout for `reason`; its prompt goes back to the queue, for others.
+        Ids no engine emits cost trust: a free reject would let a peer take lease after lease
+        and keep the scorer busy for nothing."""
+        self.leases.requeue(lease, reason)
         self.counters.rejected += 1
         conn.post(m.Reject(lease.lease_id, reason))
+        if reason in BAD_ROLLOUTS:
+            self.trust.distrust(conn, "bad_rollout")
 
     def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
         """Queue `group` for the learner and acknowledge it, journaled first."""
         self._journal("admit", group_to_wire(group), conn.identity)
         log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
         self.buffer.put(group, conn.identity)  # withdrawn if the identity is quarantined
+        self.leases.admitted(group.lease_id)
+        self.quota.delivered(conn.identity, conn.address_key)
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
         if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left

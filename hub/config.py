@@ -119,6 +119,12 @@ class HubConfig:
     """Held-out problems per evaluation."""
     lease_timeout_s: float = 60.0
     """A lease not answered within this many seconds is re-issued to another peer."""
+    new_peer_leases: int = 2
+    """Open leases a peer (and an address) that has delivered nothing may hold; each admitted
+    group raises its cap by one, each lease it lets expire lowers it by two (echo2p2p.lease_quota).
+    Peers that have not delivered more groups than they let expire share prompts_per_step
+    leases on top of the budget, so hoarders never starve the learner, and an expiry costs them
+    trust. Higher: new peers ramp up faster, hoarders hold more."""
     weights_dtype: str = "bfloat16"
     """dtype of published versions: bfloat16 (half the bytes) or float32."""
     chunk_bytes: int = 0
@@ -261,7 +267,7 @@ class HubConfig:
 
     def __post_init__(self) -> None:
         positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
-                    "max_frame_bytes", "score_workers")
+                    "max_frame_bytes", "score_workers", "new_peer_leases")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")

@@ -30,6 +30,7 @@ class Counters:
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
     withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
+    leases_expired: int = 0  # leases whose connected holder let them run out (hub.server)
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
 
@@ -62,6 +63,7 @@ class HubStatistics:
     spot_checked: int
     spot_failed: int
     withdrawn_groups: int
+    leases_expired: int
     relay_reports: int  # accusations heard, all peers and reasons
     joins_too_often: int
     catch_up_builds: int  # catch-up deltas encoded (hub.catchup)

@@ -75,6 +75,11 @@ class PeerConn:
         return f"token:{token_id}" if token_id else self.peer_id
 
     @property
+    def address_key(self) -> str:
+        """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`)."""
+        return f"addr:{self.remote}" if self.remote else self.identity
+
+    @property
     def server_url(self) -> str | None:
         """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
         return server_base(self.hello.listen_addr) if self.hello.listen_addr else None

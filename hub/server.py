@@ -32,7 +32,7 @@ from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
-from echo2p2p.staleness import lease_budget, lease_min_version
+from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook, TrustPolicy
 
 from .admission import Admission
@@ -44,6 +44,7 @@ from .door import Door
 from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
+from .leasing import Quotas, new_lease_id
 from .relays import RelayCheck, RelayJudge
 from .task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook, join_refusal
@@ -81,7 +82,7 @@ class Hub:
         self.step = 0  # the run's one step counter: the learner's version is this
         self.training = False  # a batch was taken and step `step` is running on it
         self.leases: LeaseBook[TokenizedProblem] = LeaseBook(
-            problems, cfg.lease_timeout_s, shuffled_epochs(len(problems), cfg.seed))
+            problems, cfg.lease_timeout_s, shuffled_epochs(len(problems), cfg.seed), None, new_lease_id)
         self.buffer = RolloutBuffer(cfg.max_lag)
         self.peers: dict[str, PeerConn] = {}
         self.counters = Counters()
@@ -116,6 +117,7 @@ class Hub:
             newest_version=lambda: self.tracker.newest_version, dispatch=self.dispatch,
             journal=self._journal, on_event=log_event, now=_now,
             vocab_size=decode.vocab_size if decode is not None else None, setup=self.setup)
+        self.quotas = Quotas(cfg, self.peers, self.leases, self.guard, self.counters, self.admission.quota)
         self.journal: Journal | None = None  # where changes since the last checkpoint go
         self.leases.on_change = lambda change: self._journal("lease", *change)
         self._on = {hp.CreditsAdded: lambda conn, event: self.dispatch(),
@@ -158,7 +160,7 @@ class Hub:
         self.changes.notify()
 
     def dispatch(self) -> None:
-        """Grant leases to peers with credits while the budget allows, newest holders first."""
+        """Grant leases to peers with credits as budget and quotas (`hub.leasing`) allow, newest first."""
         cfg = self.cfg
         ready = sorted((p for p in self.peers.values() if p.credits > 0
                         and self.pool.is_active(p.peer_id) and not self.guard.quarantined(p)),
@@ -166,14 +168,12 @@ class Hub:
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
                 outstanding = self.leases.open_count + len(self.buffer) + len(self.admission.judging)
-                if outstanding >= lease_budget(cfg.prompts_per_step, cfg.max_lag):
-                    return
-                if conn.credits <= 0 or conn.ws.closed:
+                if conn.credits <= 0 or conn.ws.closed or not self.quotas.allows(conn, outstanding):
                     ready.remove(conn)
                     continue
                 lease = self.leases.grant(conn.peer_id, _now(), lease_min_version(
                     self.step, self.training, outstanding, cfg.prompts_per_step, cfg.max_lag))
-                conn.protocol.take_credit()
+                conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem
                 conn.post(m.LeaseGrant(
@@ -204,7 +204,8 @@ class Hub:
         """Forever: re-issue leases whose deadline passed."""
         while True:
             await asyncio.sleep(min(1.0, self.cfg.lease_timeout_s / 4))  # a timer, not a sync
-            if self.leases.expire(_now()):
+            if late := self.leases.expire(_now()):
+                self.quotas.expired(late)  # hoarding costs
                 self.dispatch()
 
     # --- what the hub says of itself -------------------------------------------------
@@ -330,6 +331,7 @@ class Hub:
         self.peers.pop(conn.peer_id, None)
         self.pool.leave(conn.peer_id, _now())
         back = self.leases.release_peer(conn.peer_id)
+        self.quotas.left(conn)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
         self.tracker.peer_left(conn.peer_id)
         self.replan(self.pool.required)

@@ -223,9 +223,9 @@ class Cluster:
 
 # --- the hub's evidence ---------------------------------------------------------------------
 
-GRANTED = re.compile(r"granted (L\d+) \(problem (\d+)\) to (p\d+)")
-ADMITTED = re.compile(r"admitted (L\d+) \(v(\d+)\) from (p\d+)")
-DROPPED = re.compile(r"dropped (L\d+): v(\d+) is too stale for step (\d+)")
+GRANTED = re.compile(r"granted ([\w-]+) \(problem (\d+)\) to (p\d+)")
+ADMITTED = re.compile(r"admitted ([\w-]+) \(v(\d+)\) from (p\d+)")
+DROPPED = re.compile(r"dropped ([\w-]+): v(\d+) is too stale for step (\d+)")
 LEFT = re.compile(r"peer left: (p\d+) \((.*)\); (\d+) leases re-queued")
 JOINED = re.compile(r"peer joined: (p\d+) \((.*?), ")
 PUBLISHED = re.compile(r"published v(\d+):")

@@ -32,6 +32,14 @@ def test_no_open_lease_is_rejected_with_the_lease_books_word(outcome):
     assert decide(outcome=outcome, lease_open=False) == Decision(Action.REJECT, outcome.value)
 
 
+def test_a_rejected_lease_is_rejected_again_for_its_reason_not_acked():
+    """A resubmission of a rejected lease hears the first rejection, even from a quarantined
+    peer; one made while the first is judged waits for that verdict (no false "duplicate")."""
+    assert decide(outcome=Completion.REJECTED, lease_open=False, quarantined=True,
+                  rejected_for="bad_tokens") == Decision(Action.REJECT, "bad_tokens")
+    assert decide(outcome=Completion.JUDGING, lease_open=False) == Decision(Action.HOLD)
+
+
 def test_quarantine_comes_before_the_version_checks():
     assert decide(quarantined=True, unpublished=True, version=0) == \
         Decision(Action.REFUSE, "quarantined")
@@ -59,9 +67,11 @@ def test_every_input_gets_exactly_the_first_rule_that_applies(outcome, quarantin
     """A model of the rule order written here: the decision is the first that applies."""
     lease_open = outcome is Completion.NEW
     got = decide_submission(outcome, lease_open, quarantined, unpublished, step, version,
-                            max_lag, can_score)
+                            max_lag, can_score, "bad_tokens")
     if outcome is Completion.DUPLICATE:
         want = Action.ACK_DUPLICATE
+    elif outcome is Completion.JUDGING:
+        want = Action.HOLD
     elif not lease_open:
         want = Action.REJECT
     elif quarantined:
@@ -75,4 +85,4 @@ def test_every_input_gets_exactly_the_first_rule_that_applies(outcome, quarantin
     else:
         want = Action.SCORE
     assert got.action is want
-    assert (got.reason == "") == (want in (Action.ACK_DUPLICATE, Action.SCORE))
+    assert (got.reason == "") == (want in (Action.ACK_DUPLICATE, Action.HOLD, Action.SCORE))

@@ -95,6 +95,20 @@ def test_text_other_and_oversized_frames_close_with_their_codes():
     assert code_of(welcomed(), b"\0" * (MAX_FRAME + 1)) == m.CLOSE_TOO_BIG
 
 
+def test_rollouts_for_no_lease_of_this_connection_close_it_past_the_bound():
+    """A rollout for a lease granted here passes once; past MAX_UNOWED rollouts that named
+    none (resubmissions, other leases, made-up ids) the connection is closed with 1002."""
+    proto = welcomed()
+    proto.receive_frame(m.encode(m.LeaseRequest(1)), 1.0)
+    assert proto.take_credit("L0")
+    assert proto.receive_frame(m.encode(ROLLOUT), 1.0) == hp.RolloutReceived(ROLLOUT)
+    assert proto.unowed == 0
+    for _ in range(hp.MAX_UNOWED):  # L0 again, as a peer back from a reconnect might send it
+        proto.receive_frame(m.encode(ROLLOUT), 1.0)
+    assert proto.unowed == hp.MAX_UNOWED
+    assert code_of(proto, m.encode(ROLLOUT)) == m.CLOSE_PROTOCOL_ERROR
+
+
 def test_lease_requests_add_credits_up_to_the_cap():
     """Credits add up, a request for none adds none, a negative one is out of bounds, and no
     peer holds more than the cap."""

@@ -19,12 +19,27 @@ def test_shuffled_epochs_cover_every_problem_each_epoch():
 
 
 def test_submission_is_idempotent():
-    """The first submission completes the lease; a second is a duplicate, never new."""
+    """The first submission completes the lease; once admitted a second is a duplicate, never
+    new; before the verdict it is told the first is being judged."""
     b = book()
     lease = b.grant("p1", now=0.0, min_version=0)
     assert b.complete(lease.lease_id, "p1") == (Completion.NEW, lease)
+    assert b.complete(lease.lease_id, "p1") == (Completion.JUDGING, None)
+    b.admitted(lease.lease_id)
     assert b.complete(lease.lease_id, "p1") == (Completion.DUPLICATE, None)
+    assert b.verdict(lease.lease_id) == ""
     assert b.complete("L999", "p1") == (Completion.UNKNOWN, None)
+
+
+def test_a_rejected_lease_is_rejected_again_for_the_same_reason():
+    """A resubmission of a rejected lease hears that rejection, not "duplicate"."""
+    b = book()
+    lease = b.grant("p1", 0.0, 0)
+    b.complete(lease.lease_id, "p1")
+    b.requeue(lease, "bad_tokens")
+    assert b.complete(lease.lease_id, "p1") == (Completion.REJECTED, None)
+    assert b.verdict(lease.lease_id) == "bad_tokens"
+    assert b.grant("p2", 1.0, 0).problem == lease.problem  # its prompt went back
 
 
 def test_lease_of_another_peer_is_unknown():
@@ -33,6 +48,39 @@ def test_lease_of_another_peer_is_unknown():
     lease = b.grant("p1", 0.0, 0)
     assert b.complete(lease.lease_id, "p2")[0] is Completion.UNKNOWN
     assert b.complete(lease.lease_id, "p1")[0] is Completion.NEW
+
+
+def test_other_peers_leases_are_unknown_whatever_became_of_them():
+    """Judged, admitted, rejected or expired: to another peer each is what a lease id never
+    granted is, so no peer learns of others' leases."""
+    b = book(timeout_s=5.0)
+    judging, admitted, rejected, expired = (b.grant("p1", 0.0, 0) for _ in range(4))
+    for lease in (judging, admitted, rejected):
+        b.complete(lease.lease_id, "p1")
+    b.admitted(admitted.lease_id)
+    b.requeue(rejected, "stale")
+    b.expire(9.0)
+    answers = {b.complete(lease.lease_id, "p2") for lease in (judging, admitted, rejected, expired)}
+    assert answers == {(Completion.UNKNOWN, None)} == {b.complete("L12345", "p2")}
+    assert [b.complete(lease.lease_id, "p1")[0] for lease in (judging, admitted, rejected, expired)] \
+        == [Completion.JUDGING, Completion.DUPLICATE, Completion.REJECTED, Completion.EXPIRED]
+
+
+def test_lease_ids_come_from_the_given_maker():
+    ids = iter(["x9", "y7"])
+    b = LeaseBook(["q0"], 10.0, shuffled_epochs(1, seed=0), lease_ids=lambda: next(ids))
+    assert [b.grant("p1", 0.0, 0).lease_id for _ in range(2)] == ["x9", "y7"]
+
+
+def test_a_lease_being_judged_is_checkpointed_as_open():
+    """A hub resumed from a checkpoint taken while a rollout was judged has no verdict for it:
+    the lease comes back open (an orphan), not lost and not done."""
+    b = book()
+    lease = b.grant("p1", 0.0, 0)
+    b.complete(lease.lease_id, "p1")
+    restored = book()
+    restored.restore(b.state(), 1.0)
+    assert restored.complete(lease.lease_id, "p9")[0] is Completion.NEW
 
 
 def test_expired_lease_is_reissued_first():
@@ -106,6 +154,7 @@ def test_checkpoint_plus_journal_restores_the_book(cut, ops):
             if status is Completion.NEW and who == 0:
                 live.requeue(lease)
             elif status is Completion.NEW:
+                live.admitted(lease.lease_id)
                 changes.append(("done", lease.lease_id))  # what the hub journals on admission
         elif op == "expire":
             live.expire(now)
@@ -118,7 +167,9 @@ def test_checkpoint_plus_journal_restores_the_book(cut, ops):
     assert restored.state() == live.state()
     for lease_id, _, _ in restored.state()["open"]:
         assert restored.complete(lease_id, "someone-new")[0] is Completion.NEW
+        restored.admitted(lease_id)
         assert restored.complete(lease_id, "someone-new")[0] is Completion.DUPLICATE
+        assert restored.complete(lease_id, "someone-else")[0] is Completion.UNKNOWN
     # the next problems drawn are the same: the data cursor survived
     assert [restored.grant("x", now, 0).problem for _ in range(6)] == \
         [live.grant("x", now, 0).problem for _ in range(6)]

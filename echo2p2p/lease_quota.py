@@ -1,0 +1,102 @@
+"""Leases are a budget a peer earns: how many open leases a peer may hold, and which share of
+the hub's lease budget peers that have not delivered may hold at all.
+
+Theory of operation. The hub's lease budget (`staleness.lease_budget`) bounds the groups queued,
+in flight or being judged; a peer that takes leases and never answers (a hoarder) holds the
+learner below its batch until they expire, then takes them again. So:
+
+- a peer's cap on open leases starts at `start` and grows by one per group of its that was
+  admitted; each lease it let expire takes `expiry_cost` off (never below 1: an honest peer
+  whose first lease ran late can still work; an unproven peer's expiry also costs it trust,
+  `hub.leasing`). The hub applies the cap to the peer's identity (its join token's id when
+  tokens are required, else its connection) and to its address, each with its own `Standing`;
+- a peer is *proven* once it delivered more groups than it let expire. Leases of unproven
+  peers are a probation share on top of the budget, `probation` of them in all and `start` per
+  address, so no set of hoarders, however many connections, holds a lease of the learner's
+  budget: proven peers always have all of it.
+
+Pure: plain counts in, a bool out. The hub keeps the standings and counts the open leases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What one key (an identity or an address) did with its leases."""
+
+    delivered: int = 0  # groups admitted
+    expired: int = 0  # leases it let run past their deadline
+
+
+@dataclass(frozen=True)
+class Held:
+    """Open leases at the moment of a grant, counted by the hub."""
+
+    by_identity: int  # held by the asking peer's identity (all its connections)
+    by_address: int  # held by every connection from the asking peer's address
+    unproven: int  # held by unproven peers, everywhere
+    unproven_at_address: int  # held by unproven peers at the asking peer's address
+    outstanding: int  # open leases + queued groups + groups being judged
+
+
+@dataclass(frozen=True)
+class QuotaPolicy:
+    start: int = 2
+    """Open leases a peer (and an address) that has delivered nothing may hold."""
+    max_open: int = 64
+    """No identity holds more than this many open leases (a peer's credits stop there too)."""
+    expiry_cost: int = 2
+    """Cap lost per lease let expire."""
+
+
+def cap(standing: Standing, policy: QuotaPolicy, ceiling: int | None) -> int:
+    """Open leases a key with this record may hold: start + delivered - cost x expired, at
+    least 1 and at most `ceiling` (None: no ceiling, as for an address, whose peers earn it
+    together)."""
+    earned = policy.start + standing.delivered - policy.expiry_cost * standing.expired
+    return max(1, earned if ceiling is None else min(ceiling, earned))
+
+
+def proven(standing: Standing) -> bool:
+    """It delivered more groups than it let leases expire."""
+    return standing.delivered > standing.expired
+
+
+def may_grant(identity: Standing, address: Standing, held: Held, budget: int, probation: int,
+              policy: QuotaPolicy) -> bool:
+    """Whether one more lease may go to a peer with these standings now. `budget`: the hub's
+    lease budget; `probation`: open leases all unproven peers together may hold on top of it."""
+    if (held.by_identity >= cap(identity, policy, policy.max_open)
+            or held.by_address >= cap(address, policy, None)):
+        return False
+    if proven(identity):  # unproven peers' leases (up to the probation) are not in the budget
+        return held.outstanding - min(held.unproven, probation) < budget
+    return (held.unproven < probation and held.unproven_at_address < policy.start
+            and held.outstanding < budget + probation)
+
+
+@dataclass
+class LeaseQuota:
+    """The standings of every identity and address the hub has seen (in memory: a resumed hub
+    starts everyone afresh)."""
+
+    policy: QuotaPolicy = field(default_factory=QuotaPolicy)
+    standings: dict[str, Standing] = field(default_factory=dict)
+
+    def standing(self, key: str) -> Standing:
+        return self.standings.get(key, Standing())
+
+    def delivered(self, *keys: str) -> None:
+        """A group of these keys' was admitted."""
+        for key in keys:
+            s = self.standing(key)
+            self.standings[key] = replace(s, delivered=s.delivered + 1)
+
+    def expired(self, *keys: str) -> None:
+        """A lease of these keys' ran past its deadline."""
+        for key in keys:
+            s = self.standing(key)
+            self.standings[key] = replace(s, expired=s.expired + 1)

@@ -1,0 +1,79 @@
+"""What the hub adds to its lease book: quotas (`echo2p2p.lease_quota`: who holds which open
+leases, and what an expired lease costs its holder) and lease ids nobody can guess.
+
+`Quotas` counts, for one grant, the open leases the pure `may_grant` weighs (by the asking
+peer's identity, by its address, by unproven peers), and charges a lease that ran past its
+deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` event, through the
+`TrustGuard`). It never grants a lease itself (`Hub.dispatch` does).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from echo2p2p.lease_quota import Held, LeaseQuota, may_grant, proven
+from echo2p2p.leases import Lease, LeaseBook
+from echo2p2p.staleness import lease_budget
+
+from .config import HubConfig
+from .peers import PeerConn
+from .quarantine import TrustGuard
+
+
+class Quotas:
+    """Lease quotas over the hub's peers and lease book."""
+
+    def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], leases: LeaseBook,
+                 guard: TrustGuard, counters: Any, book: LeaseQuota):
+        """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them)."""
+        self.book = book
+        # Unproven peers share one batch of leases on top of the budget (`may_grant`).
+        self.budget, self.probation = lease_budget(cfg.prompts_per_step, cfg.max_lag), \
+            cfg.prompts_per_step
+        self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
+
+    def allows(self, conn: PeerConn, outstanding: int) -> bool:
+        """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
+        groups and groups being judged)."""
+        book = self.book
+        return may_grant(book.standing(conn.identity), book.standing(conn.address_key),
+                         self.held(conn, outstanding), self.budget, self.probation, book.policy)
+
+    def held(self, conn: PeerConn, outstanding: int) -> Held:
+        mine = here = unproven = unproven_here = 0
+        for lease in self.leases.open_leases():
+            if (holder := self.peers.get(lease.peer_id)) is None:
+                continue  # an orphan of a resumed hub: anyone's to complete
+            same_address = holder.address_key == conn.address_key
+            mine += holder.identity == conn.identity
+            here += same_address
+            if not proven(self.book.standing(holder.identity)):
+                unproven += 1
+                unproven_here += same_address
+        return Held(mine, here, unproven, unproven_here, outstanding)
+
+    def left(self, conn: PeerConn) -> None:
+        """`conn` left: a standing kept for this connection alone is forgotten (its peer id is
+        never used again); its token's and its address's are kept."""
+        if conn.identity == conn.peer_id:
+            self.book.standings.pop(conn.identity, None)
+
+    def expired(self, late: list[Lease]) -> None:
+        """These leases ran past their deadlines: each holder held one from others for
+        nothing, which costs it quota, and trust unless it has delivered more groups than it
+        let expire (a hoarder pays every time; an honest peer running late now and then does
+        not walk into quarantine over a long run)."""
+        for lease in late:
+            if (conn := self.peers.get(lease.peer_id)) is None:
+                continue  # an orphan of a resumed hub
+            self.counters.leases_expired += 1
+            self.book.expired(conn.identity, conn.address_key)
+            if not proven(self.book.standing(conn.identity)):
+                self.guard.distrust(conn, "lease_expired")
+
+
+def new_lease_id() -> str:
+    """A random lease id (16 characters, 96 bits): naming one proves it was granted to you, and
+    ids say nothing of how many leases there were."""
+    return secrets.token_urlsafe(12)

@@ -1,0 +1,82 @@
+"""The lease quota (`echo2p2p.lease_quota`): a peer's cap on open leases grows with what it
+delivered and shrinks with what it let expire; unproven peers share a probation on top of the
+budget. Values are worked by hand below."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from echo2p2p.lease_quota import Held, LeaseQuota, QuotaPolicy, Standing, cap, may_grant, proven
+
+POLICY = QuotaPolicy(start=2, max_open=64, expiry_cost=2)
+NEW = Standing()
+GOOD = Standing(delivered=10)  # cap 12
+
+
+def held(mine: int = 0, here: int = 0, unproven: int = 0, unproven_here: int = 0,
+         outstanding: int = 0) -> Held:
+    return Held(mine, here, unproven, unproven_here, outstanding)
+
+
+def test_the_cap_starts_small_grows_with_deliveries_and_shrinks_with_expiries():
+    assert cap(NEW, POLICY, 64) == 2
+    assert cap(Standing(delivered=5), POLICY, 64) == 7
+    assert cap(Standing(delivered=5, expired=2), POLICY, 64) == 3
+    assert cap(Standing(delivered=500), POLICY, 64) == 64  # the ceiling
+    assert cap(Standing(delivered=500), POLICY, None) == 502  # an address has none
+    assert cap(Standing(expired=9), POLICY, 64) == 1  # never below one
+
+
+def test_proven_means_more_delivered_than_let_expire():
+    assert not proven(NEW)
+    assert proven(Standing(delivered=1))
+    assert not proven(Standing(delivered=3, expired=3))
+
+
+def test_a_new_peer_gets_its_start_and_no_more():
+    assert may_grant(NEW, NEW, held(mine=1, here=1, unproven=1, unproven_here=1), 8, 4, POLICY)
+    assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=2, unproven_here=2), 8, 4,
+                         POLICY)
+
+
+def test_hoarders_hold_only_the_probation_never_the_budget():
+    """Unproven peers hold a lease of the probation even with the budget full of proven
+    work; with the probation (or their address's share of it) taken, they get none, and a
+    proven peer still gets the whole budget beside them."""
+    full_budget = held(outstanding=8)
+    assert may_grant(NEW, NEW, full_budget, 8, 4, POLICY)
+    assert not may_grant(NEW, NEW, held(unproven=4, outstanding=12), 8, 4, POLICY)
+    assert not may_grant(NEW, GOOD, held(unproven=2, unproven_here=2, outstanding=6), 8, 4,
+                         POLICY)  # another address's unproven peers may still get 2
+    # Proven: 4 unproven leases held on top, 7 of its own work outstanding: one more fits.
+    assert may_grant(GOOD, GOOD, held(mine=3, here=7, unproven=4, unproven_here=4,
+                                      outstanding=11), 8, 4, POLICY)
+    assert not may_grant(GOOD, GOOD, held(mine=4, here=8, unproven=4, outstanding=12), 8, 4,
+                         POLICY)
+
+
+def test_an_address_that_let_leases_expire_gets_fewer():
+    burnt = Standing(expired=3)  # its cap is 1
+    assert not may_grant(NEW, burnt, held(here=1, outstanding=1), 8, 4, POLICY)
+    assert may_grant(NEW, burnt, held(outstanding=1), 8, 4, POLICY)
+
+
+def test_the_quota_book_counts_per_key():
+    book = LeaseQuota()
+    book.delivered("p1", "addr:a")
+    book.expired("p2", "addr:a")
+    assert book.standing("p1") == Standing(1, 0)
+    assert book.standing("addr:a") == Standing(1, 1)
+    assert book.standing("nobody") == Standing()
+
+
+@given(delivered=st.integers(0, 100), expired=st.integers(0, 100), mine=st.integers(0, 100),
+       unproven=st.integers(0, 30), outstanding=st.integers(0, 100))
+def test_no_grant_past_the_cap_or_past_budget_plus_probation(delivered, expired, mine,
+                                                             unproven, outstanding):
+    """Whatever the counts, a grant never takes a peer past its cap, nor the hub past budget
+    plus probation."""
+    s = Standing(delivered, expired)
+    h = held(mine, mine, min(unproven, mine), min(unproven, mine), max(outstanding, mine))
+    if may_grant(s, Standing(delivered=1000), h, 8, 4, POLICY):
+        assert h.by_identity < cap(s, POLICY, 64)
+        assert h.outstanding < 8 + 4
