@@ -100,11 +100,7 @@ class Hub:
                                 withdraw=lambda identity: self.admission.withdraw(identity),
                                 dispatch=self.dispatch, step=lambda: self.step,
                                 on_event=self.changes.after(log_event))
-        credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
-            signing_key, run_id, "hub", self.hub_key)) if signing_key else None
-        self.relays = RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
-                                 failed=lambda conn: self.tracker.route_around(conn.peer_id),
-                                 on_event=lambda r: self.on_event({**r, "step": self.step}))
+        self.relays = self._relay_judge()
         self.chunk_lookup, self.chunk_served = self.tracker.chunk_lookup, self.tracker.chunk_served
         self._next_peer = 0
         self.spot = spot
@@ -126,6 +122,15 @@ class Hub:
                     hp.TransferReported: lambda c, e: self.tracker.transfer_reported(c, e.report),
                     hp.RelayAccused: lambda conn, event: self._accusation(conn, event.report),
                     hp.HeartbeatReceived: lambda conn, event: None}
+
+    def _relay_judge(self) -> RelayJudge:
+        """The judge of accused relays, fetching as the hub (with its own ticket, if signing)."""
+        key, run_id = self._signing_key, self.run_id
+        credentials = Credentials(run_id, "hub", key, signing.sign_ticket(
+            key, run_id, "hub", self.hub_key)) if key else None
+        return RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
+                          failed=lambda conn: self.tracker.route_around(conn.peer_id),
+                          on_event=lambda r: self.on_event({**r, "step": self.step}))
 
     # --- what the tracker keeps, under the names the learner loop and tests use --------
 
