@@ -43,6 +43,7 @@ from .counters import Changes, Counters, HubStatistics
 from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
+from .gossip_check import GossipJudge
 from .relays import RelayCheck, RelayJudge
 from .task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook, join_refusal
@@ -101,6 +102,10 @@ class Hub:
         self.relays = RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
                                  failed=lambda conn: self.tracker.route_around(conn.peer_id),
                                  on_event=lambda r: self.on_event({**r, "step": self.step}))
+        self.gossip_judge = GossipJudge(  # gossip accusations: the hub asks over a link itself
+            signing_key, run_id, new_peer_id=self._new_peer_id, distrust=self.guard.distrust,
+            failed=lambda conn: self.tracker.route_around(conn.peer_id),
+            on_event=lambda r: self.on_event({**r, "step": self.step}))
         self.chunk_lookup, self.chunk_served = self.tracker.chunk_lookup, self.tracker.chunk_served
         self._next_peer = 0
         self.spot = spot
@@ -352,8 +357,19 @@ class Hub:
         log.info("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id, msg.version,
                  msg.reason)
         key = (msg.version, msg.base_version)
+        if self.cfg.relay == "gossip":
+            if (snap := self.tracker.snapshot(*key)) is not None:
+                self.gossip_judge.accused(conn, accused, msg.reason, snap.manifest, msg.index)
+            return
         self.relays.heard(conn, accused, msg, self.tracker.broadcasts.get(key),
                           self.tracker.snapshot(*key))
+
+    def _new_peer_id(self) -> str:
+        """A peer id never handed out before, for the hub's own gossip checks (a liar must not
+        tell them from a neighbour that joined)."""
+        self._next_peer += 1
+        self._journal("peer", self._next_peer)
+        return f"p{self._next_peer}"
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline cuts the peer."""
@@ -369,6 +385,7 @@ class Hub:
         if self.scorer is not None:
             self.scorer.close()
         await self.relays.close()
+        await self.gossip_judge.close()
         for conn in list(self.peers.values()):
             await conn.close(m.CLOSE_GOING_AWAY, reason)
 
