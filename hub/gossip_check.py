@@ -70,7 +70,8 @@ async def fetch_piece(http: aiohttp.ClientSession, base_url: str, audience: str,
                     if isinstance(rec, Cancel):
                         return "absent"
                     whole = len(rec.data) == entry.wire_bytes
-                    return "intact" if whole and chunk_digest(rec.data) == entry.digest else "corrupt"
+                    good = whole and chunk_digest(rec.data) == entry.digest
+                    return "intact" if good else "corrupt"
                 return "unreachable"
     except TimeoutError:
         return "stall"

@@ -5,11 +5,12 @@ Theory of operation. On a link every frame is one binary msgpack map (`echo2p2p.
 bitfield, on link open and when a download starts), `had` (indices newly verified), `want` /
 `piece` / `cancel` (a request, its answer, and a withdrawal or refusal), `peers` (peer
 exchange: only ids with the hub's ticket), `proof` (the accepting end's first frame: its ticket
-header, naming the dialler, so a dialled id is the one the hub admitted). A malformed frame, a piece nobody asked for or of the wrong size, more than
-`SERVE_WINDOW` wants at once, a bitfield that does not fit a manifest we know, or a want that
-goes unanswered closes the link with a reason (`LinkError`). Remote bitfields are kept for the
-`KEEP_KEYS` newest manifests only, so a link's memory is bounded. The set of links, dialling
-and the route are `echo2p2p.overlay.links`'; what a download hears is its `Listener`.
+header, naming the dialler, so a dialled id is the one the hub admitted). A malformed frame, a
+piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at once, a bitfield
+that does not fit a manifest we know, or a want that goes unanswered closes the link with a
+reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
+a link's memory is bounded. The set of links, dialling and the route are
+`echo2p2p.overlay.links`'; what a download hears is its `Listener`.
 """
 
 from __future__ import annotations
@@ -148,10 +149,8 @@ class Link:
     """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
     has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool, natted: bool = False,
-                 peer_key: bytes = b""):
+    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
-        self.peer_key = peer_key  # the key its ticket binds (b"": a run without tickets)
         self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
         self.digests: dict[Key, bytes] = {}  # the digest of the manifest it holds, per key

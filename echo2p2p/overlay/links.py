@@ -7,8 +7,9 @@ neighbours the hub sampled for it and the ones it hears of from its links (`peer
 to `degree` links, and accepts up to `max_links`. Every link end is a peer the hub admitted: a
 dialler shows its ticket, the accepting end shows its own as its first frame (`proof`), and a
 `peers` entry is dialled only with a ticket of the hub's for its id (made-up ids take no slot).
-One link per pair: when both ends dial, the lower peer id's dial wins. A link is symmetric, so a peer nobody can dial still uploads over the
-links it opened; a link that broke a rule bans its peer id for the run.
+One link per pair: when both ends dial, the lower peer id's dial wins. A link is symmetric, so
+a peer nobody can dial still uploads over the links it opened; a link that broke a rule bans
+its peer id for the run.
 
 `Links` is the peer's set of links, alive across hub connections: the manifests it advertises
 (`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
@@ -150,10 +151,11 @@ class Links:
             self.known.pop(peer_id, None)
             if ws is not None:
                 self.unproven += 1
-                await quietly(ws.close(code=m.CLOSE_PROTOCOL_ERROR, message=b"no proof of identity"))
+                await quietly(ws.close(code=m.CLOSE_PROTOCOL_ERROR,
+                                       message=b"no proof of identity"))
             return
         self.vouch(peer_id, who)
-        await self.serve(Link(self, peer_id, ws, dialled=True, peer_key=who[1]))
+        await self.serve(Link(self, peer_id, ws, dialled=True))
 
     async def _proof(self, ws: Any, peer_id: str) -> tuple[str, bytes, bytes] | None:
         """The accepting end's first frame must prove it is `peer_id` (`Tickets.holder`)."""
@@ -295,7 +297,7 @@ def link_handler(links: Links, tickets: Tickets):
             return ws
         links.vouch(peer_id, who)
         await links.serve(Link(links, peer_id, ws, dialled=False,
-                               natted=request.query.get("nat") == "1", peer_key=who[1]))
+                               natted=request.query.get("nat") == "1"))
         return ws
 
     return handle
