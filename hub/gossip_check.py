@@ -1,18 +1,14 @@
 """The hub's own evidence about a gossip accusation: it asks the accused for the piece itself.
 
-In gossip mode a peer that got a corrupt piece, or no piece, over a link reports the sender
-(`relay_report`); no report is believed as it stands. The hub dials the accused's GET /gossip
-as an ordinary peer would (a fresh peer id from the hub's own sequence, a fresh key and a ticket
-it signs for them, so a liar cannot tell the check from a neighbour and serve it alone
-honestly), says it holds nothing of the manifest, wants the contested chunk and judges what
-comes back against the signed manifest: a corrupt piece convicts the sender (trust event
-`bad_chunk`, which quarantines: no leases, no seeds, out of every neighbour sample); a want it
-never answers keeps it out of relaying (`failed`: no trust event, slowness is no proof of a
-lie). A `cancel` (it does not hold the chunk), a full link table, or a server that is down
-prove nothing either way, and neither does a whole piece: the accuser is not punished for it,
-as a liar that corrupts only what it sends one victim could otherwise frame that victim.
-Checks run as tasks that end with the hub, a bounded number at once, one per (accuser,
-accused, manifest).
+No gossip `relay_report` is believed as it stands. The hub dials the accused's GET /gossip as
+an ordinary peer (an id from the hub's own sequence, a fresh key, a ticket it signs for them:
+a liar cannot tell the check from a new neighbour), wants the contested chunk and judges the
+answer against the signed manifest. A corrupt piece is `bad_chunk` (quarantine: no leases, no
+seeds, in no neighbour sample); no answer, or a `cancel` of a chunk its `have` on that link
+claims, takes it out of relaying without a trust event (slowness proves no lie). Anything else
+proves nothing, and a whole piece does not cost the accuser: a liar that corrupts only one
+victim's pieces must not frame that victim. Bounded: a few checks at once, one per (accuser,
+accused, manifest) and one per chunk of an accused.
 """
 
 from __future__ import annotations
@@ -30,8 +26,8 @@ from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size
 from echo2p2p.overlay.download import MIN_RATE_BYTES_S
-from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, MAX_PIECE_BYTES, Cancel, Have,
-                                   Piece, Want)
+from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, MAX_PIECE_BYTES, Cancel, Had,
+                                   Have, Piece, Want)
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.snapshot import chunk_digest
 
@@ -60,17 +56,25 @@ async def fetch_piece(http: aiohttp.ClientSession, base_url: str, audience: str,
                 nothing = bytes(bitfield_size(len(manifest.chunks)))
                 await ws.send_bytes(encode_frame(Have.TYPE, Have(*key, nothing, manifest.digest)))
                 await ws.send_bytes(encode_frame(Want.TYPE, Want(*key, index)))
+                claims = False  # its have (or had) on this link says it holds the chunk
                 async for msg in ws:
                     if msg.type is not aiohttp.WSMsgType.BINARY:
                         break
                     rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
-                    if not isinstance(rec, (Piece, Cancel)) or rec.index != index or (
-                            rec.version, rec.base) != key:
-                        continue  # its proof, have, peers: nothing to judge
-                    if isinstance(rec, Cancel):
-                        return "absent"
+                    if getattr(rec, "version", None) != key[0] or rec.base != key[1]:
+                        continue  # its proof, peers, other manifests: nothing to judge
+                    if isinstance(rec, Have) and rec.digest in (b"", manifest.digest):
+                        claims = len(rec.bits) > index // 8 and bool(
+                            rec.bits[index // 8] >> (index % 8) & 1)
+                    elif isinstance(rec, Had):
+                        packed = rec.indices[:4096]
+                        claims = claims or index in m.unpack_ids(packed[:len(packed) // 4 * 4])
+                    elif isinstance(rec, Cancel) and rec.index == index:
+                        return "stall" if claims else "absent"  # refused what it advertises
+                    if not isinstance(rec, Piece) or rec.index != index:
+                        continue
                     whole = len(rec.data) == entry.wire_bytes
-                    good = whole and chunk_digest(rec.data) == entry.digest
+                    good = whole and await asyncio.to_thread(chunk_digest, rec.data) == entry.digest
                     return "intact" if good else "corrupt"
                 return "unreachable"
     except TimeoutError:
@@ -90,7 +94,7 @@ class GossipJudge:
         self._key, self._run_id, self._new_peer_id = signing_key, run_id, new_peer_id
         self._distrust, self._failed, self._on_event = distrust, failed, on_event
         self._accusations: set[tuple[str, str, tuple]] = set()  # (accuser, accused, manifest)
-        self._convictions: set[tuple[str, tuple, int]] = set()  # (identity, manifest, chunk)
+        self._checked: set[tuple[str, tuple, int]] = set()  # (identity, manifest, chunk)
         self._slots = asyncio.Semaphore(CHECKS_AT_ONCE)
         self._http: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -99,15 +103,20 @@ class GossipJudge:
                 index: int) -> None:
         """`accuser` says `accused` served chunk `index` of `manifest` over a link badly."""
         key = (manifest.version, manifest.base_version)
-        seen = (accuser.identity, accused.peer_id, key)
+        seen, chunk = (accuser.identity, accused.peer_id, key), (accused.identity, key, index)
         if (not self._key or accused.server_url is None or accused.relay == "failed"
-                or not 0 <= index < len(manifest.chunks) or seen in self._accusations):
+                or not 0 <= index < len(manifest.chunks) or seen in self._accusations
+                or chunk in self._checked):
             return  # no tickets to dial with, nobody can dial it, judged, or heard already
         if len(self._tasks) >= MAX_PENDING:
             log.warning("%d gossip checks pending: not checking %s's report", MAX_PENDING,
                         accuser.peer_id)
             return
+        if len(self._accusations) >= 1 << 16 or len(self._checked) >= 1 << 16:
+            self._accusations.clear()  # a long run's worth: forget the oldest all at once
+            self._checked.clear()
         self._accusations.add(seen)
+        self._checked.add(chunk)
         task = asyncio.create_task(self._judge(accuser, accused, reason, manifest, index))
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -128,9 +137,7 @@ class GossipJudge:
         self._on_event({"event": "relay_check", "accuser": accuser.peer_id, "relay": "gossip",
                         "accused": accused.peer_id, "reason": reason, "version": manifest.version,
                         "chunk": index, "verdict": verdict})
-        conviction = (accused.identity, (manifest.version, manifest.base_version), index)
-        if verdict == "corrupt" and conviction not in self._convictions:
-            self._convictions.add(conviction)
+        if verdict == "corrupt":  # once per chunk: it is checked once
             self._distrust(accused, "bad_chunk")
         if verdict in ("corrupt", "stall") and accused.relay != "failed":
             accused.relay = "failed"

@@ -131,13 +131,18 @@ async def test_nated_peers_upload_over_the_links_they_open():
 
 
 def misbehave(client, kind: str) -> None:
-    """Make `client`'s links serve badly: corrupt pieces, pieces a byte short, or no answer."""
+    """Make `client`'s links serve badly: corrupt pieces, pieces a byte short, no answer, or a
+    refusal (`cancel`) of what they advertise."""
     links = client.fetcher.links
     honest = links.upload
 
     async def upload(link, piece, slots):
         if kind == "silent":
             await asyncio.Event().wait()  # never answers: cancelled when the link closes
+        if kind == "refuse":
+            slots.pop(((piece.version, piece.base), piece.index), None)
+            await link.send(lk.Cancel(piece.version, piece.base, piece.index))
+            return
         data = bytes([piece.data[0] ^ 1]) + piece.data[1:] if kind == "corrupt" else piece.data[:-1]
         await honest(link, replace(piece, data=data), slots)
 
@@ -306,13 +311,14 @@ async def test_a_false_gossip_accusation_costs_the_accused_nothing():
         assert not hub.trust.events.get(hub.peers[other.welcome.peer_id].identity)
 
 
-async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relaying():
-    """A neighbour that answers no want is reported `stall`; the hub's own want of it goes
-    unanswered too, so it is taken out of relaying (out of every neighbour sample) without a
-    trust event: slowness proves no lie."""
+@pytest.mark.parametrize("kind", ["silent", "refuse"])
+async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relaying(kind):
+    """A neighbour that answers no want, or refuses what its `have` claims, is reported; the
+    hub's own want of it fares the same, so it is taken out of relaying (out of every neighbour
+    sample) without a trust event: slowness proves no lie."""
     data = os.urandom(256 << 10)
     async with two_holding_v1(data) as (hub, key, peer, other, records):
-        misbehave(peer, "silent")
+        misbehave(peer, kind)
         accused = peer.welcome.peer_id
         await other.send(m.RelayReport(1, accused, "stall", 0, None))
         await wait_until(lambda: hub.peers[accused].relay == "failed", 60)
