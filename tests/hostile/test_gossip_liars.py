@@ -1,14 +1,16 @@
-"""Liars on the gossip overlay (issue 28, item 8): a peer that serves corrupt pieces over its links,
-and one that fills honest peers' link slots with peer ids the hub never admitted.
+"""Liars on the gossip overlay (issue 28, item 8): a peer that serves corrupt pieces over its
+links, one that advertises chunks and serves none, and one that fills honest peers' link slots
+with peer ids the hub never admitted.
 
 The first must end quarantined by the hub on the hub's own evidence (it fetches the contested
-piece over a gossip link itself, `hub.relays.RelayCheck.fetch_link`), not only banned by each
-peer it hurt; the second must take no slot at all: a `peers` entry needs the hub's ticket for
-its id, and a dialled end proves its id before its link counts.
+piece over a gossip link itself, `hub.gossip_check`), not only banned by each peer it hurt; the
+second must be announced to nobody more; the third must take no slot at all: a `peers` entry
+needs the hub's ticket for its id, and a dialled end proves its id before its link counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -43,6 +45,15 @@ def corrupt_links(client) -> None:
     links.upload = upload
 
 
+def silent_links(client) -> None:
+    """Make `client`'s gossip links answer no want (it still advertises what it holds)."""
+
+    async def upload(link, piece, slots):
+        await asyncio.Event().wait()  # cancelled when the link closes
+
+    client.fetcher.links.upload = upload
+
+
 async def test_a_peer_serving_corrupt_pieces_over_links_is_quarantined(tmp_path, row):
     """A relay-only peer corrupts every piece it serves over its gossip links: the honest peer
     drops it and reports it; the hub fetches the piece over a link of its own, finds it corrupt,
@@ -72,6 +83,42 @@ async def test_a_peer_serving_corrupt_pieces_over_links_is_quarantined(tmp_path,
                           f"relay {run.hub.peers[liar_id].relay}")
             assert "corrupt" in verdicts
             assert run.hub.peers[liar_id].member().url is None  # announced to nobody now
+        r.hub_alive = yes(await hub_alive(run))
+        assert r.hub_alive == "yes"
+
+
+async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relaying(tmp_path,
+                                                                                     row):
+    """A relay-only peer advertises its chunks over its links and answers no want: the honest
+    peer drops it and reports a stall; the hub's own want of it goes unanswered too, so the hub
+    announces it to nobody more (no trust event: slowness proves no lie); training goes on."""
+    r = row("R3-8c. gossip liar: advertises its chunks over links, answers no want")
+    # Versions a few steps apart and a short stall deadline: on this rig a version lasts seconds,
+    # and a download superseded before its want times out withdraws it unreported.
+    cfg = small_cfg(tmp_path, relay="gossip", chunk_bytes=16 << 10, max_lag=3, publish_every=4)
+    async with hub_and_honest_peer(cfg, relay_stall_s=1.0) as (run, honest):
+        without = await steps_per_min(run)
+        since = mark(run, honest)
+        async with running_peers(run.url, 1, torch_threads=1, engine="relay",
+                                 name="liar") as [liar]:
+            await wait_until(lambda: liar.welcome is not None)
+            silent_links(liar)
+            liar_id = liar.welcome.peer_id
+            conn = run.hub.peers[liar_id]
+            await wait_until(lambda: conn.relay == "failed", 240)
+            checks = run_events(run, "relay_check")
+            with_ = await steps_per_min(run)
+            r.honest_training = await still_training(run, honest, since)
+            r.steps_per_min = cell_rate(without, with_)
+            verdicts = sorted({c["verdict"] for c in checks if c["accused"] == liar_id})
+            reports = {k[1]: n for k, n in run.hub.counters.relay_reports.items()
+                       if k[0] == liar_id}
+            events = {e: n for e, n in run.hub.trust.events.get(conn.identity, {}).items() if n}
+            r.reaction = (f"honest peer banned it ({liar_id in honest.fetcher.links.banned}), "
+                          f"reported {reports}; hub's own link want: {verdicts}; relay "
+                          f"{conn.relay}, in no neighbour sample; trust events {events or 'none'}")
+            assert "stall" in verdicts and conn.member().url is None
+            assert conn.identity not in run.hub.trust.quarantined
         r.hub_alive = yes(await hub_alive(run))
         assert r.hub_alive == "yes"
 
