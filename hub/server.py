@@ -41,9 +41,9 @@ from .config import HubConfig
 from .checkpoint import hub_state, restore_hub
 from .counters import Changes, Counters, HubStatistics
 from .durable import Journal
+from .gossip_check import GossipJudge
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
-from .gossip_check import GossipJudge
 from .relays import RelayCheck, RelayJudge
 from .task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook, join_refusal
