@@ -3,7 +3,7 @@
 `handle_ws` feeds each frame to the peer's `echo2p2p.hub_protocol.HubProtocol` (validation,
 the state table, credits, versions held), which returns an event; a table sends each kind to
 the part it concerns: lease requests to `dispatch`, rollouts to `hub.admission.Admission`,
-transfer reports to `hub.tracker.VersionTracker`, relay reports to `hub.relays.RelayJudge`.
+transfer reports to `hub.tracker.VersionTracker`, relay reports to `hub.accusations.Accusations`.
 Replies go into the peer's outbox, drained by a writer task under a deadline (`hub.peers`), so
 a peer that stops reading is cut off instead of stalling the others. A misbehaving peer is
 closed with a code and a short reason; nothing it sends reaches the learner unvalidated.
@@ -29,12 +29,12 @@ from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
-from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pool import Pool
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook, TrustPolicy
 
+from .accusations import Accusations
 from .admission import Admission
 from .app import serve
 from .config import HubConfig
@@ -45,7 +45,6 @@ from .durable import Journal
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
 from .quarantine import TrustGuard
 from .leasing import Quotas, new_lease_id
-from .relays import RelayCheck, RelayJudge
 from .task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook, join_refusal
 from .tracker import VersionTracker
@@ -100,7 +99,8 @@ class Hub:
                                 withdraw=lambda identity: self.admission.withdraw(identity),
                                 dispatch=self.dispatch, step=lambda: self.step,
                                 on_event=self.changes.after(log_event))
-        self.relays = self._relay_judge()
+        self.accusations = Accusations(self, signing_key, new_peer_id=self._new_peer_id)
+        self.relays = self.accusations.relays  # tests read its verdicts
         self.chunk_lookup, self.chunk_served = self.tracker.chunk_lookup, self.tracker.chunk_served
         self._next_peer = 0
         self.spot = spot
@@ -120,17 +120,8 @@ class Hub:
                     hp.RolloutReceived: lambda conn, e: self.admission.submit(conn, e.submission),
                     hp.HoldingReported: self._holding,
                     hp.TransferReported: lambda c, e: self.tracker.transfer_reported(c, e.report),
-                    hp.RelayAccused: lambda conn, event: self._accusation(conn, event.report),
+                    hp.RelayAccused: lambda conn, e: self.accusations.heard(conn, e.report),
                     hp.HeartbeatReceived: lambda conn, event: None}
-
-    def _relay_judge(self) -> RelayJudge:
-        """The judge of accused relays, fetching as the hub (with its own ticket, if signing)."""
-        key, run_id = self._signing_key, self.run_id
-        credentials = Credentials(run_id, "hub", key, signing.sign_ticket(
-            key, run_id, "hub", self.hub_key)) if key else None
-        return RelayJudge(RelayCheck(credentials), distrust=self.guard.distrust,
-                          failed=lambda conn: self.tracker.route_around(conn.peer_id),
-                          on_event=lambda r: self.on_event({**r, "step": self.step}))
 
     # --- what the tracker keeps, under the names the learner loop and tests use --------
 
@@ -348,17 +339,12 @@ class Hub:
             log.debug("%s holds v%d", conn.peer_id, event.version)  # tests/chaos reads it
             self.tracker.holding_reported(conn, event.version)  # T_bcast counts the reload
 
-    def _accusation(self, conn: PeerConn, msg: m.RelayReport) -> None:
-        """An accusation: the hub looks for itself before anything follows from it."""
-        accused = self.peers.get(msg.peer_id)
-        if accused is None or accused is conn or msg.reason not in m.RELAY_FAULTS:
-            return  # nonsense, or about a peer already gone (and so already routed around)
-        self.counters.relay_reports[(msg.peer_id, msg.reason)] += 1
-        log.info("%s reports relay %s on v%d: %s", conn.peer_id, msg.peer_id, msg.version,
-                 msg.reason)
-        key = (msg.version, msg.base_version)
-        self.relays.heard(conn, accused, msg, self.tracker.broadcasts.get(key),
-                          self.tracker.snapshot(*key))
+    def _new_peer_id(self) -> str:
+        """A peer id never handed out before, for the hub's own gossip checks (a liar must not
+        tell them from a neighbour that joined)."""
+        self._next_peer += 1
+        self._journal("peer", self._next_peer)
+        return f"p{self._next_peer}"
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline cuts the peer."""
@@ -373,7 +359,7 @@ class Hub:
         await self.admission.cancel()
         if self.scorer is not None:
             self.scorer.close()
-        await self.relays.close()
+        await self.accusations.close()
         for conn in list(self.peers.values()):
             await conn.close(m.CLOSE_GOING_AWAY, reason)
 

@@ -49,7 +49,7 @@ class Fetcher:
         cfg = peer.cfg
         self.links = Links(self._identity, peer.meter, degree=cfg.gossip_degree,
                            max_links=cfg.gossip_max_links, upload_limit_mbps=cfg.upload_limit_mbps,
-                           want_timeout_s=cfg.relay_stall_s)
+                           want_timeout_s=cfg.relay_stall_s, tickets=peer.tickets)
         self._protocol: PeerProtocol | None = None  # the connection that announced the download
 
     def _identity(self) -> tuple[str | None, Credentials | None]:

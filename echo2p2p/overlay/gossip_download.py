@@ -123,14 +123,17 @@ class GossipDownload(Download):
                         bar.update(manifest.chunks[index].wire_bytes)
                         self._cancel_losers(index, self.swarm.got(index, source, time.monotonic()),
                                             in_flight)
-                    elif source == HUB or source in self.swarm.wants(index):
+                    elif (source == HUB or source in self.swarm.wants(index)
+                          or fault != "unreachable"):  # our own stall verdict closed the link
                         await self._fault(index, source, fault)
                     # else the link went first and took its wants with it (link_down)
                 if got:
                     self.links.had(key, got)
-        finally:
-            for task in in_flight:
+        finally:  # superseded (or done): withdraw our wants, freeing the holders' windows
+            for task, (index, source) in in_flight.items():
                 task.cancel()
+                if (link := self._linked.get(source)) is not None:
+                    self.links.spawn(quietly(link.send(Cancel(*key, index))))
             bar.close()
             self.links.end(self.held, self)
         return self.statistics(time.monotonic() - start)

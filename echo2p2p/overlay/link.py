@@ -4,11 +4,13 @@ Theory of operation. On a link every frame is one binary msgpack map (`echo2p2p.
 `LINK_LIMITS`, every field type-checked; `Link.receive` checks values): `have` (a manifest's
 bitfield, on link open and when a download starts), `had` (indices newly verified), `want` /
 `piece` / `cancel` (a request, its answer, and a withdrawal or refusal), `peers` (peer
-exchange). A malformed frame, a piece nobody asked for or of the wrong size, more than
-`SERVE_WINDOW` wants at once, a bitfield that does not fit a manifest we know, or a want that
-goes unanswered closes the link with a reason (`LinkError`). Remote bitfields are kept for the
-`KEEP_KEYS` newest manifests only, so a link's memory is bounded. The set of links, dialling
-and the route are `echo2p2p.overlay.links`'; what a download hears is its `Listener`.
+exchange: only ids with the hub's ticket), `proof` (the accepting end's first frame: its ticket
+header, naming the dialler, so a dialled id is the one the hub admitted). A malformed frame, a
+piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at once, a bitfield
+that does not fit a manifest we know, or a want that goes unanswered closes the link with a
+reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
+a link's memory is bounded. The set of links, dialling and the route are
+`echo2p2p.overlay.links`'; what a download hears is its `Listener`.
 """
 
 from __future__ import annotations
@@ -96,12 +98,29 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """A `peers` entry: a chunk server, and the hub's ticket for its peer id (the receiver
+    dials no id without one)."""
+
+    peer_id: str
+    url: str
+    key: bytes  # the peer's public key, which the ticket binds
+    ticket: bytes  # signing.sign_ticket(hub, run, peer_id, key)
+
+
+@dataclass(frozen=True)
 class Peers:
     TYPE = "peers"
-    sources: list[m.RelaySource]
+    sources: list[Neighbour]
 
 
-FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers)}
+@dataclass(frozen=True)
+class Proof:
+    TYPE = "proof"  # the accepting end's first frame: who it is, shown to the dialler
+    header: bytes  # its ticket header (tickets.TICKET_HEADER's form, ASCII) naming the dialler
+
+
+FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers, Proof)}
 
 
 class LinkError(Exception):
@@ -140,6 +159,7 @@ class Link:
         self._withdrawn: collections.deque[tuple[Key, int]] = collections.deque(maxlen=64)
         self._send_lock = asyncio.Lock()
         self.reason: str | None = None  # why it closed
+        self._heard_peers = False  # an honest end sends one `peers`, as the link opens
 
     async def send(self, rec: Any) -> None:
         """Send one frame; a frame the other end does not take in time closes the link."""
@@ -200,8 +220,13 @@ class Link:
 
     async def receive(self, rec: Any) -> None:
         if isinstance(rec, Peers):
-            self.links.heard_of(rec.sources)
+            if self._heard_peers:  # each entry costs a signature check: one frame's worth
+                raise LinkError("a second peers frame")
+            self._heard_peers = True
+            self.links.heard_of_link(rec.sources)
             return
+        if isinstance(rec, Proof):
+            raise LinkError("a proof past the first frame")
         key = _check_key(rec)
         if isinstance(rec, (Have, Had)):
             self._heard(key, rec)

@@ -4,9 +4,12 @@ Theory of operation. A peer with a chunk server accepts links at GET /gossip (a 
 upgrade admitted by the same ticket header as chunk requests; the dialer names itself with
 `?id=PEER_ID`, which must be the ticket's peer id). Every peer, NAT'd or not, dials the
 neighbours the hub sampled for it and the ones it hears of from its links (`peers` frames), up
-to `degree` links, and accepts up to `max_links`. One link per pair: when both ends dial, the
-lower peer id's dial wins. A link is symmetric, so a peer nobody can dial still uploads over the
-links it opened; a link that broke a rule bans its peer id for the run.
+to `degree` links, and accepts up to `max_links`. Every link end is a peer the hub admitted: a
+dialler shows its ticket, the accepting end shows its own as its first frame (`proof`), and a
+`peers` entry is dialled only with a ticket of the hub's for its id (made-up ids take no slot).
+One link per pair: when both ends dial, the lower peer id's dial wins. A link is symmetric, so
+a peer nobody can dial still uploads over the links it opened; a link that broke a rule bans
+its peer id for the run.
 
 `Links` is the peer's set of links, alive across hub connections: the manifests it advertises
 (`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
@@ -27,11 +30,13 @@ import aiohttp
 from aiohttp import web
 
 from echo2p2p import messages as m
+from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import pack_bits
 
-from .link import (HONEST_ENDS, KEEP_KEYS, PEER_ID, LINK_PATH, MAX_HAD, MAX_PIECE_BYTES,
-                   MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link, Listener, Peers,
-                   Piece, quietly)
+from .link import (FRAMES, HONEST_ENDS, KEEP_KEYS, LINK_LIMITS, PEER_ID, LINK_PATH, MAX_HAD,
+                   MAX_PIECE_BYTES, MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link,
+                   Listener, Neighbour, Peers, Piece, Proof, quietly)
 from .serving import UPLOAD_SLOTS, RankedSlots, TokenBucket, UploadMeter
 from .store import Held, Key, key_order
 from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
@@ -47,8 +52,12 @@ class Links:
 
     def __init__(self, identity: Callable[[], tuple[str | None, Credentials | None]],
                  meter: UploadMeter, *, degree: int = 8, max_links: int = 24,
-                 upload_limit_mbps: float = 0.0, want_timeout_s: float = WANT_TIMEOUT_S):
+                 upload_limit_mbps: float = 0.0, want_timeout_s: float = WANT_TIMEOUT_S,
+                 tickets: Tickets | None = None):
+        """`tickets`: the hub's key and run, which every link end's ticket must verify under
+        (None: a rig without tickets)."""
         self.identity, self.meter, self.want_timeout_s = identity, meter, want_timeout_s
+        self.tickets = tickets if tickets is not None else Tickets(b"")
         self.degree, self.max_links = degree, max_links
         self.limiter = TokenBucket(upload_limit_mbps * 1e6) if upload_limit_mbps else None
         self.url: str | None = None
@@ -57,6 +66,8 @@ class Links:
         self.advertised: dict[Key, Held] = {}  # manifests we serve over links (KEEP_KEYS newest)
         self.listeners: dict[Key, Listener] = {}
         self.known: dict[str, str] = {}  # peer id -> chunk server base URL, heard of (bounded)
+        self.vouched: dict[str, tuple[bytes, bytes]] = {}  # peer id -> (key, ticket) shown us
+        self.unproven = 0  # dials whose other end did not prove the id dialled
         self._dialling: set[str] = set()
         self.banned: set[str] = set()  # peers whose link broke a rule
         self._sending = RankedSlots(UPLOAD_SLOTS)
@@ -87,14 +98,29 @@ class Links:
                 self.spawn(quietly(link.send(Had(*key, batch))))
 
     def heard_of(self, sources: list[m.RelaySource]) -> None:
-        """Neighbours from the hub's sample or a link's `peers`: remember (bounded), dial."""
-        me, _ = self.identity()
+        """Neighbours from the hub's sample (which probed them): remember (bounded), dial."""
         for s in sources:
-            base = server_base(s.url)
-            if (base and s.peer_id != me and s.peer_id not in self.banned
-                    and PEER_ID.fullmatch(s.peer_id) and len(self.known) < 256):
+            if (base := self._dialable(s.peer_id, s.url)) is not None:
                 self.known[s.peer_id] = base
         self.dial_more()
+
+    def heard_of_link(self, sources: list[Neighbour]) -> None:
+        """Neighbours from a link's `peers`: only ids the hub's ticket vouches for, and never
+        in place of an address we have (a liar could re-point an honest id at a black hole)."""
+        for s in sources:
+            base = self._dialable(s.peer_id, s.url)
+            if (base is not None and s.peer_id not in self.known
+                    and self.tickets.vouches(s.peer_id, s.key, s.ticket)):
+                self.known[s.peer_id] = base
+        self.dial_more()
+
+    def _dialable(self, peer_id: str, url: str) -> str | None:
+        me, _ = self.identity()
+        base = server_base(url)
+        if (base and peer_id != me and peer_id not in self.banned and PEER_ID.fullmatch(peer_id)
+                and (peer_id in self.known or len(self.known) < 256)):
+            return base
+        return None
 
     def dial_more(self) -> None:
         if self.closing:
@@ -109,19 +135,46 @@ class Links:
     async def _dial(self, peer_id: str, base: str) -> None:
         me, credentials = self.identity()
         headers = credentials.header(peer_id) if credentials is not None else {}
+        ws, who = None, None
         try:
             async with asyncio.timeout(SEND_DEADLINE_S):
                 params = {"id": me or "", "nat": "0" if self.url else "1"}
                 ws = await self.http.ws_connect(base + LINK_PATH, params=params,
                                                 headers=headers, max_msg_size=2 * MAX_PIECE_BYTES,
                                                 compress=0, heartbeat=30.0)
+                who = await self._proof(ws, peer_id)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.debug("cannot link to %s at %s: %s", peer_id, base, type(exc).__name__)
-            self.known.pop(peer_id, None)
-            return
         finally:
             self._dialling.discard(peer_id)
+        if who is None:  # not reached, or not the peer the hub admitted under that id
+            self.known.pop(peer_id, None)
+            if ws is not None:
+                self.unproven += 1
+                await quietly(ws.close(code=m.CLOSE_PROTOCOL_ERROR,
+                                       message=b"no proof of identity"))
+            return
+        self.vouch(peer_id, who)
         await self.serve(Link(self, peer_id, ws, dialled=True))
+
+    async def _proof(self, ws: Any, peer_id: str) -> tuple[str, bytes, bytes] | None:
+        """The accepting end's first frame must prove it is `peer_id` (`Tickets.holder`)."""
+        msg = await ws.receive()
+        if msg.type is not aiohttp.WSMsgType.BINARY:
+            return None
+        try:
+            rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+        except RemoteProtocolError:
+            return None
+        if not isinstance(rec, Proof) or len(rec.header) > 512:
+            return None
+        who = self.tickets.holder(rec.header.decode("ascii", "replace"))
+        return who if who is not None and who[0] in ("", peer_id) else None
+
+    def vouch(self, peer_id: str, who: tuple[str, bytes, bytes]) -> None:
+        """Keep the ticket `peer_id` showed us, to pass on in `peers` frames (bounded)."""
+        if who[1] and (peer_id in self.vouched or len(self.vouched) < 4096):
+            self.vouched[peer_id] = who[1:]
 
     def admits(self, peer_id: str, dialled: bool) -> bool:
         """Whether a new link to `peer_id` may open (one per pair: the lower id's dial wins)."""
@@ -148,10 +201,14 @@ class Links:
             listener.link_up(link)
         for held in self.advertised.values():
             self.spawn(self._have(link, held))
-        sources = [m.RelaySource(p, u) for p, u in list(self.known.items())[:MAX_SOURCES - 1]]
-        me, _ = self.identity()
+        # Only peers that proved their ticket to us on a link, at an address we know (the hub's,
+        # or the one we reached them at), and ourselves: the receiver dials no id without one.
+        sources = [Neighbour(p, self.known[p], *self.vouched[p]) for p in list(self.links)
+                   if p in self.known and p in self.vouched][:MAX_SOURCES - 1]
+        me, credentials = self.identity()
         if self.url and me:
-            sources.append(m.RelaySource(me, self.url))
+            key, ticket = (credentials.peer_key, credentials.ticket) if credentials else (b"", b"")
+            sources.append(Neighbour(me, self.url, key, ticket))
         self.spawn(quietly(link.send(Peers(sources))))
         await link.run()
 
@@ -222,15 +279,23 @@ def link_handler(links: Links, tickets: Tickets):
         peer_id = request.query.get("id", "")
         if not PEER_ID.fullmatch(peer_id):
             return web.Response(status=400, text="expected /gossip?id=PEER_ID")
-        if not tickets(request):
+        who = tickets.holder(request.headers.get(TICKET_HEADER, ""))
+        if who is None:
             return web.Response(status=403, text="a ticket from this run's hub is required")
-        header = request.headers.get(TICKET_HEADER, "")
-        if header and header.split(".", 1)[0] != peer_id:
+        if who[0] not in ("", peer_id):
             return web.Response(status=403, text="the ticket is another peer's")
         if not links.admits(peer_id, dialled=False):
             return web.Response(status=409, text="no room for this link")
         ws = web.WebSocketResponse(max_msg_size=2 * MAX_PIECE_BYTES, compress=False, heartbeat=30.0)
         await ws.prepare(request)
+        _, credentials = links.identity()  # who we are, shown first: the dialler checks it
+        proof = credentials.header(peer_id).get(TICKET_HEADER, "") if credentials else ""
+        proof = proof.encode()
+        try:
+            await ws.send_bytes(encode_frame(Proof.TYPE, Proof(proof)))
+        except (ConnectionError, RuntimeError):
+            return ws
+        links.vouch(peer_id, who)
         await links.serve(Link(links, peer_id, ws, dialled=False,
                                natted=request.query.get("nat") == "1"))
         return ws

@@ -34,9 +34,10 @@ class Tickets:
             self.hub_key, self.run_id, self.audience, self._valid = hub_key, run_id, audience, set()
 
     def __call__(self, request: Any) -> bool:
-        if self.hub_key == b"":
-            return True
-        value = request.headers.get(TICKET_HEADER, "")
+        return self.hub_key == b"" or self._checked(request.headers.get(TICKET_HEADER, ""))
+
+    def _checked(self, value: str) -> bool:
+        """Whether header `value` verifies (remembered: a peer sends the same one each time)."""
         if value in self._valid:
             return True
         ok = self.hub_key is not None and len(value) <= 512 and self._verify(value)
@@ -50,6 +51,27 @@ class Tickets:
         this server's uplink."""
         value = request.headers.get(TICKET_HEADER, "")
         return self(request) and (self.hub_key == b"" or value.split(".", 1)[0] == HUB)
+
+    def holder(self, value: str) -> tuple[str, bytes, bytes] | None:
+        """The (peer id, peer key, ticket) a ticket header `value` proves, addressed to us: who
+        dialled a gossip link, and who accepted it (that end shows its header, naming the
+        dialler, as its first frame). None if it proves nothing; ("", b"", b"") from anyone
+        while no tickets are issued."""
+        if self.hub_key == b"":
+            return "", b"", b""
+        if not self._checked(value):
+            return None
+        peer_id, key_hex, ticket_hex, _ = value.split(".")
+        return peer_id, bytes.fromhex(key_hex), bytes.fromhex(ticket_hex)
+
+    def vouches(self, peer_id: str, peer_key: bytes, ticket: bytes) -> bool:
+        """Whether `ticket` is the hub's, admitting `peer_id` (holding `peer_key`) to this run:
+        what a `peers` frame entry must carry to be dialled (always, while no tickets are
+        issued)."""
+        if self.hub_key == b"":
+            return True
+        return self.hub_key is not None and signing.verify_ticket(
+            self.hub_key, self.run_id, peer_id, peer_key, ticket)
 
     def _verify(self, value: str) -> bool:
         parts = value.split(".")
@@ -73,6 +95,11 @@ class Credentials:
         self._key = private_key
         self._prefix = f"{peer_id}.{signing.public_key(private_key).hex()}.{ticket.hex()}."
         self._headers: dict[str, dict[str, str]] = {}
+
+    @property
+    def peer_key(self) -> bytes:
+        """Our public key, which the ticket binds."""
+        return signing.public_key(self._key)
 
     def header(self, audience: str) -> dict[str, str]:
         """The ticket header for a request to the server of `audience` (a peer id or "hub")."""

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p import signing
@@ -22,7 +23,7 @@ from echo2p2p.overlay import link as lk
 from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
-from tests.conftest import tracker, wait_until
+from tests.conftest import serving, tracker, wait_until
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -130,13 +131,18 @@ async def test_nated_peers_upload_over_the_links_they_open():
 
 
 def misbehave(client, kind: str) -> None:
-    """Make `client`'s links serve badly: corrupt pieces, pieces a byte short, or no answer."""
+    """Make `client`'s links serve badly: corrupt pieces, pieces a byte short, no answer, or a
+    refusal (`cancel`) of what they advertise."""
     links = client.fetcher.links
     honest = links.upload
 
     async def upload(link, piece, slots):
         if kind == "silent":
             await asyncio.Event().wait()  # never answers: cancelled when the link closes
+        if kind == "refuse":
+            slots.pop(((piece.version, piece.base), piece.index), None)
+            await link.send(lk.Cancel(piece.version, piece.base, piece.index))
+            return
         data = bytes([piece.data[0] ^ 1]) + piece.data[1:] if kind == "corrupt" else piece.data[:-1]
         await honest(link, replace(piece, data=data), slots)
 
@@ -184,20 +190,21 @@ HOSTILE_FRAMES = {
 
 @contextlib.asynccontextmanager
 async def two_holding_v1(data: bytes):
-    """A gossip hub and two peers that both hold v1 (`data`): yields (hub, key, peer, other)."""
+    """A gossip hub and two peers that both hold v1 (`data`): yields (hub, key, peer, other,
+    the hub's records)."""
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 2)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: holds(peer, 1) and holds(other, 1))
-        yield hub, key, peer, other
+        yield hub, key, peer, other, records
 
 
 async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
     """Frames no honest peer sends, each on a fresh link to a peer that holds v1: the link is
     closed with code 1002 and a reason; the peer carries on (still joined, still serving)."""
     data = os.urandom(256 << 10)
-    async with two_holding_v1(data) as (hub, key, peer, other):
+    async with two_holding_v1(data) as (hub, key, peer, other, records):
         target, hostile = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
             for what, frame in HOSTILE_FRAMES.items():
@@ -220,7 +227,7 @@ async def test_another_manifest_under_the_same_number_is_never_served_as_ours():
     stays open (as it does through haves of full and delta keys of one version); once it says
     it holds ours, the same want is served."""
     data = os.urandom(256 << 10)
-    async with two_holding_v1(data) as (hub, key, peer, other):
+    async with two_holding_v1(data) as (hub, key, peer, other, records):
         ours = peer.fetcher.links.advertised[(1, None)]
         n = len(ours.wires)
         async with aiohttp.ClientSession() as http, http.ws_connect(
@@ -260,3 +267,62 @@ async def test_a_link_needs_a_ticket_naming_the_dialler():
                 async with http.get(peer.served_url + lk.LINK_PATH, params=params,
                                     headers=headers) as resp:
                     assert resp.status == 403
+
+
+async def test_a_dialled_end_that_cannot_prove_its_id_takes_no_slot():
+    """A server that accepts a link under any id but shows no ticket of that id's (a liar's, at
+    an address it spread under an honest or made-up id) is hung up on, and never linked."""
+    accepted: list[str] = []
+
+    async def accept(request: web.Request) -> web.WebSocketResponse:
+        accepted.append(request.query["id"])
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get(lk.LINK_PATH, accept)
+    async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 1) as [peer], \
+            serving(app) as port:
+        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        await joined(hub, 1)
+        await wait_until(lambda: peer.fetcher.links.http is not None)  # its first download ran
+        links = peer.fetcher.links
+        links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
+        await wait_until(lambda: links.unproven == 1)
+        assert accepted and "p77" not in links.links and "p77" not in links.known
+
+
+async def test_a_false_gossip_accusation_costs_the_accused_nothing():
+    """A peer reports its neighbour's (whole) piece corrupt: the hub fetches that piece over a
+    gossip link itself, under a fresh peer id, finds it intact and changes nothing: no trust
+    event for the accused, which stays a relay."""
+    data = os.urandom(256 << 10)
+    async with two_holding_v1(data) as (hub, key, peer, other, records):
+        accused = peer.welcome.peer_id
+        await other.send(m.RelayReport(1, accused, "corrupt", 2, None))
+        await wait_until(lambda: any(r.get("event") == "relay_check" for r in records))
+        (check,) = [r for r in records if r.get("event") == "relay_check"]
+        assert check["verdict"] == "intact" and check["accused"] == accused
+        conn = hub.peers[accused]
+        assert conn.relay == "ok" and conn.identity not in hub.trust.events
+        assert not hub.trust.events.get(hub.peers[other.welcome.peer_id].identity)
+
+
+@pytest.mark.parametrize("kind", ["silent", "refuse"])
+async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relaying(kind):
+    """A neighbour that answers no want, or refuses what its `have` claims, is reported; the
+    hub's own want of it fares the same, so it is taken out of relaying (out of every neighbour
+    sample) without a trust event: slowness proves no lie."""
+    data = os.urandom(256 << 10)
+    async with two_holding_v1(data) as (hub, key, peer, other, records):
+        misbehave(peer, kind)
+        accused = peer.welcome.peer_id
+        await other.send(m.RelayReport(1, accused, "stall", 0, None))
+        await wait_until(lambda: hub.peers[accused].relay == "failed", 60)
+        (check,) = [r for r in records if r.get("event") == "relay_check"]
+        assert check["verdict"] == "stall"
+        assert hub.peers[accused].member().url is None
+        assert hub.peers[accused].identity not in hub.trust.quarantined
