@@ -25,8 +25,8 @@ def rig(*conns: PeerConn) -> tuple[Quotas, LeaseBook, TrustBook]:
     leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0),
                        lease_ids=new_lease_id)
     trust = TrustBook()
-    guard = TrustGuard(trust, leases, route_around=lambda peer_id: None, dispatch=lambda: None,
-                       step=lambda: 0, on_event=lambda record: None)
+    guard = TrustGuard(trust, leases, route_around=lambda peer_id: None, withdraw=lambda who: 0,
+                       dispatch=lambda: None, step=lambda: 0, on_event=lambda record: None)
     peers = {c.peer_id: c for c in conns}
     return Quotas(CFG, peers, leases, guard, Counters(),
                   LeaseQuota(QuotaPolicy(start=CFG.new_peer_leases))), leases, trust
