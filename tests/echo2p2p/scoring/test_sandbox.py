@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -148,12 +149,12 @@ def test_children_left_running_are_killed_with_the_program(then):
 
 
 def test_a_fork_loop_is_bounded_and_killed_whole(isolated):
-    """A program forking in a loop gets at most max_processes (a caller that is not root, with
-    namespaces), and every child it made is gone after the run."""
+    """A program forking in a loop gets at most max_processes (with namespaces, or run as
+    nobody by a root caller), and every child it made is gone after the run."""
     result = run_python(SPAWN.format(n=40, escape="pass", then="pass"), max_processes=16)
     pids = [int(line) for line in result.stdout_tail.split()]
     assert pids and all(gone(pid) for pid in pids)
-    if isolated and os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC
+    if isolated or os.geteuid() == 0:  # a root caller's program runs as nobody: not exempt
         assert len(pids) < 16
     else:
         assert len(pids) == 40
@@ -195,12 +196,17 @@ def test_the_program_cannot_see_the_callers_environment(monkeypatch, isolated):
 
 
 def test_files_outside_the_working_directory_are_read_only(tmp_path, isolated):
-    """With namespaces, the program can write its working directory and nothing else."""
+    """With namespaces, the program can write its working directory and nothing else: the
+    interpreter's files are read-only, and the caller's other files are not there at all."""
     need(isolated)
     target = tmp_path / "outside.txt"
     result = run_python(f"open('inside.txt', 'w').write('x')\nopen({str(target)!r}, 'w')\n")
-    assert not result.passed and "Read-only file system" in result.why
+    assert not result.passed and "No such file or directory" in result.why
     assert not target.exists()
+    inside_python = os.path.join(os.path.realpath(sys.base_prefix), "echo2-test.txt")
+    result = run_python(f"open({inside_python!r}, 'w')\n")
+    assert not result.passed and "Read-only file system" in result.why
+    assert not os.path.exists(inside_python)
 
 
 def test_the_shipped_code_dataset_is_its_generators_output(tmp_path):
