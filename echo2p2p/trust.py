@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report",
-          "observation_mismatch")
+          "observation_mismatch", "forged_pass")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class TrustPolicy:
         # An episode its environment's replay refutes (an observation it did not say, turns
         # after done, an episode cut short): a forged reward by other means.
         "observation_mismatch": 0.2,
+        # A completion whose program printed its harness's decoy token or exited 0 in the
+        # middle of its tests (`echo2p2p.scoring.code`): written to forge a reward.
+        "forged_pass": 0.3,
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

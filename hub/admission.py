@@ -156,6 +156,9 @@ class Admission:
                                                for s, r in zip(msg.samples, rewards))
         if not fair:
             self.trust.distrust(conn, "reward_mismatch")
+        if scored.forged:  # a program written to forge its tests' verdict: scored 0 already
+            self.counters.forged_passes += scored.forged
+            self.trust.distrust(conn, "forged_pass")
         if self.trust.quarantined(conn):  # by these lies, or by another submission meanwhile
             if pending is not None:
                 pending.close()

@@ -4,8 +4,11 @@ Theory of operation. A `Scorer` owns `workers` child processes (`echo2p2p.scorin
 drives them from one event loop: the loop of its first `await scorer.score(...)`, or a private
 loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
 evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
-GRPO group, an evaluation batch); a worker that is idle gets everything queued, up to
-`MAX_BATCH_ITEMS` completions (one pipe round trip for many groups under load), and the loop
+GRPO group, an evaluation batch), each for an owner (the hub's: a peer); a worker that is idle
+gets the items of the owner that used the least scoring time lately: all it has queued, up to
+`MAX_BATCH_ITEMS` (one pipe round trip for many groups under load), or one item while other
+owners wait (`echo2p2p.scoring.fairness`: a peer whose samples burn the deadline waits behind
+the others, and the hub refuses it past its budget). Its worker time is charged to it. The loop
 reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
 a submission costs two process wake-ups and no GIL hand-off.
 
@@ -28,19 +31,19 @@ picklable task, pickled once here and loaded once per worker start.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import multiprocessing
 import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from echo2p2p.errors import ScoringError
 from . import worker as w
+from .fairness import FairQueue
 from .jobs import Job as _Job
 from .jobs import Scored, ScorerStats
 
@@ -72,7 +75,7 @@ class Scorer:
         self._own_loop: threading.Thread | None = None  # that loop's thread, if it is ours
         self._own_loop_lock = threading.Lock()
         self._spawner: ThreadPoolExecutor | None = None
-        self._queue: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._queue = FairQueue()  # (job, item index), per owner (`echo2p2p.scoring.fairness`)
         self._idle: list[w.WorkerProcess] = []
         self._busy: set[w.WorkerProcess] = set()
         self._starting = 0  # workers being spawned
@@ -92,15 +95,18 @@ class Scorer:
         """`submit_ids`, awaited."""
         return await self.submit_ids(key, packed_ids, claimed)
 
-    def submit(self, items: Sequence[tuple[Any, str]]) -> asyncio.Future[Scored]:
+    def submit(self, items: Sequence[tuple[Any, str]], owner: Hashable = None
+               ) -> asyncio.Future[Scored]:
         """Queue `(key, completion text)` pairs (scored as `reward(key, text)`: the key is an
         answer, or the hub's `Problem`) now, from a coroutine or callback of the driving loop
         (the first one used); a future of their `Scored`. Cancelling it drops what is still
-        queued of them."""
-        return self._submit([(key, text) for key, text in items])
+        queued of them. `owner` (a peer's identity): whose scoring time they use; owners are
+        served least-used first (`echo2p2p.scoring.fairness`)."""
+        return self._submit([(key, text) for key, text in items], owner)
 
     def submit_ids(self, key: Any, packed_ids: Sequence[bytes], claimed: Sequence[str],
-                   turns: Sequence[bytes] | None = None) -> asyncio.Future[Scored]:
+                   turns: Sequence[bytes] | None = None, owner: Hashable = None
+                   ) -> asyncio.Future[Scored]:
         """`submit` for completions given as packed token ids (as on the wire), each decoded by
         the completion rule; `claimed` are the texts a peer says they decode to. `turns`: the
         samples are episodes with these packed segment lengths, replayed by the reward's
@@ -109,7 +115,7 @@ class Scorer:
             raise ScoringError("this scorer has no decoder: it can only score texts")
         extra = [() for _ in packed_ids] if turns is None else [(t,) for t in turns]
         return self._submit([(key, ids, text, *more) for ids, text, more
-                             in zip(packed_ids, claimed, extra, strict=True)])
+                             in zip(packed_ids, claimed, extra, strict=True)], owner)
 
     def score_blocking(self, items: Sequence[tuple[str, str]]) -> Scored:
         """`score` from a plain thread (never the driving loop's own): waits for the result."""
@@ -128,14 +134,23 @@ class Scorer:
         if (error := await asyncio.shield(self._ready)) is not None:
             raise error
 
-    def _submit(self, items: list[tuple]) -> asyncio.Future[Scored]:
+    def usage_s(self, owner: Hashable) -> float:
+        """`owner`'s scoring seconds of about the last minute (`FairQueue.usage_s`)."""
+        return self._queue.usage_s(owner, time.monotonic())
+
+    def over_budget(self, owner: Hashable, budget_s: float) -> bool:
+        """Whether `owner` used more than `budget_s` of about the last minute and more than
+        any other owner waiting or scored lately (`FairQueue.over_budget`)."""
+        return self._queue.over_budget(owner, budget_s, time.monotonic())
+
+    def _submit(self, items: list[tuple], owner: Hashable) -> asyncio.Future[Scored]:
         self._bind()
         self._calls += 1
-        job = _Job(items, self._loop.create_future())
+        job = _Job(items, self._loop.create_future(), owner)
         if not items:
             job.future.set_result(Scored([]))
             return job.future
-        self._queue.extend((job, i) for i in range(len(items)))
+        self._queue.push(owner, ((job, i) for i in range(len(items))))
         job.future.add_done_callback(self._forget)
         self._spawn_missing()
         self._pump()
@@ -144,7 +159,7 @@ class Scorer:
     def _forget(self, future: asyncio.Future) -> None:
         """A job was cancelled (its admission was): drop what is still queued of it."""
         if future.cancelled():
-            self._queue = collections.deque(e for e in self._queue if e[0].future is not future)
+            self._queue.drop(lambda e: e[0].future is future)
 
     def statistics(self) -> ScorerStats:
         workers = [*self._idle, *self._busy]
@@ -181,7 +196,7 @@ class Scorer:
         self._busy.clear()
         for job in {job for job, _ in waiting}:  # their callers are going too
             job.future.cancel()
-        self._queue.clear()
+        self._queue = FairQueue()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(ScoringError("the scorer was closed"))
         if self._spawner is not None:
@@ -255,18 +270,12 @@ class Scorer:
         self._pump()
 
     def _pump(self) -> None:
-        """Give queued items to idle workers."""
+        """Give queued items to idle workers, the least-used owner's first."""
         while self._idle and self._queue:
-            worker = self._idle.pop()
-            batch = []
-            while self._queue and len(batch) < MAX_BATCH_ITEMS:
-                job, i = self._queue.popleft()
-                if not job.future.done():
-                    batch.append((job, i))
-            if not batch:
-                self._idle.append(worker)
-                return
-            self._send(worker, batch)
+            owner, batch = self._queue.pop(time.monotonic(), MAX_BATCH_ITEMS)
+            batch = [(job, i) for job, i in batch if not job.future.done()]
+            if batch:
+                self._send(self._idle.pop(), batch)
 
     def _send(self, worker: w.WorkerProcess, batch: list[tuple[_Job, int]]) -> None:
         worker.batch = batch
@@ -297,6 +306,9 @@ class Scorer:
         worker.listening = False
         worker.timer.cancel()
         batch, worker.batch = worker.batch, None
+        now = time.monotonic()
+        self._queue.charge(batch[0][0].owner, now - worker.sent_at, now)
+        self._queue.forget(now)
         worker.started += len(batch)
         self._busy.discard(worker)
         self._idle.append(worker)
@@ -333,6 +345,9 @@ class Scorer:
     def _replace(self, worker: w.WorkerProcess, culprit: int | None, timed_out: bool = False) -> None:
         """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
         batch = worker.batch or []
+        if batch:  # its owner pays for the time it held the worker, the deadline included
+            now = time.monotonic()
+            self._queue.charge(batch[0][0].owner, now - worker.sent_at, now)
         self._busy.discard(worker)
         self._drop(worker)
         if culprit is not None and culprit < len(batch):
@@ -350,7 +365,8 @@ class Scorer:
                         item[1] if len(item) == 2 else "(decoded from ids)")
             job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED, ""))
             batch = batch[:culprit] + batch[culprit + 1:]
-        self._queue.extendleft(reversed(batch))
+        if batch:
+            self._queue.push(batch[0][0].owner, batch, front=True)
         self._restarts += 1
         self._spawn_missing()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from echo2p2p.scoring.code import code_tests, program_of
+from echo2p2p.scoring.code import ForgedPass, code_tests, program_of
 from echo2p2p.scoring.sandbox import run_python
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -62,11 +62,15 @@ def test_listed_tests_score_the_fraction_that_pass():
 
 
 def test_ending_the_process_early_passes_nothing():
-    """sys.exit(0) or os._exit(0) before the tests, or in one, does not count as passing."""
-    for cheat in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
-        assert code_tests("", cheat, ADD) == 0.0
-    row = {"tests": ["assert add(1, 2) == 3", "import os; os._exit(0)"]}
-    assert code_tests("", "def add(a, b):\n    return a + b", row) == 0.0
+    """sys.exit() before the tests passes nothing; os._exit(0) before or during them is a
+    forgery (ForgedPass); a test that a function of the program left scores the ones before."""
+    for quits in ("import sys; sys.exit(0)", "raise SystemExit"):
+        assert code_tests("", quits, ADD) == 0.0
+    for cheat in ("import os; os._exit(0)", "def add(a, b):\n    import os; os._exit(0)"):
+        with pytest.raises(ForgedPass):
+            code_tests("", cheat, ADD)
+    dies = "def add(a, b):\n    import os\n    if a == 2: os._exit(3)\n    return a + b"
+    assert code_tests("", dies, ADD) == pytest.approx(1 / 3)  # test 2 cannot ask it any more
 
 
 def test_the_program_is_the_fenced_block_or_the_template():
