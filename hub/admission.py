@@ -9,7 +9,9 @@ processes, off the event loop and under a deadline (`echo2p2p.scoring.scorer.Sco
 peer's text and reward are only checked against that. A share of submissions also have their
 behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
-before the peer hears of it, so a hub killed after the ack still has it when resumed.
+before the peer hears of it, so a hub killed after the ack still has it when resumed. With a
+reward that runs the completion's program, the answer leaves no earlier than a fixed time
+after arrival (`echo2p2p.hub.held`); a peer past its scoring budget is refused unscored.
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
@@ -35,6 +37,7 @@ from echo2p2p.staleness import lag_versions
 
 from .config import HubConfig
 from .durable import group_to_wire
+from .held import Held
 from .peers import PeerConn
 from .quarantine import TrustGuard
 
@@ -67,6 +70,9 @@ class Admission:
         self.vocab_size = vocab_size
         self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
         self.peers_score = setup is None or setup.peers_score  # their claims can be checked
+        # A reward that runs programs: answers wait this long after arrival (`hub.held`).
+        self.hold_s = (cfg.code_answer_hold_s or cfg.group_size * cfg.score_timeout_s) \
+            if setup is not None and setup.runs_programs else 0.0
         self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
 
@@ -108,18 +114,26 @@ class Admission:
         if isinstance(rows, str):
             self._refuse(conn, lease, rows)
             return
-        # Queued for scoring now (a task would start it an event loop turn later).
+        if self.cfg.score_budget_s and self.scorer.over_budget(conn.identity,
+                                                               self.cfg.score_budget_s):
+            self.counters.scoring_refused += 1  # its samples burnt the scorers' time lately
+            self._refuse(conn, lease, "scoring_budget")
+            return
+        # Queued for scoring now (a task would start it an event loop turn later), in the
+        # peer's own queue (the scorer serves the peer that used least first).
         scoring = self.scorer.submit_ids(lease.problem.problem,
                                          [s.token_ids for s in msg.samples],
                                          [s.text for s in msg.samples],
-                                         [s.turns for s in msg.samples] if self.episodes else None)
+                                         [s.turns for s in msg.samples] if self.episodes else None,
+                                         owner=conn.identity)
         pending = None
         if self.spot is not None and self.spot.wants():
             # The claimed version's weights are taken now, not once scored (they may rotate out).
             pending = self.spot.check(_unscored(lease, msg, rows))
         # One task per submission, scoring then spot-checking; no ack until both are done. It
         # holds lease budget meanwhile (`Hub.dispatch` counts `judging`).
-        task = asyncio.create_task(self._judge(conn, lease, msg, rows, scoring, pending))
+        answer_to = Held(conn, self.hold_s) if self.hold_s else conn
+        task = asyncio.create_task(self._judge(answer_to, lease, msg, rows, scoring, pending))
         self.judging.add(task)
         task.add_done_callback(self._check_done)
 

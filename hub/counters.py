@@ -28,6 +28,8 @@ class Counters:
     cut_off: int = 0  # peers that stopped reading
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
+    forged_passes: int = 0  # completions whose program tried to forge its tests' verdict
+    scoring_refused: int = 0  # rollouts refused unscored: their peer was over its scoring budget
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
 
@@ -60,6 +62,8 @@ class HubStatistics:
     spot_checked: int
     spot_failed: int
     relay_reports: int  # accusations heard, all peers and reasons
+    forged_passes: int
+    scoring_refused: int
 
 
 class Changes:
