@@ -33,6 +33,7 @@ from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.leases import LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
+from echo2p2p.scoring.scorer import OverBudget
 from echo2p2p.staleness import lag_versions
 
 from .config import HubConfig
@@ -109,13 +110,19 @@ class Admission:
         else:
             self._score(conn, lease, msg)
 
+    def over_budget(self, conn: PeerConn) -> bool:
+        """`conn`'s samples took more than `score_sample_budget_s` each lately, while other
+        peers score too (`echo2p2p.scoring.fairness`): its rollouts are refused unscored, and
+        the hub grants it no leases, until what it used has decayed."""
+        return bool(self.scorer is not None and self.cfg.score_sample_budget_s
+                    and self.scorer.over_budget(conn.identity, self.cfg.score_sample_budget_s))
+
     def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission) -> None:
         rows = parse_samples(msg.samples, self.vocab_size)  # parsed and validated once, here
         if isinstance(rows, str):
             self._refuse(conn, lease, rows)
             return
-        if self.cfg.score_budget_s and self.scorer.over_budget(conn.identity,
-                                                               self.cfg.score_budget_s):
+        if self.over_budget(conn):
             self.counters.scoring_refused += 1  # its samples burnt the scorers' time lately
             self._refuse(conn, lease, "scoring_budget")
             return
@@ -146,6 +153,12 @@ class Admission:
         problem = lease.problem.problem
         try:
             scored = await scoring
+        except OverBudget:  # its peer's samples burnt the scorer's time while this one waited
+            if pending is not None:
+                pending.close()
+            self.counters.scoring_refused += 1
+            self._refuse(conn, lease, "scoring_budget")
+            return False
         except BaseException:
             if pending is not None:
                 pending.close()

@@ -1,14 +1,15 @@
 """Fair queueing of scoring work over its owners (peers): who is scored next, and who is over budget.
 
-A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds, decayed
-exponentially with a time constant of `WINDOW_S` (so the figure is about the seconds used in
-the last minute). The next batch goes to the owner that used least: a peer whose samples burn
-the deadline falls behind every peer that scores cheaply, and waits for them. While several
-owners wait, a batch is one item, so an honest peer's group waits for at most one of another's
-items; alone, an owner gets up to `max_items` at once (one pipe round trip for many). An owner
-is over its budget while it used more than `budget_s` and more than any other owner waiting or
-scored lately: the hub then refuses its submissions before they are queued
-(`echo2p2p.hub.admission`).
+A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds and items
+scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures are about
+those of the last minute). The next batch goes to the owner that used least: a peer whose
+samples burn the deadline falls behind every peer that scores cheaply, and waits for them.
+While several owners wait, a batch is one item, so an honest peer's group waits for at most one
+of another's items; alone, an owner gets up to `max_items` at once (one pipe round trip for
+many). An owner is over its budget while its items took more than `per_item_s` each on average
+and it used more than `per_item_s` lately, and another owner is waiting or scored lately: the
+hub then refuses its submissions before they are queued (`echo2p2p.hub.admission`), until what
+it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
 Pure bookkeeping: the caller measures the seconds and passes `now`.
 """
 
@@ -27,7 +28,7 @@ class FairQueue:
 
     def __init__(self) -> None:
         self._queues: dict[Hashable, collections.deque[Any]] = {}
-        self._usage: dict[Hashable, tuple[float, float]] = {}  # owner -> (seconds, as of)
+        self._usage: dict[Hashable, tuple[float, float, float]] = {}  # (seconds, items, as of)
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -75,21 +76,27 @@ class FairQueue:
     def clear(self) -> None:
         self._queues.clear()
 
-    def charge(self, owner: Hashable, seconds: float, now: float) -> None:
-        """`owner`'s items took `seconds` of a worker, as of `now`."""
-        self._usage[owner] = (self.usage_s(owner, now) + max(0.0, seconds), now)
+    def charge(self, owner: Hashable, seconds: float, items: int, now: float) -> None:
+        """`items` of `owner`'s took `seconds` of a worker, as of `now`."""
+        used, scored = self._decayed(owner, now)
+        self._usage[owner] = (used + max(0.0, seconds), scored + items, now)
 
     def usage_s(self, owner: Hashable, now: float) -> float:
         """`owner`'s scoring seconds, decayed to `now` (about: used in the last minute)."""
-        used, at = self._usage.get(owner, (0.0, now))
-        return used * math.exp(-max(0.0, now - at) / WINDOW_S)
+        return self._decayed(owner, now)[0]
 
-    def over_budget(self, owner: Hashable, budget_s: float, now: float) -> bool:
-        """Whether `owner` used more than `budget_s`, and more than every other owner that is
-        waiting or scored lately (one that scores alone is never held back)."""
-        used = self.usage_s(owner, now)
-        others = [self.usage_s(o, now) for o in {*self._queues, *self._usage} - {owner}]
-        return used > budget_s and bool(others) and used > max(others)
+    def over_budget(self, owner: Hashable, per_item_s: float, now: float) -> bool:
+        """Whether `owner`'s items took more than `per_item_s` each lately, and more than
+        `per_item_s` in all, while another owner is waiting or scored lately (one that scores
+        alone is never held back)."""
+        used, scored = self._decayed(owner, now)
+        others = ({*self._queues, *self._usage} - {owner})
+        return used > per_item_s and used > per_item_s * scored and bool(others)
+
+    def _decayed(self, owner: Hashable, now: float) -> tuple[float, float]:
+        used, scored, at = self._usage.get(owner, (0.0, 0.0, now))
+        kept = math.exp(-max(0.0, now - at) / WINDOW_S)
+        return used * kept, scored * kept
 
     def forget(self, now: float, below_s: float = 1e-3) -> None:
         """Drop the usage of owners whose seconds have decayed to nothing (bounded memory)."""

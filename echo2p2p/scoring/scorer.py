@@ -53,12 +53,21 @@ MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue u
 DEFAULT_TIMEOUT_S = 5.0
 
 
+class OverBudget(Exception):
+    """A submission failed unscored: its owner's items took more than the scorer's per-item
+    budget lately (`Scorer(sample_budget_s=...)`). An outcome for the caller to refuse, with
+    the owner as its argument."""
+
+
 class Scorer:
     """Worker processes running `reward(key, completion)`, `timeout_s` per completion."""
 
     def __init__(self, reward: Callable[[str, str], float], *, decoder: Any = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer"):
-        """`decoder`: a `CompletionDecoder`, needed by `score_ids`."""
+                 timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer",
+                 sample_budget_s: float = 0.0):
+        """`decoder`: a `CompletionDecoder`, needed by `score_ids`. `sample_budget_s`: an
+        owner whose items take more than this each (`FairQueue.over_budget`) has what it still
+        has queued failed with `OverBudget` (0: never)."""
         if not timeout_s > 0 or workers < 1:
             raise ValueError(f"need timeout_s > 0 and workers >= 1, got {timeout_s}, {workers}")
         try:  # now, so that an unpicklable reward fails at start, not at the first rollout
@@ -70,6 +79,7 @@ class Scorer:
                              f"{exc}") from None
         self.reward, self.has_decoder = reward, decoder is not None
         self.timeout_s, self.n_workers, self.name = timeout_s, workers, name
+        self.sample_budget_s = sample_budget_s
         self._ctx = multiprocessing.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None  # the one loop that drives it all
         self._own_loop: threading.Thread | None = None  # that loop's thread, if it is ours
@@ -138,10 +148,10 @@ class Scorer:
         """`owner`'s scoring seconds of about the last minute (`FairQueue.usage_s`)."""
         return self._queue.usage_s(owner, time.monotonic())
 
-    def over_budget(self, owner: Hashable, budget_s: float) -> bool:
-        """Whether `owner` used more than `budget_s` of about the last minute and more than
-        any other owner waiting or scored lately (`FairQueue.over_budget`)."""
-        return self._queue.over_budget(owner, budget_s, time.monotonic())
+    def over_budget(self, owner: Hashable, per_item_s: float) -> bool:
+        """Whether `owner`'s items took more than `per_item_s` each lately, while others score
+        too (`FairQueue.over_budget`)."""
+        return self._queue.over_budget(owner, per_item_s, time.monotonic())
 
     def _submit(self, items: list[tuple], owner: Hashable) -> asyncio.Future[Scored]:
         self._bind()
@@ -306,9 +316,7 @@ class Scorer:
         worker.listening = False
         worker.timer.cancel()
         batch, worker.batch = worker.batch, None
-        now = time.monotonic()
-        self._queue.charge(batch[0][0].owner, now - worker.sent_at, now)
-        self._queue.forget(now)
+        self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at, len(batch))
         worker.started += len(batch)
         self._busy.discard(worker)
         self._idle.append(worker)
@@ -326,6 +334,18 @@ class Scorer:
         if self._failures <= 10 or self._failures % 100 == 0:
             log.warning("%s: a reward function failed (%s); that sample scores 0 (%d failures "
                         "so far)", self.name, why, self._failures)
+
+    def _charge(self, owner: Hashable, seconds: float, items: int) -> None:
+        """`owner`'s items took `seconds`; past its budget, what it has queued is failed with
+        `OverBudget` (its caller refuses them: the peer's queue no longer holds the others)."""
+        now = time.monotonic()
+        self._queue.charge(owner, seconds, items, now)
+        self._queue.forget(now)
+        if self.sample_budget_s and owner is not None and self._queue.over_budget(
+                owner, self.sample_budget_s, now):
+            for job in {job for job, _ in self._queue.drop(lambda e: e[0].owner == owner)}:
+                if not job.future.done():
+                    job.future.set_exception(OverBudget(owner))
 
     def _current(self, worker: w.WorkerProcess) -> tuple[int, float]:
         """(position in its batch, monotonic start) of the completion the worker is on."""
@@ -346,8 +366,8 @@ class Scorer:
         """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
         batch = worker.batch or []
         if batch:  # its owner pays for the time it held the worker, the deadline included
-            now = time.monotonic()
-            self._queue.charge(batch[0][0].owner, now - worker.sent_at, now)
+            self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at,
+                         int(culprit is not None))
         self._busy.discard(worker)
         self._drop(worker)
         if culprit is not None and culprit < len(batch):

@@ -165,10 +165,11 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
 BURN = "__import__('time').sleep(60)"  # to the sandbox's limit, every sample
 
 
-async def burn(run, name: str, refused: list[str]) -> None:
+async def burn(run, name: str, peers: dict[str, RawPeer]) -> None:
     """Take every lease offered and answer it with samples that sleep to the limit, without
-    waiting for the hub's answers; collect the reasons of refusals."""
+    waiting for the hub's answers (`peers[name]` is this connection)."""
     async with raw_peer(run.url, keep_alive=True) as peer:
+        peers[name] = peer
         assert await peer.hello(name=name, engine="transformers") is not None
         await peer.send("lease_request", n=4)
         done: set[str] = set()
@@ -179,7 +180,6 @@ async def burn(run, name: str, refused: list[str]) -> None:
             await peer.send("rollout", lease_id=lease["lease_id"], version=newest_version(peer),
                             samples=[sample(run.tokenizer, BURN)] * lease["group_size"])
             await peer.send("lease_request", n=1)
-            refused[:] = [f.get("reason", "") for f in peer.frames if f["t"] == "reject"]
 
 
 @pytest.mark.timeout(900)
@@ -187,13 +187,12 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
     """Four connections whose samples all run to the sandbox's limit: the scorer serves the
     honest peer first, refuses them past their budget, and training goes on."""
     r = row("R3-4. scoring saturation: 4 connections, every sample sleeps to the sandbox limit")
-    cfg = code_cfg(tmp_path, score_budget_s=8.0)
-    refused: dict[str, list[str]] = {f"burner-{i}": [] for i in range(4)}
+    cfg = code_cfg(tmp_path)
+    peers: dict[str, RawPeer] = {}
     async with hub_and_honest_peer(cfg) as (run, honest):
         without = await steps_per_min(run)
         async with asyncio.TaskGroup() as tg:
-            burners = [tg.create_task(burn(run, name, reasons))
-                       for name, reasons in refused.items()]
+            burners = [tg.create_task(burn(run, f"burner-{i}", peers)) for i in range(4)]
             try:
                 with_ = await steps_per_min(run)
                 since = mark(run, honest)
@@ -202,16 +201,23 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
                 honest_used = scorer.usage_s(run.hub.peers[peer_id(run, HONEST)].identity)
                 used = {conn.hello.name: scorer.usage_s(conn.identity)
                         for conn in run.hub.peers.values()}
+                cut_off = {conn.hello.name: run.hub.admission.over_budget(conn)
+                           for conn in run.hub.peers.values()}
             finally:
                 for task in burners:
                     task.cancel()
         r.hub_alive = yes(alive := await hub_alive(run))
+    refused = {name: [f.get("reason", "") for f in peer.frames if f["t"] == "reject"]
+               for name, peer in peers.items()}
     budget_refusals = sum(reasons.count("scoring_budget") for reasons in refused.values())
     r.steps_per_min = cell_rate(without, with_)
     r.reaction = (f"scoring_budget refusals {stats.scoring_refused} ({budget_refusals} seen by "
-                  f"the burners); scoring s of the last minute: honest {honest_used:.1f}, "
-                  f"burners {max(v for k, v in used.items() if k != HONEST):.1f} at most")
-    r.note = f"sandbox limit {SANDBOX_S:g} s, budget {cfg.score_budget_s:g} s/min, 1 worker"
+                  f"the burners so far: answers are held), burners leased nothing more "
+                  f"({sum(cut_off.values())} of 4 over budget); scoring s of the last minute: "
+                  f"honest {honest_used:.1f}, burners "
+                  f"{max(v for k, v in used.items() if k != HONEST):.1f} at most")
+    r.note = (f"sandbox limit {SANDBOX_S:g} s, budget {cfg.score_sample_budget_s:g} s a sample, "
+              f"1 worker")
     assert alive
-    assert stats.scoring_refused > 0 and budget_refusals > 0
-    assert all(v >= honest_used for k, v in used.items() if k != HONEST), used
+    assert stats.scoring_refused > 0
+    assert cut_off == {HONEST: False, **{f"burner-{i}": True for i in range(4)}}, cut_off
