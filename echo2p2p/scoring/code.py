@@ -189,8 +189,8 @@ class Judge:
         scope: dict[str, Any] = {"__name__": "__test__"}
         for name, what in names.items():
             if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")
-                    and isinstance(what, list) and what):
-                continue
+                    and not hasattr(builtins, name) and isinstance(what, list) and what):
+                continue  # a builtin's name: the tests' `sorted` stays Python's
             if what == ["call"]:
                 scope[name] = Remote(self, name)
             elif what[0] == "value" and len(what) == 2:

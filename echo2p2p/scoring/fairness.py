@@ -5,8 +5,9 @@ scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures
 those of the last minute). The next batch goes to the owner that used least: a peer whose
 samples burn the deadline falls behind every peer that scores cheaply, and waits for them.
 While several owners wait, a batch is one item, so an honest peer's group waits for at most one
-of another's items; alone, an owner gets up to `max_items` at once (one pipe round trip for
-many). An owner is over its budget while its items took more than `per_item_s` each on average
+of another's items; alone, an owner gets as many as its items' mean time says fit in
+`BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a time for an owner
+not yet measured or whose items are slow, as a program's run). An owner is over its budget while its items took more than `per_item_s` each on average
 and it used more than `per_item_s` lately, and another owner is waiting or scored lately: the
 hub then refuses its submissions before they are queued (`echo2p2p.hub.admission`), until what
 it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
@@ -21,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 WINDOW_S = 60.0  # the usage's time constant: seconds used long ago count less
+BATCH_S = 0.05  # what one batch should take, at its owner's mean: what another waits for at most
 
 
 class FairQueue:
@@ -50,11 +52,15 @@ class FairQueue:
             queue.extend(items)
 
     def pop(self, now: float, max_items: int) -> tuple[Hashable, list[Any]]:
-        """The next batch: the least-used waiting owner's first item, or up to `max_items`
-        of them if it is the only one waiting. Call only when not empty."""
+        """The next batch: the least-used waiting owner's first item, or, if it is the only
+        one waiting, as many as fit in `BATCH_S` at its mean (1 to `max_items`). Call only
+        when not empty."""
         owner = min(self._queues, key=lambda o: self.usage_s(o, now))
         queue = self._queues[owner]
-        take = max_items if len(self._queues) == 1 else 1
+        used, scored = self._decayed(owner, now)
+        take = 1
+        if len(self._queues) == 1 and scored > 0:
+            take = max(1, min(max_items, int(BATCH_S * scored / max(used, 1e-9))))
         batch = [queue.popleft() for _ in range(min(take, len(queue)))]
         if not queue:
             del self._queues[owner]
@@ -98,8 +104,9 @@ class FairQueue:
         kept = math.exp(-max(0.0, now - at) / WINDOW_S)
         return used * kept, scored * kept
 
-    def forget(self, now: float, below_s: float = 1e-3) -> None:
-        """Drop the usage of owners whose seconds have decayed to nothing (bounded memory)."""
+    def forget(self, now: float, below_items: float = 0.01) -> None:
+        """Drop the usage of owners idle long enough that their items scored have decayed to
+        nothing (about 5 minutes after one item): bounded memory."""
         for owner in [o for o in self._usage if o not in self._queues
-                      and self.usage_s(o, now) < below_s]:
+                      and self._decayed(o, now)[1] < below_items]:
             del self._usage[owner]

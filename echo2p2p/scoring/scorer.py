@@ -5,10 +5,11 @@ drives them from one event loop: the loop of its first `await scorer.score(...)`
 loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
 evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
 GRPO group, an evaluation batch), each for an owner (the hub's: a peer); a worker that is idle
-gets the items of the owner that used the least scoring time lately: all it has queued, up to
-`MAX_BATCH_ITEMS` (one pipe round trip for many groups under load), or one item while other
-owners wait (`echo2p2p.scoring.fairness`: a peer whose samples burn the deadline waits behind
-the others, and the hub refuses it past its budget). Its worker time is charged to it. The loop
+gets the items of the owner that used the least scoring time lately: one while other owners
+wait, else as many as its mean time per item says take ~50 ms, up to `MAX_BATCH_ITEMS` (one
+pipe round trip for many cheap ones under load) (`echo2p2p.scoring.fairness`: a peer whose
+samples burn the deadline waits behind the others, and past its budget what it has queued is
+failed with `OverBudget`). Its worker time is charged to it. The loop
 reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
 a submission costs two process wake-ups and no GIL hand-off.
 
@@ -96,9 +97,9 @@ class Scorer:
 
     # --- scoring -------------------------------------------------------------------------
 
-    async def score(self, items: Sequence[tuple[Any, str]]) -> Scored:
+    async def score(self, items: Sequence[tuple[Any, str]], owner: Hashable = None) -> Scored:
         """`submit`, awaited: the event loop goes on meanwhile."""
-        return await self.submit(items)
+        return await self.submit(items, owner)
 
     async def score_ids(self, key: Any, packed_ids: Sequence[bytes],
                         claimed: Sequence[str]) -> Scored:

@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from echo2p2p.scoring.code import ForgedPass, code_tests, program_of
-from echo2p2p.scoring.sandbox import run_python
+from echo2p2p.scoring.sandbox import INTERPRETER, run_python
 
 ROOT = Path(__file__).resolve().parents[3]
 ADD = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
@@ -242,3 +243,69 @@ def test_bad_limits_are_refused():
         code_tests("", "pass", {"tests": "pass", "timeout_s": -1})
     with pytest.raises(ValueError):
         code_tests("", "pass", {"tests": []})
+
+
+def test_a_root_callers_program_runs_as_nobody_and_finds_none_of_its_files(tmp_path, isolated):
+    """As root: the program is uid 65534, a 0600 file of the caller is not in its root at all,
+    and the caller's /proc/<pid>/root and environ do not open."""
+    need(isolated)
+    if os.geteuid() != 0:
+        pytest.skip("the uid change is a root caller's")
+    secret = tmp_path / "hub_key"
+    secret.write_bytes(b"k" * 32)
+    secret.chmod(0o600)
+    probe = ("import os\nprint(os.getuid(), os.getgid())\n"
+             f"for path in ({str(secret)!r}, '/proc/{os.getpid()}/root', "
+             f"'/proc/{os.getpid()}/environ'):\n"
+             "    try:\n        print(len(os.listdir(path) if path.endswith('root') else "
+             "open(path, 'rb').read()))\n"
+             "    except OSError as e:\n        print(type(e).__name__)\n"
+             "print(sorted(os.listdir('/')))\n")
+    result = run_python(probe)
+    assert result.passed and result.uid == 65534, result.why
+    lines = result.stdout_tail.splitlines()
+    assert lines[:4] == ["65534 65534", "FileNotFoundError", "PermissionError", "PermissionError"]
+    assert "etc" not in lines[4] and "home" not in lines[4]  # only what the interpreter needs
+
+
+def test_a_caller_that_is_not_root_keeps_its_uid_in_the_sandbox(tmp_path):
+    """The fallback: run by an unprivileged user, the program keeps that uid (reported), and
+    with user namespaces still finds no file of the caller's outside its root."""
+    secret = tmp_path / "hub_key"
+    secret.write_bytes(b"k" * 32)
+    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+              "from echo2p2p.scoring.sandbox import INTERPRETER, run_python\n"
+              f"r = run_python('print(open({str(secret)!r}).read())')\n"
+              "print(r.uid, r.isolated, r.passed)\n")
+    try:
+        done = subprocess.run([INTERPRETER, "-I", "-c", script, str(ROOT)], user=65533,
+                              group=65533, capture_output=True, text=True, timeout=60,
+                              cwd="/", env={"TMPDIR": str(tmp_path)})
+    except PermissionError:
+        pytest.skip(f"an unprivileged user cannot run {INTERPRETER} here (not root, or the "
+                    f"interpreter lies under a directory only root may enter)")
+    if done.returncode != 0:
+        pytest.skip(f"an unprivileged user cannot run the sandbox here: {done.stderr[-200:]}")
+    uid, isolated, passed = done.stdout.split()
+    assert uid == "65533"
+    if isolated == "True":
+        assert passed == "False"  # the caller's tmp_path is not in the program's root
+
+
+def test_no_verdict_comes_from_the_program():
+    """A program that prints the old pass line scores 0; one that prints its harness's decoy
+    is a forgery; an object whose __eq__ always says True passes no test; the program's names
+    cannot shadow the tests' builtins."""
+    row = {"program": "def answer():\n    return {completion}\n",
+           "tests": ["assert answer() % 10 == 0", "assert answer() == 110"]}
+    fake_line = "print('\\n' + 'ab' * 16, 0, 1) or 110 + 1"
+    assert code_tests("", fake_line, row) == 0.0
+    decoy = "print(open('main.py').read().split(\"'\")[1]) or 0"
+    with pytest.raises(ForgedPass):
+        code_tests("", decoy, row)
+    cheat = "type('E', (), {'__eq__': lambda s, o: True, '__mod__': lambda s, o: s})()"
+    assert code_tests("", cheat, row) == 0.0
+    assert code_tests("", "110", row) == 1.0
+    shadow = "def answer():\n    return 1\n__builtins__ = None\ndef sorted(x):\n    return 2\n"
+    assert code_tests("", shadow, {"tests": ["assert answer() == 1",
+                                             "assert sorted([2]) == [2]"]}) == 1.0
