@@ -3,7 +3,9 @@
 A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds and items
 scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures are about
 those of the last minute). The next batch goes to the owner that used least: a peer whose
-samples burn the deadline falls behind every peer that scores cheaply, and waits for them.
+samples burn the deadline falls behind every peer that scores cheaply, and waits for them; an
+owner with no item scored lately waits behind all that have one (else every new connection
+would be served first).
 While several owners wait, a batch is one item, so an honest peer's group waits for at most one
 of another's items; alone, an owner gets as many as its items' mean time says fit in
 `BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a time for an owner
@@ -52,10 +54,12 @@ class FairQueue:
             queue.extend(items)
 
     def pop(self, now: float, max_items: int) -> tuple[Hashable, list[Any]]:
-        """The next batch: the least-used waiting owner's first item, or, if it is the only
-        one waiting, as many as fit in `BATCH_S` at its mean (1 to `max_items`). Call only
-        when not empty."""
-        owner = min(self._queues, key=lambda o: self.usage_s(o, now))
+        """The next batch: the least-used waiting owner's first item (an owner not measured
+        yet goes after every measured one: a fresh connection is no way to the front), or, if
+        it is the only one waiting, as many as fit in `BATCH_S` at its mean (1 to
+        `max_items`). Call only when not empty."""
+        owner = min(self._queues, key=lambda o: (self._decayed(o, now)[1] == 0,
+                                                 self.usage_s(o, now)))
         queue = self._queues[owner]
         used, scored = self._decayed(owner, now)
         take = 1

@@ -175,17 +175,18 @@ def _binds() -> list[str]:
 @contextlib.contextmanager
 def _pipes(wanted: bool) -> Iterator[tuple[list[int], list[int]]]:
     """Two pipes for a `Channel` ([] and [] if not `wanted`): the program's ends (its in, its
-    out) and ours (to it, from it); ours are closed on exit, theirs once the child has them."""
+    out) and ours (to it, from it). Whoever closes one takes it out of its list; those left
+    are closed on exit (never one twice: its number may be another thread's file by then)."""
     if not wanted:
         yield [], []
         return
     (their_in, to_it), (from_it, their_out) = os.pipe(), os.pipe()
+    theirs, ours = [their_in, their_out], [to_it, from_it]
     try:
-        yield [their_in, their_out], [to_it, from_it]
+        yield theirs, ours
     finally:
-        for fd in (their_in, their_out, to_it, from_it):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        while theirs or ours:
+            os.close((theirs or ours).pop())
 
 
 def _run_child(root: str, argv: list[str], timeout_s: float, theirs: list[int],
@@ -200,14 +201,12 @@ def _run_child(root: str, argv: list[str], timeout_s: float, theirs: list[int],
                                  env={}, cwd=root, close_fds=True, pass_fds=theirs,
                                  start_new_session=True)
     try:
-        for fd in theirs:  # the child has them: our copies would hide its end's closing
-            os.close(fd)
-        theirs.clear()
+        while theirs:  # the child has them: our copies would hide its end's closing
+            os.close(theirs.pop())
         if talk is not None:
             talk(Channel(ours[0], ours[1], deadline))
-            for fd in ours:  # the program sees the end of its input: it is done
-                os.close(fd)
-            ours.clear()
+            while ours:  # the program sees the end of its input: it is done
+                os.close(ours.pop())
         timed_out = not _wait_exited(child, max(0.0, deadline - time.monotonic()))
         try:
             os.killpg(child.pid, signal.SIGKILL)  # what it left behind, or all of it

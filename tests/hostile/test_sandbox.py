@@ -138,9 +138,6 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
     against the peer as forged_pass."""
     r = row("R3-3. code reward forged: completion reads the harness token, prints the pass "
             "line, os._exit(0)")
-    row0 = json.loads(Path(code_task(tmp_path)).read_text().splitlines()[0])
-    with pytest.raises(code.ForgedPass):  # what the scoring worker turns into 0, noted FORGED
-        await asyncio.to_thread(code.code_tests, row0["prompt"], FORGERY, row0)
     cfg = code_cfg(tmp_path)
     async with hub_and_honest_peer(cfg) as (run, honest), \
             raw_peer(run.url, keep_alive=True) as forger:
@@ -151,15 +148,18 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
         r.honest_training = await still_training(run, honest, since)
         r.hub_alive = yes(alive := await hub_alive(run))
         events = run.hub.trust.events.get(forger.peer_id, {})
-        stats = run.hub.statistics()
-        r.reaction = (f"rollouts {', '.join(a['t'] + (' ' + a.get('reason', '')).rstrip() for a in answers)}; "
-                      f"forged_passes {stats.forged_passes}; forger forged_pass "
+        forged = getattr(run.hub.statistics(), "forged_passes", None)  # None: a hub without it
+        verdicts = ", ".join(f"{a['t']} {a.get('reason', '')}".strip() for a in answers)
+        r.reaction = (f"rollouts {verdicts}; forged_passes {forged}; forger forged_pass "
                       f"x{events.get('forged_pass', 0)}, trust "
                       f"{run.hub.trust.score(forger.peer_id):.1f}")
         r.note = f"{len(FORGERY)}-character completion; each sample scored 0"
     assert alive
     assert events.get("forged_pass", 0) == 2, events
-    assert stats.forged_passes == 2 * GROUP
+    assert forged == 2 * GROUP
+    row0 = json.loads(Path(cfg.task).read_text().splitlines()[0])
+    with pytest.raises(code.ForgedPass):  # what the scoring worker turns into 0, noted FORGED
+        await asyncio.to_thread(code.code_tests, row0["prompt"], FORGERY, row0)
 
 
 BURN = "__import__('time').sleep(60)"  # to the sandbox's limit, every sample
@@ -194,14 +194,15 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
         async with asyncio.TaskGroup() as tg:
             burners = [tg.create_task(burn(run, f"burner-{i}", peers)) for i in range(4)]
             try:
-                with_ = await steps_per_min(run)
+                r.steps_per_min = cell_rate(without, await steps_per_min(run))
                 since = mark(run, honest)
                 r.honest_training = await still_training(run, honest, since)
-                stats, scorer = run.hub.statistics(), run.hub.scorer
+                refusals = getattr(run.hub.statistics(), "scoring_refused", None)
+                scorer, admission = run.hub.scorer, run.hub.admission
                 honest_used = scorer.usage_s(run.hub.peers[peer_id(run, HONEST)].identity)
                 used = {conn.hello.name: scorer.usage_s(conn.identity)
                         for conn in run.hub.peers.values()}
-                cut_off = {conn.hello.name: run.hub.admission.over_budget(conn)
+                cut_off = {conn.hello.name: admission.over_budget(conn)
                            for conn in run.hub.peers.values()}
             finally:
                 for task in burners:
@@ -210,8 +211,7 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
     refused = {name: [f.get("reason", "") for f in peer.frames if f["t"] == "reject"]
                for name, peer in peers.items()}
     budget_refusals = sum(reasons.count("scoring_budget") for reasons in refused.values())
-    r.steps_per_min = cell_rate(without, with_)
-    r.reaction = (f"scoring_budget refusals {stats.scoring_refused} ({budget_refusals} seen by "
+    r.reaction = (f"scoring_budget refusals {refusals} ({budget_refusals} seen by "
                   f"the burners so far: answers are held), burners leased nothing more "
                   f"({sum(cut_off.values())} of 4 over budget); scoring s of the last minute: "
                   f"honest {honest_used:.1f}, burners "
@@ -219,5 +219,5 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
     r.note = (f"sandbox limit {SANDBOX_S:g} s, budget {cfg.score_sample_budget_s:g} s a sample, "
               f"1 worker")
     assert alive
-    assert stats.scoring_refused > 0
+    assert refusals > 0
     assert cut_off == {HONEST: False, **{f"burner-{i}": True for i in range(4)}}, cut_off

@@ -68,3 +68,14 @@ def test_an_owner_alone_gets_a_batch_its_mean_time_allows():
     assert q.pop(0.0, max_items=4) == ("new", [1, 2, 3, 4])
     q.charge("new", 100.0, 100, now=0.0)  # now ~1 s an item
     assert q.pop(0.0, max_items=256) == ("new", [5])
+
+
+def test_a_new_owner_waits_behind_measured_ones():
+    """An owner with nothing scored yet is served after one that has (a fresh connection does
+    not jump the queue), and before it once measured cheaper."""
+    q = FairQueue()
+    q.charge("honest", 5.0, 30, now=0.0)
+    q.push("fresh", ["f1", "f2"])
+    q.push("honest", ["h1"])
+    assert q.pop(0.0, max_items=256) == ("honest", ["h1"])
+    assert q.pop(0.0, max_items=256)[0] == "fresh"

@@ -181,7 +181,7 @@ async def test_a_cheap_owner_is_served_before_a_slow_ones_queue():
     """Owners are served least-used first: a peer whose items are slow waits behind a cheap
     one that arrived later, and its own items beyond the one running wait too."""
     with Scorer(sleepy_reward, timeout_s=5.0) as scorer:
-        await scorer.score([("", "0")])  # the worker is up
+        await scorer.score([("", "0")], owner="honest")  # the worker is up; honest measured
         slow = scorer.submit([("", "0.3")] * 4, owner="burner")
         while scorer.usage_s("burner") == 0:  # its first item is scored
             await asyncio.to_thread(lambda: None)
