@@ -168,8 +168,13 @@ class Judge:
     """The tests' side of one run: asks the program over the sandbox's channel."""
 
     def __init__(self, tests: Sequence[str]):
-        self.tests, self.passed, self.unanswered = list(tests), set(), False
+        self.tests, self.passed = list(tests), set()
         self.channel: sandbox.Channel | None = None
+
+    @property
+    def hung_up(self) -> bool:
+        """The program closed its end while the tests were asking it."""
+        return self.channel is not None and self.channel.hung_up
 
     def ask(self, question: list) -> Any:
         line = self.channel.ask(json.dumps(question).encode(), ANSWER_BYTES)
@@ -177,8 +182,6 @@ class Judge:
             return json.loads(line) if line is not None else None
         except (ValueError, RecursionError):
             return None
-        finally:
-            self.unanswered |= line is None
 
     def __call__(self, channel: sandbox.Channel) -> None:
         """Run every test against the program's names (`run_python`'s talk)."""
@@ -247,6 +250,6 @@ def run_tests(program: str, tests: Sequence[str], **limits: Any) -> set[int]:
                                 talk=judge, **limits)
     if decoy in result.stdout_tail or decoy in result.stderr_tail:
         raise ForgedPass("the program printed the harness's decoy token")
-    if judge.unanswered and result.exit_code == 0:
+    if judge.hung_up and result.exit_code == 0:
         raise ForgedPass("the program ended its process with status 0 before the tests did")
     return judge.passed

@@ -125,6 +125,7 @@ class Channel:
 
     def __init__(self, to_program: int, from_program: int, deadline: float):
         self._out, self._in, self.deadline = to_program, from_program, deadline
+        self.hung_up = False  # the program closed its end (it ended, or closed the pipes)
         os.set_blocking(to_program, False)
         os.set_blocking(from_program, False)
         self._buffer = b""
@@ -142,6 +143,7 @@ class Channel:
             except BlockingIOError:
                 continue
             except BrokenPipeError:
+                self.hung_up = True
                 return None
         while b"\n" not in self._buffer:
             if len(self._buffer) > max_bytes or not self._wait(write=False):
@@ -151,6 +153,7 @@ class Channel:
             except BlockingIOError:
                 continue
             if not more:
+                self.hung_up = True
                 return None
             self._buffer += more
         answer, _, self._buffer = self._buffer.partition(b"\n")

@@ -306,6 +306,8 @@ def test_no_verdict_comes_from_the_program():
     cheat = "type('E', (), {'__eq__': lambda s, o: True, '__mod__': lambda s, o: s})()"
     assert code_tests("", cheat, row) == 0.0
     assert code_tests("", "110", row) == 1.0
+    slow = {**row, "timeout_s": 0.5}  # out of time while the tests ask it: 0, no forgery
+    assert code_tests("", "[0 for _ in iter(int, 1)]", slow) == 0.0
     shadow = "def answer():\n    return 1\n__builtins__ = None\ndef sorted(x):\n    return 2\n"
     assert code_tests("", shadow, {"tests": ["assert answer() == 1",
                                              "assert sorted([2]) == [2]"]}) == 1.0
