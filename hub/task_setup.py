@@ -22,6 +22,7 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
+from echo2p2p.scoring.code import code_tests
 from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
                                       load_reward)
 from echo2p2p.tasks import REWARDS, EnvironmentTask, Problem, RecordsTask
@@ -54,7 +55,8 @@ class TaskSetup:
     def runs_programs(self) -> bool:
         """The reward runs the completion's program (`code_tests`): its run time is the
         completion's to choose, so the hub's answers are held (`HubConfig.code_answer_hold_s`)."""
-        return BUILTIN["code_tests"] in getattr(self.reward, "funcs", ())
+        funcs = getattr(self.reward, "funcs", ())
+        return BUILTIN["code_tests"] in funcs or code_tests in funcs
 
     @property
     def peers_score(self) -> bool:

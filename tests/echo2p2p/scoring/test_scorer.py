@@ -160,7 +160,9 @@ def test_scoring_deadlines_and_workers_are_validated_in_both_configs():
     from echo2p2p.peer.config import PeerConfig
 
     for bad in ({"score_timeout_s": 0.0}, {"score_timeout_s": float("nan")},
-                {"score_timeout_s": float("inf")}, {"score_workers": 0}):
+                {"score_timeout_s": float("inf")}, {"score_workers": 0},
+                {"score_sample_budget_s": -1.0}, {"score_sample_budget_s": float("nan")},
+                {"code_answer_hold_s": float("inf")}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             HubConfig(**bad)
     with pytest.raises(ConfigError, match="score_timeout_s"):
