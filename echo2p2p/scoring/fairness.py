@@ -1,18 +1,18 @@
-"""Fair queueing of scoring work over its owners (peers): who is scored next, and who is over budget.
+"""Fair queueing of scoring over its owners (peers): who is scored next, and who is over budget.
 
 A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds and items
 scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures are about
 those of the last minute). The next batch goes to the owner that used least: a peer whose
 samples burn the deadline falls behind every peer that scores cheaply, and waits for them; an
 owner with no item scored lately waits behind all that have one (else every new connection
-would be served first).
-While several owners wait, a batch is one item, so an honest peer's group waits for at most one
-of another's items; alone, an owner gets as many as its items' mean time says fit in
-`BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a time for an owner
-not yet measured or whose items are slow, as a program's run). An owner is over its budget while its items took more than `per_item_s` each on average
-and it used more than `per_item_s` lately, and another owner is waiting or scored lately: the
-hub then refuses its submissions before they are queued (`echo2p2p.hub.admission`), until what
-it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
+would be served first). While several owners wait, a batch is one item, so an honest peer's
+group waits for at most one of another's items; alone, an owner gets as many as its items' mean
+time says fit in `BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a
+time for an owner not yet measured or whose items are slow, as a program's run).
+An owner is over its budget while its items took more than `per_item_s` each on average and it
+used more than `per_item_s` lately, and another owner is waiting or scored lately: the hub then
+refuses its submissions (`echo2p2p.hub.admission`) and the scorer fails what it has queued,
+until what it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
 Pure bookkeeping: the caller measures the seconds and passes `now`.
 """
 

@@ -19,8 +19,9 @@ What it guarantees (Linux):
 - when this process may create namespaces (root: mount, PID and network ones; otherwise a user
   namespace too, if unprivileged ones are on), `isolated` in the result: its root directory is a
   new one (chroot) holding only the system's programs and libraries (/bin, /lib*, /usr), the
-  Python installation, /proc (for a root caller) and its working directory, all read-only but
-  that directory: nothing else of the host exists for it, the hub's run directory and key
+  Python installation, a /proc that shows it its own processes only (for a root caller:
+  hidepid, no other user's command line) and its working directory, all read-only but that
+  directory: nothing else of the host exists for it, the hub's run directory and key
   included. No network: the new namespace has only a loopback interface, down, so no
   connection succeeds, 127.0.0.1 included. Every process it starts dies with it (the kernel
   kills a PID namespace whole when its first process ends, and that one dies with this child).
@@ -264,7 +265,8 @@ def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> Sa
     else:
         why = ""
     return SandboxResult(passed=code == 0, exit_code=code, timed_out=timed_out,
-                         stdout_tail=stdout, stderr_tail=stderr, why=why, isolated=isolated, uid=uid)
+                         stdout_tail=stdout, stderr_tail=stderr, why=why, isolated=isolated,
+                         uid=uid)
 
 
 def _read(path: str, tail_bytes: int) -> str:

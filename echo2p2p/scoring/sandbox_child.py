@@ -3,7 +3,8 @@
 Started by `echo2p2p.scoring.sandbox.run_python` (read its docstring for what the sandbox
 guarantees). It sets the resource limits on itself, enters new mount, PID and network
 namespaces (and a new user namespace unless it is root) when the kernel allows, builds a new
-root holding only the interpreter's files, /proc (as root) and WORK, all read-only but WORK,
+root holding only the interpreter's files, a /proc of its own processes (as root) and WORK,
+all read-only but WORK,
 and chroots there; then forks the program's interpreter (`main.py` in WORK), which a root
 caller runs as uid/gid 65534 (nobody), waits for it and writes to REPORT: "isolated" or
 "not isolated: <why>" and "uid <uid>" before the program starts, "status <wait status>" after.
@@ -26,7 +27,7 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 1 << 14, 1 << 18
 LOCKED_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
                 "relatime": 1 << 21}  # a remount in a user namespace must keep these as they are
-MS_NOSUID, MS_NODEV = 2, 4
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 NOBODY = 65534  # the uid and gid a root caller's program runs as
 
@@ -42,8 +43,7 @@ def main(spec: dict) -> int:
         for name, value in spec["limits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         as_root = os.geteuid() == 0
-        problem = isolate(libc, work, root, spec["binds"] + (["/proc"] if as_root else []),
-                          user_namespace=not as_root)
+        problem = isolate(libc, work, root, spec["binds"], user_namespace=not as_root)
         report.write(f"not isolated: {problem}\n" if problem else "isolated\n")
         report.write(f"uid {NOBODY if as_root else os.getuid()}\n")
         die_with(libc, spec["parent"])
@@ -53,7 +53,7 @@ def main(spec: dict) -> int:
         if pid == 0:
             try:
                 die_with(libc, me)
-                if as_root or not problem:  # counted per user (namespace): nobody's, or the program's
+                if as_root or not problem:  # counted per uid (per user namespace)
                     limit = spec["processes"]
                     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
                 if as_root:  # setuid from root drops every capability
@@ -75,8 +75,10 @@ def main(spec: dict) -> int:
 def isolate(libc: ctypes.CDLL, work: str, root: str, binds: list[str],
             user_namespace: bool) -> str:
     """Enter new mount, PID and network namespaces (and a user namespace: `user_namespace`),
-    mount a tmpfs on `root`, bind `binds` and `work` into it at their own paths, make all of it
-    read-only but `work`, and chroot there; "" if done, else what failed (the program then
+    mount a tmpfs on `root`, bind `binds` and `work` into it at their own paths, without a user
+    namespace (root) a /proc where the program's uid sees its own processes only (hidepid: not
+    the hub's command line), make all of it read-only but `work`, and chroot there; "" if
+    done, else what failed (the program then
     runs with what was done). Nothing else of the host's files exists for the program: the
     hub's run directory and keys are not there to read. In a user namespace the program's uid
     stays unmapped, so its exec drops every capability: it cannot undo the mounts."""
@@ -100,6 +102,11 @@ def isolate(libc: ctypes.CDLL, work: str, root: str, binds: list[str],
         if libc.mount(path.encode(), inside.encode(), None, MS_BIND | MS_REC, None) != 0:
             return f"bind {path}: {os.strerror(ctypes.get_errno())}"
         kept.append(path)
+    if not user_namespace:  # root: a /proc that shows the program its own processes only
+        os.makedirs(root + "/proc")
+        if libc.mount(b"proc", (root + "/proc").encode(), b"proc",
+                      MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible") != 0:
+            return f"proc: {os.strerror(ctypes.get_errno())}"
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         mounts = [line.split() for line in f]
     inside_work = root + work

@@ -35,7 +35,8 @@ SCORE_DEADLINE_S = 1.5  # the scorer's, per completion: room for the sandbox's l
 GROUP = 4  # small_cfg's group_size: the answer hold is GROUP x SCORE_DEADLINE_S
 # The issue's forgery, shortened to 90 characters: the token is the first quoted string of the
 # old harness's main.py; print it with every test's index, then leave before any test runs.
-FORGERY = """__import__('os')._exit(print('\\n'+open('main.py').read().split("'")[1],0,1,2,flush=1)or 0)"""
+FORGERY = ("__import__('os')._exit(print('\\n'+open('main.py').read().split(\"'\")[1],0,1,2,"
+           "flush=1)or 0)")
 BIT_SLEEP_S = 0.3  # per sample, when the bit read is 1
 
 
