@@ -3,9 +3,10 @@
 A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds and items
 scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures are about
 those of the last minute). The next batch goes to the owner that used least: a peer whose
-samples burn the deadline falls behind every peer that scores cheaply, and waits for them; an
-owner with no item scored lately waits behind all that have one (else every new connection
-would be served first). While several owners wait, a batch is one item, so an honest peer's
+samples burn the deadline falls behind every peer that scores cheaply, and waits for them. An
+owner new to it starts level with the least-used owner waiting (as a new flow in weighted fair
+queueing starts at the system's virtual time): no owner starves, and a fresh connection gets
+no head start. While several owners wait, a batch is one item, so an honest peer's
 group waits for at most one of another's items; alone, an owner gets as many as its items' mean
 time says fit in `BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a
 time for an owner not yet measured or whose items are slow, as a program's run).
@@ -33,6 +34,7 @@ class FairQueue:
     def __init__(self) -> None:
         self._queues: dict[Hashable, collections.deque[Any]] = {}
         self._usage: dict[Hashable, tuple[float, float, float]] = {}  # (seconds, items, as of)
+        self._start: dict[Hashable, tuple[float, float]] = {}  # a newcomer's (seconds, as of)
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -42,11 +44,14 @@ class FairQueue:
         for queue in self._queues.values():
             yield from queue
 
-    def push(self, owner: Hashable, items: Iterable[Any], front: bool = False) -> None:
+    def push(self, owner: Hashable, items: Iterable[Any], now: float, front: bool = False) -> None:
         """Queue `items` for `owner` (`front`: ahead of its others, in their order)."""
         items = list(items)
         if not items:
             return
+        if owner not in self._usage and owner not in self._start:  # level with the least-used
+            self._start[owner] = (min((self._rank(o, now) for o in self._queues), default=0.0),
+                                  now)
         queue = self._queues.setdefault(owner, collections.deque())
         if front:
             queue.extendleft(reversed(items))
@@ -54,12 +59,10 @@ class FairQueue:
             queue.extend(items)
 
     def pop(self, now: float, max_items: int) -> tuple[Hashable, list[Any]]:
-        """The next batch: the least-used waiting owner's first item (an owner not measured
-        yet goes after every measured one: a fresh connection is no way to the front), or, if
-        it is the only one waiting, as many as fit in `BATCH_S` at its mean (1 to
-        `max_items`). Call only when not empty."""
-        owner = min(self._queues, key=lambda o: (self._decayed(o, now)[1] == 0,
-                                                 self.usage_s(o, now)))
+        """The next batch: the least-used waiting owner's first item, or, if it is the only
+        one waiting, as many as fit in `BATCH_S` at its mean (1 to `max_items`). Call only
+        when not empty."""
+        owner = min(self._queues, key=lambda o: self._rank(o, now))
         queue = self._queues[owner]
         used, scored = self._decayed(owner, now)
         take = 1
@@ -103,6 +106,11 @@ class FairQueue:
         others = ({*self._queues, *self._usage} - {owner})
         return used > per_item_s and used > per_item_s * scored and bool(others)
 
+    def _rank(self, owner: Hashable, now: float) -> float:
+        """What orders the owners: the seconds used, plus a newcomer's start, decayed."""
+        start, at = self._start.get(owner, (0.0, now))
+        return self.usage_s(owner, now) + start * math.exp(-max(0.0, now - at) / WINDOW_S)
+
     def _decayed(self, owner: Hashable, now: float) -> tuple[float, float]:
         used, scored, at = self._usage.get(owner, (0.0, 0.0, now))
         kept = math.exp(-max(0.0, now - at) / WINDOW_S)
@@ -111,6 +119,8 @@ class FairQueue:
     def forget(self, now: float, below_items: float = 0.01) -> None:
         """Drop the usage of owners idle long enough that their items scored have decayed to
         nothing (about 5 minutes after one item): bounded memory."""
-        for owner in [o for o in self._usage if o not in self._queues
-                      and self._decayed(o, now)[1] < below_items]:
-            del self._usage[owner]
+        for owner in [o for o in {*self._usage, *self._start} if o not in self._queues
+                      and self._decayed(o, now)[1] < below_items
+                      and self._rank(o, now) < below_items]:
+            self._usage.pop(owner, None)
+            self._start.pop(owner, None)

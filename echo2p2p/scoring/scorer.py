@@ -161,7 +161,7 @@ class Scorer:
         if not items:
             job.future.set_result(Scored([]))
             return job.future
-        self._queue.push(owner, ((job, i) for i in range(len(items))))
+        self._queue.push(owner, ((job, i) for i in range(len(items))), time.monotonic())
         job.future.add_done_callback(self._forget)
         self._spawn_missing()
         self._pump()
@@ -387,7 +387,7 @@ class Scorer:
             job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED, ""))
             batch = batch[:culprit] + batch[culprit + 1:]
         if batch:
-            self._queue.push(batch[0][0].owner, batch, front=True)
+            self._queue.push(batch[0][0].owner, batch, time.monotonic(), front=True)
         self._restarts += 1
         self._spawn_missing()
 

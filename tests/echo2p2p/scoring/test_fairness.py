@@ -13,8 +13,8 @@ from echo2p2p.scoring.fairness import WINDOW_S, FairQueue
 def test_the_least_used_owner_is_served_first_one_item_at_a_time():
     """While two owners wait, the one that used less gets the next item, one item per batch."""
     q = FairQueue()
-    q.push("burner", ["b1", "b2"])
-    q.push("honest", ["h1", "h2"])
+    q.push("burner", ["b1", "b2"], now=0.0)
+    q.push("honest", ["h1", "h2"], now=0.0)
     q.charge("burner", 4.0, 4, now=0.0)
     q.charge("honest", 0.5, 4, now=0.0)
     assert q.pop(1.0, max_items=256) == ("honest", ["h1"])
@@ -52,17 +52,17 @@ def test_an_owner_is_over_budget_only_with_slow_items_and_others_scoring():
 def test_drop_and_push_front_keep_order():
     """Dropped items come back; items pushed in front go first, in their order."""
     q = FairQueue()
-    q.push("a", [1, 2, 3])
-    q.push("b", [4])
+    q.push("a", [1, 2, 3], now=0.0)
+    q.push("b", [4], now=0.0)
     assert q.drop(lambda x: x in (2, 4)) == [2, 4]
-    q.push("a", [7, 8], front=True)
+    q.push("a", [7, 8], now=0.0, front=True)
     assert list(q) == [7, 8, 1, 3]
 
 
 def test_an_owner_alone_gets_a_batch_its_mean_time_allows():
     """Alone, an unmeasured owner gets one item; a cheap one up to max_items; a slow one, one."""
     q = FairQueue()
-    q.push("new", list(range(10)))
+    q.push("new", list(range(10)), now=0.0)
     assert q.pop(0.0, max_items=256) == ("new", [0])
     q.charge("new", 0.001, 100, now=0.0)  # 10 us an item
     assert q.pop(0.0, max_items=4) == ("new", [1, 2, 3, 4])
@@ -70,12 +70,15 @@ def test_an_owner_alone_gets_a_batch_its_mean_time_allows():
     assert q.pop(0.0, max_items=256) == ("new", [5])
 
 
-def test_a_new_owner_waits_behind_measured_ones():
-    """An owner with nothing scored yet is served after one that has (a fresh connection does
-    not jump the queue), and before it once measured cheaper."""
+def test_a_new_owner_starts_level_with_the_least_used_waiting_one():
+    """An owner new to the queue gets no head start over the peers waiting (it ranks as the
+    least-used of them), and is not starved by them either: it is next once that one is
+    charged for an item."""
     q = FairQueue()
     q.charge("honest", 5.0, 30, now=0.0)
-    q.push("fresh", ["f1", "f2"])
-    q.push("honest", ["h1"])
+    q.push("honest", ["h1", "h2"], now=0.0)
+    q.push("fresh", ["f1", "f2"], now=0.0)
     assert q.pop(0.0, max_items=256) == ("honest", ["h1"])
-    assert q.pop(0.0, max_items=256)[0] == "fresh"
+    q.charge("honest", 0.2, 1, now=0.0)
+    assert q.pop(0.0, max_items=256) == ("fresh", ["f1"])
+    assert not q.over_budget("fresh", 1.0, now=0.0)  # its start orders it, it is no usage
