@@ -164,6 +164,7 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
 
 
 BURN = "__import__('time').sleep(60)"  # to the sandbox's limit, every sample
+RATE_STEPS = 10  # steps per rate measured: at ~1 s a step, 3 would see only the first burst
 
 
 async def burn(run, name: str, peers: dict[str, RawPeer]) -> None:
@@ -191,11 +192,11 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
     cfg = code_cfg(tmp_path)
     peers: dict[str, RawPeer] = {}
     async with hub_and_honest_peer(cfg) as (run, honest):
-        without = await steps_per_min(run)
+        without = await steps_per_min(run, RATE_STEPS)
         async with asyncio.TaskGroup() as tg:
             burners = [tg.create_task(burn(run, f"burner-{i}", peers)) for i in range(4)]
             try:
-                r.steps_per_min = cell_rate(without, await steps_per_min(run))
+                r.steps_per_min = cell_rate(without, await steps_per_min(run, RATE_STEPS))
                 since = mark(run, honest)
                 r.honest_training = await still_training(run, honest, since)
                 refusals = getattr(run.hub.statistics(), "scoring_refused", None)
