@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report",
-          "observation_mismatch",
-          "lease_expired", "bad_rollout")
+          "observation_mismatch", "lease_expired", "bad_rollout", "forged_pass")
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,9 @@ class TrustPolicy:
         # A rollout of ids no engine emits (`bad_tokens`, `bad_turns`): a reject that would
         # otherwise be free, lease after lease.
         "bad_rollout": 0.1,
+        # A completion whose program printed its harness's decoy token or exited 0 in the
+        # middle of its tests (`echo2p2p.scoring.code`): written to forge a reward.
+        "forged_pass": 0.3,
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

@@ -11,7 +11,9 @@ behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck
 of a peer on probation, fewer as its record grows (`echo2p2p.trust.check_fraction`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
 before the peer hears of it, so a hub killed after the ack still has it when resumed; so is
-the withdrawal of a quarantined peer's groups still queued (`withdraw`).
+the withdrawal of a quarantined peer's groups still queued (`withdraw`). With a reward that
+runs the completion's program, the answer leaves no earlier than a fixed time after arrival
+(`echo2p2p.hub.held`); a peer past its scoring budget is refused unscored.
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
@@ -34,10 +36,12 @@ from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
+from echo2p2p.scoring.scorer import OverBudget
 from echo2p2p.staleness import lag_versions
 
 from .config import HubConfig
 from .durable import group_to_wire
+from .held import Held
 from .peers import PeerConn
 from .quarantine import TrustGuard
 
@@ -74,6 +78,9 @@ class Admission:
         self.quota = LeaseQuota(QuotaPolicy(start=cfg.new_peer_leases))  # earned by admissions
         self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
         self.peers_score = setup is None or setup.peers_score  # their claims can be checked
+        # A reward that runs programs: answers wait this long after arrival (`hub.held`).
+        self.hold_s = (cfg.code_answer_hold_s or cfg.group_size * cfg.score_timeout_s) \
+            if setup is not None and setup.runs_programs else 0.0
         self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
 
@@ -113,16 +120,29 @@ class Admission:
         else:
             self._score(conn, lease, msg)
 
+    def over_budget(self, conn: PeerConn) -> bool:
+        """`conn`'s samples took more than `score_sample_budget_s` each lately, while other
+        peers score too (`echo2p2p.scoring.fairness`): its rollouts are refused unscored, and
+        the hub grants it no leases, until what it used has decayed."""
+        return bool(self.scorer is not None and self.cfg.score_sample_budget_s
+                    and self.scorer.over_budget(conn.identity, self.cfg.score_sample_budget_s))
+
     def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission) -> None:
         rows = parse_samples(msg.samples, self.vocab_size)  # parsed and validated once, here
         if isinstance(rows, str):
             self._refuse(conn, lease, rows)
             return
-        # Queued for scoring now (a task would start it an event loop turn later).
+        if self.over_budget(conn):
+            self.counters.scoring_refused += 1  # its samples burnt the scorers' time lately
+            self._refuse(conn, lease, "scoring_budget")
+            return
+        # Queued for scoring now (a task would start it an event loop turn later), in the
+        # peer's own queue (the scorer serves the peer that used least first).
         scoring = self.scorer.submit_ids(lease.problem.problem,
                                          [s.token_ids for s in msg.samples],
                                          [s.text for s in msg.samples],
-                                         [s.turns for s in msg.samples] if self.episodes else None)
+                                         [s.turns for s in msg.samples] if self.episodes else None,
+                                         owner=conn.identity)
         pending = None
         if self.spot is not None and self.spot.wants(
                 self.trust.check_fraction(conn, self.spot.fraction)):
@@ -130,7 +150,8 @@ class Admission:
             pending = self.spot.check(_unscored(lease, msg, rows))
         # One task per submission, scoring then spot-checking; no ack until both are done. It
         # holds lease budget meanwhile (`Hub.dispatch` counts `judging`).
-        task = asyncio.create_task(self._judge(conn, lease, msg, rows, scoring, pending))
+        answer_to = Held(conn, self.hold_s) if self.hold_s else conn
+        task = asyncio.create_task(self._judge(answer_to, lease, msg, rows, scoring, pending))
         self.judging.add(task)
         task.add_done_callback(self._check_done)
 
@@ -143,6 +164,12 @@ class Admission:
         problem = lease.problem.problem
         try:
             scored = await scoring
+        except OverBudget:  # its peer's samples burnt the scorer's time while this one waited
+            if pending is not None:
+                pending.close()
+            self.counters.scoring_refused += 1
+            self._refuse(conn, lease, "scoring_budget")
+            return False
         except BaseException:
             if pending is not None:
                 pending.close()
@@ -167,6 +194,9 @@ class Admission:
                                                for s, r in zip(msg.samples, rewards))
         if not fair:
             self.trust.distrust(conn, "reward_mismatch")
+        if scored.forged:  # a program written to forge its tests' verdict: scored 0 already
+            self.counters.forged_passes += scored.forged
+            self.trust.distrust(conn, "forged_pass")
         if self.trust.quarantined(conn):  # by these lies, or by another submission meanwhile
             if pending is not None:
                 pending.close()

@@ -233,6 +233,19 @@ class HubConfig:
     score_workers: int = 1
     """Worker processes scoring rollouts (each a full Python with the task's verifier). More:
     a verifier that overruns stalls only one of them, and scoring uses more cores."""
+    score_sample_budget_s: float = 1.0
+    """Scoring seconds one peer's samples may take each, on average over about the last
+    minute, while other peers score too: past it its rollouts are refused unscored
+    ("scoring_budget") until what it used has decayed below this (about a minute and a half
+    after a group that burnt the deadline). The scorer serves the peer that used least first
+    anyway. Lower: samples that burn the deadline are cut off sooner; too low refuses honest
+    peers whose verifier is slow (code: ~0.1-0.3 s a sample; math-verify: ms) (0 = none)."""
+    code_answer_hold_s: float = 0.0
+    """With a reward that runs the completion's program (code_tests): the hub's answer to a
+    rollout leaves no earlier than this many seconds after the rollout arrived, so its timing
+    tells nothing of how long the programs ran (what is admitted is trained on at once; only
+    the answer waits). 0 = group_size x score_timeout_s, the longest one group's scoring may
+    take; an answer judged later than that (a scorer backed up) leaves when judged."""
     tokens: str = ""
     """Token file (`echo2-hub token create --file FILE`): only peers presenting one of its
     unrevoked tokens may join. '' = anyone may join."""
@@ -280,6 +293,9 @@ class HubConfig:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.score_timeout_s == float("inf"):  # a deadline that never comes is none
             raise ConfigError("score_timeout_s", "must be finite")
+        for name in ("score_sample_budget_s", "code_answer_hold_s"):  # 0: see each
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ConfigError(name, f"must be >= 0 and finite, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
         if not 0 <= self.port < 65536:

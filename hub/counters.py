@@ -31,6 +31,8 @@ class Counters:
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
     withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
     leases_expired: int = 0  # leases whose connected holder let them run out (hub.server)
+    forged_passes: int = 0  # completions whose program tried to forge its tests' verdict
+    scoring_refused: int = 0  # rollouts refused unscored: their peer was over its scoring budget
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
 
@@ -68,6 +70,8 @@ class HubStatistics:
     joins_too_often: int
     catch_up_builds: int  # catch-up deltas encoded (hub.catchup)
     catch_up_shared: int  # catch-up deltas a peer got from the cache, another's encode
+    forged_passes: int
+    scoring_refused: int
 
 
 class Changes:

@@ -142,11 +142,14 @@ def _offsets(layout: list) -> list[int]:
 
 
 def load_or_make_key(path: Path) -> bytes:
-    """The hub's Ed25519 signing key: read from `path`, or made at first start and kept there."""
+    """The hub's Ed25519 signing key: read from `path`, or made at first start and kept there;
+    either way readable by its owner only (mode 0600)."""
     if path.exists():
         key = path.read_bytes()
         if len(key) != signing.KEY_BYTES:
             raise ValueError(f"{path}: not a raw 32-byte Ed25519 key")
+        if path.stat().st_mode & 0o077:  # readable by others (made by hand, or copied)
+            path.chmod(0o600)
         return key
     key = signing.new_private_key()
     path.touch(mode=0o600)

@@ -106,6 +106,7 @@ class Hub:
         self.spot = spot
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
             self.setup.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
+            sample_budget_s=cfg.score_sample_budget_s,
             workers=cfg.score_workers, name="hub-scorer")
         self.admission = Admission(
             cfg, self.leases, self.buffer, self.pool, self.counters, self.guard,
@@ -159,7 +160,8 @@ class Hub:
         """Grant leases to peers with credits as budget and quotas (`hub.leasing`) allow, newest first."""
         cfg = self.cfg
         ready = sorted((p for p in self.peers.values() if p.credits > 0
-                        and self.pool.is_active(p.peer_id) and not self.guard.quarantined(p)),
+                        and self.pool.is_active(p.peer_id) and not self.guard.quarantined(p)
+                        and not self.admission.over_budget(p)),
                        key=lambda p: -1 if p.held_version is None else p.held_version, reverse=True)
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):

@@ -22,7 +22,9 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
-from echo2p2p.scoring.rewards import ByAnswer, EpisodeReplay, RewardFunctions, load_reward
+from echo2p2p.scoring.code import code_tests
+from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
+                                      load_reward)
 from echo2p2p.tasks import REWARDS, EnvironmentTask, Problem, RecordsTask
 
 from .config import HubConfig
@@ -48,6 +50,13 @@ class TaskSetup:
     @property
     def env(self) -> str:
         return self.task.name if isinstance(self.task, EnvironmentTask) else ""
+
+    @property
+    def runs_programs(self) -> bool:
+        """The reward runs the completion's program (`code_tests`): its run time is the
+        completion's to choose, so the hub's answers are held (`HubConfig.code_answer_hold_s`)."""
+        funcs = getattr(self.reward, "funcs", ())
+        return BUILTIN["code_tests"] in funcs or code_tests in funcs
 
     @property
     def peers_score(self) -> bool:

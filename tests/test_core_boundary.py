@@ -30,9 +30,9 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "policy": {"inspect", "os", "pathlib", "string", "threading", "numpy", "tokenizers",
                "torch", "transformers", "vllm"},
     "overlay": {"asyncio", "aiohttp", "urllib"},
-    "scoring": {"asyncio", "concurrent", "ctypes", "importlib", "inspect", "multiprocessing",
-                "os", "pickle", "resource", "select", "shutil", "signal", "subprocess",
-                "tempfile", "threading"},
+    "scoring": {"asyncio", "builtins", "concurrent", "ctypes", "importlib", "inspect",
+                "multiprocessing", "os", "pickle", "resource", "select", "shutil", "signal",
+                "subprocess", "tempfile", "threading"},
     "runtime": {"asyncio", "aiohttp", "importlib", "os", "prometheus_client", "socket", "tqdm",
                 "uvloop"},
 }

@@ -1,7 +1,7 @@
 """The code task's reward: a completion's program run against its row's tests in the sandbox.
 
-`code_tests(prompt, completion, row)` builds a program from the completion, runs it and then the
-row's tests in one sandboxed process (`echo2p2p.scoring.sandbox`), and scores the tests passed.
+`code_tests(prompt, completion, row)` builds a program from the completion, runs it in the
+sandbox (`echo2p2p.scoring.sandbox`), runs the row's tests against it, and scores those passed.
 Row fields (JSON values):
 - "tests": Python source, one string (reward 1.0 if it runs without raising, else 0.0) or a list
   of them (reward: the fraction that run without raising; each runs even if one before failed);
@@ -11,18 +11,30 @@ Row fields (JSON values):
   "{prompt}{completion}" says the completion continues the prompt; "x = {completion}" makes it
   an expression;
 - "timeout_s", "memory_bytes", "file_bytes" (optional): the sandbox's limits (2 s, 256 MiB and
-  1 MiB by default). The scorer's deadline must leave room for timeout_s and ~0.1 s of start-up.
-The program and then each test are exec'd in one namespace (the tests see the program's names);
-the harness then prints a random token and the indices of the tests that passed, as its last
-line. Nothing counts without that line and an exit status of 0, so a program that ends the
-process early (`sys.exit()`, `os._exit(0)`) or breaks its output passes no test.
-What it does not stop: a program that reads its own source or stack frames can find the token
-and forge the line; and the tests trust the program's objects (an `__eq__` that always says
-True passes `assert f() == 3`). A policy that learns such tricks needs tests written against them.
+  1 MiB by default; the program's time includes answering the tests). The scorer's deadline
+  must leave room for timeout_s and ~0.1 s of start-up.
+The program runs in the sandbox, as a process of its own; the tests never do. They run here,
+in the scorer's worker (they are the row's, the operator's code, as reward functions are), in a
+namespace holding the program's names: its functions as `Remote`s that call it over a pipe
+with plain arguments, its other globals as plain values (`CODEC`: None, bools, numbers, str,
+bytes, and lists, tuples, sets and dicts of them). Nothing of the verdict comes from the
+program's process, so no line it prints and no status it exits with can pass a test; and a
+test compares plain values, so an object whose `__eq__` always says True is not one.
+A program that tries to forge a verdict anyway is told apart: its harness holds a decoy token
+(printing it is reading the harness to forge its line), and a program that ends its process
+with status 0 while the tests are still asking it is exiting "successfully" instead of
+answering. Either raises `ForgedPass`, which the hub scores 0 and counts against the peer.
+What it does not stop: a program that answers the tests' calls right without being what the
+task asked (a lookup table of the tests' inputs, say). Tests that need the program's own
+objects (instances of its classes, callbacks) cannot see them: give them plain values.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import json
+import logging
 import math
 import os
 import re
@@ -35,22 +47,165 @@ DEFAULTS = {"timeout_s": sandbox.DEFAULT_TIMEOUT_S, "memory_bytes": sandbox.DEFA
             "file_bytes": sandbox.DEFAULT_FILE_BYTES}
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 FIELD = re.compile(r"\{(prompt|completion|code)\}")
+log = logging.getLogger(__name__)
 
-HARNESS = '''\
-import sys
-_token, _program, _tests = {token!r}, {program!r}, {tests!r}
+# Plain values as JSON, both ways: None, bool, int, float and str as themselves; list, tuple,
+# set, frozenset, dict and bytes tagged ({"tuple": [...]}, {"dict": [[k, v], ...]}). Exec'd
+# here and pasted into the program's harness: one codec for both sides.
+CODEC = """\
+def _plain(v, depth=0):
+    t = type(v)
+    if v is None or t in (bool, int, float, str):
+        return v
+    if depth > 32:
+        raise ValueError("nested too deep")
+    if t in (list, tuple, set, frozenset):
+        return {t.__name__: [_plain(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"dict": [[_plain(k, depth + 1), _plain(x, depth + 1)] for k, x in v.items()]}
+    if t is bytes:
+        return {"bytes": v.hex()}
+    raise TypeError(f"a {t.__name__} is no plain value")
+
+
+def _value(v, depth=0):
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if type(v) is not dict or len(v) != 1 or depth > 32:
+        raise ValueError("not a plain value")
+    (tag, x), = v.items()
+    if tag == "bytes" and type(x) is str:
+        return bytes.fromhex(x)
+    if type(x) is not list:
+        raise ValueError("not a plain value")
+    if tag == "dict":
+        return {_value(k, depth + 1): _value(y, depth + 1) for k, y in x}
+    kinds = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    if tag not in kinds:
+        raise ValueError("not a plain value")
+    return kinds[tag](_value(y, depth + 1) for y in x)
+"""
+
+# The program's side: run the program, then answer the judge's questions on the pipes
+# (`main.py IN OUT`): "names" (its globals: callables, and values as plain data) and "call"
+# (a function of it on plain arguments: its plain result or the exception's type and text).
+# The decoy is never read back: no verdict comes from this process (module docstring).
+SERVE = """\
+import json, os, sys
+_decoy = {decoy!r}
+_program = {program!r}
+{codec}
+_in, _out = os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb")
 _scope = {{"__name__": "__main__"}}
-exec(compile(_program, "<program>", "exec"), _scope)
-_passed = []
-for _i, _test in enumerate(_tests):
+try:
+    exec(compile(_program, "<program>", "exec"), _scope)
+except BaseException as _e:
+    print(f"the program failed: {{type(_e).__name__}}: {{_e}}"[:300], file=sys.stderr)
+    _scope = None
+
+
+def _answer(ask):
+    if _scope is None:
+        return ["failed"]
+    if ask[0] == "names":
+        names = {{}}
+        for name, v in list(_scope.items())[:1000]:
+            if callable(v):
+                names[name] = ["call"]
+            else:
+                try:
+                    names[name] = ["value", _plain(v)]
+                except (TypeError, ValueError):
+                    pass
+        return names
     try:
-        exec(compile(_test, f"<test {{_i}}>", "exec"), _scope)
-    except Exception as _e:
-        print(f"test {{_i}} failed: {{type(_e).__name__}}: {{_e}}"[:300], file=sys.stderr)
-    else:
-        _passed.append(_i)
-print("\\n" + _token, *_passed, flush=True)  # on a line of its own
-'''
+        return ["ok", _plain(_scope[ask[1]](*_value(ask[2]), **_value(ask[3])))]
+    except Exception as e:
+        return ["raise", type(e).__name__, str(e)[:300]]
+
+
+for _line in _in:
+    _out.write(json.dumps(_answer(json.loads(_line))).encode() + b"\\n")
+    _out.flush()
+"""
+_codec: dict[str, Any] = {}
+exec(CODEC, _codec)  # noqa: S102 -- our own source, above
+plain, value = _codec["_plain"], _codec["_value"]
+ANSWER_BYTES = 2**20  # the most one answer of the program may hold
+
+
+class ForgedPass(Exception):
+    """A completion's program tried to forge the harness's verdict: it printed the decoy token
+    or ended its process with status 0 while the tests were asking it. Raised by `code_tests`
+    (a reward returns a float: this is its one way to say more); the scoring worker scores the
+    sample 0 and notes it, and the hub counts it against the peer's trust."""
+
+
+class ProgramGone(Exception):
+    """The program did not answer (it ended, broke the protocol or ran out of time)."""
+
+
+class Remote:
+    """A function of the program, called from a test: plain arguments there, a plain result (or
+    the exception it raised, as a builtin exception of that name if one exists) back."""
+
+    def __init__(self, judge: Judge, name: str):
+        self.judge, self.name = judge, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        answer = self.judge.ask(["call", self.name, plain(args), plain(kwargs)])
+        if isinstance(answer, list) and len(answer) == 2 and answer[0] == "ok":
+            return value(answer[1])
+        if isinstance(answer, list) and len(answer) == 3 and answer[0] == "raise":
+            cls = getattr(builtins, str(answer[1]), None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                raise cls(str(answer[2]))
+            raise RuntimeError(f"{answer[1]}: {answer[2]}")
+        raise ProgramGone(f"{self.name}: no answer")
+
+
+class Judge:
+    """The tests' side of one run: asks the program over the sandbox's channel."""
+
+    def __init__(self, tests: Sequence[str]):
+        self.tests, self.passed = list(tests), set()
+        self.channel: sandbox.Channel | None = None
+
+    @property
+    def hung_up(self) -> bool:
+        """The program closed its end while the tests were asking it."""
+        return self.channel is not None and self.channel.hung_up
+
+    def ask(self, question: list) -> Any:
+        line = self.channel.ask(json.dumps(question).encode(), ANSWER_BYTES)
+        try:
+            return json.loads(line) if line is not None else None
+        except (ValueError, RecursionError):
+            return None
+
+    def __call__(self, channel: sandbox.Channel) -> None:
+        """Run every test against the program's names (`run_python`'s talk)."""
+        self.channel = channel
+        names = self.ask(["names"])
+        if not isinstance(names, dict):
+            return
+        scope: dict[str, Any] = {"__name__": "__test__"}
+        for name, what in names.items():
+            if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+                    and not hasattr(builtins, name) and isinstance(what, list) and what):
+                continue  # a builtin's name: the tests' `sorted` stays Python's
+            if what == ["call"]:
+                scope[name] = Remote(self, name)
+            elif what[0] == "value" and len(what) == 2:
+                with contextlib.suppress(ValueError, TypeError, RecursionError):
+                    scope[name] = value(what[1])
+        for i, test in enumerate(self.tests):
+            try:
+                exec(compile(test, f"<test {i}>", "exec"), scope)  # noqa: S102 -- the row's
+            except Exception as exc:
+                log.debug("test %d failed: %s: %s", i, type(exc).__name__, exc)
+            else:
+                self.passed.add(i)
 
 
 def code_tests(prompt: str, completion: str, row: Mapping[str, Any]) -> float:
@@ -87,12 +242,14 @@ def limits_of(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_tests(program: str, tests: Sequence[str], **limits: Any) -> set[int]:
-    """The indices of `tests` that ran without raising after `program`, in one sandboxed run;
-    none unless the run exited 0 with the harness's token line last."""
-    token = os.urandom(16).hex()
-    result = sandbox.run_python(HARNESS.format(token=token, program=program, tests=list(tests)),
-                                **limits)
-    lines = result.stdout_tail.splitlines()
-    if not result.passed or not lines or lines[-1].split(" ")[0] != token:
-        return set()
-    return {int(i) for i in lines[-1].split()[1:] if i.isdigit() and int(i) < len(tests)}
+    """The indices of `tests` that passed against `program`, run in the sandbox (module
+    docstring); ForgedPass if the program tried to forge the verdict."""
+    decoy = os.urandom(16).hex()
+    judge = Judge(tests)
+    result = sandbox.run_python(SERVE.format(decoy=decoy, program=program, codec=CODEC),
+                                talk=judge, **limits)
+    if decoy in result.stdout_tail or decoy in result.stderr_tail:
+        raise ForgedPass("the program printed the harness's decoy token")
+    if judge.hung_up and result.exit_code == 0:
+        raise ForgedPass("the program ended its process with status 0 before the tests did")
+    return judge.passed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from . import worker as w
 
@@ -23,6 +24,7 @@ class Scored:
     mismatched: int = 0  # ids given: the claimed text was not the decoding of the ids
     malformed: int = 0  # ids given: no completion (out of vocabulary, ids after EOS) (0)
     faults: tuple[str, ...] = ()  # episodes its environment's replay refutes: why (0 each)
+    forged: int = 0  # programs that tried to forge their tests' verdict (0 each)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ class ScorerStats:
 class Job:
     """Items to score, their results as they come, and the future that waits for all."""
 
-    def __init__(self, items: list[tuple], future: asyncio.Future):
-        self.items, self.future = items, future
+    def __init__(self, items: list[tuple], future: asyncio.Future, owner: Any = None):
+        self.items, self.future, self.owner = items, future, owner
         self.results: list[tuple[float, int, str] | None] = [None] * len(items)
         self.missing = len(items)
 
@@ -55,5 +57,5 @@ def tally(results: list[tuple[float, int, str]]) -> Scored:
     notes = [note for _, note, _ in results]
     return Scored([r for r, _, _ in results], timed_out=notes.count(w.TIMEOUT),
                   failed=notes.count(w.FAILED), mismatched=notes.count(w.MISMATCH),
-                  malformed=notes.count(w.MALFORMED),
+                  malformed=notes.count(w.MALFORMED), forged=notes.count(w.FORGED),
                   faults=tuple(why for _, note, why in results if note == w.REPLAYED))

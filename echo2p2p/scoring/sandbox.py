@@ -1,10 +1,10 @@
 """Run untrusted Python source in a subprocess under the limits Linux gives: the code sandbox.
 
 `run_python(source)` writes `source` to `main.py` in a fresh temporary directory (removed after
-the run), and runs it with `sys.executable -I -S` (isolated mode and no `site`: no site-packages,
-no user site, no PYTHON* variables; the standard library only) in an empty environment, stdin
-from /dev/null, stdout and stderr to files. A child (`sandbox_child`) sets the limits and
-namespaces below on itself, then forks the program's interpreter and waits for it.
+the run), and runs it with the Python installation's interpreter, `-I -S` (isolated mode and no
+`site`: no site-packages, no user site, no PYTHON* variables; the standard library only) in an
+empty environment, stdin from /dev/null, stdout and stderr to files. A child (`sandbox_child`)
+sets the limits and namespaces below on itself, then forks the program's interpreter and waits.
 
 What it guarantees (Linux):
 - time: at `timeout_s` wall time (start-up included) its process group is SIGKILLed, and each
@@ -13,26 +13,37 @@ What it guarantees (Linux):
 - files: RLIMIT_FSIZE of `file_bytes` per file written (stdout and stderr too), RLIMIT_NOFILE of
   `max_open_files`, no core dumps; its working directory is removed afterwards;
 - environment: none of the caller's variables reach it;
-- when this process may create a user namespace (root, or unprivileged user namespaces on),
-  `isolated` in the result: the program runs in new user, mount, PID and network namespaces, with
-  no capabilities outside them (none inside either: its uid is unmapped, so exec drops them). No
-  network: the new namespace has only a loopback interface, down, so no connection succeeds,
-  127.0.0.1 included. Every mount is read-only but the working directory. Every process it
-  starts dies with it (the kernel kills a PID namespace whole when its first process ends, and
-  that one dies with this child), at most `max_processes` of them for a caller that is not root.
-  Without that (`isolated` False, logged once at WARNING): no network, mount or process
-  isolation, and only the process group is killed, which a process that calls setsid() escapes.
+- user: a root caller's program runs as uid and gid 65534 (nobody), with no capabilities and
+  RLIMIT_NPROC of `max_processes`; no file of the hub's is its, and no /proc/<pid> of a root
+  process opens for it;
+- when this process may create namespaces (root: mount, PID and network ones; otherwise a user
+  namespace too, if unprivileged ones are on), `isolated` in the result: its root directory is a
+  new one (chroot) holding only the system's programs and libraries (/bin, /lib*, /usr), the
+  Python installation, a /proc that shows it its own processes only (for a root caller:
+  hidepid, no other user's command line) and its working directory, all read-only but that
+  directory: nothing else of the host exists for it, the hub's run directory and key
+  included. No network: the new namespace has only a loopback interface, down, so no
+  connection succeeds, 127.0.0.1 included. Every process it starts dies with it (the kernel
+  kills a PID namespace whole when its first process ends, and that one dies with this child).
+  A caller that is not root cannot change uid: its program keeps the caller's uid, unmapped in
+  its user namespace (so its exec drops every capability), and gets no /proc (whose
+  /proc/<pid>/root would reach the caller's files), at most `max_processes` processes.
+  Without namespaces (`isolated` False, logged once at WARNING): no network, mount or process
+  isolation and no new root, and only the process group is killed, which a process that calls
+  setsid() escapes. As root the program still runs as nobody (and fails to start if the
+  interpreter lies where nobody may not go, as under a /root of mode 0700: safe, scores 0).
 
 What it does not guarantee: it is no security boundary against a program that exploits the kernel
-or Python itself. It runs as the caller's uid: it can read every file the caller can, the hub's
-own keys included (as root: almost every file); run the hub as an unprivileged user with nothing
-secret readable, or in a container, to rule that out. Root is exempt from RLIMIT_NPROC, so a
-fork bomb under a root caller runs until the deadline. Disk use is bounded per file, not in total.
-Host processes stay visible in /proc. Not POSIX-portable: it needs Linux and Python 3.11+.
+or Python itself. Run by a caller that is not root and without namespaces, the program can read
+every file the caller can, the hub's key included: run the hub as root (its programs run as
+nobody), where unprivileged user namespaces are on, or in a container. Disk use is bounded per
+file, not in total. Not POSIX-portable: it needs Linux and Python 3.11+.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
@@ -42,6 +53,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import sandbox_child
@@ -54,6 +67,9 @@ DEFAULT_FILE_BYTES = 2**20
 DEFAULT_OPEN_FILES = 64
 DEFAULT_PROCESSES = 32
 TAIL_BYTES = 4096  # of stdout and of stderr, kept in the result
+# The interpreter the program runs on: the installation's own, never a virtual environment's
+# (whose site-packages `-S` skips anyway, and whose folder the program's root does not hold).
+INTERPRETER = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 _warned_unisolated = False
 
 
@@ -67,43 +83,135 @@ class SandboxResult:
     stdout_tail: str  # the last TAIL_BYTES of its stdout (UTF-8, undecodable bytes replaced)
     stderr_tail: str
     why: str  # "" when passed, else a short reason: "timed out after 2 s", "exit status 1: ..."
-    isolated: bool  # ran in its own user, mount, PID and network namespaces (module docstring)
+    isolated: bool  # ran in its own namespaces and root directory (module docstring)
+    uid: int | None  # the program's uid (65534: nobody, for a root caller); None: set-up failed
 
 
 def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                memory_bytes: int = DEFAULT_MEMORY_BYTES, file_bytes: int = DEFAULT_FILE_BYTES,
                max_open_files: int = DEFAULT_OPEN_FILES,
-               max_processes: int = DEFAULT_PROCESSES) -> SandboxResult:
+               max_processes: int = DEFAULT_PROCESSES,
+               talk: Callable[[Channel], None] | None = None) -> SandboxResult:
     """Run `source` as a Python program under the limits of the module docstring; blocks for at
-    most about `timeout_s`. Call it off the event loop (the scorer's workers do)."""
+    most about `timeout_s`. Call it off the event loop (the scorer's workers do). `talk`: called
+    while the program runs, with a `Channel` to it (the program gets the fds of its two pipes
+    as its arguments: `main.py IN OUT`); the program is ended once `talk` returns."""
     if not timeout_s > 0 or min(memory_bytes, file_bytes, max_open_files, max_processes) < 1:
         raise ValueError("sandbox limits must be positive")
     root = os.path.realpath(tempfile.mkdtemp(prefix="echo2-sandbox-"))  # as mountinfo spells it
     try:
-        work = os.path.join(root, "work")
+        work, jail = os.path.join(root, "work"), os.path.join(root, "jail")
         os.mkdir(work)
+        os.mkdir(jail)
         with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
             f.write(source)
+        if os.geteuid() == 0:  # its program runs as nobody (sandbox_child.NOBODY)
+            os.chown(work, sandbox_child.NOBODY, sandbox_child.NOBODY)
         limits = {"RLIMIT_CPU": math.ceil(timeout_s) + 1, "RLIMIT_AS": memory_bytes,
                   "RLIMIT_FSIZE": file_bytes, "RLIMIT_NOFILE": max_open_files, "RLIMIT_CORE": 0}
-        argv = [sys.executable, "-I", "-S", sandbox_child.__file__, work,
-                os.path.join(root, "report"), str(os.getpid()), str(max_processes),
-                *(f"{name}={value}" for name, value in limits.items())]
-        timed_out, returncode = _run_child(root, argv, timeout_s)
+        with _pipes(talk is not None) as (theirs, ours):
+            spec = {"work": work, "report": os.path.join(root, "report"),
+                    "parent": os.getpid(), "processes": max_processes, "limits": limits,
+                    "interpreter": INTERPRETER, "root": jail, "binds": _binds(),
+                    "channel": theirs}
+            argv = [sys.executable, "-I", "-S", sandbox_child.__file__, json.dumps(spec)]
+            timed_out, returncode = _run_child(root, argv, timeout_s, theirs, ours, talk)
         return _result(root, timed_out, returncode, timeout_s)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _run_child(root: str, argv: list[str], timeout_s: float) -> tuple[bool, int]:
-    """Start the child in a session of its own, wait for it until the deadline, then SIGKILL its
-    whole process group, before reaping it (so the group id cannot have been reused)."""
+class Channel:
+    """Lines to and from a program `run_python` runs, each wait bounded by its deadline."""
+
+    def __init__(self, to_program: int, from_program: int, deadline: float):
+        self._out, self._in, self.deadline = to_program, from_program, deadline
+        self.hung_up = False  # the program closed its end (it ended, or closed the pipes)
+        os.set_blocking(to_program, False)
+        os.set_blocking(from_program, False)
+        self._buffer = b""
+
+    def ask(self, line: bytes, max_bytes: int = 2**20) -> bytes | None:
+        """Send `line` (a newline is added) and read one line back (without its newline); None
+        if the program closed its end, did not answer by the deadline, or answered more than
+        `max_bytes`."""
+        data = line + b"\n"
+        while data:
+            if not self._wait(write=True):
+                return None
+            try:
+                data = data[os.write(self._out, data):]
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                self.hung_up = True
+                return None
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > max_bytes or not self._wait(write=False):
+                return None
+            try:
+                more = os.read(self._in, 65536)
+            except BlockingIOError:
+                continue
+            if not more:
+                self.hung_up = True
+                return None
+            self._buffer += more
+        answer, _, self._buffer = self._buffer.partition(b"\n")
+        return answer if len(answer) <= max_bytes else None
+
+    def _wait(self, write: bool) -> bool:
+        left_s = self.deadline - time.monotonic()
+        if left_s <= 0:
+            return False
+        fds = ([], [self._out], []) if write else ([self._in], [], [])
+        return bool(any(select.select(*fds, left_s)))
+
+
+def _binds() -> list[str]:
+    """What the program's interpreter needs of the host's files: the system's programs and
+    libraries, and the Python installation (`INTERPRETER`'s prefix)."""
+    system = [p for p in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr")
+              if os.path.lexists(p)]
+    return system + [os.path.realpath(sys.base_prefix)]
+
+
+@contextlib.contextmanager
+def _pipes(wanted: bool) -> Iterator[tuple[list[int], list[int]]]:
+    """Two pipes for a `Channel` ([] and [] if not `wanted`): the program's ends (its in, its
+    out) and ours (to it, from it). Whoever closes one takes it out of its list; those left
+    are closed on exit (never one twice: its number may be another thread's file by then)."""
+    if not wanted:
+        yield [], []
+        return
+    (their_in, to_it), (from_it, their_out) = os.pipe(), os.pipe()
+    theirs, ours = [their_in, their_out], [to_it, from_it]
+    try:
+        yield theirs, ours
+    finally:
+        while theirs or ours:
+            os.close((theirs or ours).pop())
+
+
+def _run_child(root: str, argv: list[str], timeout_s: float, theirs: list[int],
+               ours: list[int], talk: Callable[[Channel], None] | None) -> tuple[bool, int]:
+    """Start the child in a session of its own, `talk` to its program if asked, wait for it
+    until the deadline, then SIGKILL its whole process group, before reaping it (so the group
+    id cannot have been reused)."""
+    deadline = time.monotonic() + timeout_s
     with open(os.path.join(root, "stdout"), "wb") as out, \
             open(os.path.join(root, "stderr"), "wb") as err:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 env={}, cwd=root, close_fds=True, start_new_session=True)
+                                 env={}, cwd=root, close_fds=True, pass_fds=theirs,
+                                 start_new_session=True)
     try:
-        timed_out = not _wait_exited(child, timeout_s)
+        while theirs:  # the child has them: our copies would hide its end's closing
+            os.close(theirs.pop())
+        if talk is not None:
+            talk(Channel(ours[0], ours[1], deadline))
+            while ours:  # the program sees the end of its input: it is done
+                os.close(ours.pop())
+        timed_out = not _wait_exited(child, max(0.0, deadline - time.monotonic()))
         try:
             os.killpg(child.pid, signal.SIGKILL)  # what it left behind, or all of it
         except ProcessLookupError:
@@ -138,6 +246,7 @@ def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> Sa
     if report and not isolated:
         _warn_once(report[0].removeprefix("not isolated: "))
     status = next((int(line.split()[1]) for line in report if line.startswith("status ")), None)
+    uid = next((int(line.split()[1]) for line in report if line.startswith("uid ")), None)
     if timed_out:
         code = None
     else:  # the program's own status, else (set-up failed) the child's
@@ -156,7 +265,8 @@ def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> Sa
     else:
         why = ""
     return SandboxResult(passed=code == 0, exit_code=code, timed_out=timed_out,
-                         stdout_tail=stdout, stderr_tail=stderr, why=why, isolated=isolated)
+                         stdout_tail=stdout, stderr_tail=stderr, why=why, isolated=isolated,
+                         uid=uid)
 
 
 def _read(path: str, tail_bytes: int) -> str:

@@ -4,8 +4,12 @@ Theory of operation. A `Scorer` owns `workers` child processes (`echo2p2p.scorin
 drives them from one event loop: the loop of its first `await scorer.score(...)`, or a private
 loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
 evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
-GRPO group, an evaluation batch); a worker that is idle gets everything queued, up to
-`MAX_BATCH_ITEMS` completions (one pipe round trip for many groups under load), and the loop
+GRPO group, an evaluation batch), each for an owner (the hub's: a peer); a worker that is idle
+gets the items of the owner that used the least scoring time lately: one while other owners
+wait, else as many as its mean time per item says take ~50 ms, up to `MAX_BATCH_ITEMS` (one
+pipe round trip for many cheap ones under load) (`echo2p2p.scoring.fairness`: a peer whose
+samples burn the deadline waits behind the others, and past its budget what it has queued is
+failed with `OverBudget`). Its worker time is charged to it. The loop
 reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
 a submission costs two process wake-ups and no GIL hand-off.
 
@@ -28,19 +32,19 @@ picklable task, pickled once here and loaded once per worker start.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import multiprocessing
 import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from echo2p2p.errors import ScoringError
 from . import worker as w
+from .fairness import FairQueue
 from .jobs import Job as _Job
 from .jobs import Scored, ScorerStats
 
@@ -50,12 +54,21 @@ MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue u
 DEFAULT_TIMEOUT_S = 5.0
 
 
+class OverBudget(Exception):
+    """A submission failed unscored: its owner's items took more than the scorer's per-item
+    budget lately (`Scorer(sample_budget_s=...)`). An outcome for the caller to refuse, with
+    the owner as its argument."""
+
+
 class Scorer:
     """Worker processes running `reward(key, completion)`, `timeout_s` per completion."""
 
     def __init__(self, reward: Callable[[str, str], float], *, decoder: Any = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer"):
-        """`decoder`: a `CompletionDecoder`, needed by `score_ids`."""
+                 timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer",
+                 sample_budget_s: float = 0.0):
+        """`decoder`: a `CompletionDecoder`, needed by `score_ids`. `sample_budget_s`: an
+        owner whose items take more than this each (`FairQueue.over_budget`) has what it still
+        has queued failed with `OverBudget` (0: never)."""
         if not timeout_s > 0 or workers < 1:
             raise ValueError(f"need timeout_s > 0 and workers >= 1, got {timeout_s}, {workers}")
         try:  # now, so that an unpicklable reward fails at start, not at the first rollout
@@ -67,12 +80,13 @@ class Scorer:
                              f"{exc}") from None
         self.reward, self.has_decoder = reward, decoder is not None
         self.timeout_s, self.n_workers, self.name = timeout_s, workers, name
+        self.sample_budget_s = sample_budget_s
         self._ctx = multiprocessing.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None  # the one loop that drives it all
         self._own_loop: threading.Thread | None = None  # that loop's thread, if it is ours
         self._own_loop_lock = threading.Lock()
         self._spawner: ThreadPoolExecutor | None = None
-        self._queue: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._queue = FairQueue()  # (job, item index), per owner (`echo2p2p.scoring.fairness`)
         self._idle: list[w.WorkerProcess] = []
         self._busy: set[w.WorkerProcess] = set()
         self._starting = 0  # workers being spawned
@@ -83,24 +97,27 @@ class Scorer:
 
     # --- scoring -------------------------------------------------------------------------
 
-    async def score(self, items: Sequence[tuple[Any, str]]) -> Scored:
+    async def score(self, items: Sequence[tuple[Any, str]], owner: Hashable = None) -> Scored:
         """`submit`, awaited: the event loop goes on meanwhile."""
-        return await self.submit(items)
+        return await self.submit(items, owner)
 
     async def score_ids(self, key: Any, packed_ids: Sequence[bytes],
                         claimed: Sequence[str]) -> Scored:
         """`submit_ids`, awaited."""
         return await self.submit_ids(key, packed_ids, claimed)
 
-    def submit(self, items: Sequence[tuple[Any, str]]) -> asyncio.Future[Scored]:
+    def submit(self, items: Sequence[tuple[Any, str]], owner: Hashable = None
+               ) -> asyncio.Future[Scored]:
         """Queue `(key, completion text)` pairs (scored as `reward(key, text)`: the key is an
         answer, or the hub's `Problem`) now, from a coroutine or callback of the driving loop
         (the first one used); a future of their `Scored`. Cancelling it drops what is still
-        queued of them."""
-        return self._submit([(key, text) for key, text in items])
+        queued of them. `owner` (a peer's identity): whose scoring time they use; owners are
+        served least-used first (`echo2p2p.scoring.fairness`)."""
+        return self._submit([(key, text) for key, text in items], owner)
 
     def submit_ids(self, key: Any, packed_ids: Sequence[bytes], claimed: Sequence[str],
-                   turns: Sequence[bytes] | None = None) -> asyncio.Future[Scored]:
+                   turns: Sequence[bytes] | None = None, owner: Hashable = None
+                   ) -> asyncio.Future[Scored]:
         """`submit` for completions given as packed token ids (as on the wire), each decoded by
         the completion rule; `claimed` are the texts a peer says they decode to. `turns`: the
         samples are episodes with these packed segment lengths, replayed by the reward's
@@ -109,7 +126,7 @@ class Scorer:
             raise ScoringError("this scorer has no decoder: it can only score texts")
         extra = [() for _ in packed_ids] if turns is None else [(t,) for t in turns]
         return self._submit([(key, ids, text, *more) for ids, text, more
-                             in zip(packed_ids, claimed, extra, strict=True)])
+                             in zip(packed_ids, claimed, extra, strict=True)], owner)
 
     def score_blocking(self, items: Sequence[tuple[str, str]]) -> Scored:
         """`score` from a plain thread (never the driving loop's own): waits for the result."""
@@ -128,14 +145,23 @@ class Scorer:
         if (error := await asyncio.shield(self._ready)) is not None:
             raise error
 
-    def _submit(self, items: list[tuple]) -> asyncio.Future[Scored]:
+    def usage_s(self, owner: Hashable) -> float:
+        """`owner`'s scoring seconds of about the last minute (`FairQueue.usage_s`)."""
+        return self._queue.usage_s(owner, time.monotonic())
+
+    def over_budget(self, owner: Hashable, per_item_s: float) -> bool:
+        """Whether `owner`'s items took more than `per_item_s` each lately, while others score
+        too (`FairQueue.over_budget`)."""
+        return self._queue.over_budget(owner, per_item_s, time.monotonic())
+
+    def _submit(self, items: list[tuple], owner: Hashable) -> asyncio.Future[Scored]:
         self._bind()
         self._calls += 1
-        job = _Job(items, self._loop.create_future())
+        job = _Job(items, self._loop.create_future(), owner)
         if not items:
             job.future.set_result(Scored([]))
             return job.future
-        self._queue.extend((job, i) for i in range(len(items)))
+        self._queue.push(owner, ((job, i) for i in range(len(items))), time.monotonic())
         job.future.add_done_callback(self._forget)
         self._spawn_missing()
         self._pump()
@@ -144,7 +170,7 @@ class Scorer:
     def _forget(self, future: asyncio.Future) -> None:
         """A job was cancelled (its admission was): drop what is still queued of it."""
         if future.cancelled():
-            self._queue = collections.deque(e for e in self._queue if e[0].future is not future)
+            self._queue.drop(lambda e: e[0].future is future)
 
     def statistics(self) -> ScorerStats:
         workers = [*self._idle, *self._busy]
@@ -181,7 +207,7 @@ class Scorer:
         self._busy.clear()
         for job in {job for job, _ in waiting}:  # their callers are going too
             job.future.cancel()
-        self._queue.clear()
+        self._queue = FairQueue()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(ScoringError("the scorer was closed"))
         if self._spawner is not None:
@@ -255,18 +281,12 @@ class Scorer:
         self._pump()
 
     def _pump(self) -> None:
-        """Give queued items to idle workers."""
+        """Give queued items to idle workers, the least-used owner's first."""
         while self._idle and self._queue:
-            worker = self._idle.pop()
-            batch = []
-            while self._queue and len(batch) < MAX_BATCH_ITEMS:
-                job, i = self._queue.popleft()
-                if not job.future.done():
-                    batch.append((job, i))
-            if not batch:
-                self._idle.append(worker)
-                return
-            self._send(worker, batch)
+            owner, batch = self._queue.pop(time.monotonic(), MAX_BATCH_ITEMS)
+            batch = [(job, i) for job, i in batch if not job.future.done()]
+            if batch:
+                self._send(self._idle.pop(), batch)
 
     def _send(self, worker: w.WorkerProcess, batch: list[tuple[_Job, int]]) -> None:
         worker.batch = batch
@@ -297,6 +317,7 @@ class Scorer:
         worker.listening = False
         worker.timer.cancel()
         batch, worker.batch = worker.batch, None
+        self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at, len(batch))
         worker.started += len(batch)
         self._busy.discard(worker)
         self._idle.append(worker)
@@ -314,6 +335,18 @@ class Scorer:
         if self._failures <= 10 or self._failures % 100 == 0:
             log.warning("%s: a reward function failed (%s); that sample scores 0 (%d failures "
                         "so far)", self.name, why, self._failures)
+
+    def _charge(self, owner: Hashable, seconds: float, items: int) -> None:
+        """`owner`'s items took `seconds`; past its budget, what it has queued is failed with
+        `OverBudget` (its caller refuses them: the peer's queue no longer holds the others)."""
+        now = time.monotonic()
+        self._queue.charge(owner, seconds, items, now)
+        self._queue.forget(now)
+        if self.sample_budget_s and owner is not None and self._queue.over_budget(
+                owner, self.sample_budget_s, now):
+            for job in {job for job, _ in self._queue.drop(lambda e: e[0].owner == owner)}:
+                if not job.future.done():
+                    job.future.set_exception(OverBudget(owner))
 
     def _current(self, worker: w.WorkerProcess) -> tuple[int, float]:
         """(position in its batch, monotonic start) of the completion the worker is on."""
@@ -333,6 +366,9 @@ class Scorer:
     def _replace(self, worker: w.WorkerProcess, culprit: int | None, timed_out: bool = False) -> None:
         """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
         batch = worker.batch or []
+        if batch:  # its owner pays for the time it held the worker, the deadline included
+            self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at,
+                         int(culprit is not None))
         self._busy.discard(worker)
         self._drop(worker)
         if culprit is not None and culprit < len(batch):
@@ -350,7 +386,8 @@ class Scorer:
                         item[1] if len(item) == 2 else "(decoded from ids)")
             job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED, ""))
             batch = batch[:culprit] + batch[culprit + 1:]
-        self._queue.extendleft(reversed(batch))
+        if batch:
+            self._queue.push(batch[0][0].owner, batch, time.monotonic(), front=True)
         self._restarts += 1
         self._spawn_missing()
 

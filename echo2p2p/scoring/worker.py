@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from echo2p2p.errors import ScoringError
+from .code import ForgedPass
 
 # What the parent learns of each completion besides its reward (always 0.0 unless OK/MISMATCH).
 OK = 0  # scored
@@ -36,6 +37,7 @@ MALFORMED = 2  # the ids are no completion (out of vocabulary, after EOS, empty)
 FAILED = 3  # the reward function raised or returned a non-finite value
 TIMEOUT = 4  # set by the parent: ran past the deadline, the worker was killed
 REPLAYED = 5  # an episode its environment's replay does not reproduce (the detail says how)
+FORGED = 6  # a program that tried to forge its tests' verdict (`echo2p2p.scoring.code`)
 
 READY = "ready"
 START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
@@ -67,7 +69,7 @@ def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | No
 
 def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]:
     """`(reward, note, detail)` of one item (see the module docstring); `detail` says why a
-    FAILED or REPLAYED item scored 0 ('' otherwise)."""
+    FAILED, REPLAYED or FORGED item scored 0 ('' otherwise)."""
     key, *rest = item
     if len(rest) == 3:  # an episode: its environment replayed on its model turns
         return _replay(reward, decoder, key, *rest)
@@ -82,6 +84,8 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
         text = rest[0]
     try:
         value = float(reward(key, text))
+    except ForgedPass as exc:  # scores 0, and the hub holds it against the peer
+        return 0.0, FORGED, _why(exc)
     except Exception as exc:  # a reward must not raise; if it does, this sample scores 0
         return 0.0, FAILED, _why(exc)
     return (value, note, "") if math.isfinite(value) else (0.0, FAILED, f"returned {value}")

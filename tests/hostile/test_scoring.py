@@ -81,4 +81,7 @@ async def test_verifier_bomb_scores_zero_and_freezes_nothing(tmp_path, row):
         r.note = f"deadline {SCORE_DEADLINE_S:.0f} s; worst loop lag {lag.worst_s * 1e3:.0f} ms"
     assert alive
     assert stats.timeouts > timeouts_before, "no scoring timeout was counted"
-    assert events.get("reward_mismatch", 0) >= 1, f"the bomb did not score below 1: {events}"
+    # Scored 0 (so its claim of 1.0 is a lie), or its group refused unscored: one sample that
+    # burns the deadline puts its peer past the per-sample scoring budget (issue 28, R3-4).
+    assert events.get("reward_mismatch", 0) >= 1 or answer.get("reason") == "scoring_budget", \
+        f"the bomb did not score below 1: {events}, {answer}"

@@ -147,3 +147,18 @@ async def test_a_verifier_that_never_returns_does_not_stall_the_hub():
     assert reply == m.Ack(lease.lease_id)
     assert group.rewards == [0.0, 1.0, 1.0, 1.0]
     assert hub.scorer.statistics().timeouts == 1
+
+
+def test_a_reward_that_runs_programs_holds_the_answers():
+    """The code reward, by name or as the function, makes the hub hold its answers; others not."""
+    from echo2p2p.scoring.code import code_tests
+    from echo2p2p.scoring.rewards import RewardFunctions, exact_match, load_reward
+
+    from echo2p2p.hub.task_setup import TaskSetup
+
+    def setup(*funcs):
+        return TaskSetup(task=None, reward=RewardFunctions(list(funcs)), kind="custom")
+
+    assert setup(load_reward("code_tests")).runs_programs
+    assert setup(exact_match, code_tests).runs_programs
+    assert not setup(exact_match).runs_programs

@@ -8,13 +8,15 @@ import os
 import pickle
 import select
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from echo2p2p.scoring.code import code_tests, program_of
-from echo2p2p.scoring.sandbox import run_python
+from echo2p2p.scoring.code import ForgedPass, code_tests, program_of
+from echo2p2p.scoring.sandbox import INTERPRETER, run_python
 
 ROOT = Path(__file__).resolve().parents[3]
 ADD = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
@@ -61,11 +63,15 @@ def test_listed_tests_score_the_fraction_that_pass():
 
 
 def test_ending_the_process_early_passes_nothing():
-    """sys.exit(0) or os._exit(0) before the tests, or in one, does not count as passing."""
-    for cheat in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
-        assert code_tests("", cheat, ADD) == 0.0
-    row = {"tests": ["assert add(1, 2) == 3", "import os; os._exit(0)"]}
-    assert code_tests("", "def add(a, b):\n    return a + b", row) == 0.0
+    """sys.exit() before the tests passes nothing; os._exit(0) before or during them is a
+    forgery (ForgedPass); a test that a function of the program left scores the ones before."""
+    for quits in ("import sys; sys.exit(0)", "raise SystemExit"):
+        assert code_tests("", quits, ADD) == 0.0
+    for cheat in ("import os; os._exit(0)", "def add(a, b):\n    import os; os._exit(0)"):
+        with pytest.raises(ForgedPass):
+            code_tests("", cheat, ADD)
+    dies = "def add(a, b):\n    import os\n    if a == 2: os._exit(3)\n    return a + b"
+    assert code_tests("", dies, ADD) == pytest.approx(1 / 3)  # test 2 cannot ask it any more
 
 
 def test_the_program_is_the_fenced_block_or_the_template():
@@ -148,12 +154,12 @@ def test_children_left_running_are_killed_with_the_program(then):
 
 
 def test_a_fork_loop_is_bounded_and_killed_whole(isolated):
-    """A program forking in a loop gets at most max_processes (a caller that is not root, with
-    namespaces), and every child it made is gone after the run."""
+    """A program forking in a loop gets at most max_processes (with namespaces, or run as
+    nobody by a root caller), and every child it made is gone after the run."""
     result = run_python(SPAWN.format(n=40, escape="pass", then="pass"), max_processes=16)
     pids = [int(line) for line in result.stdout_tail.split()]
     assert pids and all(gone(pid) for pid in pids)
-    if isolated and os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC
+    if isolated or os.geteuid() == 0:  # a root caller's program runs as nobody: not exempt
         assert len(pids) < 16
     else:
         assert len(pids) == 40
@@ -195,12 +201,17 @@ def test_the_program_cannot_see_the_callers_environment(monkeypatch, isolated):
 
 
 def test_files_outside_the_working_directory_are_read_only(tmp_path, isolated):
-    """With namespaces, the program can write its working directory and nothing else."""
+    """With namespaces, the program can write its working directory and nothing else: the
+    interpreter's files are read-only, and the caller's other files are not there at all."""
     need(isolated)
     target = tmp_path / "outside.txt"
     result = run_python(f"open('inside.txt', 'w').write('x')\nopen({str(target)!r}, 'w')\n")
-    assert not result.passed and "Read-only file system" in result.why
+    assert not result.passed and "No such file or directory" in result.why
     assert not target.exists()
+    inside_python = os.path.join(os.path.realpath(sys.base_prefix), "echo2-test.txt")
+    result = run_python(f"open({inside_python!r}, 'w')\n")
+    assert not result.passed and "Read-only file system" in result.why
+    assert not os.path.exists(inside_python)
 
 
 def test_the_shipped_code_dataset_is_its_generators_output(tmp_path):
@@ -232,3 +243,71 @@ def test_bad_limits_are_refused():
         code_tests("", "pass", {"tests": "pass", "timeout_s": -1})
     with pytest.raises(ValueError):
         code_tests("", "pass", {"tests": []})
+
+
+def test_a_root_callers_program_runs_as_nobody_and_finds_none_of_its_files(tmp_path, isolated):
+    """As root: the program is uid 65534, a 0600 file of the caller is not in its root at all,
+    and the caller's process is not in its /proc (no command line, root or environment)."""
+    need(isolated)
+    if os.geteuid() != 0:
+        pytest.skip("the uid change is a root caller's")
+    secret = tmp_path / "hub_key"
+    secret.write_bytes(b"k" * 32)
+    secret.chmod(0o600)
+    probe = ("import os\nprint(os.getuid(), os.getgid())\n"
+             f"for path in ({str(secret)!r}, '/proc/{os.getpid()}/root', "
+             f"'/proc/{os.getpid()}/environ', '/proc/{os.getpid()}/cmdline'):\n"
+             "    try:\n        print(len(os.listdir(path) if path.endswith('root') else "
+             "open(path, 'rb').read()))\n"
+             "    except OSError as e:\n        print(type(e).__name__)\n"
+             "print(sorted(os.listdir('/')))\n")
+    result = run_python(probe)
+    assert result.passed and result.uid == 65534, result.why
+    lines = result.stdout_tail.splitlines()
+    assert lines[:5] == ["65534 65534"] + ["FileNotFoundError"] * 4
+    assert "etc" not in lines[5] and "home" not in lines[5]  # only what the interpreter needs
+
+
+def test_a_caller_that_is_not_root_keeps_its_uid_in_the_sandbox(tmp_path):
+    """The fallback: run by an unprivileged user, the program keeps that uid (reported), and
+    with user namespaces still finds no file of the caller's outside its root."""
+    secret = tmp_path / "hub_key"
+    secret.write_bytes(b"k" * 32)
+    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+              "from echo2p2p.scoring.sandbox import INTERPRETER, run_python\n"
+              f"r = run_python('print(open({str(secret)!r}).read())')\n"
+              "print(r.uid, r.isolated, r.passed)\n")
+    try:
+        done = subprocess.run([INTERPRETER, "-I", "-c", script, str(ROOT)], user=65533,
+                              group=65533, capture_output=True, text=True, timeout=60,
+                              cwd="/", env={"TMPDIR": str(tmp_path)})
+    except PermissionError:
+        pytest.skip(f"an unprivileged user cannot run {INTERPRETER} here (not root, or the "
+                    f"interpreter lies under a directory only root may enter)")
+    if done.returncode != 0:
+        pytest.skip(f"an unprivileged user cannot run the sandbox here: {done.stderr[-200:]}")
+    uid, isolated, passed = done.stdout.split()
+    assert uid == "65533"
+    if isolated == "True":
+        assert passed == "False"  # the caller's tmp_path is not in the program's root
+
+
+def test_no_verdict_comes_from_the_program():
+    """A program that prints the old pass line scores 0; one that prints its harness's decoy
+    is a forgery; an object whose __eq__ always says True passes no test; the program's names
+    cannot shadow the tests' builtins."""
+    row = {"program": "def answer():\n    return {completion}\n",
+           "tests": ["assert answer() % 10 == 0", "assert answer() == 110"]}
+    fake_line = "print('\\n' + 'ab' * 16, 0, 1) or 110 + 1"
+    assert code_tests("", fake_line, row) == 0.0
+    decoy = "print(open('main.py').read().split(\"'\")[1]) or 0"
+    with pytest.raises(ForgedPass):
+        code_tests("", decoy, row)
+    cheat = "type('E', (), {'__eq__': lambda s, o: True, '__mod__': lambda s, o: s})()"
+    assert code_tests("", cheat, row) == 0.0
+    assert code_tests("", "110", row) == 1.0
+    slow = {**row, "timeout_s": 0.5}  # out of time while the tests ask it: 0, no forgery
+    assert code_tests("", "[0 for _ in iter(int, 1)]", slow) == 0.0
+    shadow = "def answer():\n    return 1\n__builtins__ = None\ndef sorted(x):\n    return 2\n"
+    assert code_tests("", shadow, {"tests": ["assert answer() == 1",
+                                             "assert sorted([2]) == [2]"]}) == 1.0

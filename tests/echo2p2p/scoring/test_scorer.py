@@ -11,7 +11,7 @@ import pytest
 from echo2p2p import messages as m
 from echo2p2p.errors import ScoringError
 from echo2p2p.completions import CompletionDecoder
-from echo2p2p.scoring.scorer import Scorer
+from echo2p2p.scoring.scorer import OverBudget, Scorer
 from echo2p2p.tasks import addition_reward, math_reward
 
 BOMB = r"\boxed{9^{9^{9^{9}}}}"  # math-verify with its timeouts off never finishes on this
@@ -160,9 +160,47 @@ def test_scoring_deadlines_and_workers_are_validated_in_both_configs():
     from echo2p2p.peer.config import PeerConfig
 
     for bad in ({"score_timeout_s": 0.0}, {"score_timeout_s": float("nan")},
-                {"score_timeout_s": float("inf")}, {"score_workers": 0}):
+                {"score_timeout_s": float("inf")}, {"score_workers": 0},
+                {"score_sample_budget_s": -1.0}, {"score_sample_budget_s": float("nan")},
+                {"code_answer_hold_s": float("inf")}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             HubConfig(**bad)
     with pytest.raises(ConfigError, match="score_timeout_s"):
         PeerConfig(score_timeout_s=-1.0)
     assert HubConfig().score_timeout_s == PeerConfig().score_timeout_s == 5.0
+
+
+def sleepy_reward(answer: str, text: str) -> float:
+    """Sleeps `text` seconds (a program that runs that long), then scores 1."""
+    import time
+
+    time.sleep(float(text))
+    return 1.0
+
+
+@pytest.mark.timeout(120)
+async def test_a_cheap_owner_is_served_before_a_slow_ones_queue():
+    """Owners are served least-used first: a peer whose items are slow waits behind a cheap
+    one that arrived later, and its own items beyond the one running wait too."""
+    with Scorer(sleepy_reward, timeout_s=5.0) as scorer:
+        await scorer.score([("", "0")], owner="honest")  # the worker is up; honest measured
+        slow = scorer.submit([("", "0.3")] * 4, owner="burner")
+        while scorer.usage_s("burner") == 0:  # its first item is scored
+            await asyncio.to_thread(lambda: None)
+        fast = scorer.submit([("", "0")] * 2, owner="honest")
+        await asyncio.wait({slow, fast}, return_when=asyncio.FIRST_COMPLETED)
+        assert fast.done() and not slow.done()
+        assert (await slow).rewards == [1.0] * 4
+
+
+@pytest.mark.timeout(120)
+async def test_an_owner_past_its_budget_has_its_queue_failed_over_budget():
+    """With a per-item budget, an owner whose items run past it while another scores has
+    what it still has queued failed with OverBudget; the other is scored."""
+    with Scorer(sleepy_reward, timeout_s=5.0, sample_budget_s=0.1) as scorer:
+        await scorer.score([("", "0")], owner="honest")
+        slow = scorer.submit([("", "0.3")] * 4, owner="burner")
+        with pytest.raises(OverBudget):
+            await slow
+        assert scorer.over_budget("burner", 0.1) and not scorer.over_budget("honest", 0.1)
+        assert (await scorer.score([("", "0")], owner="honest")).rewards == [1.0]

@@ -1,0 +1,84 @@
+"""Fair queueing of scoring over owners: least-used first, one item at a time while several wait,
+the per-item budget; synchronous, with explicit `now`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from echo2p2p.scoring.fairness import WINDOW_S, FairQueue
+
+
+def test_the_least_used_owner_is_served_first_one_item_at_a_time():
+    """While two owners wait, the one that used less gets the next item, one item per batch."""
+    q = FairQueue()
+    q.push("burner", ["b1", "b2"], now=0.0)
+    q.push("honest", ["h1", "h2"], now=0.0)
+    q.charge("burner", 4.0, 4, now=0.0)
+    q.charge("honest", 0.5, 4, now=0.0)
+    assert q.pop(1.0, max_items=256) == ("honest", ["h1"])
+    assert q.pop(1.0, max_items=256) == ("honest", ["h2"])
+    assert q.pop(1.0, max_items=256) == ("burner", ["b1"])  # alone, but its items are slow
+    assert q.pop(1.0, max_items=256) == ("burner", ["b2"])
+    assert not q
+
+
+def test_usage_decays_over_the_window_and_is_forgotten():
+    """Seconds used count e^-1 after WINDOW_S, and an owner decayed to nothing is dropped."""
+    q = FairQueue()
+    q.charge("a", 10.0, 1, now=0.0)
+    assert q.usage_s("a", WINDOW_S) == pytest.approx(10.0 / math.e)
+    q.forget(now=WINDOW_S)
+    assert q.usage_s("a", WINDOW_S) > 0  # still remembered
+    q.forget(now=100 * WINDOW_S)
+    assert q.usage_s("a", 100 * WINDOW_S) == 0.0 and not q._usage
+
+
+def test_an_owner_is_over_budget_only_with_slow_items_and_others_scoring():
+    """Slow items (mean above the per-item budget) put an owner over budget while another
+    scores; cheap items, scoring alone, or usage decayed below one item's budget do not."""
+    q = FairQueue()
+    q.charge("burner", 4.4, 4, now=0.0)  # 1.1 s an item
+    assert not q.over_budget("burner", 1.0, now=0.0)  # alone
+    q.charge("honest", 3.0, 16, now=0.0)  # 0.19 s an item
+    assert q.over_budget("burner", 1.0, now=0.0)
+    assert not q.over_budget("honest", 1.0, now=0.0)
+    assert not q.over_budget("burner", 2.0, now=0.0)  # within a looser budget
+    later = WINDOW_S * math.log(4.4) + 1  # 4.4 s decayed below 1 s
+    assert not q.over_budget("burner", 1.0, now=later)
+
+
+def test_drop_and_push_front_keep_order():
+    """Dropped items come back; items pushed in front go first, in their order."""
+    q = FairQueue()
+    q.push("a", [1, 2, 3], now=0.0)
+    q.push("b", [4], now=0.0)
+    assert q.drop(lambda x: x in (2, 4)) == [2, 4]
+    q.push("a", [7, 8], now=0.0, front=True)
+    assert list(q) == [7, 8, 1, 3]
+
+
+def test_an_owner_alone_gets_a_batch_its_mean_time_allows():
+    """Alone, an unmeasured owner gets one item; a cheap one up to max_items; a slow one, one."""
+    q = FairQueue()
+    q.push("new", list(range(10)), now=0.0)
+    assert q.pop(0.0, max_items=256) == ("new", [0])
+    q.charge("new", 0.001, 100, now=0.0)  # 10 us an item
+    assert q.pop(0.0, max_items=4) == ("new", [1, 2, 3, 4])
+    q.charge("new", 100.0, 100, now=0.0)  # now ~1 s an item
+    assert q.pop(0.0, max_items=256) == ("new", [5])
+
+
+def test_a_new_owner_starts_level_with_the_least_used_waiting_one():
+    """An owner new to the queue gets no head start over the peers waiting (it ranks as the
+    least-used of them), and is not starved by them either: it is next once that one is
+    charged for an item."""
+    q = FairQueue()
+    q.charge("honest", 5.0, 30, now=0.0)
+    q.push("honest", ["h1", "h2"], now=0.0)
+    q.push("fresh", ["f1", "f2"], now=0.0)
+    assert q.pop(0.0, max_items=256) == ("honest", ["h1"])
+    q.charge("honest", 0.2, 1, now=0.0)
+    assert q.pop(0.0, max_items=256) == ("fresh", ["f1"])
+    assert not q.over_budget("fresh", 1.0, now=0.0)  # its start orders it, it is no usage
