@@ -182,21 +182,7 @@ class Admission:
                 self.trust.distrust(conn, "observation_mismatch")
             self._refuse(conn, lease, scored.faults[0] if scored.faults else "bad_tokens")
             return False
-        # The hub scores the decoding of the ids it will train on: a peer's text and claimed
-        # reward are never used. A text that is not that decoding is a lie (once per
-        # submission), and so is a claim above the verifier's. (A claim below it is no gain to
-        # a liar, and an honest peer whose checker lacks math-verify can make one.)
-        rewards = scored.rewards
-        honest = not scored.mismatched
-        if not honest:
-            self.trust.distrust(conn, "text_mismatch")
-        fair = not self.peers_score or not any(s.reward > r + 1e-6
-                                               for s, r in zip(msg.samples, rewards))
-        if not fair:
-            self.trust.distrust(conn, "reward_mismatch")
-        if scored.forged:  # a program written to forge its tests' verdict: scored 0 already
-            self.counters.forged_passes += scored.forged
-            self.trust.distrust(conn, "forged_pass")
+        truthful = self._lies_counted(conn, msg, scored)
         if self.trust.quarantined(conn):  # by these lies, or by another submission meanwhile
             if pending is not None:
                 pending.close()
@@ -215,11 +201,29 @@ class Admission:
             if self.trust.quarantined(conn):  # by another of its rollouts while this one was checked
                 self._refuse(conn, lease, "quarantined")
                 return False
-            if fair and honest and result.tokens:  # a version too old to check earns nothing
+            if truthful and result.tokens:  # a version too old to check earns nothing
                 self.trust.good(conn)
         self._admit(conn, ScoredGroup(msg.lease_id, problem.id, lease.problem.prompt_ids,
-                                      msg.version, rows, rewards))
+                                      msg.version, rows, scored.rewards))
         return True
+
+    def _lies_counted(self, conn: PeerConn, msg: m.RolloutSubmission, scored: Scored) -> bool:
+        """Distrust `conn` for each lie `scored` shows; whether it told none. The hub scores the
+        decoding of the ids it will train on: a peer's text and claimed reward are never used.
+        A text that is not that decoding is a lie (once per submission), and so is a claim
+        above the verifier's. (A claim below it is no gain to a liar, and an honest peer whose
+        checker lacks math-verify can make one.)"""
+        honest = not scored.mismatched
+        if not honest:
+            self.trust.distrust(conn, "text_mismatch")
+        fair = not self.peers_score or not any(s.reward > r + 1e-6
+                                               for s, r in zip(msg.samples, scored.rewards))
+        if not fair:
+            self.trust.distrust(conn, "reward_mismatch")
+        if scored.forged:  # a program written to forge its tests' verdict: scored 0 already
+            self.counters.forged_passes += scored.forged
+            self.trust.distrust(conn, "forged_pass")
+        return honest and fair
 
     async def cancel(self) -> None:
         """Stop judging: every submission under way is cancelled (its prompt goes back)."""

@@ -318,7 +318,8 @@ class HubConfig:
         if not 0 <= self.catch_up_versions <= 1024:
             raise ConfigError("catch_up_versions", f"must be in [0, 1024], got {self.catch_up_versions}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0),
-                            ("checkpoint_every", 0), ("spot_check_probation", 0)):
+                            ("checkpoint_every", 0), ("spot_check_probation", 0),
+                            ("spot_check_tokens", 0), ("learner_micro_tokens", 1)):
             if getattr(self, name) < least:
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -328,12 +329,8 @@ class HubConfig:
         if not 0 <= self.spot_check_fraction <= 1:
             raise ConfigError("spot_check_fraction",
                               f"must be in [0, 1], got {self.spot_check_fraction}")
-        if self.spot_check_tokens < 0:
-            raise ConfigError("spot_check_tokens", f"must be >= 0 (0 = all), got {self.spot_check_tokens}")
         if not self.spot_check_tolerance > 0:
             raise ConfigError("spot_check_tolerance", f"must be > 0, got {self.spot_check_tolerance}")
-        if self.learner_micro_tokens < 1:
-            raise ConfigError("learner_micro_tokens", f"must be >= 1, got {self.learner_micro_tokens}")
         if self.learner_precision not in ("fp32", "bf16"):
             raise ConfigError("learner_precision", f"fp32 or bf16, got {self.learner_precision!r}")
         if not 0 < self.learner_timeout_s < float("inf"):

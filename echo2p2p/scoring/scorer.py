@@ -27,6 +27,10 @@ by one long-lived thread of the Scorer, and each asks the kernel to kill it when
 goes (Linux's parent-death signal): with the hub, or at `close()`. The reward function (and the
 hub's `CompletionDecoder`) must be picklable: a module-level function, or a bound method of a
 picklable task, pickled once here and loaded once per worker start.
+
+Over 400 lines: one pool whose loop binding, deadlines, kill-and-replace and per-owner queues
+share the same worker state; the queueing policy itself lives apart, pure, in
+`echo2p2p.scoring.fairness`.
 """
 
 from __future__ import annotations
