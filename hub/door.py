@@ -10,7 +10,6 @@ churn the limits stop would flood the log).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Iterable
 
@@ -19,7 +18,7 @@ from echo2p2p.join_limits import JoinLimits, Rate
 
 from .config import HubConfig
 from .counters import Counters
-from .peers import PeerConn
+from .peers import PeerConn, address_group
 from .tokens import TokenBook, join_refusal
 
 log = logging.getLogger("echo2p2p.hub.server")  # reported with the hub's peer-facing side
@@ -50,18 +49,8 @@ class Door:
                                        join_token=token_id)) is not None:
             self.counters.joins_too_often += 1
             return m.CLOSE_TOO_MANY, why
-        if sum(c.remote == remote for c in peers) >= self.cfg.max_peers_per_address:
+        group = address_group(remote)  # an IPv6 host's /64 counts as one address here too
+        if sum(address_group(c.remote) == group for c in peers) >= self.cfg.max_peers_per_address:
             self.counters.refused += 1  # a lab behind one NAT raises the cap
             return m.CLOSE_TOO_MANY, "too many connections from this address"
         return None
-
-
-def address_group(remote: str | None) -> str | None:
-    """What the join limits count `remote` as: itself, or for IPv6 its /64 (one host's share)."""
-    try:
-        ip = ipaddress.ip_address(remote or "")
-    except ValueError:
-        return remote
-    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is a.b.c.d
-        ip = ip.ipv4_mapped
-    return str(ip) if ip.version == 4 else str(ipaddress.ip_network((ip, 64), strict=False))

@@ -40,6 +40,15 @@ class Quotas:
         return may_grant(book.standing(conn.identity), book.standing(conn.address_key),
                          self.held(conn, outstanding), self.budget, self.probation, book.policy)
 
+    def ahead(self, outstanding: int) -> int:
+        """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to
+        the probation share) are extra, so a lease granted now is not dated a step later for
+        them (with S = 0 it would wait for a version that needs this very batch)."""
+        unproven = sum(1 for lease in self.leases.open_leases()
+                       if (holder := self.peers.get(lease.peer_id)) is not None
+                       and not proven(self.book.standing(holder.identity)))
+        return outstanding - min(unproven, self.probation)
+
     def held(self, conn: PeerConn, outstanding: int) -> Held:
         mine = here = unproven = unproven_here = 0
         for lease in self.leases.open_leases():
@@ -63,13 +72,15 @@ class Quotas:
         """These leases ran past their deadlines: each holder held one from others for
         nothing, which costs it quota, and trust unless it has delivered more groups than it
         let expire (a hoarder pays every time; an honest peer running late now and then does
-        not walk into quarantine over a long run)."""
+        not walk into quarantine over a long run) or has not yet said it holds a version (an
+        honest peer still downloading the model or starting its engine; its quota, 1 at the
+        least, bounds what it holds meanwhile)."""
         for lease in late:
             if (conn := self.peers.get(lease.peer_id)) is None:
                 continue  # an orphan of a resumed hub
             self.counters.leases_expired += 1
             self.book.expired(conn.identity, conn.address_key)
-            if not proven(self.book.standing(conn.identity)):
+            if conn.held_version is not None and not proven(self.book.standing(conn.identity)):
                 self.guard.distrust(conn, "lease_expired")
 
 

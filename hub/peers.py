@@ -11,6 +11,7 @@ No lease or version decision is made here.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class PeerConn:
     @property
     def address_key(self) -> str:
         """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`)."""
-        return f"addr:{self.remote}" if self.remote else self.identity
+        return f"addr:{address_group(self.remote)}" if self.remote else self.identity
 
     @property
     def server_url(self) -> str | None:
@@ -152,3 +153,15 @@ async def close_connection(ws: web.WebSocketResponse, session: Session, code: in
     except TimeoutError:
         if transport is not None:
             transport.abort()
+
+
+def address_group(remote: str | None) -> str | None:
+    """What the join limits and lease quotas count `remote` as: itself, or for IPv6 its /64
+    (one host's share)."""
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return remote
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is a.b.c.d
+        ip = ip.ipv4_mapped
+    return str(ip) if ip.version == 4 else str(ipaddress.ip_network((ip, 64), strict=False))

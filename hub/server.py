@@ -170,7 +170,8 @@ class Hub:
                     ready.remove(conn)
                     continue
                 lease = self.leases.grant(conn.peer_id, _now(), lease_min_version(
-                    self.step, self.training, outstanding, cfg.prompts_per_step, cfg.max_lag))
+                    self.step, self.training, self.quotas.ahead(outstanding),
+                    cfg.prompts_per_step, cfg.max_lag))
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem

@@ -23,6 +23,7 @@ from typing import Any
 from echo2p2p.errors import ConfigError
 from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
 from echo2p2p.scoring.code import code_tests
+from echo2p2p.scoring.sandbox import sandbox_refusal
 from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
                                       load_reward)
 from echo2p2p.tasks import REWARDS, EnvironmentTask, Problem, RecordsTask
@@ -57,6 +58,12 @@ class TaskSetup:
         completion's to choose, so the hub's answers are held (`HubConfig.code_answer_hold_s`)."""
         funcs = getattr(self.reward, "funcs", ())
         return BUILTIN["code_tests"] in funcs or code_tests in funcs
+
+    def check_runnable(self) -> None:
+        """Raise ConfigError("task") if this reward runs programs and the code sandbox cannot run
+        one on this machine: every sample would score 0 otherwise, with one warning each."""
+        if self.runs_programs and (why := sandbox_refusal()) is not None:
+            raise ConfigError("task", why)
 
     @property
     def peers_score(self) -> bool:

@@ -120,7 +120,7 @@ def _answer(ask):
         return names
     try:
         return ["ok", _plain(_scope[ask[1]](*_value(ask[2]), **_value(ask[3])))]
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() in a function: a failed call, no forgery
         return ["raise", type(e).__name__, str(e)[:300]]
 
 

@@ -11,7 +11,8 @@ group waits for at most one of another's items; alone, an owner gets as many as 
 time says fit in `BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a
 time for an owner not yet measured or whose items are slow, as a program's run).
 An owner is over its budget while its items took more than `per_item_s` each on average and it
-used more than `per_item_s` lately, and another owner is waiting or scored lately: the hub then
+used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
+are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
 refuses its submissions (`echo2p2p.hub.admission`) and the scorer fails what it has queued,
 until what it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
 Pure bookkeeping: the caller measures the seconds and passes `now`.
@@ -26,6 +27,8 @@ from typing import Any
 
 WINDOW_S = 60.0  # the usage's time constant: seconds used long ago count less
 BATCH_S = 0.05  # what one batch should take, at its owner's mean: what another waits for at most
+OUTLIER = 3.0  # over budget only past this many times the cheapest other owner's mean item time
+MIN_ITEMS = 0.5  # items scored (decayed) before an owner's mean is a yardstick for others
 
 
 class FairQueue:
@@ -101,10 +104,15 @@ class FairQueue:
     def over_budget(self, owner: Hashable, per_item_s: float, now: float) -> bool:
         """Whether `owner`'s items took more than `per_item_s` each lately, and more than
         `per_item_s` in all, while another owner is waiting or scored lately (one that scores
-        alone is never held back)."""
+        alone is never held back), and more than `OUTLIER` x the cheapest other owner's mean:
+        when every peer's items are slow (a policy that still writes endless loops, as early in
+        code RL) nobody is singled out, and sybils cannot raise the cheapest honest mean."""
         used, scored = self._decayed(owner, now)
         others = ({*self._queues, *self._usage} - {owner})
-        return used > per_item_s and used > per_item_s * scored and bool(others)
+        if not (used > per_item_s and used > per_item_s * scored and others):
+            return False
+        means = [u / n for u, n in (self._decayed(o, now) for o in others) if n > MIN_ITEMS]
+        return used > OUTLIER * min(means, default=0.0) * scored
 
     def _rank(self, owner: Hashable, now: float) -> float:
         """What orders the owners: the seconds used, plus a newcomer's start, decayed."""

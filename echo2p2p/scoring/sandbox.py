@@ -105,8 +105,9 @@ def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
         os.mkdir(jail)
         with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
             f.write(source)
-        if os.geteuid() == 0:  # its program runs as nobody (sandbox_child.NOBODY)
-            os.chown(work, sandbox_child.NOBODY, sandbox_child.NOBODY)
+        if os.geteuid() == 0:  # its program runs as nobody (sandbox_child.NOBODY), which
+            os.chown(work, sandbox_child.NOBODY, sandbox_child.NOBODY)  # must pass through
+            os.chmod(root, 0o711)  # root (mkdtemp's 0700) when no chroot hides it
         limits = {"RLIMIT_CPU": math.ceil(timeout_s) + 1, "RLIMIT_AS": memory_bytes,
                   "RLIMIT_FSIZE": file_bytes, "RLIMIT_NOFILE": max_open_files, "RLIMIT_CORE": 0}
         with _pipes(talk is not None) as (theirs, ours):
@@ -119,6 +120,17 @@ def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
         return _result(root, timed_out, returncode, timeout_s)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def sandbox_refusal(timeout_s: float = 30.0) -> str | None:
+    """Why this machine cannot run a program in the sandbox (a trivial one fails), or None.
+    Checked before a run whose reward runs programs: otherwise every sample would score 0."""
+    result = run_python("print('ok')", timeout_s=timeout_s)
+    if result.passed and result.stdout_tail.strip() == "ok":
+        return None
+    return (f"the code sandbox cannot run a program here ({result.why or 'no output'}); as root "
+            "it runs programs as nobody, who must be able to reach the Python interpreter "
+            f"{INTERPRETER} (or the kernel must allow user and mount namespaces)")
 
 
 class Channel:

@@ -49,7 +49,11 @@ async def raw_peers(url: str, n: int) -> AsyncIterator[list[RawPeer]]:
 
 
 async def hoard(peer: RawPeer) -> None:
-    """lease_request n=4096, then a heartbeat and lease_request n=4 every 5 s; never submits."""
+    """Says it holds the version announced to it (a peer still downloading pays no trust for
+    its expired leases), then lease_request n=4096, then a heartbeat and lease_request n=4
+    every 5 s; never submits."""
+    announced = await peer.wait_frame(lambda f: f["t"] == "version")
+    await peer.send("version_held", version=announced["manifest"]["version"])
     await peer.send("lease_request", n=4096)
     while not peer.closed.is_set():
         await asyncio.sleep(5.0)  # the attacker's pace, not a sync

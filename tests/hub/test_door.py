@@ -17,7 +17,8 @@ from echo2p2p import messages as m
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.counters import Counters
-from echo2p2p.hub.door import Door, address_group
+from echo2p2p.hub.door import Door
+from echo2p2p.hub.peers import address_group
 from echo2p2p.hub.tokens import TokenBook
 from echo2p2p.join_limits import REASONS
 from echo2p2p.peer.client import PeerClient

@@ -58,17 +58,22 @@ def test_a_proven_peer_gets_the_whole_budget_beside_hoarders():
 
 
 def test_an_expiry_costs_an_unproven_peer_trust_and_a_proven_one_only_quota():
-    good, hoarder = conn("p1"), conn("p2")
-    quotas, leases, trust = rig(good, hoarder)
+    """An unproven holder of a version pays trust; a proven one, and one still loading its
+    first version (an honest peer downloading the model), pay quota only."""
+    good, hoarder, loading = conn("p1"), conn("p2"), conn("p3")
+    quotas, leases, trust = rig(good, hoarder, loading)
+    for c in (good, hoarder):
+        c.protocol.note_held(0, 0)
     for _ in range(5):
         quotas.book.delivered(good.identity, good.address_key)
-    leases.grant(good.peer_id, 0.0, 0)
-    leases.grant(hoarder.peer_id, 0.0, 0)
+    for c in (good, hoarder, loading):
+        leases.grant(c.peer_id, 0.0, 0)
     quotas.expired(leases.expire(11.0))
     assert trust.events[hoarder.identity]["lease_expired"] == 1
-    assert good.identity not in trust.events
+    assert good.identity not in trust.events and loading.identity not in trust.events
     assert quotas.book.standing(good.identity).expired == 1
-    assert quotas.counters.leases_expired == 2
+    assert quotas.book.standing(loading.identity).expired == 1
+    assert quotas.counters.leases_expired == 3
 
 
 def test_a_leaving_connection_is_forgotten_its_address_is_not():

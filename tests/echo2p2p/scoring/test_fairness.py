@@ -49,6 +49,18 @@ def test_an_owner_is_over_budget_only_with_slow_items_and_others_scoring():
     assert not q.over_budget("burner", 1.0, now=later)
 
 
+def test_when_every_owner_is_slow_nobody_is_over_budget():
+    """A policy whose samples all run long (every peer's mean near the limit) singles out no
+    peer; one 3x slower than the cheapest other is still over; sybils cannot hide a burner."""
+    q = FairQueue()
+    for peer in ("a", "b", "c"):
+        q.charge(peer, 7.2, 4, now=0.0)  # 1.8 s an item, all of them
+    assert not any(q.over_budget(p, 1.0, now=0.0) for p in "abc")
+    q.charge("cheap", 0.8, 4, now=0.0)  # 0.2 s an item: now a, b and c stand out
+    assert all(q.over_budget(p, 1.0, now=0.0) for p in "abc")
+    assert not q.over_budget("cheap", 1.0, now=0.0)
+
+
 def test_drop_and_push_front_keep_order():
     """Dropped items come back; items pushed in front go first, in their order."""
     q = FairQueue()

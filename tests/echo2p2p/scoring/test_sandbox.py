@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from echo2p2p.scoring.code import ForgedPass, code_tests, program_of
-from echo2p2p.scoring.sandbox import INTERPRETER, run_python
+from echo2p2p.scoring import sandbox
+from echo2p2p.scoring.sandbox import INTERPRETER, run_python, sandbox_refusal
 
 ROOT = Path(__file__).resolve().parents[3]
 ADD = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
@@ -72,6 +73,9 @@ def test_ending_the_process_early_passes_nothing():
             code_tests("", cheat, ADD)
     dies = "def add(a, b):\n    import os\n    if a == 2: os._exit(3)\n    return a + b"
     assert code_tests("", dies, ADD) == pytest.approx(1 / 3)  # test 2 cannot ask it any more
+    # sys.exit() inside a function (common in contest code) fails that call, no forgery
+    gives_up = "def add(a, b):\n    import sys\n    if a == 2: sys.exit(0)\n    return a + b"
+    assert code_tests("", gives_up, ADD) == pytest.approx(2 / 3)
 
 
 def test_the_program_is_the_fenced_block_or_the_template():
@@ -243,6 +247,15 @@ def test_bad_limits_are_refused():
         code_tests("", "pass", {"tests": "pass", "timeout_s": -1})
     with pytest.raises(ValueError):
         code_tests("", "pass", {"tests": []})
+
+
+def test_a_machine_whose_sandbox_cannot_run_a_program_is_refused_up_front(monkeypatch):
+    """sandbox_refusal says why when a trivial program cannot run (an interpreter nobody can
+    reach, as under a root whose Python lives in a 0700 home without namespaces), else None."""
+    assert sandbox_refusal() is None
+    monkeypatch.setattr(sandbox, "INTERPRETER", "/nonexistent/python3")
+    why = sandbox_refusal()
+    assert why is not None and "/nonexistent/python3" in why
 
 
 def test_a_root_callers_program_runs_as_nobody_and_finds_none_of_its_files(tmp_path, isolated):
