@@ -11,9 +11,9 @@ learner below its batch until they expire, then takes them again. So:
   `hub.leasing`). The hub applies the cap to the peer's identity (its join token's id when
   tokens are required, else its connection) and to its address, each with its own `Standing`;
 - a peer is *proven* once it delivered more groups than it let expire. Leases of unproven
-  peers are a probation share on top of the budget, `probation` of them in all and `start` per
-  address, so no set of hoarders, however many connections, holds a lease of the learner's
-  budget: proven peers always have all of it.
+  peers are a probation share on top of the budget, `probation` of them in all and no more at
+  one address than its cap, so no set of hoarders, however many connections, holds a lease of
+  the learner's budget: proven peers always have all of it.
 
 Pure: plain counts in, a bool out. The hub keeps the standings and counts the open leases.
 """
@@ -38,7 +38,6 @@ class Held:
     by_identity: int  # held by the asking peer's identity (all its connections)
     by_address: int  # held by every connection from the asking peer's address
     unproven: int  # held by unproven peers, everywhere
-    unproven_at_address: int  # held by unproven peers at the asking peer's address
     outstanding: int  # open leases + queued groups + groups being judged
 
 
@@ -74,8 +73,12 @@ def may_grant(identity: Standing, address: Standing, held: Held, budget: int, pr
         return False
     if proven(identity):  # unproven peers' leases (up to the probation) are not in the budget
         return held.outstanding - min(held.unproven, probation) < budget
-    return (held.unproven < probation and held.unproven_at_address < policy.start
-            and held.outstanding < budget + probation)
+    if not probation:  # no share of their own (S = 0): inside the budget, under the caps above
+        return held.outstanding < budget
+    # Per address, unproven peers are held to the address's own cap (above): peers that
+    # delivered from it vouch for it, so a lab behind one NAT (or the demo's local peers)
+    # brings new peers in as fast as its proven ones deliver; a fresh address gets `start`.
+    return held.unproven < probation and held.outstanding < budget + probation
 
 
 @dataclass

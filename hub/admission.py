@@ -290,6 +290,9 @@ class Admission:
         if gone:
             self._journal("withdraw", [g.lease_id for g in gone])
             self.counters.withdrawn_groups += len(gone)
+        for group in gone:  # tests/chaos reads it
+            log.debug("withdrew %s (v%d) of %s: quarantined", group.lease_id, group.version,
+                      identity)
         return len(gone)
 
     def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:

@@ -28,9 +28,12 @@ class Quotas:
                  guard: TrustGuard, counters: Any, book: LeaseQuota):
         """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them)."""
         self.book = book
-        # Unproven peers share one batch of leases on top of the budget (`may_grant`).
+        # Unproven peers share one batch of leases on top of the budget (`may_grant`); with
+        # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
+        # could only be generated after the step it was taken from, and its group would pass
+        # as fresh with a version tag one ahead. There they share the budget, under their caps.
         self.budget, self.probation = lease_budget(cfg.prompts_per_step, cfg.max_lag), \
-            cfg.prompts_per_step
+            cfg.prompts_per_step if cfg.max_lag else 0
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
 
     def allows(self, conn: PeerConn, outstanding: int) -> bool:
@@ -43,24 +46,21 @@ class Quotas:
     def ahead(self, outstanding: int) -> int:
         """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to
         the probation share) are extra, so a lease granted now is not dated a step later for
-        them (with S = 0 it would wait for a version that needs this very batch)."""
+        them (it would wait for a version that needs the very batch it was kept from)."""
         unproven = sum(1 for lease in self.leases.open_leases()
                        if (holder := self.peers.get(lease.peer_id)) is not None
                        and not proven(self.book.standing(holder.identity)))
         return outstanding - min(unproven, self.probation)
 
     def held(self, conn: PeerConn, outstanding: int) -> Held:
-        mine = here = unproven = unproven_here = 0
+        mine = here = unproven = 0
         for lease in self.leases.open_leases():
             if (holder := self.peers.get(lease.peer_id)) is None:
                 continue  # an orphan of a resumed hub: anyone's to complete
-            same_address = holder.address_key == conn.address_key
             mine += holder.identity == conn.identity
-            here += same_address
-            if not proven(self.book.standing(holder.identity)):
-                unproven += 1
-                unproven_here += same_address
-        return Held(mine, here, unproven, unproven_here, outstanding)
+            here += holder.address_key == conn.address_key
+            unproven += not proven(self.book.standing(holder.identity))
+        return Held(mine, here, unproven, outstanding)
 
     def left(self, conn: PeerConn) -> None:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is

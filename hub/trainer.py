@@ -333,8 +333,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     # the spot-checker's copy first: the learner may shard the model in place
     spot = SpotChecker(model, cfg) if cfg.spot_check_fraction > 0 else None
     learner = make_learner(cfg, model, tokenizer, ranks)
-    if ranks is not None:
-        learner = Leader(learner, ranks)
+    learner = Leader(learner, ranks) if ranks is not None else learner
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
                 for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")

@@ -310,7 +310,7 @@ class PeerClient:
 
     def _on_event(self, conn: HubConnection, event: pp.Event | None) -> None:
         if isinstance(event, pp.LeaseGranted):
-            self.worker.leases.put_nowait((event.grant, event.deadline))
+            self.worker.take(event.grant, event.deadline)
         elif isinstance(event, pp.RolloutAcked):
             self._acked += 1
             self.outbox.pop(event.lease_id)

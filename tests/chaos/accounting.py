@@ -37,7 +37,7 @@ class Accounting:
     trained: set[str]
     queued: set[str]
     dropped: set[str]
-    admitted_lost: set[str]  # admitted, and neither trained, queued nor dropped as stale
+    admitted_lost: set[str]  # admitted, and neither trained, queued, dropped as stale nor withdrawn
     granted_problems: set[int]
     groups_lost: set[int]  # granted, and neither admitted, pending nor leased at the end
     trained_twice: set[str]  # counted steps that took the same group twice
@@ -54,7 +54,7 @@ def account(lives: list[Incarnation], final: FinalState) -> Accounting:
         granted.update({lease: problem for lease, (problem, _) in life.log.granted.items()})
         grants_per_problem.update(problem for problem, _ in life.log.granted.values())
         admitted |= life.log.admitted.keys()
-        dropped |= life.log.dropped
+        dropped |= life.log.dropped | life.log.withdrawn  # taken out of the queue, logged
         trained.update(life.trained())
     unknown = admitted - granted.keys()
     assert not unknown, f"admitted leases never granted in any log: {sorted(unknown)[:5]}"

@@ -12,9 +12,8 @@ NEW = Standing()
 GOOD = Standing(delivered=10)  # cap 12
 
 
-def held(mine: int = 0, here: int = 0, unproven: int = 0, unproven_here: int = 0,
-         outstanding: int = 0) -> Held:
-    return Held(mine, here, unproven, unproven_here, outstanding)
+def held(mine: int = 0, here: int = 0, unproven: int = 0, outstanding: int = 0) -> Held:
+    return Held(mine, here, unproven, outstanding)
 
 
 def test_the_cap_starts_small_grows_with_deliveries_and_shrinks_with_expiries():
@@ -33,23 +32,23 @@ def test_proven_means_more_delivered_than_let_expire():
 
 
 def test_a_new_peer_gets_its_start_and_no_more():
-    assert may_grant(NEW, NEW, held(mine=1, here=1, unproven=1, unproven_here=1), 8, 4, POLICY)
-    assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=2, unproven_here=2), 8, 4,
-                         POLICY)
+    assert may_grant(NEW, NEW, held(mine=1, here=1, unproven=1), 8, 4, POLICY)
+    assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=2), 8, 4, POLICY)
 
 
 def test_hoarders_hold_only_the_probation_never_the_budget():
     """Unproven peers hold a lease of the probation even with the budget full of proven
-    work; with the probation (or their address's share of it) taken, they get none, and a
-    proven peer still gets the whole budget beside them."""
+    work; with the probation (or their address's cap) taken, they get none, and a proven
+    peer still gets the whole budget beside them. An address whose peers delivered vouches
+    for new peers there (a lab behind one NAT), up to the probation."""
     full_budget = held(outstanding=8)
     assert may_grant(NEW, NEW, full_budget, 8, 4, POLICY)
     assert not may_grant(NEW, NEW, held(unproven=4, outstanding=12), 8, 4, POLICY)
-    assert not may_grant(NEW, GOOD, held(unproven=2, unproven_here=2, outstanding=6), 8, 4,
-                         POLICY)  # another address's unproven peers may still get 2
+    assert not may_grant(NEW, NEW, held(here=2, unproven=2, outstanding=6), 8, 4, POLICY)
+    assert may_grant(NEW, GOOD, held(here=2, unproven=2, outstanding=6), 8, 4, POLICY)
     # Proven: 4 unproven leases held on top, 7 of its own work outstanding: one more fits.
-    assert may_grant(GOOD, GOOD, held(mine=3, here=7, unproven=4, unproven_here=4,
-                                      outstanding=11), 8, 4, POLICY)
+    assert may_grant(GOOD, GOOD, held(mine=3, here=7, unproven=4, outstanding=11), 8, 4,
+                     POLICY)
     assert not may_grant(GOOD, GOOD, held(mine=4, here=8, unproven=4, outstanding=12), 8, 4,
                          POLICY)
 
@@ -76,7 +75,16 @@ def test_no_grant_past_the_cap_or_past_budget_plus_probation(delivered, expired,
     """Whatever the counts, a grant never takes a peer past its cap, nor the hub past budget
     plus probation."""
     s = Standing(delivered, expired)
-    h = held(mine, mine, min(unproven, mine), min(unproven, mine), max(outstanding, mine))
+    h = held(mine, mine, min(unproven, mine), max(outstanding, mine))
     if may_grant(s, Standing(delivered=1000), h, 8, 4, POLICY):
         assert h.by_identity < cap(s, POLICY, 64)
         assert h.outstanding < 8 + 4
+
+
+def test_without_a_probation_share_unproven_peers_take_leases_inside_the_budget():
+    """Probation 0 (the hub's S = 0): a new peer gets leases while the budget has room, under
+    its cap, and none past the budget."""
+    assert may_grant(NEW, NEW, held(mine=1, here=1, unproven=1, outstanding=3), 4, 0, POLICY)
+    assert not may_grant(NEW, NEW, held(unproven=0, outstanding=4), 4, 0, POLICY)
+    assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=2, outstanding=2), 4, 0, POLICY)
+
