@@ -2,7 +2,9 @@
 
 A submission stays here from the moment it is made until the hub answers it (ack or reject), and
 every one still here is sent again after a reconnect: a dropped connection or a hub killed and
-resumed costs no finished work (the hub answers a second copy of an admitted one as a duplicate).
+resumed costs no finished work (a resumed hub answers a second copy of an admitted one as a
+duplicate; a hub that kept running tells a new connection only of its own leases, so it answers
+`unknown_lease`, and the first copy's verdict stands).
 Up to `memory_bytes` of them are kept in memory, more spill to files in a spool directory; past
 `max_entries` the oldest is dropped with a warning (its lease expires at the hub and the prompt is
 granted again: work is lost, no prompt group).
