@@ -10,6 +10,7 @@ deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` eve
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from typing import Any
 
 from echo2p2p.lease_quota import Held, LeaseQuota, may_grant, proven
@@ -19,6 +20,21 @@ from echo2p2p.staleness import lease_budget
 from .config import HubConfig
 from .peers import PeerConn
 from .quarantine import TrustGuard
+
+
+class Holdings:
+    """Open leases by holder's identity and address, and how many unproven peers hold."""
+
+    def __init__(self) -> None:
+        self.by_identity: Counter[str] = Counter()
+        self.by_address: Counter[str] = Counter()
+        self.unproven = 0
+
+    def add(self, holder: PeerConn, book: LeaseQuota) -> None:
+        """One more open lease of `holder`'s."""
+        self.by_identity[holder.identity] += 1
+        self.by_address[holder.address_key] += 1
+        self.unproven += not proven(book.standing(holder.identity))
 
 
 class Quotas:
@@ -36,31 +52,29 @@ class Quotas:
             cfg.prompts_per_step if cfg.max_lag else 0
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
 
-    def allows(self, conn: PeerConn, outstanding: int) -> bool:
-        """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
-        groups and groups being judged)."""
-        book = self.book
-        return may_grant(book.standing(conn.identity), book.standing(conn.address_key),
-                         self.held(conn, outstanding), self.budget, self.probation, book.policy)
+    def holdings(self) -> Holdings:
+        """The open leases counted by holder, once: `Hub.dispatch` takes one per pass and
+        `add`s each lease it grants, instead of a walk over every open lease per grant."""
+        holdings = Holdings()
+        for lease in self.leases.open_leases():
+            if (holder := self.peers.get(lease.peer_id)) is not None:  # else a resumed hub's
+                holdings.add(holder, self.book)  # orphan: anyone's to complete
+        return holdings
 
-    def ahead(self, outstanding: int) -> int:
+    def allows(self, conn: PeerConn, outstanding: int, holdings: Holdings | None = None) -> bool:
+        """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
+        groups and groups being judged; `holdings`: this dispatch's count, else made now)."""
+        book, h = self.book, holdings or self.holdings()
+        held = Held(h.by_identity[conn.identity], h.by_address[conn.address_key], h.unproven,
+                    outstanding)
+        return may_grant(book.standing(conn.identity), book.standing(conn.address_key), held,
+                         self.budget, self.probation, book.policy)
+
+    def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
         """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to
         the probation share) are extra, so a lease granted now is not dated a step later for
         them (it would wait for a version that needs the very batch it was kept from)."""
-        unproven = sum(1 for lease in self.leases.open_leases()
-                       if (holder := self.peers.get(lease.peer_id)) is not None
-                       and not proven(self.book.standing(holder.identity)))
-        return outstanding - min(unproven, self.probation)
-
-    def held(self, conn: PeerConn, outstanding: int) -> Held:
-        mine = here = unproven = 0
-        for lease in self.leases.open_leases():
-            if (holder := self.peers.get(lease.peer_id)) is None:
-                continue  # an orphan of a resumed hub: anyone's to complete
-            mine += holder.identity == conn.identity
-            here += holder.address_key == conn.address_key
-            unproven += not proven(self.book.standing(holder.identity))
-        return Held(mine, here, unproven, outstanding)
+        return outstanding - min((holdings or self.holdings()).unproven, self.probation)
 
     def left(self, conn: PeerConn) -> None:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is

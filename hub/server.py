@@ -163,15 +163,18 @@ class Hub:
                         and self.pool.is_active(p.peer_id) and not self.guard.quarantined(p)
                         and not self.admission.over_budget(p)),
                        key=lambda p: -1 if p.held_version is None else p.held_version, reverse=True)
+        holdings = self.quotas.holdings()
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
                 outstanding = self.leases.open_count + len(self.buffer) + len(self.admission.judging)
-                if conn.credits <= 0 or conn.ws.closed or not self.quotas.allows(conn, outstanding):
+                if conn.credits <= 0 or conn.ws.closed or \
+                        not self.quotas.allows(conn, outstanding, holdings):
                     ready.remove(conn)
                     continue
                 lease = self.leases.grant(conn.peer_id, _now(), lease_min_version(
-                    self.step, self.training, self.quotas.ahead(outstanding),
+                    self.step, self.training, self.quotas.ahead(outstanding, holdings),
                     cfg.prompts_per_step, cfg.max_lag))
+                holdings.add(conn, self.quotas.book)
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem
