@@ -7,6 +7,9 @@
   applications.
 - The applications `hub/` and `peer/` never import each other, under either import path, and
   nothing imports them by their folder names.
+- No module of echo2p2p, echo2p2p.hub or echo2p2p.peer imports itself through others, by any
+  import: top level, inside a function or under TYPE_CHECKING (module names come from paths, so
+  sub-packages are covered as they appear).
 The lists are allow-lists: a new import fails here until someone decides where it belongs.
 """
 
@@ -134,3 +137,98 @@ def test_scanner_catches_what_a_violation_looks_like():
     assert [b.split(": ")[1] for b in bad] == ["time", "threading", "echo2p2p.overlay.store", "os"]
     plane = imports(ast.parse("from echo2p2p.peer.client import PeerClient\nimport hub.server\n"))
     assert [n for _, n in plane] == ["echo2p2p.peer.client", "hub.server"]
+
+
+
+PACKAGES = {"echo2p2p": CORE, "echo2p2p.hub": ROOT / "hub", "echo2p2p.peer": ROOT / "peer"}
+
+
+def our_modules(packages: dict[str, Path]) -> dict[str, Path]:
+    """Every module of `packages` (dotted name -> folder) by its dotted name, derived from its
+    path: sub-packages at any depth, a package being its __init__.py."""
+    found = {}
+    for package, folder in packages.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            found[".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))] = path
+    return found
+
+
+def import_arrows(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules in `modules` that module `name` (at `path`) imports, wherever the import
+    stands: top level, inside a function, under `if TYPE_CHECKING`. Relative imports resolve
+    against the module's package. An import names the deepest module it reaches (`from a import
+    b` is a.b when that is a module, else a); the packages above it are not arrows (Python
+    initialises a module's packages before the module, whoever imports it)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    wanted = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            wanted += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            wanted += [f"{base}.{alias.name}" for alias in node.names]
+    arrows = set()
+    for module in wanted:
+        while module and module not in modules:
+            module = module.rpartition(".")[0]
+        if module and module != name:
+            arrows.add(module)
+    return arrows
+
+
+def import_loops(packages: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
+    """The tangles (strongly connected sets) of the import graph of `packages`, each as one
+    shortest loop [a, b, ..., a] from its first module a by name, and all its modules."""
+    modules = our_modules(packages)
+    graph = {name: import_arrows(name, path, modules) for name, path in modules.items()}
+
+    def reach(start: str) -> dict[str, list[str]]:  # module -> a shortest path from start
+        paths, todo = {start: [start]}, [start]
+        for here in todo:
+            for there in sorted(graph[here]):
+                if there not in paths:
+                    paths[there] = [*paths[here], there]
+                    todo.append(there)
+        return paths
+
+    reached = {name: reach(name) for name in graph}
+    loops, seen = [], set()
+    for name in sorted(graph):
+        tangle = sorted(other for other in reached[name] if name in reached[other])
+        if name in seen or len(tangle) == 1:  # a module importing itself is not counted
+            continue
+        seen |= set(tangle)
+        back = [reached[name][other] + [name] for other in tangle if name in graph[other]]
+        loops.append((min(back, key=len), tangle))
+    return loops
+
+
+def test_no_import_loop():
+    """No module of echo2p2p, echo2p2p.hub or echo2p2p.peer imports itself through others, not
+    even under TYPE_CHECKING or inside a function: the house reads as layers."""
+    loops = import_loops(PACKAGES)
+    assert not loops, "import loops:\n" + "\n".join(
+        f"{' -> '.join(loop)} (in a tangle of {len(tangle)}: {', '.join(tangle)})"
+        for loop, tangle in loops)
+
+
+def test_loop_finder_catches_what_a_loop_looks_like(tmp_path):
+    """A loop through a type-only import, a function-level one and a relative import from a
+    sub-package is found; a package's own __init__ and a one-way arrow are not loops."""
+    app, sub = tmp_path / "app", tmp_path / "app" / "sub"
+    sub.mkdir(parents=True)
+    (app / "__init__.py").write_text("from .front import Front\n")
+    (app / "front.py").write_text("from .sub.inner import f\nfrom . import plain\n")
+    (app / "plain.py").write_text("import json\n")
+    (sub / "__init__.py").write_text("")
+    (sub / "inner.py").write_text("def f():\n    from ..back import B\n")
+    (app / "back.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from app.front import Front\n")
+    loop = ["app.back", "app.front", "app.sub.inner", "app.back"]
+    assert import_loops({"app": app}) == [(loop, sorted(loop[:3]))]
+    (app / "back.py").write_text("from app import plain\n")
+    assert import_loops({"app": app}) == []
