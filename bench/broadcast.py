@@ -69,7 +69,8 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p import signing
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.server import Hub, TokenizedProblem, serve
+    from echo2p2p.hub.app import serve
+    from echo2p2p.hub.server import Hub, TokenizedProblem
     from echo2p2p.hub.versions import blob_version
 
     cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,

@@ -167,15 +167,15 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
                       rss: RssSampler) -> dict:
     """Hub + N_PEERS peer processes for args.steps steps, until every peer serves the last
     version; the run's facts for the tables."""
-    from echo2p2p.hub import trainer
+    from echo2p2p.hub import run_setup, task_setup
 
     cfg = hub_config(args, run_dir)
     baseline = rss.now("hub")  # Python, torch, transformers: before any model is loaded
     peers: list[asyncio.subprocess.Process] = []
-    open_task, trainer.open_task = trainer.open_task, lambda *_, **__: CoinTask(seed=cfg.seed)
+    open_task, task_setup.open_task = task_setup.open_task, lambda *_, **__: CoinTask(seed=cfg.seed)
     with probes.installed(), contextlib.ExitStack() as undo:
-        undo.callback(setattr, trainer, "open_task", open_task)
-        async with trainer.start_hub(cfg, stream=open(os.devnull, "w")) as run:
+        undo.callback(setattr, task_setup, "open_task", open_task)
+        async with run_setup.start_hub(cfg, stream=open(os.devnull, "w")) as run:
             probes.run = run
             trained = freeze(run.learner.model, args.train_layers)
             try:

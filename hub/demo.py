@@ -21,7 +21,8 @@ from typing import Any
 from echo2p2p.errors import ConfigError
 
 from .config import HubConfig
-from .trainer import HubRun, start_hub
+from .run_setup import start_hub
+from .trainer import HubRun
 
 log = logging.getLogger(__name__)
 

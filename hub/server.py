@@ -36,7 +36,6 @@ from echo2p2p.trust import TrustBook, TrustPolicy
 
 from .accusations import Accusations
 from .admission import Admission
-from .app import serve
 from .config import HubConfig
 from .checkpoint import hub_state, restore_hub
 from .counters import Changes, Counters, HubStatistics
@@ -55,7 +54,7 @@ if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Counters", "Hub", "HubStatistics", "TokenizedProblem", "serve"]
+__all__ = ["Counters", "Hub", "HubStatistics", "TokenizedProblem"]
 
 _ENDED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 

@@ -26,9 +26,11 @@ from echo2p2p.scoring.code import code_tests
 from echo2p2p.scoring.sandbox import sandbox_refusal
 from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
                                       load_reward)
-from echo2p2p.tasks import REWARDS, EnvironmentTask, Problem, RecordsTask
+from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
+                            RecordsTask)
 
 from .config import HubConfig
+from .dataset_task import open_dataset_task
 
 RewardSpec = str | Callable[..., Any]
 
@@ -96,12 +98,29 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
                                       f"your reward functions read)") from None
         return TaskSetup(task, _functions(funcs or [load_reward("exact_match")], weights),
                          task.kind)
-    from .trainer import open_task
-
     task = open_task(cfg)
     if not funcs:
         return TaskSetup.builtin(task)
     return TaskSetup(task, _functions(funcs, weights), RecordsTask.kind)
+
+
+def open_task(cfg: HubConfig) -> Any:
+    """The built-in task `cfg` names: a dataset (`echo2p2p.hub.dataset_task`), the addition
+    task, or a JSONL math task from a path."""
+    if cfg.dataset:
+        return open_dataset_task(cfg)
+    spec = cfg.task  # the split is the task's own, never cfg.seed: the held-out set stays put
+    if spec == "addition":
+        return AdditionTask()
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError("task", f"{spec!r} is not 'addition' and not a JSONL file: give the "
+                                  f"path of one, or a dataset with --dataset")
+    with path.open(encoding="utf-8") as lines:
+        try:
+            return MathTask.from_lines(lines)
+        except ValueError as e:  # a bad row, named by its line
+            raise ConfigError("task", f"{spec}: {e}") from None
 
 
 def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> RecordsTask:

@@ -13,8 +13,9 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.session import Session, Side
 from echo2p2p.tasks import MathTask, addition_reward
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.server import Hub, TokenizedProblem, serve
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.app import serve
+from echo2p2p.hub.server import Hub, TokenizedProblem
+from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.policy.engines import TransformersEngine
 from echo2p2p.policy.model import build_char_tokenizer
 

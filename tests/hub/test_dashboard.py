@@ -26,7 +26,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.dashboard import FILES, STATIC, logged_before, serve_dashboard
 from echo2p2p.hub.feed import KEEP, POINTS, STEP_SERIES, VERSION_KEYS, Feed
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 
 from tests.conftest import running_peers
 from tests.hub.test_join_auth import self_signed

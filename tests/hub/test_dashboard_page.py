@@ -19,7 +19,8 @@ from echo2p2p.hub.feed import Feed
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.hub.runlog import RunLog
 from echo2p2p.hub.server import Hub, TokenizedProblem
-from echo2p2p.hub.trainer import HubRun, start_hub
+from echo2p2p.hub.run_setup import start_hub
+from echo2p2p.hub.trainer import HubRun
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.tasks import AdditionTask
 

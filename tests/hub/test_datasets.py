@@ -16,7 +16,8 @@ datasets = pytest.importorskip("datasets")
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.dataset_task import open_dataset_task
-from echo2p2p.hub.trainer import open_task, start_hub
+from echo2p2p.hub.run_setup import start_hub
+from echo2p2p.hub.task_setup import open_task
 from echo2p2p.policy.engines import TransformersEngine
 
 from tests.conftest import running_peers

@@ -9,7 +9,7 @@ import pytest
 
 from echo2p2p.hub import base_checkpoint
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.trainer import open_task
+from echo2p2p.hub.task_setup import open_task
 
 RUN_SEEDS = (0, 1, 7)
 

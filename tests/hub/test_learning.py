@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 
 from echo2p2p.hub.local_run import train_sync
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 
 from tests.conftest import running_peers
 

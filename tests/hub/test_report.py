@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from echo2p2p.hub import cli
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 
 from tests.conftest import running_peers
 

@@ -19,7 +19,7 @@ from echo2p2p.tasks import AdditionTask
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learner import Learner, encode_prompt
 from echo2p2p.hub.spotcheck import SpotChecker
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.policy.engines import Completion, TransformersEngine
 from echo2p2p.policy.model import load_policy
 

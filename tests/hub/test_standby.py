@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from echo2p2p.hub.learner import hold_step_time
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 
 from tests.conftest import running_peers, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.trackers import open_trackers
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 
 from tests.conftest import running_peers
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 from aiohttp import web
 
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.hub.watch import MAX_ROWS, status_url
 
 from tests.conftest import running_peers, serving

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from echo2p2p.hub.trainer import start_hub
+from echo2p2p.hub.run_setup import start_hub
 from tests.conftest import wait_until
 from tests.peer.test_model_from_hub import make_lab_model
 
