@@ -1,7 +1,7 @@
 """The figures of `echo2-hub report`: one PNG per question a run's reader asks.
 
 Each function draws one matplotlib `Figure` (the object API, rendered by the Agg canvas: no
-display, no pyplot state) from a `echo2p2p.hub.report.RunData` and returns its PNG bytes. A
+display, no pyplot state) from a `echo2p2p.hub.run_data.RunData` and returns its PNG bytes. A
 series the run log lacks (no evaluations, no propagation records, records without "cdf_s") is
 left out, and a panel with nothing to draw says so. Knows the run log's keys, nothing else.
 """
@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from matplotlib.figure import Figure
 
-if TYPE_CHECKING:
-    from .report import RunData
-
-from .report import finite, trained_lags
+from .run_data import RunData, finite, trained_lags
 
 SIZE_IN, DPI = (10.0, 3.8), 110  # ~1100x420 px: readable in a page and in a paper's column
 LAST_VERSIONS = 5  # versions whose spread the CDF panel draws
