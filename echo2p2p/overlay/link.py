@@ -10,7 +10,8 @@ piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at o
 that does not fit a manifest we know, or a want that goes unanswered closes the link with a
 reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
 a link's memory is bounded. The set of links, dialling and the route are
-`echo2p2p.overlay.links`'; what a download hears is its `Listener`.
+`echo2p2p.overlay.links`' (what a link uses of it is its `LinkHost`); what a download hears is
+its `Listener`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import contextlib
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -31,9 +32,6 @@ from echo2p2p.frames import Limits, decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size, unpack_bits
 
 from .store import Held, Key, key_order
-
-if TYPE_CHECKING:
-    from .links import Links
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +135,19 @@ class Listener(Protocol):
     def heard(self, link: Link, bits: bytes | None, indices: list[int]) -> None: ...
 
 
+class LinkHost(Protocol):
+    """What a link uses of the set it belongs to (`echo2p2p.overlay.links.Links`)."""
+
+    want_timeout_s: float
+    advertised: dict[Key, Held]  # manifests we serve over links
+    listeners: dict[Key, Listener]  # the downloads under way
+
+    def spawn(self, coro: Any) -> asyncio.Task: ...
+    def dropped(self, link: Link) -> None: ...
+    def heard_of_link(self, sources: list[Neighbour]) -> None: ...
+    async def upload(self, link: Link, piece: Piece, slots: dict) -> None: ...
+
+
 def _check_key(rec: Any) -> Key:
     if not 0 <= rec.version <= _MAX_INDEX or not (rec.base is None or 0 <= rec.base < rec.version):
         raise LinkError(f"bad manifest key in {rec.TYPE}")
@@ -149,7 +160,7 @@ class Link:
     """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
     has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: Links, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
+    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
         self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
