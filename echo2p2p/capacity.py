@@ -15,6 +15,12 @@ learner will eat. Two readings of that rule, and a plan always says which one it
               the rate matters: mu >= R / T_train, with T_bcast <= kappa*T_train (else versions
               arrive slower than they are published and the pool falls ever further behind).
 
+T_bcast itself is estimated by `broadcast_s` for every worker receiving each version, from the
+hub's uplink B_hub and the workers' uplinks: with the overlay (gossip or the pipelined tracker),
+the max-flow bound of upload-limited broadcast, M / min(B_hub, (B_hub + sum of uplinks) / N),
+times PIPELINED_OVER_BOUND as measured by `bench/broadcast.py`; with the striped chain,
+M / min(B_hub, N / (N - 1) * the slowest uplink) times the same; with a star, N * M / B_hub.
+
 Invariants: a Requirement never carries a negative or infinite throughput (infeasible is
 `rollouts_per_s=None` plus a sentence), and a busy fraction is in [0, 1], equal to 1 exactly
 when the pool meets a feasible requirement.
@@ -25,10 +31,15 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError
 from .staleness import check_schedule
+
+PIPELINED_OVER_BOUND = 1.4
+"""Measured completion time / max-flow bound of the overlay: 1.43 (uniform) and 1.34
+(heterogeneous) with 16 peers on tbf-shaped links (`bench/broadcast.py`)."""
 
 
 class Reading(enum.Enum):
@@ -213,3 +224,17 @@ def predicted_stale_fraction(w: Workload) -> float:
     assumptions. Lags reach kappa + ceil(b), so a pipelined schedule drops nothing only if
     S >= kappa + ceil(T_bcast / T_train): kappa <= S + 1 alone is not enough."""
     return math.fsum(share for lag, share in predicted_staleness(w).items() if lag > w.max_lag)
+
+
+def broadcast_s(nbytes: float, hub_bps: float, uplinks_bps: Sequence[float], relay: str) -> float:
+    """Estimated seconds for a version of `nbytes` to reach every one of the workers whose
+    uplinks are `uplinks_bps`, from a hub sending at `hub_bps`, by `relay` (one of
+    `echo2p2p.relay.STRATEGIES`; see the module docstring)."""
+    n = max(len(uplinks_bps), 1)
+    if relay == "star":
+        return n * 8 * nbytes / hub_bps
+    if relay == "striped-chain" and n > 1:  # every chunk crosses every uplink in the ring
+        slowest = min(uplinks_bps) * n / (n - 1)
+        return PIPELINED_OVER_BOUND * 8 * nbytes / min(hub_bps, slowest)
+    rate = min(hub_bps, (hub_bps + sum(uplinks_bps)) / n)
+    return PIPELINED_OVER_BOUND * 8 * nbytes / rate

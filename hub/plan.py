@@ -14,11 +14,7 @@ to rank 0 over the interconnect, cast, coded on --hub-cores) is added to T_bcast
 is announced only once its last chunk is coded.
 
 The broadcast time T_bcast is estimated for every candidate receiving each version (standby
-workers stay warm): with the overlay (gossip or the pipelined tracker), the max-flow bound of
-upload-limited broadcast,
-M / min(B_hub, (B_hub + sum of worker uplinks) / N), times PIPELINED_OVER_BOUND as measured by
-`bench/broadcast.py`; with the striped chain, M / min(B_hub, N / (N - 1) * the slowest worker
-uplink) times the same; with a star, N * M / B_hub.
+workers stay warm), from the learner's uplink and theirs (`echo2p2p.capacity.broadcast_s`).
 
     echo2-hub plan --workers examples/workers.toml --model-bytes 16e9 --uplink-mbps 1000
 """
@@ -33,17 +29,14 @@ from typing import Any
 
 from echo2p2p.activation import (Selection, Worker, activate_all, choose_active, fastest_first,
                                  lp_lower_bound)
-from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
-                               predicted_stale_fraction, predicted_staleness, required_throughput)
+from echo2p2p.capacity import (Reading, Workload, broadcast_s, feasible_schedules,
+                               predicted_busy_fraction, predicted_stale_fraction,
+                               predicted_staleness, required_throughput)
 from echo2p2p.errors import ConfigError
 from echo2p2p.learner_size import (ModelShape, least_ranks, memory_per_rank_bytes, publish_s,
                                    train_step_s)
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import default_publish_every
-
-PIPELINED_OVER_BOUND = 1.4
-"""Measured completion time / max-flow bound of the overlay: 1.43 (uniform) and 1.34
-(heterogeneous) with 16 peers on tbf-shaped links (`bench/broadcast.py`)."""
 
 
 @dataclass(frozen=True)
@@ -159,18 +152,6 @@ def model_shape(cfg: PlanConfig) -> ModelShape:
                       config.vocab_size)
 
 
-def broadcast_s(nbytes: float, hub_bps: float, workers: list[Worker], relay: str) -> float:
-    """Estimated seconds for one version to reach every worker (see the module docstring)."""
-    n = max(len(workers), 1)
-    if relay == "star":
-        return n * 8 * nbytes / hub_bps
-    if relay == "striped-chain" and n > 1:  # every chunk crosses every uplink in the ring
-        slowest = min(w.upload_bps for w in workers) * n / (n - 1)
-        return PIPELINED_OVER_BOUND * 8 * nbytes / min(hub_bps, slowest)
-    rate = min(hub_bps, (hub_bps + sum(w.upload_bps for w in workers)) / n)
-    return PIPELINED_OVER_BOUND * 8 * nbytes / rate
-
-
 def lossless_schedules(w: Workload, reading: Reading) -> list[tuple[int, int]]:
     """The feasible (S, kappa), S <= 16, under which no rollout is predicted to be dropped as
     older than S (the rule alone allows schedules whose versions arrive too late for S)."""
@@ -201,7 +182,9 @@ def plan(cfg: PlanConfig, workers: list[Worker], shape: ModelShape) -> dict[str,
     reading = Reading(cfg.reading)
     nbytes = 2.0 * shape.params
     learner = learner_facts(cfg, shape)
-    bcast = learner["publish_s"] + broadcast_s(nbytes, cfg.uplink_mbps * 1e6, workers, cfg.relay)
+    uplinks_bps = [w.upload_bps for w in workers]
+    bcast = learner["publish_s"] + broadcast_s(nbytes, cfg.uplink_mbps * 1e6, uplinks_bps,
+                                               cfg.relay)
     workload = Workload(cfg.rollouts_per_step, cfg.t_train_s, bcast, cfg.max_lag, cfg.kappa)
     need = required_throughput(workload, reading)
     stale = predicted_stale_fraction(workload)

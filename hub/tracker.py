@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from echo2p2p import messages as m
-from echo2p2p.activation import Worker
+from echo2p2p.capacity import broadcast_s
 from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
@@ -29,7 +29,6 @@ from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour
 from .catchup import CatchUps
 from .config import HubConfig
 from .peers import PeerConn
-from .plan import broadcast_s
 from .versions import Published, Snapshot
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
@@ -126,18 +125,18 @@ class VersionTracker:
 
     def predicted_bcast_s(self, version: Published, conns: list[PeerConn], on_delta: int
                           ) -> float | None:
-        """The capacity model's T_bcast of `version` to `conns` (`hub.plan.broadcast_s`) from
-        the hub's measured send rate and the peers' measured uploads (one not measured yet
+        """The capacity model's T_bcast of `version` to `conns` (`echo2p2p.capacity.broadcast_s`)
+        from the hub's measured send rate and the peers' measured uploads (one not measured yet
         counts as their mean); None while either is unknown."""
         uploads = [c.upload_bps for c in conns if c.upload_bps]
         if not uploads or not self.hub_send_bps:
             return None
         mean = sum(uploads) / len(uploads)
-        workers = [Worker(c.peer_id, 0.0, 0.0, c.upload_bps or mean) for c in conns]
         delta_bytes = version.delta.wire_bytes if version.delta else 0
         nbytes = (on_delta * delta_bytes + (len(conns) - on_delta) * version.full.wire_bytes
                   ) / len(conns)  # what the average peer fetches
-        return round(broadcast_s(nbytes, self.hub_send_bps, workers, self.cfg.relay), 3)
+        return round(broadcast_s(nbytes, self.hub_send_bps, [c.upload_bps or mean for c in conns],
+                                 self.cfg.relay), 3)
 
     def catch_up(self, conn: PeerConn) -> None:
         """A late joiner, a peer back from a disconnect or a cold standby peer put to work pulls

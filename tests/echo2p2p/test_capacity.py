@@ -6,9 +6,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
-                               predicted_stale_fraction, predicted_staleness, required_throughput,
-                               smallest_schedule)
+from echo2p2p.capacity import (Reading, Workload, broadcast_s, feasible_schedules,
+                               predicted_busy_fraction, predicted_stale_fraction,
+                               predicted_staleness, required_throughput, smallest_schedule)
 from echo2p2p.errors import ConfigError
 
 SEQ, OVL = Reading.SEQUENTIAL, Reading.OVERLAPPED
@@ -215,3 +215,23 @@ def test_stale_fraction_hand_computed():
     assert max(predicted_staleness(Workload(64, 10.0, 3.0, max_lag=8, kappa=3))) == 4
     assert max(predicted_staleness(Workload(64, 10.0, 10.0, max_lag=8, kappa=2))) == 3
     assert predicted_stale_fraction(Workload(64, 10.0, 0.0, max_lag=1, kappa=2)) == 0.5
+
+
+def test_broadcast_time_hand_computed():
+    """1 GB to 4 workers (uplinks 100, 100, 200, 400 Mbit/s) from a 1 Gbit/s hub: a star sends
+    4 copies (32 s); the overlay is held to (1000 + 800) / 4 = 450 Mbit/s (x1.4: 24.9 s); the
+    striped chain to 4/3 of the slowest uplink, 133 Mbit/s (x1.4: 84 s)."""
+    uplinks = [100e6, 100e6, 200e6, 400e6]
+    assert broadcast_s(1e9, 1e9, uplinks, "star") == pytest.approx(32.0)
+    for overlay in ("pipelined", "gossip"):
+        assert broadcast_s(1e9, 1e9, uplinks, overlay) == pytest.approx(1.4 * 8e9 / 450e6)
+    assert broadcast_s(1e9, 1e9, uplinks, "striped-chain") == pytest.approx(1.4 * 8e9 / (400e6 / 3))
+
+
+def test_broadcast_time_is_held_to_the_hub_uplink():
+    """Fast workers never make a version reach them faster than the hub can send it once, and a
+    lone worker gets it at the hub's rate whatever the relay."""
+    assert broadcast_s(1e9, 1e9, [10e9] * 8, "pipelined") == pytest.approx(1.4 * 8.0)
+    for relay in ("pipelined", "striped-chain"):
+        assert broadcast_s(1e9, 1e9, [10e9], relay) == pytest.approx(1.4 * 8.0)
+    assert broadcast_s(1e9, 1e9, [10e9], "star") == pytest.approx(8.0)

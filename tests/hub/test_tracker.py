@@ -12,10 +12,9 @@ import asyncio
 import struct
 
 from echo2p2p import messages as m
-from echo2p2p.activation import Worker
+from echo2p2p.capacity import broadcast_s
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.peers import PeerConn
-from echo2p2p.hub.plan import broadcast_s
 from echo2p2p.pool import Pool
 from echo2p2p.hub.tracker import VersionTracker
 from echo2p2p.hub.versions import blob_version
@@ -219,5 +218,5 @@ def test_each_broadcast_is_predicted_from_the_measured_hub_and_peer_rates():
     v2 = blob_version(KEY, 2, BLOB)
     rig.tracker.publish(v2)
     want = broadcast_s(v2.full.wire_bytes, 8 * len(BLOB) / 2.0,
-                       [Worker("a", 0.0, 0.0, 4e6), Worker("b", 0.0, 0.0, 4e6)], "pipelined")
+                       [4e6, 4e6], "pipelined")
     assert rig.tracker.propagation[2].predicted_bcast_s == round(want, 3) > 0
