@@ -140,3 +140,39 @@ def test_worked_frames():
     assert shown == m.PROTOCOL_VERSION, "the worked hello shows another protocol version"
     assert json.loads("[" + _after(WIRE, "must be exactly `", r"(\d+)`") + "]") == [
         m.PROTOCOL_VERSION]
+
+
+# Names the architecture page cites from other projects, as models: not ours to define.
+ELSEWHERE = {"Protocol"}
+FILE = r"\.(py|yml|toml|json|jsonl|md|html|png)$"  # a file's name, not a Python name
+
+
+def _code_names() -> tuple[set[str], dict[str, str], set[str]]:
+    """Every name the code defines, each class's body by name, and every module's name."""
+    files = [p for d in ("echo2p2p", "hub", "peer") for p in (ROOT / d).rglob("*.py")]
+    code = "\n".join(p.read_text() for p in files)
+    defined = set(re.findall(r"^\s*(?:async def|def|class) (\w+)", code, re.M))
+    defined |= set(re.findall(r"^\s*(?:self\.)?(\w+)\s*(?::[^=\n]*)?=", code, re.M))
+    bodies = {name: body for name, body in
+              re.findall(r"^class (\w+)\b.*?\n(.*?)(?=^\S|\Z)", code, re.M | re.S)}
+    return defined, bodies, {p.stem for p in files} | {p.parent.name for p in files}
+
+
+def test_architecture_cites_names_that_exist():
+    """Every `Class.member`, `function()` or class the page names is defined in the code: a
+    renamed method fails here instead of misleading a reader."""
+    defined, bodies, modules = _code_names()
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for token in re.findall(r"`([A-Za-z_][\w.]*)(\(.*?\))?`", text):
+        name, called = token
+        parts = name.split(".")
+        if parts[-1] in modules or parts[-1] in ELSEWHERE or re.search(FILE, name):
+            continue
+        if len(parts) == 2 and parts[0] in bodies:  # Class.member: in that class's body
+            if not re.search(rf"(def {parts[1]}\b|^\s+{parts[1]}\s*[:=]|self\.{parts[1]}\s*[:=])",
+                             bodies[parts[0]], re.M):
+                missing.append(name)
+        elif (called or len(parts) > 1 or name[:1].isupper()) and parts[-1] not in defined:
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names what the code does not define: {missing}"
