@@ -38,9 +38,8 @@ def render(program: str, name: str) -> str:
                 and not isinstance(a, argparse._HelpAction)]
         if not rows:
             continue
-        title = "Arguments" if group.title == "positional arguments" else group.title.capitalize()
-        if group.title == "options":
-            title = "Options"
+        title = {"positional arguments": "arguments"}.get(group.title, group.title or "")
+        title = title[:1].upper() + title[1:]
         out += [f"### {title}", ""]
         if group.description:
             out += [_cell(group.description), ""]
