@@ -265,7 +265,6 @@ def test_the_peer_refuses_at_start_what_the_hub_would_refuse(overrides, field):
     assert info.value.field == field
 
 
-
 def test_logprob_close_reason_names_the_bound_it_checks():
     """A logprob a hair above 0 passes (float32 rounding of a near-certain token lands there);
     one past the bound is refused with a reason that names the bound checked, 1e-3, not 0."""
