@@ -140,3 +140,10 @@ def test_recipe_trains_as_written(tmp_path):
     assert len(steps) == 2, records
     config = json.loads(next(metrics.parent.glob("config.json")).read_text())
     assert "my-model" in json.dumps(config) and "my-data.jsonl" in json.dumps(config)
+
+
+def test_getting_started_shows_the_same_recipe():
+    """The site's getting-started page repeats the README's recipe: the same two commands."""
+    page = (ROOT / "docs" / "getting-started.md").read_text().replace("\\\n", " ")
+    for argv in recipe():
+        assert " ".join(argv) in " ".join(page.split()), argv[:2]
