@@ -18,7 +18,7 @@ The model, and where it is generous or strict:
 - the tracker's requests never time out here (the real one reports a stall after ~30 s, which
   only makes it slower where owners are swamped); gossip peers send `had` at most every 50 ms;
 - control messages are the real messages, encoded by `echo2p2p.messages` (or, for peer links,
-  msgpack frames of the fields `docs/PROTOCOL.md` names): hub -> peer announcement with its
+  msgpack frames of the fields `docs/protocol/` names): hub -> peer announcement with its
   plan (tracker: RelayPlan; gossip: GossipPlan, or its RelayPlan-shaped stand-in if the
   message is not there yet), peer -> hub TransferReport and VersionHeld, and under faults the
   tracker's plan revisions (one to every member per departed owner) and RelayReports, and

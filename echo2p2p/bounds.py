@@ -144,7 +144,7 @@ def _rollout(msg: m.RolloutSubmission, welcome: m.Welcome | None) -> None:
     # Python loop over the unpacked floats took ~80 us (bench/ingest.py admits ~1000 groups/s).
     lps = np.frombuffer(b"".join(s.logprobs for s in msg.samples), dtype="<f4")
     if lps.size and not (np.isfinite(lps).all() and lps.max() <= MAX_LOGPROB):
-        raise bad("logprobs must be finite and <= 0")
+        raise bad(f"logprobs must be finite and <= {MAX_LOGPROB:g}")
 
 
 def _episode(s: m.Sample, cap: int | None, bad: Callable[[str], RemoteProtocolError]) -> None:

@@ -6,7 +6,7 @@ re-exported here, where callers reach the wire). Token ids and logprobs travel p
 (little-endian uint32 / float32), which keeps a 256-token rollout near 2 KiB and lets the hub
 validate it without touching every element.
 
-It knows nothing about sockets, sessions or the clock; `docs/PROTOCOL.md` is its human-readable
+It knows nothing about sockets, sessions or the clock; `docs/protocol/` is its human-readable
 form. `decode` raises `RemoteProtocolError` with a close code and a reason safe to send back,
 never anything else, on any input. Value bounds (a price is finite, a version is not negative)
 are `echo2p2p.bounds`'; the wire types only are checked here.

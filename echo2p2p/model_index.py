@@ -62,7 +62,7 @@ class FileEntry:
 @dataclass(frozen=True)
 class ModelIndex:
     """A parsed index: the model's name (for logs only: never a path), its files, and the
-    token facts the hub's loader uses (docs/PROTOCOL.md section 9)."""
+    token facts the hub's loader uses (docs/protocol/scoring.md, section 9)."""
 
     model: str
     files: tuple[FileEntry, ...]

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must 
 
 log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-facing side
 
-# Reject reasons no honest engine earns (section 10 of docs/PROTOCOL.md): each costs trust.
+# Reject reasons no honest engine earns (docs/protocol/scoring.md, section 10): each costs trust.
 BAD_ROLLOUTS = frozenset({"bad_tokens", "bad_turns"})
 
 

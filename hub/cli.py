@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
                        help="shard the learner over N local ranks: re-run this command under "
                             "torchrun (python -m torch.distributed.run --nproc-per-node N); for "
-                            "several nodes run torchrun yourself on each (see the README)")
+                            "several nodes run torchrun yourself on each "
+                            "(docs/guides/multi-gpu.md)")
         p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
         add_arguments(p, HubConfig, docs=help_texts(HubConfig))

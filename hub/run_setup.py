@@ -49,7 +49,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them)."""
-    # The policy's config and tokenizer files for peers (docs/PROTOCOL.md section 9), read
+    # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
     files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
     run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)

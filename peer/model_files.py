@@ -1,7 +1,7 @@
 """The model's files from the hub: fetch, verify and cache the directory an engine is built from.
 
 A welcome names the model's config and tokenizer files by the digest of the hub's index and
-the hub's signature over it (`echo2p2p.model_index`, docs/PROTOCOL.md section 9).
+the hub's signature over it (`echo2p2p.model_index`, docs/protocol/scoring.md, section 9).
 `model_directory` checks that signature against the welcome's hub key, fetches the index
 (`GET /model/`, with the ticket header of a chunk request to the hub), checks it hashes to the
 signed digest, holds it to the index bounds, fetches each file (reading no more than the size

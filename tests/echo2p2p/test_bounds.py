@@ -263,3 +263,13 @@ def test_the_peer_refuses_at_start_what_the_hub_would_refuse(overrides, field):
     with pytest.raises(ConfigError) as info:
         PeerConfig(**overrides)
     assert info.value.field == field
+
+
+def test_logprob_close_reason_names_the_bound_it_checks():
+    """A logprob a hair above 0 passes (float32 rounding of a near-certain token lands there);
+    one past the bound is refused with a reason that names the bound checked, 1e-3, not 0."""
+    hair = dataclasses.replace(sample(), logprobs=lp([-1, 0.0009, -1]))
+    past = dataclasses.replace(sample(), logprobs=lp([-1, 0.002, -1]))
+    assert ready_hub().receive(m.encode(dataclasses.replace(R, samples=[sample(), hair])), 1.0)
+    err = refused(dataclasses.replace(R, samples=[sample(), past]))
+    assert f"<= {b.MAX_LOGPROB:g}" in err.reason and b.MAX_LOGPROB == 1e-3

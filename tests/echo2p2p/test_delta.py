@@ -80,7 +80,7 @@ def test_every_pair_of_special_patterns_round_trips():
 
 
 def spec_step_decode(raw: bytes, base: bytes, w: int) -> bytes:
-    """The "step" payload as docs/PROTOCOL.md words it, one word at a time in plain Python."""
+    """The "step" payload as docs/protocol/overlay.md words it, a word at a time in plain Python."""
     top, mask = 1 << (8 * w - 1), (1 << 8 * w) - 1
     count, n_positions = struct.unpack_from("<QQ", raw)
     changes, position, skip = [], -1, 0  # changes: (position, step is +-1)
@@ -114,7 +114,7 @@ def spec_step_decode(raw: bytes, base: bytes, w: int) -> bytes:
 
 @pytest.mark.parametrize("word", [1, 2, 4, 8])
 def test_step_payload_is_what_the_protocol_says(word):
-    """An independent reading of the PROTOCOL.md text rebuilds what the encoder sent, on a
+    """An independent reading of docs/protocol/overlay.md rebuilds what the encoder sent, on a
     stream with one-ulp moves, larger and wide steps, sign flips and special patterns."""
     rng = np.random.default_rng(word)
     n = 4000

@@ -16,12 +16,12 @@ from echo2p2p.errors import SnapshotError
 
 WORDS = 1000
 BASE = (np.arange(WORDS, dtype="<u2") + 0x3C00).tobytes()
-COUNTS = struct.Struct("<QQ")  # step codec: changed words, position bytes (docs/PROTOCOL.md)
+COUNTS = struct.Struct("<QQ")  # the step codec: changed words, position bytes (docs/protocol/)
 
 
 def forged(raw: bytes, codec: str = "step", frame: bytes | None = None,
            base: bytes = BASE) -> bytes:
-    """A delta with an honest header (docs/PROTOCOL.md, "Delta chunks") around `raw`, for
+    """A delta with an honest header (docs/protocol/overlay.md, "Delta chunks") around `raw`, for
     2-byte words of `base`."""
     payload = zstandard.ZstdCompressor().compress(raw) if frame is None else frame
     return struct.pack("<4sBBxxQQ", b"E2D1", delta.CODECS.index(codec), 2, len(base),

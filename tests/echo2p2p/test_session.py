@@ -44,7 +44,7 @@ S = State
 SEND, RECV = "send", "recv"
 
 # The model: what each side may do in each state, written out by hand from the protocol
-# (docs/PROTOCOL.md), never read from the table under test. Goodbye is added below.
+# (docs/protocol/wire.md), never read from the table under test. Goodbye is added below.
 _AFTER_WELCOME_FROM_PEER = {m.Heartbeat, m.LeaseRequest, m.RolloutSubmission, m.VersionHeld,
                             m.TransferReport, m.RelayReport}
 _AFTER_WELCOME_FROM_HUB = {m.Heartbeat, m.LeaseGrant, m.Ack, m.Reject, m.VersionAnnouncement,

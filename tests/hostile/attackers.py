@@ -3,7 +3,7 @@ attacker runs beside it (a relay that never answers, a relay that records what i
 a hub that is not the hub.
 
 `RawPeer` builds every frame as a plain msgpack map (`{"p": 2, "t": type, ...}`, as
-docs/PROTOCOL.md describes it), so values the honest `Session` would refuse to send (a NaN price,
+docs/protocol/ describes it), so values the honest `Session` would refuse to send (a NaN price,
 a 590,000-key map) still go out, and it records every frame and the close it gets. It never
 generates and never downloads: it says what it says and watches the hub's answer.
 """

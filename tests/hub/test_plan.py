@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def documented_example() -> tuple[list[str], str]:
-    """The command and output under README's plan-example marker."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- plan-example[^>]*-->\n```\n\$ (.+?)\n(.*?)\n```", readme, re.S)
-    assert block, "README lost its plan example"
+    """The command and output under the capacity planner guide's plan-example marker."""
+    page = (ROOT / "docs" / "guides" / "capacity.md").read_text()
+    block = re.search(r"<!-- plan-example[^>]*-->\n```\n\$ (.+?)\n(.*?)\n```", page, re.S)
+    assert block, "docs/guides/capacity.md lost its plan example"
     argv = shlex.split(block.group(1))
     assert argv[0] == "echo2-hub"
     return argv[1:], block.group(2)
@@ -31,7 +31,7 @@ def run_plan(argv: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
     return code, out.out.rstrip("\n"), out.err
 
 
-def test_readme_example_is_what_the_command_prints(capsys, monkeypatch):
+def test_documented_example_is_what_the_command_prints(capsys, monkeypatch):
     argv, documented = documented_example()
     code, out, _ = run_plan(argv, capsys, monkeypatch)
     assert code == 0

@@ -1,0 +1,178 @@
+"""The docs site: it builds with no warning, and the protocol's test vectors are the code's.
+
+The vectors are read out of the pages as a reader sees them (docs/protocol/signing.md, section
+11; docs/protocol/wire.md, section 13), never copied into this file, so a wrong byte or length
+on a page fails here. Each signature is checked twice: the code signs the page's message to the
+page's bytes, and the page's signature verifies, under the page's public key, over the message
+this test builds from the page's own description of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from echo2p2p import messages as m
+from echo2p2p import model_index, signing
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNING = (ROOT / "docs" / "protocol" / "signing.md").read_text()
+WIRE = (ROOT / "docs" / "protocol" / "wire.md").read_text()
+
+HUB_SEED = bytes(range(32))  # "Hub private key (seed) `00 01 02 … 1f`"
+PEER_SEED = bytes(range(32, 64))  # "peer private key (seed) bytes 32 to 63"
+NONCE = bytes(range(16))  # "`nonce` = bytes 0 to 15"
+
+
+def test_site_builds_with_no_warning(tmp_path):
+    """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav or a flag
+    reference that does not render fails the build."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stdout + done.stderr
+    flags = (tmp_path / "site" / "reference" / "flags" / "index.html").read_text()
+    for flag in ("--max-lag", "--lr", "--max-new-tokens", "--workers", "--hub-key"):
+        assert f"<code>{flag}</code>" in flags, flag
+
+
+def _after(text: str, label: str, pattern: str) -> str:
+    found = re.search(re.escape(label) + pattern, text, re.S)
+    assert found, f"no {label!r} in the page"
+    return found.group(1)
+
+
+def _hex_block(text: str, label: str) -> bytes:
+    return bytes.fromhex(_after(text, label, r".*?```\n([0-9a-f]+)\n```"))
+
+
+def _verifies(public: bytes, signature: bytes, message: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except Exception:  # cryptography's InvalidSignature, or a malformed key or signature
+        return False
+    return True
+
+
+def the_manifest() -> m.Manifest:
+    """The worked example's manifest, as the page describes it."""
+    return m.Manifest(version=3, base_version=None, codec="zstd", hash_algo="blake2b-256",
+                      chunk_bytes=4, total_bytes=4,
+                      tensors=[m.TensorEntry("w", "bfloat16", [2], 0, 4)],
+                      chunks=[m.ChunkEntry(4, 13, b"\x22" * 32)], digest=b"\x11" * 32)
+
+
+def test_hub_public_key_is_the_seeds():
+    documented = bytes.fromhex(_after(SIGNING, "public key\n", r"`([0-9a-f]{64})`"))
+    assert signing.public_key(HUB_SEED) == documented
+
+
+def test_signed_manifest_length_and_signature():
+    signed = signing.manifest_bytes(the_manifest())
+    assert len(signed) == int(_after(SIGNING, "The ", r"(\d+) signed bytes"))
+    assert signed.startswith(b"echo2p2p-manifest-v1\x00\x89\xa7version\x03\xacbase_version\xc0")
+    documented = _hex_block(SIGNING, "Its signature (hex, 64 bytes):")
+    assert signing.sign_manifest(HUB_SEED, the_manifest()) == documented
+    assert _verifies(signing.public_key(HUB_SEED), documented, signed)
+
+
+def test_proof_ticket_and_auth_vectors():
+    peer_key = signing.public_key(PEER_SEED)
+    table = dict(re.findall(r"^(peer_key|proof|ticket|auth p2|auth hub)\s+([0-9a-f]+)$",
+                            SIGNING, re.M))
+    assert bytes.fromhex(table["peer_key"]) == peer_key
+    hub = signing.public_key(HUB_SEED)
+    # The messages as the page's table spells them, and the lengths the page states.
+    proof_msg = b"echo2p2p-welcome-v1\x00" + bytes([16]) + NONCE + b"r1\x00p1\x00" + peer_key
+    ticket_msg = b"echo2p2p-ticket-v2\x00r1\x00p1\x00" + peer_key
+    assert len(proof_msg) == int(_after(SIGNING, "proof message (", r"(\d+) bytes\)"))
+    assert len(ticket_msg) == int(_after(SIGNING, "ticket message (", r"(\d+) bytes\)"))
+    cases = {
+        "proof": (signing.sign_welcome(HUB_SEED, NONCE, "r1", "p1", peer_key), hub, proof_msg),
+        "ticket": (signing.sign_ticket(HUB_SEED, "r1", "p1", peer_key), hub, ticket_msg),
+        "auth p2": (signing.chunk_auth(PEER_SEED, "r1", "p2"), peer_key,
+                    b"echo2p2p-chunk-auth-v1\x00r1\x00p2"),
+        "auth hub": (signing.chunk_auth(PEER_SEED, "r1", "hub"), peer_key,
+                     b"echo2p2p-chunk-auth-v1\x00r1\x00hub"),
+    }
+    for name, (signed, public, message) in cases.items():
+        documented = bytes.fromhex(table[name])
+        assert signed == documented, name
+        assert _verifies(public, documented, message), name
+
+
+def test_model_files_vectors():
+    index = model_index.index_of("tiny", {"config.json": b"{}"}, {"eos_token_id": 1})
+    encoded = model_index.encode_index(index)
+    documented = _after(SIGNING, "is these ", r"\d+ bytes.*?```\n(.+?)\n```").encode()
+    assert encoded == documented
+    assert len(encoded) == int(_after(SIGNING, "is these ", r"(\d+) bytes"))
+    digest = bytes.fromhex(_after(SIGNING, "its `model_digest` is\n", r"`([0-9a-f]{64})`"))
+    assert model_index.index_digest(encoded) == digest
+    message = b"echo2p2p-model-files-v1\x00" + b"\x33" * 32
+    assert len(message) == int(_after(SIGNING, "signed message\nis the ", r"(\d+) bytes"))
+    signature = _hex_block(SIGNING, "`model_signature` is")
+    assert signing.sign_model_files(HUB_SEED, b"\x33" * 32) == signature
+    assert _verifies(signing.public_key(HUB_SEED), signature, message)
+
+
+def test_worked_frames():
+    """Section 13: the heartbeat, a lease request and the hello, byte for byte or by length."""
+    heartbeat = _after(WIRE, "i.e. ", r"`([0-9a-f ]+)`")
+    assert m.encode(m.Heartbeat()) == bytes.fromhex(heartbeat)
+    lease_request = _after(WIRE, "with `n = 2` is ", r"`([0-9a-f ]+)`")
+    assert m.encode(m.LeaseRequest(n=2)) == bytes.fromhex(lease_request)
+    hello = m.Hello(name="n", engine="transformers", device="cpu", price_per_hour=0.0,
+                    listen_addr=None, token="", nonce=NONCE,
+                    peer_key=signing.public_key(PEER_SEED))
+    encoded = m.encode(hello)
+    assert len(encoded) == int(_after(WIRE, "no token), ", r"(\d+) bytes"))
+    assert msgpack.unpackb(encoded)["p"] == m.PROTOCOL_VERSION
+    shown = int(_after(WIRE, 'a1 "p" ', r"([0-9a-f]{2})"), 16)
+    assert shown == m.PROTOCOL_VERSION, "the worked hello shows another protocol version"
+    assert json.loads("[" + _after(WIRE, "must be exactly `", r"(\d+)`") + "]") == [
+        m.PROTOCOL_VERSION]
+
+
+# Names the architecture page cites from other projects, as models: not ours to define.
+ELSEWHERE = {"Protocol"}
+FILE = r"\.(py|yml|toml|json|jsonl|md|html|png)$"  # a file's name, not a Python name
+
+
+def _code_names() -> tuple[set[str], dict[str, str], set[str]]:
+    """Every name the code defines, each class's body by name, and every module's name."""
+    files = [p for d in ("echo2p2p", "hub", "peer") for p in (ROOT / d).rglob("*.py")]
+    code = "\n".join(p.read_text() for p in files)
+    defined = set(re.findall(r"^\s*(?:async def|def|class) (\w+)", code, re.M))
+    defined |= set(re.findall(r"^\s*(?:self\.)?(\w+)\s*(?::[^=\n]*)?=", code, re.M))
+    bodies = {name: body for name, body in
+              re.findall(r"^class (\w+)\b.*?\n(.*?)(?=^\S|\Z)", code, re.M | re.S)}
+    return defined, bodies, {p.stem for p in files} | {p.parent.name for p in files}
+
+
+def test_architecture_cites_names_that_exist():
+    """Every `Class.member`, `function()` or class the page names is defined in the code: a
+    renamed method fails here instead of misleading a reader."""
+    defined, bodies, modules = _code_names()
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for token in re.findall(r"`([A-Za-z_][\w.]*)(\(.*?\))?`", text):
+        name, called = token
+        parts = name.split(".")
+        if parts[-1] in modules or parts[-1] in ELSEWHERE or re.search(FILE, name):
+            continue
+        if len(parts) == 2 and parts[0] in bodies:  # Class.member: in that class's body
+            if not re.search(rf"(def {parts[1]}\b|^\s+{parts[1]}\s*[:=]|self\.{parts[1]}\s*[:=])",
+                             bodies[parts[0]], re.M):
+                missing.append(name)
+        elif (called or len(parts) > 1 or name[:1].isupper()) and parts[-1] not in defined:
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names what the code does not define: {missing}"

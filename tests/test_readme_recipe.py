@@ -1,0 +1,149 @@
+"""README's "Your model, your data": its two commands run as written, and its defaults are true.
+
+The commands are read out of README.md under the recipe marker, run from a directory holding
+`./my-model` (a model directory written by `save_pretrained`: the built-in tiny model's, saved
+afresh) and `./my-data.jsonl`, with three flags appended so a CPU finishes in seconds: a free
+port for the hub (and the peer's URL on it), `--max-steps 2` and a shorter completion cap. The
+defaults table is checked against the parser, whose defaults are the config's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from echo2p2p.hub.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def recipe() -> tuple[list[str], list[str]]:
+    """The hub's and the peer's command lines under the README's recipe marker."""
+    block = re.search(r"<!-- recipe:[^>]*-->\n```sh\n(.*?)\n```", README, re.S)
+    assert block, "README lost its recipe"
+    lines = block.group(1).replace("\\\n", " ").splitlines()
+    hub = [shlex.split(line) for line in lines if line.startswith("echo2-hub serve ")]
+    peer = [shlex.split(line) for line in lines if line.startswith("echo2-peer join ")]
+    assert len(hub) == 1 and len(peer) == 1, lines
+    return hub[0], peer[0]
+
+
+def documented_defaults() -> dict[str, str]:
+    table = re.search(r"<!-- recipe-defaults[^>]*-->\n(.*?)\n\n", README, re.S)
+    assert table, "README lost its table of defaults"
+    rows = re.findall(r"^\| `(--[a-z-]+)` \| `([^`]*)` \|", table.group(1), re.M)
+    return dict(rows)
+
+
+def parser_defaults() -> dict[str, str]:
+    """Each `serve` flag's default as the flag reference renders it (docs/hooks/flags.py)."""
+    spec = importlib.util.spec_from_file_location("flags_hook", ROOT / "docs/hooks/flags.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    serve = hook.subcommand("echo2-hub", "serve")
+    return {flag: hook._help_and_default(action)[1].strip("`")
+            for action in serve._actions for flag in action.option_strings}
+
+
+def same_value(a: str, b: str) -> bool:
+    """'cpu' is cpu, 1e-3 is 0.001: the help may quote or format a default either way."""
+    a, b = a.strip("'\""), b.strip("'\"")
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def test_documented_defaults_are_the_parsers():
+    documented, actual = documented_defaults(), parser_defaults()
+    assert {"--lr", "--max-new-tokens", "--group-size", "--prompts-per-step"} <= set(documented)
+    for flag, default in documented.items():
+        assert same_value(actual[flag], default), (flag, actual[flag], default)
+
+
+def test_recipe_flags_exist():
+    hub, _ = recipe()
+    build_parser().parse_args(hub[1:])  # an unknown flag or a bad value exits
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(argv: list[str]) -> list[str]:
+    """The console script as installed beside this Python (the venv's), else on PATH."""
+    found = shutil.which(argv[0], path=f"{Path(sys.executable).parent}{os.pathsep}"
+                                       f"{os.environ.get('PATH', '')}")
+    assert found, f"{argv[0]} is not installed"
+    return [found, *argv[1:]]
+
+
+def write_model_and_data(where: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from echo2p2p.policy.model import builtin_dir
+
+    AutoModelForCausalLM.from_pretrained(builtin_dir()).save_pretrained(where / "my-model")
+    AutoTokenizer.from_pretrained(builtin_dir()).save_pretrained(where / "my-model")
+    rng = random.Random(0)
+    with open(where / "my-data.jsonl", "w") as f:
+        for _ in range(64):
+            a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+            f.write(json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+
+
+@pytest.mark.slow
+def test_recipe_trains_as_written(tmp_path):
+    hub_argv, peer_argv = recipe()
+    write_model_and_data(tmp_path)
+    port = free_port()
+    hub_argv = hub_argv + ["--port", str(port), "--max-steps", "2", "--max-new-tokens", "16"]
+    peer_argv = [a.replace(":8765/", f":{port}/") for a in peer_argv]
+    assert f":{port}/" in " ".join(peer_argv), "the peer's URL is not the hub's default port"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "hub.log", "w") as hub_log, open(tmp_path / "peer.log", "w") as peer_log:
+        hub = subprocess.Popen(command(hub_argv), cwd=tmp_path, env=env, stdout=hub_log,
+                               stderr=subprocess.STDOUT)
+        peer = subprocess.Popen(command(peer_argv), cwd=tmp_path, env=env, stdout=peer_log,
+                                stderr=subprocess.STDOUT)
+        try:
+            code = hub.wait(timeout=240)
+        finally:
+            for proc in (hub, peer):
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+    log = (tmp_path / "hub.log").read_text()
+    assert code == 0, log[-3000:] + (tmp_path / "peer.log").read_text()[-3000:]
+    [metrics] = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in records if "train/reward_mean" in r]
+    assert len(steps) == 2, records
+    config = json.loads(next(metrics.parent.glob("config.json")).read_text())
+    assert "my-model" in json.dumps(config) and "my-data.jsonl" in json.dumps(config)
+
+
+def test_getting_started_shows_the_same_recipe():
+    """The site's getting-started page repeats the README's recipe: the same two commands."""
+    page = (ROOT / "docs" / "getting-started.md").read_text().replace("\\\n", " ")
+    for argv in recipe():
+        assert " ".join(argv) in " ".join(page.split()), argv[:2]
