@@ -166,7 +166,7 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
             await asyncio.sleep(wait_s)  # the long poll a real server makes, then "not yet"
             return None
 
-        stalling.store.chunk = never
+        stalling.fetcher.store.chunk = never
         victim = next(p for p in hub.peers.values() if p.hello.name == stalling.cfg.name)
         async with raw_peer(url) as (send, _, _):
             index = publish_owned(hub, key, victim.peer_id)
