@@ -169,15 +169,15 @@ class RolloutWorker:
                             lease.answer)
                 return None
             try:
-                version, made = await asyncio.to_thread(self.rollouts.play, lease, seed,
-                                                    self.welcome, env)
+                version, made = await asyncio.to_thread(
+                    self.rollouts.play, lease, seed, self.welcome, env)
             except Exception:  # the installed environment's bug (or a context past the
                 # model's length): this lease is dropped and re-issued, the peer goes on
                 log.exception("dropping lease %s: playing its episodes failed", lease.lease_id)
                 return None
         else:
-            version, made = await asyncio.to_thread(self.rollouts.generate, lease, seed,
-                                                  self.welcome)
+            version, made = await asyncio.to_thread(
+                self.rollouts.generate, lease, seed, self.welcome)
         self.tokens_generated += sum(len(x.logprobs) for x in made)  # a logprob per model token
         if version is None or version < lease.min_version:
             return None
