@@ -1,10 +1,12 @@
 """The peer: join a hub, hold the newest version, turn leases into rollouts. `PeerClient` is a
 pump over parts of one concept each: `connection` (websocket, handshake, backoff), the core's
 `echo2p2p.peer_protocol` (frames -> events; welcome adoption and plan matching as decisions),
-`fetcher` (downloads, staging), `chunk_server` (serving what we hold), `model_files` (the
-model's config and tokenizer from the hub, verified and cached: an engine is built from those
-alone) and `worker` (swapper; leases -> generate -> score -> submit). Here: the reconnect
-loop, the reader, the heartbeat, and applying adoption decisions. When the hub goes away the
+`fetcher` (the chunk store, downloads, staging), `chunk_server` (serving what we hold),
+`model_files` (the model's config and tokenizer from the hub, verified and cached: an engine is
+built from those alone), `swapper` (the engine handle: the version it holds, swaps, and
+`VersionHeld`) and `worker` (leases -> generate -> score -> submit). The parts never see the
+client: each is given what it uses. Here: the reconnect loop, the reader, the heartbeat, and
+applying adoption decisions (handing the welcome to the parts). When the hub goes away the
 peer keeps generating the leases it holds, keeps what the hub has not answered in its `Outbox`
 and sends it again on the next connection (a hub resumed from its checkpoint admits it within S
 of its resumed step). The "relay" engine holds and serves versions but generates nothing.
@@ -17,6 +19,7 @@ import contextlib
 import logging
 import ssl
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +44,8 @@ from .fetcher import Fetcher
 from .metrics import metrics_server
 from .model_files import model_directory
 from .outbox import Outbox
-from .worker import Worker
+from .swapper import Swapper
+from .worker import MakesRollouts, RolloutWorker, Rollouts
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +64,19 @@ class PeerStats:
 class PeerClient:
     """A rollout worker. `engine` may be given (tests, wrappers); else it is built on welcome.
 
-    Subclasses (the chaos and hostile suites' liars) may wrap `_adopt` and `_generate`, and
-    replace `store`, `engine` and `reward` after a welcome: the parts read them from here."""
+    The chaos and hostile suites' liars pass parts that lie: `rollouts` wraps the honest
+    `Rollouts` (what it returns is scored and submitted), `chunk_store(keep_versions)` makes the
+    stores the fetcher holds, `reward_for(task)` is the reward function claimed with."""
 
-    def __init__(self, cfg: PeerConfig, engine: Any = None):
+    def __init__(self, cfg: PeerConfig, engine: Any = None, *,
+                 rollouts: Callable[[Rollouts], MakesRollouts] | None = None,
+                 chunk_store: Callable[[int], ChunkStore] = ChunkStore,
+                 reward_for: Callable[[str], Any] = REWARDS.get):
         self.cfg = cfg
         self.url = normalize_url(cfg.hub_url)
-        self.engine = engine
         self.welcome: m.Welcome | None = None
-        self.reward: Any = None  # the task's reward function: set at welcome
         self.env: InstalledEnvironment | None = None  # the run's environment, if it has one
-        self.store = ChunkStore(cfg.keep_versions)
+        self._reward_for = reward_for
         self.meter = UploadMeter()
         self.tickets = Tickets()  # who may fetch from our chunk server: set at welcome
         self._key = signing.new_private_key()  # signs our chunk requests; the hub's ticket binds it
@@ -78,8 +84,12 @@ class PeerClient:
         self.served_url: str | None = None  # where other peers reach our chunk server
         self.metrics_url: str | None = None  # our /metrics while we run (cfg.metrics_port)
         self.outbox = Outbox(int(cfg.outbox_memory_mb * (1 << 20)), cfg.outbox_max, cfg.spool_dir)
-        self.worker = Worker(self)
-        self.fetcher = Fetcher(self)
+        self.swapper = Swapper(engine, self.send)
+        honest = Rollouts(self.swapper)
+        self.worker = RolloutWorker(self.swapper, rollouts(honest) if rollouts else honest,
+                                    self.outbox, self.send, cfg.score_timeout_s)
+        self.fetcher = Fetcher(cfg, self.swapper, self.send, self.meter, self.tickets,
+                               chunk_store)
         self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
         self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
@@ -91,16 +101,16 @@ class PeerClient:
     @property
     def version(self) -> int | None:
         """The version the engine holds now (for a relay: the newest complete one)."""
-        return self.worker.version
+        return self.swapper.version
 
     def statistics(self) -> PeerStats:
-        w = self.worker
-        return PeerStats(self._connections, w.loaded, w.version, w.submitted, self._acked,
-                         dict(self._rejected), self.fetcher.downloaded_bytes)
+        s = self.swapper
+        return PeerStats(self._connections, s.loaded, s.version, self.worker.submitted,
+                         self._acked, dict(self._rejected), self.fetcher.downloaded_bytes)
 
     async def wait_version(self, version: int) -> None:
         """Return once the engine holds `version` or a newer one."""
-        await self.worker.wait_version(version)
+        await self.swapper.wait_version(version)
 
     async def wait_connected(self) -> None:
         """Return once a connection is up: welcomed, the welcome adopted, the hub being read."""
@@ -154,7 +164,7 @@ class PeerClient:
     async def _workers(self):
         """The worker and the swapper, across connections (a bug in either stops the peer)."""
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self.worker.swap_versions())]
+            tasks = [tg.create_task(self.swapper.swap_versions())]
             if self.cfg.engine != "relay":
                 tasks.append(tg.create_task(self.worker.work()))
             try:
@@ -168,7 +178,7 @@ class PeerClient:
     @contextlib.asynccontextmanager
     async def _chunk_server(self):
         """Serve our chunks at `cfg.listen` for as long as the peer runs (nothing if '')."""
-        async with chunk_server(self.cfg, lambda: self.store, self.meter, self.tickets,
+        async with chunk_server(self.cfg, lambda: self.fetcher.store, self.meter, self.tickets,
                                 self.url, self.fetcher.links) as served_url:
             if served_url is not None:
                 self.served_url = served_url
@@ -214,8 +224,7 @@ class PeerClient:
     async def _greet(self, conn: HubConnection) -> None:
         """What a new connection says first: what we hold, what the hub has not answered, and
         how many leases we can take."""
-        if self.version is not None:
-            await conn.send(m.VersionHeld(self.version))
+        await self.swapper.announce()
         for sub in self.outbox.pending():  # unanswered: the hub may never have seen them
             await conn.send(sub)
         if self.cfg.engine != "relay":
@@ -234,12 +243,12 @@ class PeerClient:
                 raise JoinRefused(str(exc)) from None
         self.tickets.admit(welcome.hub_key, welcome.run_id, welcome.peer_id)
         self.credentials = Credentials(welcome.run_id, welcome.peer_id, self._key, welcome.ticket)
+        self.fetcher.adopt(self.credentials)
         decision = pp.adoption(self.welcome, welcome, held_version=self.version,
-                               has_engine=self.engine is not None,
+                               has_engine=self.swapper.engine is not None,
                                relay=self.cfg.engine == "relay")
         if decision.build_model is not None:
-            self.engine = await self._build(welcome)
-            self.worker.set_version(None)
+            self.swapper.set_engine(await self._build(welcome))
         if decision.new_run:
             # A different run: our weights say nothing about its versions, its leases are not ours.
             self._drop_versions()
@@ -253,7 +262,8 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        self.reward = REWARDS.get(welcome.task)  # None: only the hub can score ("custom")
+        # reward None: only the hub can score ("custom")
+        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))
         self._welcomed.set()
 
     async def _build(self, welcome: m.Welcome) -> Any:
@@ -275,9 +285,8 @@ class PeerClient:
         return engine
 
     def _drop_versions(self) -> None:
-        self.worker.set_version(None)
-        self.worker.staged = None
-        self.store = ChunkStore(self.cfg.keep_versions)
+        self.swapper.drop()
+        self.fetcher.drop_versions()
 
     # --- reader --------------------------------------------------------------------------
 
@@ -324,16 +333,6 @@ class PeerClient:
             self.fetcher.revise(event.plan)
 
     # --- what the parts call -------------------------------------------------------------
-
-    def _generate(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
-        """(version used, completions) for `lease` (a worker thread calls it; a subclass may
-        wrap it)."""
-        return self.worker.generate(lease, seed)
-
-    def _play(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
-        """(version used, episodes played) for `lease` in a multi-turn run (a worker thread
-        calls it; a subclass may wrap it)."""
-        return self.worker.play(lease, seed)
 
     async def send(self, msg: m.Message) -> None:
         """Send on the connection now, if there is one; else (or if it breaks) drop: what must

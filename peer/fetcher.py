@@ -7,16 +7,17 @@ one still under way; a `PlanRevised` event re-routes it. A tracker download belo
 connection and ends with it; a gossip download outlives it (its task is the links'), and the
 announcement of the same version on the next connection finds it still running.
 A complete version is reported to the hub
-(`TransferReport`) and handed, as tensors, to the worker's swapper — or, for a relay node that
-generates nothing, held and announced as held. The fetcher never touches the engine, and what
-it decides about which announcement wins is the connection protocol's
-(`echo2p2p.peer_protocol`).
+(`TransferReport`) and handed to the swapper (`swapper.Swapper`): as tensors, or, for a relay
+node that generates nothing, as held in the store. The fetcher owns the chunk store (a new run
+starts a new one), never touches the engine, and what it decides about which announcement wins
+is the connection protocol's (`echo2p2p.peer_protocol`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from echo2p2p import messages as m
@@ -24,38 +25,53 @@ from echo2p2p.errors import SnapshotError
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.gossip_download import GossipDownload
 from echo2p2p.overlay.links import Links
+from echo2p2p.overlay.store import ChunkStore
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from echo2p2p.overlay.serving import UploadMeter
     from echo2p2p.overlay.store import Held
-    from echo2p2p.overlay.tickets import Credentials
+    from echo2p2p.overlay.tickets import Credentials, Tickets
     from echo2p2p.peer_protocol import PeerProtocol
 
-    from .client import PeerClient
+    from .config import PeerConfig
     from .connection import HubConnection
+    from .swapper import Swapper
 
 log = logging.getLogger(__name__)
 
 
 class Fetcher:
-    """The download of the connection now (at most one), and the bytes fetched so far."""
+    """The chunk store, the download of the connection now (at most one), and the bytes fetched
+    so far. `send` drops what it cannot send; `chunk_store(keep_versions)` makes a store (a liar
+    may make one that serves corrupt chunks)."""
 
-    def __init__(self, peer: PeerClient):
-        self.peer = peer
+    def __init__(self, cfg: PeerConfig, swapper: Swapper,
+                 send: Callable[[m.Message], Awaitable[None]], meter: UploadMeter,
+                 tickets: Tickets, chunk_store: Callable[[int], ChunkStore] = ChunkStore):
+        self.cfg, self._swapper, self._send = cfg, swapper, send
+        self._chunk_store = chunk_store
+        self.store = chunk_store(cfg.keep_versions)
+        self.credentials: Credentials | None = None  # who we are to chunk servers: `adopt`
         self.bytes_from_hub = self.bytes_from_peers = 0  # chunk bytes of every version fetched
         self.versions_fetched = 0  # downloads that completed and verified
         self._download: tuple[Download, asyncio.Task] | None = None
-        cfg = peer.cfg
-        self.links = Links(self._identity, peer.meter, degree=cfg.gossip_degree,
+        self.links = Links(self._identity, meter, degree=cfg.gossip_degree,
                            max_links=cfg.gossip_max_links, upload_limit_mbps=cfg.upload_limit_mbps,
-                           want_timeout_s=cfg.relay_stall_s, tickets=peer.tickets)
+                           want_timeout_s=cfg.relay_stall_s, tickets=tickets)
         self._protocol: PeerProtocol | None = None  # the connection that announced the download
 
     def _identity(self) -> tuple[str | None, Credentials | None]:
         """Who we are to other peers' chunk servers now (a reconnect gives a new peer id)."""
-        welcome = self.peer.welcome
-        return (welcome.peer_id if welcome else None), self.peer.credentials
+        c = self.credentials
+        return (c.peer_id if c else None), c
+
+    def adopt(self, credentials: Credentials) -> None:
+        """A welcome's credentials: what we show chunk servers from now on."""
+        self.credentials = credentials
+
+    def drop_versions(self) -> None:
+        """Forget every version held (another run's, or a resumed hub's): a new store."""
+        self.store = self._chunk_store(self.cfg.keep_versions)
 
     @property
     def downloaded_bytes(self) -> int:
@@ -78,28 +94,27 @@ class Fetcher:
             running.set_plan(plan)
             return
         self._drop()
-        peer = self.peer
-        held = peer.store.begin(manifest)
+        held = self.store.begin(manifest)
         if held is None:
             log.warning("v%d is a delta against v%s, which we no longer hold; waiting for a full "
                         "version", manifest.version, manifest.base_version)
             return
-        cfg = peer.cfg
-        kwargs = dict(http=conn.http, hub_base_url=conn.hub_base_url, me=peer.welcome.peer_id,
-                      stall_s=cfg.relay_stall_s, credentials=peer.credentials,
+        assert self.credentials is not None  # adopted before the connection is read
+        kwargs = dict(http=conn.http, hub_base_url=conn.hub_base_url, me=self.credentials.peer_id,
+                      stall_s=self.cfg.relay_stall_s, credentials=self.credentials,
                       first=self.downloaded_bytes == 0)
         conn.protocol.download_started(manifest)
         self._protocol = conn.protocol
         if plan.gossip is not None:
             try:
-                download = GossipDownload(peer.store, held, report=peer.send, links=self.links,
+                download = GossipDownload(self.store, held, report=self._send, links=self.links,
                                           gossip=plan.gossip, **kwargs)
             except ValueError as exc:
                 log.warning("ignoring a gossip plan for v%d: %s", manifest.version, exc)
                 return
-            task = self.links.spawn(self._fetch_version(download, peer.send))
+            task = self.links.spawn(self._fetch_version(download, self._send))
         else:
-            download = Download(peer.store, held, report=conn.send, **kwargs)
+            download = Download(self.store, held, report=conn.send, **kwargs)
             download.set_plan(plan)
             task = conn.tg.create_task(self._fetch_version(download, conn.send))
         self._download = (download, task)
@@ -128,7 +143,7 @@ class Fetcher:
             stats = await download.run()
             self.bytes_from_hub += stats.bytes_from_hub
             self.bytes_from_peers += stats.bytes_from_peers
-            await asyncio.to_thread(self.peer.store.finish, held)
+            await asyncio.to_thread(self.store.finish, held)
             self.versions_fetched += 1
         except SnapshotError as exc:
             log.error("giving up on v%d: %s", version, exc)
@@ -143,18 +158,15 @@ class Fetcher:
         await send(m.TransferReport(
             version, held.manifest.base_version, stats.download_s, stats.bytes_from_hub,
             stats.bytes_from_peers, stats.sources))
-        await self._stage(send, version, held)
+        await self._stage(version, held)
 
-    async def _stage(self, send: Callable[[m.Message], Awaitable[None]], version: int,
-                     held: Held) -> None:
-        worker = self.peer.worker
-        if worker.version == version:
+    async def _stage(self, version: int, held: Held) -> None:
+        if self._swapper.version == version:
             return  # announced again after a reconnect: the engine has it already
-        if self.peer.cfg.engine == "relay":
-            worker.set_version(version)
-            await send(m.VersionHeld(version))
+        if self.cfg.engine == "relay":
+            self._swapper.stage(version, None)  # the store holds it: nothing to load
             return
         from echo2p2p.policy.weights import tensors_to_state
 
         state = await asyncio.to_thread(lambda: tensors_to_state(held.assembler.tensors()))
-        worker.stage(version, state)
+        self._swapper.stage(version, state)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -25,17 +25,37 @@ from echo2p2p.runtime import http_deadlines
 from echo2p2p.runtime.prometheus import exposition, gauge, label_text
 
 if TYPE_CHECKING:
-    from .client import PeerClient
+    from echo2p2p import messages as m
+    from echo2p2p.overlay.serving import UploadMeter
+
+    from .config import PeerConfig
+    from .fetcher import Fetcher
+    from .outbox import Outbox
+    from .worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
 MAX_REASONS = 16  # reject reasons with a series of their own; the rest count as "other"
 
 
+class Observed(Protocol):
+    """What the collector reads of a peer (a `PeerClient`, which imports this module: the
+    client is described here, not imported)."""
+
+    cfg: PeerConfig
+    welcome: m.Welcome | None
+    fetcher: Fetcher
+    worker: RolloutWorker
+    meter: UploadMeter
+    outbox: Outbox
+
+    def statistics(self) -> Any: ...  # a `PeerStats`
+
+
 class PeerCollector:
     """Reads one peer each scrape."""
 
-    def __init__(self, peer: PeerClient) -> None:
+    def __init__(self, peer: Observed) -> None:
         self.peer = peer
 
     def collect(self) -> Iterator[Metric]:
@@ -89,7 +109,7 @@ def rejected_by_reason(reasons: dict[str, int]) -> CounterMetricFamily:
 
 
 
-def peer_registry(peer: PeerClient) -> CollectorRegistry:
+def peer_registry(peer: Observed) -> CollectorRegistry:
     """A registry of `peer`'s metrics alone."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PeerCollector(peer))
@@ -97,7 +117,7 @@ def peer_registry(peer: PeerClient) -> CollectorRegistry:
 
 
 @contextlib.asynccontextmanager
-async def metrics_server(peer: PeerClient) -> AsyncIterator[str | None]:
+async def metrics_server(peer: Observed) -> AsyncIterator[str | None]:
     """Serve GET /metrics of `peer` at cfg.metrics_host:metrics_port while the block runs;
     yields its URL (None when metrics_port is -1)."""
     cfg = peer.cfg

@@ -10,8 +10,9 @@ ATTACKS (any of):
                     logprob spot-checks recompute them under the claimed version)
   --forge-version   tag each rollout with one version newer than the one that generated it
 
-Everything else is the honest `echo2p2p.peer.client.PeerClient`: the lies sit in a subclass, a chunk
-store and an engine wrapper, so the hub meets the same protocol an honest peer speaks.
+Everything else is the honest `echo2p2p.peer.client.PeerClient`: the lies sit in the parts it
+is given (a chunk store, a wrapper of its rollouts, a reward function), so the hub meets the same
+protocol an honest peer speaks.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, when run as a file
 
-from echo2p2p import messages as m  # noqa: E402
 from echo2p2p.peer import cli as peer_cli  # noqa: E402
 from echo2p2p.peer.client import PeerClient  # noqa: E402
 from echo2p2p.peer.config import PeerConfig  # noqa: E402
+from echo2p2p.peer.worker import Rollouts  # noqa: E402
 from echo2p2p.overlay.store import ChunkStore  # noqa: E402
+from echo2p2p.tasks import REWARDS  # noqa: E402
 
 ATTACKS = ("corrupt-chunks", "forge-rewards", "forge-logprobs", "forge-version")
 
@@ -41,19 +43,23 @@ class CorruptingStore(ChunkStore):
         return bytes([data[0] ^ 0xFF]) + data[1:] if data else data  # None and GONE pass
 
 
-class ForgingEngine:
-    """The real engine, with every behaviour logprob reported as 0.0."""
+class ForgedRollouts:
+    """The real engine's groups, with every behaviour logprob reported as 0.0 (forge-logprobs)
+    and/or tagged one version newer than the one that made them (forge-version)."""
 
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
+    def __init__(self, honest: Rollouts, attacks: set[str]):
+        self.honest, self.attacks = honest, attacks
 
-    def load_weights(self, named_tensors: Any) -> None:
-        self.engine.load_weights(named_tensors)
+    def generate(self, lease: Any, seed: int, welcome: Any) -> tuple[int | None, list]:
+        version, out = self.honest.generate(lease, seed, welcome)
+        if "forge-logprobs" in self.attacks:
+            out = [replace(c, logprobs=[0.0] * len(c.logprobs)) for c in out]
+        if "forge-version" in self.attacks and version is not None:
+            version += 1
+        return version, out
 
-    def generate(self, prompt_ids: list[int], n: int, **kwargs: Any) -> list:
-        return [replace(c, logprobs=[0.0] * len(c.logprobs))
-                for c in self.engine.generate(prompt_ids, n, **kwargs)]
+    def play(self, lease: Any, seed: int, welcome: Any, env: Any) -> tuple[int | None, list]:
+        return self.honest.play(lease, seed, welcome, env)  # the lies are single-turn ones
 
 
 def full_marks(answer: str, text: str) -> float:
@@ -61,28 +67,12 @@ def full_marks(answer: str, text: str) -> float:
     return 1.0
 
 
-class ByzantinePeer(PeerClient):
-    def __init__(self, cfg: PeerConfig, attacks: set[str]):
-        super().__init__(cfg)
-        self.attacks = attacks
-        if "corrupt-chunks" in attacks:
-            self.store = CorruptingStore(cfg.keep_versions)
-
-    async def _adopt(self, welcome: m.Welcome) -> None:
-        await super()._adopt(welcome)
-        if "corrupt-chunks" in self.attacks and not isinstance(self.store, CorruptingStore):
-            self.store = CorruptingStore(self.cfg.keep_versions)  # the honest code made a new one
-        if "forge-logprobs" in self.attacks and self.engine is not None \
-                and not isinstance(self.engine, ForgingEngine):
-            self.engine = ForgingEngine(self.engine)
-        if "forge-rewards" in self.attacks:
-            self.reward = full_marks
-
-    def _generate(self, lease: m.LeaseGrant, seed: int) -> tuple[int | None, list]:
-        version, out = super()._generate(lease, seed)
-        if "forge-version" in self.attacks and version is not None:
-            version += 1
-        return version, out
+def byzantine_peer(cfg: PeerConfig, attacks: set[str]) -> PeerClient:
+    """An honest `PeerClient` given the lying parts `attacks` choose."""
+    return PeerClient(
+        cfg, rollouts=lambda honest: ForgedRollouts(honest, attacks),
+        chunk_store=CorruptingStore if "corrupt-chunks" in attacks else ChunkStore,
+        reward_for=(lambda task: full_marks) if "forge-rewards" in attacks else REWARDS.get)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         lies.add_argument(f"--{attack}", action="store_true")
     chosen, rest = lies.parse_known_args(argv)
     attacks = {a for a in ATTACKS if getattr(chosen, a.replace("-", "_"))}
-    return peer_cli.main(rest, lambda cfg: ByzantinePeer(cfg, attacks))
+    return peer_cli.main(rest, lambda cfg: byzantine_peer(cfg, attacks))
 
 
 if __name__ == "__main__":

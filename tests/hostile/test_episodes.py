@@ -15,6 +15,7 @@ from echo2p2p.episodes import Played
 from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.worker import Rollouts
 
 from tests.conftest import running_peers
 from .conftest import yes
@@ -43,17 +44,21 @@ LIES = {
 }
 
 
-class EpisodeLiar(PeerClient):
-    """An honest player in all but what it reports of the environment."""
+class EpisodeLies:
+    """The honest player's rollouts in all but what they report of the environment."""
 
-    def __init__(self, cfg: PeerConfig, lie):
-        super().__init__(cfg)
-        self.lie = lie
+    def __init__(self, honest: Rollouts, lie):
+        self.honest, self.lie = honest, lie
 
-    def _play(self, lease, seed):
-        version, played = super()._play(lease, seed)
-        encode = self.engine.decoder.encode
+    def play(self, lease, seed, welcome, env):
+        version, played = self.honest.play(lease, seed, welcome, env)
+        encode = self.honest.swapper.engine.decoder.encode
         return version, [self.lie(p, encode) for p in played]
+
+
+def episode_liar(cfg: PeerConfig, lie) -> PeerClient:
+    """An honest player in all but what it reports of the environment."""
+    return PeerClient(cfg, rollouts=lambda honest: EpisodeLies(honest, lie))
 
 
 @pytest.mark.timeout(400)
@@ -64,7 +69,7 @@ async def test_environment_lies_are_caught_by_replay(lie, tmp_path, row):
                     max_steps=STEPS, spot_check_fraction=1.0)
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
-        liar = EpisodeLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
+        liar = episode_liar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
         held = await run_beside(run, liar, 300)
         trust, events = run.hub.trust, held.events
         alive = await hub_alive(run) and steps(run) == STEPS

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.run_setup import start_hub
-from echo2p2p import peer_protocol as pp
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.worker import Rollouts
 
 from tests.conftest import running_peers, wait_until
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
@@ -25,21 +25,17 @@ from .harness import (START_STEPS, cell_rate, hub_alive, peer_id, run_events, st
 DEFAULT_FRACTION = HubConfig.spot_check_fraction  # 0.05
 
 
-class LogprobLiar(PeerClient):
-    """An honest peer but for its behaviour logprobs, all 0.0; it notes which groups were acked."""
+class LogprobLies:
+    """The honest rollouts but for their behaviour logprobs, all 0.0; notes the leases forged in
+    `forged` (a lease id is granted once: those trained are the liar's groups trained)."""
 
-    def __init__(self, cfg: PeerConfig):
-        super().__init__(cfg)
-        self.acked_leases: list[str] = []
+    def __init__(self, honest: Rollouts, forged: list[str]):
+        self.honest, self.forged = honest, forged
 
-    def _generate(self, lease, seed):
-        version, out = super()._generate(lease, seed)
+    def generate(self, lease, seed, welcome):
+        version, out = self.honest.generate(lease, seed, welcome)
+        self.forged.append(lease.lease_id)
         return version, [replace(c, logprobs=[0.0] * len(c.logprobs)) for c in out]
-
-    def _on_event(self, conn, event):
-        if isinstance(event, pp.RolloutAcked):
-            self.acked_leases.append(event.lease_id)
-        super()._on_event(conn, event)
 
 
 async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, honest_baseline, row):
@@ -52,7 +48,9 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         await wait_until(lambda: steps(run) >= START_STEPS, 120)
         without = await steps_per_min(run)
-        liar = LogprobLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1))
+        forged: list[str] = []
+        liar = PeerClient(PeerConfig(hub_url=run.url, name="liar", torch_threads=1),
+                          rollouts=lambda honest: LogprobLies(honest, forged))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(liar.run(stop))
@@ -70,16 +68,16 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
     caught = [q for q in run_events(run, "quarantine") if q["identity"] == liar_identity]
     step_records = [rec for rec in run.records if "rollout/leases" in rec]
     trained = {lease for rec in step_records for lease in rec["rollout/leases"]}
-    liar_trained = trained & set(liar.acked_leases)
+    liar_trained = trained & set(forged)
     late = [lease for rec in step_records if caught and rec["step"] > caught[0]["step"]
-            for lease in rec["rollout/leases"] if lease in liar.acked_leases]
+            for lease in rec["rollout/leases"] if lease in forged]
     evals = [rec["eval/accuracy"] for rec in run.records if "eval/accuracy" in rec]
     events = trust.events.get(liar_identity, {})
     withdrawn = caught[0].get("groups_withdrawn", 0) if caught else 0
     r.reaction = (f"liar: logprob_mismatch x{events.get('logprob_mismatch', 0)}, "
                   + (f"quarantined at step {caught[0]['step']}, {withdrawn} queued groups "
                      "withdrawn" if caught else "NOT quarantined")
-                  + f"; {len(liar.acked_leases)} of its groups admitted, {len(liar_trained)} "
+                  + f"; {liar.statistics().acked} of its groups admitted, {len(liar_trained)} "
                     f"trained; {c.spot_checked} checked, {c.spot_failed} failed of "
                     f"{c.admitted_groups} admitted")
     r.hub_alive = yes(alive)

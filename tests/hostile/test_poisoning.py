@@ -15,6 +15,7 @@ from echo2p2p.tasks import addition_reward
 from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.worker import Rollouts
 
 from tests.conftest import running_peers
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
@@ -35,16 +36,20 @@ LIES = {
 }
 
 
-class TextLiar(PeerClient):
-    """An honest peer in all but the `text` of its samples (rewards follow from the texts)."""
+class TextLies:
+    """The honest rollouts in all but the `text` of each completion (rewards follow from it)."""
 
-    def __init__(self, cfg: PeerConfig, lie):
-        super().__init__(cfg)
-        self.lie = lie
+    def __init__(self, honest: Rollouts, lie):
+        self.honest, self.lie = honest, lie
 
-    def _generate(self, lease, seed):
-        version, out = super()._generate(lease, seed)
+    def generate(self, lease, seed, welcome):
+        version, out = self.honest.generate(lease, seed, welcome)
         return version, [replace(c, text=self.lie(lease.answer, c.text)) for c in out]
+
+
+def text_liar(cfg: PeerConfig, lie) -> PeerClient:
+    """An honest peer in all but the `text` of its samples."""
+    return PeerClient(cfg, rollouts=lambda honest: TextLies(honest, lie))
 
 
 @pytest.mark.parametrize("lie", sorted(LIES))
@@ -54,7 +59,7 @@ async def test_text_lies_are_caught_and_do_not_poison(lie, tmp_path, honest_base
     cfg = accuracy_cfg(str(tmp_path / "run"))
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
-        liar = TextLiar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
+        liar = text_liar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
         held = await run_beside(run, liar, 240)
         trust, events = run.hub.trust, held.events
         liar_identity, honest_identity = held.liar, held.honest

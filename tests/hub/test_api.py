@@ -82,7 +82,7 @@ async def test_a_user_reward_scores_a_real_run_and_peers_claims_are_not_held_aga
             running_peers(hub_run.url, 1, torch_threads=1) as [peer]:
         await hub_run.finished.wait()
         await wait_until(lambda: peer.welcome is not None, 30)
-        assert peer.welcome.task == "custom" and peer.reward is None
+        assert peer.welcome.task == "custom" and peer.worker.reward is None
     steps = [r for r in hub_run.records if "step" in r]
     assert len(steps) == 3
     assert steps[-1]["hub/score_failures_total"] > 0

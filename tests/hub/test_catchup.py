@@ -267,11 +267,11 @@ async def test_peers_back_from_a_disconnect_catch_up_with_one_delta():
     async with tracker() as (hub, key, url, records), \
             running_peers(url, 2, engine="relay", listen="127.0.0.1:0") as peers:
         hub.publish(version(streams, 0, key))
-        await wait_until(lambda: all(p.store.newest_stream() == 0 for p in peers)
+        await wait_until(lambda: all(p.fetcher.store.newest_stream() == 0 for p in peers)
                          and all(c.stream_version == 0 for c in hub.peers.values()))
         fetched = [(p.fetcher.versions_fetched, p.fetcher.downloaded_bytes) for p in peers]
         await cut_off_and_publish(hub, key, peers, streams, range(1, 5))
-        await wait_until(lambda: all(p.store.newest_stream() == 4 for p in peers)
+        await wait_until(lambda: all(p.fetcher.store.newest_stream() == 4 for p in peers)
                          and all((c := conn_of(hub, p)) and c.stream_version == 4 for p in peers))
         delta = hub.tracker.snapshot(4, 0)
         assert delta is not None and hub.tracker.catchups.encodes == 1
@@ -279,7 +279,7 @@ async def test_peers_back_from_a_disconnect_catch_up_with_one_delta():
         for peer, (n, nbytes) in zip(peers, fetched):
             assert peer.fetcher.versions_fetched == n + 1  # one manifest, not four
             assert peer.fetcher.downloaded_bytes - nbytes == delta.wire_bytes
-            assert bytes(peer.store.stream(4)) == streams[4]
+            assert bytes(peer.fetcher.store.stream(4)) == streams[4]
             assert set(hub.tracker.broadcasts[(4, 0)].members) >= {conn_of(hub, peer).peer_id}
 
 
@@ -293,19 +293,19 @@ async def test_a_peer_whose_base_will_not_do_gets_the_newest_in_full_once(case):
     async with tracker(**overrides) as (hub, key, url, records), \
             running_peers(url, 1, engine="relay", listen="127.0.0.1:0") as (peer,):
         hub.publish(version(streams, 0, key))
-        await wait_until(lambda: peer.store.newest_stream() == 0
+        await wait_until(lambda: peer.fetcher.store.newest_stream() == 0
                          and all(c.stream_version == 0 for c in hub.peers.values()))
         if case == "lying about its base":
-            peer.store = ChunkStore(peer.cfg.keep_versions)  # claims v0, holds nothing
+            peer.fetcher.store = ChunkStore(peer.cfg.keep_versions)  # claims v0, holds nothing
         n, nbytes = peer.fetcher.versions_fetched, peer.fetcher.downloaded_bytes
         await cut_off_and_publish(hub, key, [peer], streams, range(1, 5))
-        await wait_until(lambda: peer.store.newest_stream() == 4
+        await wait_until(lambda: peer.fetcher.store.newest_stream() == 4
                          and (c := conn_of(hub, peer)) is not None and c.stream_version == 4)
         assert peer.fetcher.versions_fetched == n + 1
         assert peer.fetcher.downloaded_bytes - nbytes == hub.newest.full.wire_bytes
-        assert bytes(peer.store.stream(4)) == streams[4]
+        assert bytes(peer.fetcher.store.stream(4)) == streams[4]
         assert hub.tracker.catchups.encodes == (1 if case == "lying about its base" else 0)
         hub.publish(version(streams, 5, key))
-        await wait_until(lambda: peer.store.newest_stream() == 5)
+        await wait_until(lambda: peer.fetcher.store.newest_stream() == 5)
         assert peer.fetcher.versions_fetched == n + 2
-        assert bytes(peer.store.stream(5)) == streams[5]
+        assert bytes(peer.fetcher.store.stream(5)) == streams[5]

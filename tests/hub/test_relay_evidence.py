@@ -146,7 +146,7 @@ async def test_a_relay_address_that_never_answers_is_never_dealt_chunks(quick_ch
                                          for p in hub.peers.values()) == 2)
             for v in (1, 2):
                 hub.publish(blob_version(key, v, os.urandom(256 << 10), chunk_bytes=CHUNK))
-                await wait_until(lambda: all(c.store.newest_stream() == v for c in relays))
+                await wait_until(lambda: all(c.fetcher.store.newest_stream() == v for c in relays))
             plans = [f.plan if isinstance(f, m.VersionAnnouncement) else f for f in frames
                      if isinstance(f, (m.RelayPlan, m.VersionAnnouncement))]
             assert plans and all(welcome.peer_id not in {s.peer_id for s in p.sources}
@@ -166,16 +166,16 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
             await asyncio.sleep(wait_s)  # the long poll a real server makes, then "not yet"
             return None
 
-        stalling.store.chunk = never
+        stalling.fetcher.store.chunk = never
         victim = next(p for p in hub.peers.values() if p.hello.name == stalling.cfg.name)
         async with raw_peer(url) as (send, _, _):
             index = publish_owned(hub, key, victim.peer_id)
             await send(m.RelayReport(1, victim.peer_id, "stall", index, None))
             await wait_until(lambda: victim.relay == "failed", 60)
         assert victim.identity in hub.relays.bad and victim.identity not in hub.trust.events
-        await wait_until(lambda: all(c.store.newest_stream() == 1 for c in others), 60)
+        await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in others), 60)
         hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
-        await wait_until(lambda: all(c.store.newest_stream() == 2 for c in others), 60)
+        await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in others), 60)
         plan = hub.broadcasts[(2, None)].plan()
         owners = {plan.sources[o].peer_id for o in owners_of(plan) if o != m.HUB_OWNER}
         assert owners and victim.peer_id not in owners
@@ -201,12 +201,12 @@ async def test_an_impossible_transfer_report_is_not_believed():
             # serve it, and its rates (the lies with them) are estimated at once, not after
             # the hub cuts the silent liar off (peer_timeout_s).
             await send(m.VersionHeld(1))
-            await wait_until(lambda: all(c.store.newest_stream() == 1 for c in relays))
+            await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in relays))
             await wait_until(lambda: 1 not in hub.propagation)
             assert all(math.isfinite(p.upload_bps) and p.upload_bps < 1e12
                        for p in hub.peers.values())
             hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
-            await wait_until(lambda: all(c.store.newest_stream() == 2 for c in relays))
+            await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in relays))
 
 
 @pytest.mark.parametrize("url, base", [

@@ -8,9 +8,11 @@ from dataclasses import FrozenInstanceError, replace
 import pytest
 
 from echo2p2p.hub.versions import blob_version
+from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.connection import Backoff
+from echo2p2p.peer.worker import Rollouts
 
 from tests.conftest import tracker
 
@@ -69,3 +71,26 @@ def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_when_reset():
         assert full / 2 <= backoff.delay() <= full
     backoff.reset()
     assert 0.25 <= backoff.delay() <= 0.5
+
+
+class MarkedStore(ChunkStore):
+    """A chunk store a test can tell apart from the honest one."""
+
+
+def test_the_parts_a_peer_is_given_stay_in_place_across_a_new_run():
+    """A store maker passed in makes the fetcher's store, and its next one when a new run drops
+    every version held; a rollouts wrapper passed in is what the worker asks for groups."""
+    wrapped = []
+
+    def liar(honest: Rollouts) -> str:
+        wrapped.append(honest)
+        return "the liar's rollouts"
+
+    peer = PeerClient(PeerConfig(hub_url="ws://127.0.0.1:9/ws", engine="relay", listen=""),
+                      chunk_store=MarkedStore, rollouts=liar)
+    first = peer.fetcher.store
+    peer.fetcher.drop_versions()
+    assert type(first) is type(peer.fetcher.store) is MarkedStore
+    assert peer.fetcher.store is not first
+    assert peer.worker.rollouts == "the liar's rollouts"
+    assert isinstance(wrapped[0], Rollouts) and wrapped[0].swapper is peer.swapper

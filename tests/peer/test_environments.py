@@ -14,6 +14,7 @@ from echo2p2p.hub.task_setup import TaskSetup
 from echo2p2p.hub.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.worker import Rollouts
 from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment, installed,
                                            require_environment)
 from echo2p2p.scoring.rewards import EpisodeReplay
@@ -53,19 +54,21 @@ async def test_a_peer_refuses_to_join_a_run_whose_environment_it_lacks(tmp_path,
         with pytest.raises(JoinRefused, match=f"this run needs environment {name!r} version "
                                               f"{version}"):
             await peer.run()
-        assert peer.engine is None  # refused before anything was built
+        assert peer.swapper.engine is None  # refused before anything was built
 
 
-class BrokenOnce(PeerClient):
-    """A peer whose installed environment fails on its first lease (a bug in the package)."""
+class BrokenOnce:
+    """Rollouts whose installed environment fails on the first lease (a bug in the package);
+    the leases it failed go in `failed`."""
 
-    failed = 0
+    def __init__(self, honest: Rollouts, failed: list[str]):
+        self.honest, self.failed = honest, failed
 
-    def _play(self, lease, seed):
+    def play(self, lease, seed, welcome, env):
         if not self.failed:
-            self.failed += 1
+            self.failed.append(lease.lease_id)
             raise RuntimeError("a bug in the environment package")
-        return super()._play(lease, seed)
+        return self.honest.play(lease, seed, welcome, env)
 
 
 @pytest.mark.timeout(180)
@@ -73,10 +76,12 @@ async def test_a_peer_whose_environment_fails_drops_that_lease_and_goes_on(tmp_p
     cfg = small_cfg(tmp_path, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
                     max_steps=2)
     async with start_hub(cfg, stream=None) as run:
-        peer = BrokenOnce(PeerConfig(hub_url=run.url, name="broken-once", torch_threads=1))
+        failed: list[str] = []
+        peer = PeerClient(PeerConfig(hub_url=run.url, name="broken-once", torch_threads=1),
+                          rollouts=lambda honest: BrokenOnce(honest, failed))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(peer.run(stop))
             await asyncio.wait_for(run.finished.wait(), 150)
             stop.set()
-    assert peer.failed == 1 and peer.statistics().acked >= 2 * cfg.prompts_per_step
+    assert len(failed) == 1 and peer.statistics().acked >= 2 * cfg.prompts_per_step

@@ -52,7 +52,7 @@ async def test_gossip_spreads_a_version_with_one_announcement_per_peer(hub_frame
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
-        assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in peers)
+        assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert all(c.fetcher.links.links for c in peers)
     assert hub_frames[("version", 1)] == 5
     assert not any(tag == "relay_plan" for tag, _ in hub_frames)
@@ -101,7 +101,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
         await wait_until(lambda: not hub.peers)
         await wait_until(lambda: all(holds(c, 1) for c in peers))
-        assert all(bytes(c.store.stream(1)) == data for c in peers)
+        assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert not hub.peers  # completed with no control connection at all
         cut.clear()
         await wait_until(lambda: len(hub.peers) == 4 and all(
@@ -118,7 +118,7 @@ async def test_nated_peers_upload_over_the_links_they_open():
         await joined(hub, 6)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
-        assert all(bytes(c.store.stream(1)) == data for c in [*public, *nated])
+        assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*public, *nated])
         assert all(c.served_url is None and c.meter.served_bytes > 0 for c in nated)
         nated_ids = {c.welcome.peer_id for c in nated}
         accepted = [(p, link) for c in public for p, link in c.fetcher.links.links.items()]
@@ -163,7 +163,7 @@ async def test_hostile_neighbours_are_dropped_and_the_version_completes_from_oth
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: all(holds(c, 1) for c in honest))
-        assert all(bytes(c.store.stream(1)) == data for c in honest)
+        assert all(bytes(c.fetcher.store.stream(1)) == data for c in honest)
         bad = {c.welcome.peer_id for c in peers[:3]}
         assert bad <= set().union(*(c.fetcher.links.banned for c in honest))
         assert not any(c.welcome.peer_id in c2.fetcher.links.banned
@@ -217,8 +217,8 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
                         pass  # its have and peers frames
                     assert msg.type is aiohttp.WSMsgType.CLOSE, what
                     assert ws.close_code == m.CLOSE_PROTOCOL_ERROR and msg.extra, what
-        assert len(hub.peers) == 2 and bytes(peer.store.stream(1)) == data
-        assert await peer.store.chunk(1, None, 0, 0) is not None
+        assert len(hub.peers) == 2 and bytes(peer.fetcher.store.stream(1)) == data
+        assert await peer.fetcher.store.chunk(1, None, 0, 0) is not None
 
 
 async def test_another_manifest_under_the_same_number_is_never_served_as_ours():

@@ -239,5 +239,5 @@ async def test_a_peer_leaves_a_hub_whose_model_files_do_not_verify(hub_cfg, tmp_
                                              for r in caplog.records) >= 2, 60)
             finally:
                 stop.set()
-    assert peer.engine is None and peer.welcome is None and peer.statistics().submitted == 0
+    assert peer.swapper.engine is None and peer.welcome is None and peer.statistics().submitted == 0
     assert not cache.exists()

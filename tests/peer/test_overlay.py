@@ -48,7 +48,7 @@ def propagation(records: list[dict], version: int) -> dict | None:
 
 
 def holds(client: PeerClient, version: int) -> bool:
-    return client.store.newest_stream() == version
+    return client.fetcher.store.newest_stream() == version
 
 
 async def joined(hub: Hub, n: int) -> None:
@@ -69,7 +69,7 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) for c in [*relays, leaf])
-        assert all(bytes(c.store.stream(1)) == data for c in [*relays, leaf])
+        assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*relays, leaf])
         assert leaf.served_url is None and leaf.meter.served_bytes == 0
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 5 and record["t100_s"] is not None
@@ -107,7 +107,7 @@ async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
             peers.kill(victim)
             survivors = [c for c in relays if c is not victim]
             await wait_until(lambda: propagation(records, 1))
-            assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in survivors)
+            assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in survivors)
             if check is not None:
                 check(hub)
     return hub, records
@@ -129,18 +129,18 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
     data = os.urandom(512 << 10)
     async with tracker() as (hub, key, url, records), Peers(url, 4) as relays:
         bad = relays[0]
-        honest = bad.store.chunk
+        honest = bad.fetcher.store.chunk
 
         async def corrupt(*args):
             chunk = await honest(*args)
             return chunk if not chunk else bytes([chunk[0] ^ 1]) + chunk[1:]
 
-        bad.store.chunk = corrupt
+        bad.fetcher.store.chunk = corrupt
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 4)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
-        assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in relays[1:])
+        assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in relays[1:])
     reports = hub.counters.relay_reports
     bad_id = next(pid for pid, n in reports if n == "corrupt")
     assert reports[(bad_id, "corrupt")] >= 1 and {pid for pid, _ in reports} == {bad_id}
@@ -165,10 +165,10 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
             p.stream_version == 1 for p in hub.peers.values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 2))
-        assert all(bytes(c.store.stream(2)) == v2 for c in relays)
+        assert all(bytes(c.fetcher.store.stream(2)) == v2 for c in relays)
         async with Peers(url, 1) as (late,):
             await wait_until(lambda: holds(late, 2))
-            assert bytes(late.store.stream(2)) == v2
+            assert bytes(late.fetcher.store.stream(2)) == v2
     record = propagation(records, 2)
     assert record["peers_on_delta"] == 3 and record["complete"]
     assert record["delta_wire_bytes"] < record["full_wire_bytes"] / 5
@@ -198,5 +198,5 @@ async def test_a_failing_hub_request_is_retried_not_fatal():
             await joined(hub, 1)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
             await wait_until(lambda: holds(peer, 1))
-            assert bytes(peer.store.stream(1)) == data
+            assert bytes(peer.fetcher.store.stream(1)) == data
     assert len(refused) == len(data) // CHUNK

@@ -123,4 +123,4 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(signer):
         peer = PeerClient(PeerConfig(hub_url=url, hub_key=signing.public_key(real).hex()))
         with pytest.raises(RemoteProtocolError, match="cannot prove"):
             await peer.serve_connection(http)
-    assert peer.welcome is None and peer.engine is None
+    assert peer.welcome is None and peer.swapper.engine is None

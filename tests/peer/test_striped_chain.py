@@ -23,7 +23,7 @@ async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
-        assert all(holds(c, 1) and bytes(c.store.stream(1)) == data for c in [*ring, leaf])
+        assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in [*ring, leaf])
         broadcast = hub.broadcasts[(1, None)]
         assert len(broadcast.ring()) == 4  # the leaf is not in it
         assert all(hub.peers[p].server_url for p in broadcast.ring())

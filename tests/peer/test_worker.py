@@ -9,8 +9,8 @@ import threading
 import torch
 
 from echo2p2p import messages as m
-from echo2p2p.peer.client import PeerClient
-from echo2p2p.peer.config import PeerConfig
+from echo2p2p.peer.swapper import Swapper
+from echo2p2p.peer.worker import Rollouts
 from echo2p2p.policy.engines import TransformersEngine
 from echo2p2p.policy.model import build_tiny_model
 
@@ -65,26 +65,31 @@ async def test_a_version_arriving_mid_generation_waits_and_the_group_keeps_its_v
     inner = TransformersEngine("tiny")
     lock = ContendedLock()
     engine = GatedEngine(inner, lock.waited)
-    peer = PeerClient(PeerConfig(hub_url="ws://127.0.0.1:1/ws", listen=""), engine=engine)
-    peer.welcome = WELCOME
-    worker = peer.worker
-    worker.engine_lock = lock
-    worker.set_version(0)
+    said: list[m.Message] = []
+
+    async def send(msg: m.Message) -> None:
+        said.append(msg)
+
+    swapper = Swapper(engine, send)
+    swapper.engine_lock = lock
+    rollouts = Rollouts(swapper)
     ids = inner.tokenizer.encode("12+34=", add_special_tokens=False)
     lease = m.LeaseGrant("L1", "p", "12+34=", ids, "46", 4, 60.0, 0)
     new = {k: v.to(torch.bfloat16) for k, v in
            build_tiny_model(inner.tokenizer, seed=1).state_dict().items() if k != "lm_head.weight"}
-    swapper = asyncio.create_task(worker.swap_versions())
+    swapping = asyncio.create_task(swapper.swap_versions())
     try:
-        generation = asyncio.create_task(asyncio.to_thread(worker.generate, lease, 1))
+        swapper.stage(0, None)  # the engine's own weights are v0: nothing to load
+        await swapper.wait_version(0)
+        generation = asyncio.create_task(asyncio.to_thread(rollouts.generate, lease, 1, WELCOME))
         assert await asyncio.to_thread(engine.started.wait, 60)
-        worker.stage(1, new)  # arrives mid-generation
+        swapper.stage(1, new)  # arrives mid-generation
         version, completions = await generation
-        await worker.wait_version(1)
+        await swapper.wait_version(1)
         assert lock.waited.is_set() and engine.loads_during_generation == 0
         assert version == 0 and len(completions) == 4
-        again, _ = await asyncio.to_thread(worker.generate, lease, 2)
+        again, _ = await asyncio.to_thread(rollouts.generate, lease, 2, WELCOME)
         assert again == 1
+        assert said == [m.VersionHeld(0), m.VersionHeld(1)]  # the swapper says what it holds
     finally:
-        swapper.cancel()
-        worker.close()
+        swapping.cancel()

@@ -1,0 +1,96 @@
+"""The peer's engine handle: the engine, the version it holds, and the swapper that changes it.
+
+`Swapper` is the one thing that changes the engine's weights and the one that tells the hub what
+the peer holds (`VersionHeld`): after each swap, for a relay (no engine: its store holds the
+version) as soon as the fetcher has it, and at the start of every connection (`announce`). The
+fetcher stages a complete version; the swap loop loads it between two generations, so the swap
+is atomic and generation goes on with the old weights while a download is under way.
+
+The engine is only ever touched under `engine_lock` (a thread lock: generation and loading run
+in worker threads so the event loop keeps reading the socket). This module knows nothing of
+leases, downloads or connections: what it sends goes through the `send` it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from echo2p2p import messages as m
+
+log = logging.getLogger(__name__)
+
+
+class Swapper:
+    """The engine (None until one is built), its lock, and the version it holds (for a relay:
+    the newest complete one in the store)."""
+
+    def __init__(self, engine: Any, send: Callable[[m.Message], Awaitable[None]]):
+        self.engine = engine
+        self.engine_lock = threading.Lock()
+        self.version: int | None = None
+        self.loaded = 0  # versions swapped into the engine
+        self._send = send
+        self._staged: tuple[int, dict | None] | None = None  # (version, state) for the loop
+        self._staged_event = asyncio.Event()
+        self._version_changed = asyncio.Event()  # replaced at each change: a pulse
+
+    def set_engine(self, engine: Any) -> None:
+        """A new engine, built for a welcome: it holds no version of ours."""
+        self.engine = engine
+        self._set_version(None)
+
+    def drop(self) -> None:
+        """Forget the version held and the one staged (another run's, or a resumed hub's)."""
+        self._set_version(None)
+        self._staged = None
+
+    def stage(self, version: int, state: dict | None) -> None:
+        """Hand a complete version to the swap loop (a newer one staged first replaces it);
+        `state` None: nothing to load (a relay holds the version in its store)."""
+        self._staged = (version, state)
+        self._staged_event.set()
+
+    async def wait_version(self, min_version: int) -> None:
+        """Return once the engine holds a version >= `min_version`."""
+        while self.version is None or self.version < min_version:
+            await self._version_changed.wait()
+
+    async def announce(self) -> None:
+        """Tell the hub what we hold (a new connection's first word)."""
+        if self.version is not None:
+            await self._send(m.VersionHeld(self.version))
+
+    async def swap_versions(self) -> None:
+        """The swap loop, across connections: load what is staged, then say we hold it."""
+        while True:
+            await self._staged_event.wait()
+            self._staged_event.clear()
+            staged, self._staged = self._staged, None
+            if staged is None:
+                continue
+            version, state = staged
+            if state is None:
+                self.version = version
+            else:
+                await asyncio.to_thread(self._load, version, state)
+            self._changed()
+            await self._send(m.VersionHeld(version))
+
+    def _load(self, version: int, state: dict) -> None:
+        with self.engine_lock:
+            self.engine.load_weights(state)
+            self.version = version
+        self.loaded += 1
+        log.debug("now generating with v%d", version)
+
+    def _set_version(self, version: int | None) -> None:
+        self.version = version
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version_changed.set()
+        self._version_changed = asyncio.Event()
