@@ -73,7 +73,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p.hub.server import Hub, TokenizedProblem
     from echo2p2p.hub.versions import blob_version
 
-    cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
+    cfg = HubConfig.from_flat(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
                     zstd_level=1, tcp_congestion=args.tcp_congestion)
     key = signing.new_private_key()
@@ -81,7 +81,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     records: asyncio.Queue[dict] = asyncio.Queue()
     hub = Hub(cfg, "bench", task, [TokenizedProblem(task.problems("train")[0], [1])],
               key, on_event=records.put_nowait)
-    async with serve(hub, cfg.host, cfg.port):
+    async with serve(hub, cfg.network.host, cfg.network.port):
         hub.publish(blob_version(key, 0, b"\0" * 64))
         while not (len(hub.peers) == args.n_peers
                    and all(p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
@@ -89,7 +89,7 @@ async def hub_main(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.05)  # joining is not part of the race
         for version in range(1, args.rounds + 1):
             built = await asyncio.to_thread(blob_version, key, version, os.urandom(args.bytes),
-                                            chunk_bytes=cfg.chunk_bytes, zstd_level=1)
+                                            chunk_bytes=cfg.overlay.chunk_bytes, zstd_level=1)
             hub.publish(built)
             print(json.dumps({"published": version}), flush=True)
             while ((record := await records.get()).get("event") != "propagation"

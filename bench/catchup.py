@@ -51,8 +51,8 @@ def publish_steps(quick: bool, lr: float, directory: Path) -> tuple[list, int]:
     model = build_model(quick)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(0)
-    cfg = HubConfig(catch_up_versions=STEPS, anchor_every=STEPS + 1)
-    publisher = Publisher(cfg, signing.new_private_key(),
+    cfg = HubConfig.from_flat(catch_up_versions=STEPS, anchor_every=STEPS + 1)
+    publisher = Publisher(cfg.overlay, signing.new_private_key(),
                           files=VersionFiles(directory, keep_streams=1, keep_chunks=1))
     published = [publisher.build(0, model.state_dict())]
     for step in range(1, STEPS + 1):

@@ -105,7 +105,7 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
 
 def build(args: argparse.Namespace, run_dir: Path) -> tuple[HubRun, Feed]:
     rng = random.Random(1)
-    cfg = HubConfig(port=0, dashboard_port=0, run_dir=str(run_dir))
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(run_dir))
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     hub = Hub(cfg, "scale-bench", task, problems)

@@ -21,7 +21,6 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,7 +71,7 @@ async def shoot(url: str, out: Path) -> dict:
 
 async def main_async(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = replace(HubConfig(), port=0, dashboard_port=0, max_steps=args.steps,
+        cfg = HubConfig.from_flat(port=0, dashboard_port=0, max_steps=args.steps,
                       eval_every=10, eval_problems=64, torch_threads=1, seed=1,
                       run_dir=str(Path(tmp) / "run"))
         start = time.perf_counter()

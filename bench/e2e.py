@@ -102,12 +102,12 @@ class Outcome:
 
 async def run_cluster(cfg: HubConfig, rate_mbps: float, timeout_s: float,
                       eval_every: int = 0) -> Outcome:
-    """Hub + N_PEERS peer processes until `cfg.max_steps`, then (`eval_every` > 0) the held-out
+    """Hub + N_PEERS peer processes until `cfg.run.max_steps`, then (`eval_every` > 0) the held-out
     accuracy of every `eval_every`-th version. Peers are stopped on every exit path, and after
     `timeout_s` the run fails (TimeoutError) instead of hanging."""
     from echo2p2p.hub.run_setup import start_hub
 
-    snaps = Snapshots(eval_every or cfg.max_steps + 1)
+    snaps = Snapshots(eval_every or cfg.run.max_steps + 1)
     peers: list[asyncio.subprocess.Process] = []
     async with start_hub(cfg, stream=snaps) as run:
         snaps.run = run
@@ -138,7 +138,7 @@ async def run_cluster(cfg: HubConfig, rate_mbps: float, timeout_s: float,
             for version, state in sorted(snaps.weights.items()):
                 run.learner.model.load_state_dict(state)
                 accuracy[version] = await run.evaluate()
-    lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+    lines = (Path(cfg.run.run_dir) / "metrics.jsonl").read_text().splitlines()
     propagation = [r for r in map(json.loads, lines) if r.get("event") == "propagation"]
     return Outcome(run.records, propagation, full_wire_bytes, accuracy)
 
@@ -188,7 +188,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict:
                 eval_every=0)  # evaluated after each run, from weight copies: no stalls
     rate_mbps = args.rate_mbps
     if not rate_mbps:
-        cal = await run_cluster(HubConfig(**base, **MODES["sync"], max_steps=args.steps,
+        cal = await run_cluster(HubConfig.from_flat(**base, **MODES["sync"], max_steps=args.steps,
                                           run_dir=str(workdir / "calibration")),
                                 0.0, args.timeout_s)
         train_s = statistics.median(r["train/step_s"] for r in cal.records[1:])
@@ -198,14 +198,14 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict:
               f"Mbit/s, M/B = {cal.full_wire_bytes * 8 / rate_mbps / 1e6:.3f} s", flush=True)
     results, summary = {}, {}
     for name, mode in MODES.items():
-        cfg = HubConfig(**base, **mode, max_steps=args.steps, upload_limit_mbps=rate_mbps,
+        cfg = HubConfig.from_flat(**base, **mode, max_steps=args.steps, upload_limit_mbps=rate_mbps,
                         run_dir=str(workdir / name))
         results[name] = await run_cluster(cfg, rate_mbps, args.timeout_s, args.eval_every)
-        summary[name] = summarize(name, results[name], args.target, cfg.eval_problems)
+        summary[name] = summarize(name, results[name], args.target, cfg.tasks.eval_problems)
     plot(results, args.target, args.plot)
     tt = {k: s["time_to_target_s"] for k, s in summary.items()}
     fa = {k: s["final_acc"] for k, s in summary.items()}
-    n = HubConfig().eval_problems
+    n = HubConfig().tasks.eval_problems
     return {
         "bench": "e2e",
         "speedup_to_target": speedup(tt),

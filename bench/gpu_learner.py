@@ -98,7 +98,7 @@ def rank_main(args: argparse.Namespace) -> list[dict]:
     from echo2p2p.hub.ranks import Ranks
     from echo2p2p.policy.model import load_policy
 
-    ranks = Ranks.from_env(HubConfig(prompts_per_step=args.groups, device=args.device))
+    ranks = Ranks.from_env(HubConfig.from_flat(prompts_per_step=args.groups, device=args.device))
     world, rank = (1, 0) if ranks is None else (ranks.world, ranks.rank)
     device = torch.device(args.device) if ranks is None else ranks.device
     gauge = Gauge(device)

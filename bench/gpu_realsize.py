@@ -123,7 +123,7 @@ def measure_learner(args: argparse.Namespace, engine: object) -> dict:
     from echo2p2p import messages as m
     from echo2p2p import signing
     from echo2p2p.buffer import ScoredGroup
-    from echo2p2p.hub.config import HubConfig
+    from echo2p2p.hub.config_sections import OverlayConfig
     from echo2p2p.hub.learner import Learner
     from echo2p2p.hub.publisher import Publisher
     from echo2p2p.hub.versions import VersionFiles
@@ -155,7 +155,7 @@ def measure_learner(args: argparse.Namespace, engine: object) -> dict:
     weights = learner.export_weights(torch.bfloat16)
     export_s = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="gpu-realsize-") as tmp:
-        pub = Publisher(HubConfig(), signing.new_private_key(),
+        pub = Publisher(OverlayConfig(), signing.new_private_key(),
                         files=VersionFiles(Path(tmp), keep_streams=1, keep_chunks=1))
         built = pub.build(1, weights)
     return {"part": "learner", "step_s": round(step_s, 3), "skipped": stats.skipped,

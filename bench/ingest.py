@@ -285,7 +285,7 @@ def report_dashboard(results: list[tuple[int, dict]], args: argparse.Namespace) 
 async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p.policy.model import build_char_tokenizer
 
-    cfg = HubConfig(port=0, group_size=args.group_size, prompts_per_step=128,
+    cfg = HubConfig.from_flat(port=0, group_size=args.group_size, prompts_per_step=128,
                     max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers,
                     joins_per_min=0)  # every emulated peer joins at once from 127.0.0.1
     task = AdditionTask()

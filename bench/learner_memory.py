@@ -185,7 +185,7 @@ def worker(args: argparse.Namespace) -> None:
     from echo2p2p.hub.ranks import Ranks
     from echo2p2p.policy.model import load_policy
 
-    ranks = Ranks.from_env(HubConfig(prompts_per_step=args.groups))
+    ranks = Ranks.from_env(HubConfig.from_flat(prompts_per_step=args.groups))
     world, rank = (1, 0) if ranks is None else (ranks.world, ranks.rank)
     imported = status()
     start = time.perf_counter()

@@ -142,7 +142,7 @@ def reload_main(args: argparse.Namespace) -> None:
 def hub_config(args: argparse.Namespace, run_dir: Path) -> object:
     from echo2p2p.hub.config import HubConfig
 
-    return HubConfig(model=str(args.model_dir), port=0, max_lag=1, publish_every=1,
+    return HubConfig.from_flat(model=str(args.model_dir), port=0, max_lag=1, publish_every=1,
                      group_size=2, prompts_per_step=2, max_new_tokens=4, max_steps=args.steps,
                      eval_every=0, checkpoint_every=0, lr=1e-5, torch_threads=1,
                      spot_check_fraction=args.spot_fraction, lease_timeout_s=900,
@@ -172,7 +172,7 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
     cfg = hub_config(args, run_dir)
     baseline = rss.now("hub")  # Python, torch, transformers: before any model is loaded
     peers: list[asyncio.subprocess.Process] = []
-    open_task, task_setup.open_task = task_setup.open_task, lambda *_, **__: CoinTask(seed=cfg.seed)
+    open_task, task_setup.open_task = task_setup.open_task, lambda *_, **__: CoinTask(seed=cfg.run.seed)
     with probes.installed(), contextlib.ExitStack() as undo:
         undo.callback(setattr, task_setup, "open_task", open_task)
         async with run_setup.start_hub(cfg, stream=open(os.devnull, "w")) as run:
@@ -223,7 +223,7 @@ def report(args: argparse.Namespace, facts: dict, probes: Probes, rss: RssSample
     cfg, p = facts["cfg"], facts["params"]
     versions = probes.versions(run_dir / "metrics.jsonl")
     print(f"\nQwen3-0.6B-shaped: P = {p / 1e6:.0f} M parameters, {2 * p / 1e9:.2f} GB in bf16; "
-          f"{facts['trained'] / 1e6:.1f} M trained; {cfg.max_steps} steps, S = {cfg.max_lag}, "
+          f"{facts['trained'] / 1e6:.1f} M trained; {cfg.run.max_steps} steps, S = {cfg.staleness.max_lag}, "
           f"{N_PEERS} peers; {os.cpu_count()} CPUs\n")
     print(table(["v", "sent as", "exported", "stream on disk", "coded (full + delta s)",
                  "announced", "1st chunk out", "last chunk done", "reload s (per peer)",
@@ -244,7 +244,7 @@ def report(args: argparse.Namespace, facts: dict, probes: Probes, rss: RssSample
     print(table(["process", "peak anon GB", "peak file GB", "predicted anon GB"], [
         [name, round(a / 1e9, 2), round(f / 1e9, 2), round(predicted / 1e9, 2) if name == "hub" else ""]
         for name, (a, f) in rss.peaks.items()]))
-    return {"bench": "realsize", "params": p, "trained": facts["trained"], "steps": cfg.max_steps,
+    return {"bench": "realsize", "params": p, "trained": facts["trained"], "steps": cfg.run.max_steps,
             "versions": versions, "rates_mb_s_per_core": rates, "engines": reloads,
             "peak_anon_gb": {k: round(a / 1e9, 2) for k, (a, _) in rss.peaks.items()},
             "hub_predicted_anon_gb": round(predicted / 1e9, 2)}
@@ -253,7 +253,7 @@ def report(args: argparse.Namespace, facts: dict, probes: Probes, rss: RssSample
 def predict(p: int, trained: int, cfg: object) -> float:
     """The docstring's RAM formula for the hub (without Python's own, measured apart)."""
     largest = QWEN3_0_6B["vocab_size"] * QWEN3_0_6B["hidden_size"]  # the tied embedding
-    return (16 * trained + 4 * (p - trained) + (4 * p if cfg.spot_check_fraction else 0)
+    return (16 * trained + 4 * (p - trained) + (4 * p if cfg.trust.spot_check_fraction else 0)
             + 6 * largest)
 
 

@@ -245,7 +245,7 @@ def per_core_rates(run: Any, versions_dir: Path, sample_bytes: int = 256 << 20) 
     # The previous version's stream, or (one stream kept: no spot-checks) the base weights'.
     base = _map(streams[-2]) if len(streams) > 1 else _base_stream(run, n)
     piece = [("w", "bfloat16", [n // 2], cur[:n])]
-    chunk = run.cfg.chunk_bytes or snap.auto_chunk_bytes(len(cur))
+    chunk = run.cfg.overlay.chunk_bytes or snap.auto_chunk_bytes(len(cur))
     timed = {}
     for name, fn in (("full", lambda: snap.build_snapshot(1, piece, chunk_bytes=chunk)),
                      ("delta", lambda: snap.build_snapshot(1, piece, chunk_bytes=chunk,
@@ -277,7 +277,7 @@ def _base_stream(run: Any, n: int) -> bytes:
     import torch
 
     out = bytearray()
-    files = sorted(Path(run.cfg.model).glob("*.safetensors"))
+    files = sorted(Path(run.cfg.run.model).glob("*.safetensors"))
     handles = [safe_open(str(f), framework="pt") for f in files]
     for t in run.hub.newest.full.manifest.tensors:
         if len(out) >= n:

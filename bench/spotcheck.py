@@ -78,11 +78,11 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
 
     torch.manual_seed(0)
     cfg = HubConfig()
-    s = cfg.max_lag
+    s = cfg.staleness.max_lag
     model, tokenizer = load_policy("tiny")
-    learner = Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, temperature=cfg.temperature,
+    learner = Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, temperature=cfg.grpo.temperature,
                       pad_id=tokenizer.pad_token_id)
-    spot = SpotChecker(learner.model, replace(cfg, max_lag=args.steps))  # keeps every version
+    spot = SpotChecker(learner.model, cfg.replace(max_lag=args.steps))  # keeps every version
     task = AdditionTask()
     problems = iter(task.problems("train"))
     engines = {"fp32": TransformersEngine("tiny"),
@@ -96,17 +96,17 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     def generate(engine, version: int):
         nonlocal draw
         p = next(problems)
-        ids = encode_prompt(tokenizer, p.prompt, cfg.prompts)  # as the hub leases them
+        ids = encode_prompt(tokenizer, p.prompt, cfg.tasks.prompts)  # as the hub leases them
         draw += 1
-        out = engine.generate(ids, cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, seed=draw)
+        out = engine.generate(ids, cfg.grpo.group_size, temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p,
+                              max_new_tokens=cfg.grpo.max_new_tokens, seed=draw)
         samples = parse_samples([m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs),
                                           c.text, 0.0, c.finish_reason) for c in out], None)
         return ScoredGroup(f"L{draw}", p.id, ids, version, samples,
                            [task.reward(p.answer, c.text) for c in out])
 
     for v in range(args.steps + 1):
-        weights = learner.export_weights(getattr(torch, cfg.weights_dtype))
+        weights = learner.export_weights(getattr(torch, cfg.overlay.weights_dtype))
         history.append(weights)
         spot.keep(v, weights)
         engines["fp32"].load_weights(weights)
@@ -131,8 +131,8 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
                 result = await spot.check(g)
                 diffs[row].append(result.mean_abs_diff)
         if v < args.steps:
-            learner.step(honest[:cfg.prompts_per_step])
-    return diffs, cfg.spot_check_tolerance, cfg
+            learner.step(honest[:cfg.grpo.prompts_per_step])
+    return diffs, cfg.trust.spot_check_tolerance, cfg
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     diffs, tolerance, cfg = asyncio.run(measure(args))
     elapsed = time.perf_counter() - start
 
-    print(f"mean |claimed - recomputed| logprob per group, nats (tiny model, G = {cfg.group_size},"
-          f" <= {cfg.max_new_tokens} tokens, {args.steps} learner steps at lr {cfg.lr})")
+    print(f"mean |claimed - recomputed| logprob per group, nats (tiny model, G = {cfg.grpo.group_size},"
+          f" <= {cfg.grpo.max_new_tokens} tokens, {args.steps} learner steps at lr {cfg.grpo.lr})")
     print(f"{'row':<13}{'groups':>7}{'median':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'min':>10}"
           f"{'failed':>9}")
     for row in ROWS:
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
           f"honest bf16 p99, {tolerance / max(bf16):.1f}x its max, {tolerance / max(fp32):.0e}x "
           f"the honest fp32 max")
     params = 7e9
-    print(f"memory: (S + 1) x params x 2 bytes = {(cfg.max_lag + 1) * params * 2 / 1e9:.0f} GB "
-          f"for 7B params at S = {cfg.max_lag}, whatever --spot-check-tokens; {elapsed:.0f} s")
+    print(f"memory: (S + 1) x params x 2 bytes = {(cfg.staleness.max_lag + 1) * params * 2 / 1e9:.0f} GB "
+          f"for 7B params at S = {cfg.staleness.max_lag}, whatever --spot-check-tokens; {elapsed:.0f} s")
     print(json.dumps({
         "bench": "spotcheck", "tolerance": tolerance,
         "honest_fp32_max": max(fp32), "honest_bf16_p99": quantile(bf16, 0.99),

@@ -63,7 +63,7 @@ async def peer(url: str, name: str, price: float, rate_mbps: float):
 
 
 async def measure(mode: str, args: argparse.Namespace, run_dir: str) -> dict:
-    cfg = HubConfig(port=0, prompts_per_step=4, group_size=4, max_lag=2, eval_every=0,
+    cfg = HubConfig.from_flat(port=0, prompts_per_step=4, group_size=4, max_lag=2, eval_every=0,
                     run_dir=run_dir, torch_threads=1, seed=0, standby=mode,
                     upload_limit_mbps=args.rate_mbps)
     async with start_hub(cfg, stream=None) as run:

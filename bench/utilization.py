@@ -134,7 +134,7 @@ async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
     # Everything shares one process, so the default executor (min(32, cores + 4) threads) would
     # be too small: each peer parks a thread in generate and another waiting to load weights.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
-    cfg = HubConfig(port=0, model=args.model, max_lag=max_lag, publish_every=args.publish_every
+    cfg = HubConfig.from_flat(port=0, model=args.model, max_lag=max_lag, publish_every=args.publish_every
                     if max_lag else 1, group_size=args.group_size,
                     prompts_per_step=args.prompts_per_step, max_steps=args.steps, eval_every=0,
                     anchor_every=1, upload_limit_mbps=rate_mbps, relay="pipelined",
@@ -167,7 +167,7 @@ async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
         "wall_s": wall_s,
         "stale": last["rollout/stale_on_arrival_total"] + last["rollout/stale_in_queue_total"],
         "lag_mean": statistics.fmean(r["rollout/staleness_mean"] for r in window[1:]),
-        "kappa": cfg.kappa,
+        "kappa": cfg.staleness.kappa,
         "total_s": time.perf_counter() - start,
     }
 

@@ -52,7 +52,7 @@ class Accusations:
                  msg.reason)
         key = (msg.version, msg.base_version)
         snap = hub.tracker.snapshot(*key)
-        if hub.cfg.relay != "gossip":
+        if hub.cfg.overlay.relay != "gossip":
             self.relays.heard(conn, accused, msg, hub.tracker.broadcasts.get(key), snap)
         elif snap is not None:
             self.gossip.accused(conn, accused, msg.reason, snap.manifest, msg.index)

@@ -75,11 +75,11 @@ class Admission:
         self._step, self._newest_version, self._dispatch = step, newest_version, dispatch
         self._journal, self._on_event, self._now = journal, on_event, now
         self.vocab_size = vocab_size
-        self.quota = LeaseQuota(QuotaPolicy(start=cfg.new_peer_leases))  # earned by admissions
+        self.quota = LeaseQuota(QuotaPolicy(start=cfg.staleness.new_peer_leases))  # earned by admissions
         self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
         self.peers_score = setup is None or setup.peers_score  # their claims can be checked
         # A reward that runs programs: answers wait this long after arrival (`hub.held`).
-        self.hold_s = (cfg.code_answer_hold_s or cfg.group_size * cfg.score_timeout_s) \
+        self.hold_s = (cfg.scoring.code_answer_hold_s or cfg.grpo.group_size * cfg.scoring.score_timeout_s) \
             if setup is not None and setup.runs_programs else 0.0
         self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
@@ -92,7 +92,7 @@ class Admission:
         decision = decide_submission(
             outcome, lease is not None, self.trust.quarantined(conn),
             conn.protocol.claims_unpublished(msg.version, self._newest_version()),
-            self._step(), msg.version, self.cfg.max_lag, self.scorer is not None,
+            self._step(), msg.version, self.cfg.staleness.max_lag, self.scorer is not None,
             self.leases.verdict(msg.lease_id) or "")
         action = decision.action
         if action is Action.ACK_DUPLICATE:
@@ -124,8 +124,8 @@ class Admission:
         """`conn`'s samples took more than `score_sample_budget_s` each lately, while other
         peers score too (`echo2p2p.scoring.fairness`): its rollouts are refused unscored, and
         the hub grants it no leases, until what it used has decayed."""
-        return bool(self.scorer is not None and self.cfg.score_sample_budget_s
-                    and self.scorer.over_budget(conn.identity, self.cfg.score_sample_budget_s))
+        return bool(self.scorer is not None and self.cfg.scoring.score_sample_budget_s
+                    and self.scorer.over_budget(conn.identity, self.cfg.scoring.score_sample_budget_s))
 
     def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission) -> None:
         rows = parse_samples(msg.samples, self.vocab_size)  # parsed and validated once, here

@@ -8,8 +8,9 @@
     if __name__ == "__main__":                    # the scoring workers import this file
         Run(reward=short, max_steps=30).demo(peers=2)
 
-`Run` takes the fields of `echo2p2p.hub.config.HubConfig` as keywords (or a `HubConfig`, or a
-mapping of them), the same fields and defaults as the command line's flags, which call this
+`Run` takes the fields of `echo2p2p.hub.config.HubConfig`'s sections as keywords, by their flat
+names (`lr=`, `max_lag=`), or a `HubConfig`, or a mapping of them (flat, or section tables): the
+same fields and defaults as the command line's flags, which call this
 class: the CLI is a thin caller of it. Besides them it takes what a command line cannot carry:
 reward functions as Python callables (`reward`, `reward_weights`) and rows as Python objects
 (`dataset`: a list of dicts, a `datasets.Dataset`, any iterable of mappings with a "prompt").
@@ -115,7 +116,7 @@ def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]
         if ranks is None:
             return process.run(serve(None))
         ranks.agree(as_dict(cfg))
-        _stop_quietly_on_sigterm(ranks.rank, cfg.run_dir)
+        _stop_quietly_on_sigterm(ranks.rank, cfg.run.run_dir)
         if ranks.rank > 0:
             follow_rank(cfg, ranks)
             return []

@@ -32,17 +32,18 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     `routes` on host:port; yields the bound port. Peers are sent away on exit."""
     app = web.Application()
     app.router.add_get("/ws", hub.handle_ws)
-    limiter = TokenBucket(hub.cfg.upload_limit_mbps * 1e6) if hub.cfg.upload_limit_mbps else None
+    cap_mbps = hub.cfg.overlay.upload_limit_mbps
+    limiter = TokenBucket(cap_mbps * 1e6) if cap_mbps else None
     app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
         hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served,
         authorize=Tickets(hub.hub_key, hub.run_id, "hub")))
     for path, handler in (routes or {}).items():
         app.router.add_get(path, handler)
-    tls = tls_context(hub.cfg.tls_cert, hub.cfg.tls_key)
+    tls = tls_context(hub.cfg.network.tls_cert, hub.cfg.network.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        sock = listening_socket(host, port, hub.cfg.tcp_congestion)
+        sock = listening_socket(host, port, hub.cfg.overlay.tcp_congestion)
         await web.SockSite(runner, sock, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:

@@ -74,8 +74,8 @@ class CatchUps:
 
     def __init__(self, max_versions: int, max_entries: int = MAX_ENTRIES,
                  max_building: int | None = None):
-        """`max_versions`: the furthest back a base may be (`HubConfig.catch_up_versions`);
-        `max_building`: encodes at once (`HubConfig.catch_up_builds`; None: `max_entries`)."""
+        """`max_versions`: the furthest back a base may be (`OverlayConfig.catch_up_versions`);
+        `max_building`: encodes at once (`OverlayConfig.catch_up_builds`; None: `max_entries`)."""
         self.max_versions = max_versions
         self.max_entries = max_entries
         self.max_building = max_entries if max_building is None else max_building

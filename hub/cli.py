@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="echo2-hub", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    docs = help_texts(HubConfig)
     serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
     demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
     demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
@@ -48,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "torchrun (python -m torch.distributed.run --nproc-per-node N); for "
                             "several nodes run torchrun yourself on each "
                             "(docs/guides/multi-gpu.md)")
-        p.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
+        p.add_argument("--config", type=Path, help="TOML file setting any of the fields below, "
+                                                   "in a [hub] table (or its [hub.SECTION] tables)")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
-        add_arguments(p, HubConfig, docs=help_texts(HubConfig))
+        add_arguments(p, HubConfig, docs=docs)
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
     plan = sub.add_parser("plan", help="offline: required rollout throughput, feasible S/kappa, "
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         failure = exc if isinstance(exc, RankFailure) else _leaf(exc, RankFailure)
         if failure is None:
             raise
-        print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run_dir or 'RUN_DIR')}",
+        print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run.run_dir or 'RUN_DIR')}",
               file=sys.stderr)
         return 1
 

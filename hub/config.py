@@ -1,31 +1,26 @@
-"""The hub's configuration: every knob of `echo2-hub serve`, with its help text.
+"""The hub's configuration: every knob of `echo2-hub serve`, in sections, with its help text.
 
-Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU, offline.
-
-Over 400 lines: one frozen dataclass whose field docstrings are `echo2-hub serve --help`, and
-its checks; splitting the fields across modules would split the one help text a user reads.
+`HubConfig` holds one frozen section of each kind (`echo2p2p.hub.config_sections`), and a part
+of the hub is given the section it reads (`cfg.staleness.max_lag`, `Door(cfg.limits, ...)`).
+Outside, names stay flat: flags (`--lr`), TOML keys (`lr = 0.01`, or in a `[hub.grpo]` table),
+`Run(lr=...)`, `HubConfig.from_flat(lr=...)`, `cfg.replace(lr=...)` and the saved config.json.
+Light to import: `--help` is answered before anything heavy loads.
 """
 
 from __future__ import annotations
 
 import inspect
-import ipaddress
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from echo2p2p import config as configs
 from echo2p2p.config import field_docs
-from echo2p2p.errors import ConfigError
-from echo2p2p.policy.prompts import MODES as PROMPT_FORMATS
-from echo2p2p.policy.prompts import PromptFormat
-from echo2p2p.pool import POLICIES
-from echo2p2p.relay import STRATEGIES
-from echo2p2p.runtime.tcp import check_congestion
-from echo2p2p.staleness import check_schedule, default_publish_every
-from echo2p2p.tasks import ANSWER_FORMATS
+
+from .config_sections import (GrpoConfig, LearnerConfig, LimitsConfig, NetworkConfig,
+                              OverlayConfig, RunConfig, ScoringConfig, StalenessConfig,
+                              TasksConfig, TrustConfig, ViewConfig)
 
 
-DEFAULT_PORT = 8765
-TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.trackers)
 SECRETS = ("dashboard_token",)  # never written to the run dir nor sent to a tracker
 # `demo` (and `Run.demo`) differ from `serve` in these defaults only.
 DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 10}
@@ -33,395 +28,45 @@ DEMO_DEFAULTS = {"port": 0, "max_steps": 150, "torch_threads": 1, "eval_every": 
 
 @dataclass(frozen=True)
 class HubConfig:
-    host: str = "127.0.0.1"
-    """Address to listen on (0.0.0.0 to accept peers from other machines)."""
-    port: int = DEFAULT_PORT
-    """TCP port for the peer websocket (ws://HOST:PORT/ws); 0 picks a free one."""
-    model: str = "tiny"
-    """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory."""
-    task: str = "addition"
-    """Task: "addition" (built-in) or a path to a JSONL file with question/answer fields
-    (leave it when --dataset names the task)."""
-    dataset: str = ""
-    """A Hugging Face dataset as the task, read offline with the `datasets` library (pip install
-    'echo2p2p[data]'): a local .parquet, .jsonl/.json, .csv or .arrow file, a folder of them or
-    one written by `save_to_disk`, or a dataset name ("openai/gsm8k") already in the local
-    Hugging Face cache (never downloaded). Scored by math-verify ('' = --task)."""
-    dataset_config: str = ""
-    """The dataset's configuration, for datasets that have several ("main" of openai/gsm8k)."""
-    dataset_split: str = "train"
-    """Split of --dataset to train on (a single file is the split "train")."""
-    dataset_eval_split: str = ""
-    """Split of --dataset held out for evaluation ("test"); '' = hold out --eval-problems rows of
-    --dataset-split (seeded; at most half of it), never trained on."""
-    dataset_question_field: str = "question"
-    """Column of --dataset holding the question; the prompt is the question and a line asking
-    for the answer in \\boxed{}."""
-    dataset_answer_field: str = "answer"
-    """Column of --dataset holding the answer, or a worked solution that ends in it."""
-    answer_format: str = "auto"
-    """How the gold answer is taken from --dataset-answer-field: gsm8k (the text after the last
-    "####"), math (the content of the last \\boxed{...}, as in MATH solutions), plain (the whole
-    field) or auto (gsm8k if it holds "####", else math if it holds \\boxed{, else plain).
-    Rows without an answer in that format are skipped and counted in the log."""
-    reward: str = ""
-    """Reward functions to score with instead of the task's own, comma-separated: built-in
-    names (exact_match, math_verify, code_tests: the completion's program run against the
-    row's tests in a sandboxed subprocess) or module:function of your own, each
-    f(prompt, completion, row) -> float, sync or async. They run on the hub only, in the
-    scoring workers under --score-timeout-s (peers never need your code). '' = the task's."""
-    reward_weights: str = ""
-    """Weights of the --reward functions, comma-separated, one each ('' = all 1)."""
-    env: str = ""
-    """A multi-turn environment to train on instead of a task: the name of an installed
-    entry point in the group "echo2p2p.environments" ("takeaway" is built in). Peers play its
-    episodes and need the same package and version; the hub replays every episode to check
-    it. Its seeds are the prompts: held-out seeds 0 .. --eval-problems - 1."""
-    prompt_format: str = "auto"
-    """How prompt text becomes token ids: chat (the tokenizer's chat template renders it as the
-    user message, then the assistant's turn is opened; start-up fails if it has no template),
-    plain (the text as is, no special tokens) or auto (chat when the tokenizer has a template).
-    The hub leases the ids: peers, learner, evaluation and spot-checks all see the same ones."""
-    system_prompt: str = ""
-    """System message rendered before every prompt by the chat template ('' = none)."""
-    chat_template_args: str = ""
-    """JSON object of variables for the chat template, as the model documents them, e.g.
-    '{"enable_thinking": false}' turns Qwen3's thinking off ('' = none)."""
-    max_lag: int = 2
-    """S, the staleness bound: step t trains on version x only if t - x <= S. Higher S: more
-    overlap of generation and training, more off-policy noise. 0 = synchronous."""
-    publish_every: int = 0
-    """kappa, steps between published versions; 0 means max(1, S - 1). Must be <= S + 1."""
-    group_size: int = 8
-    """G, completions sampled per prompt (a GRPO group)."""
-    prompts_per_step: int = 8
-    """Prompt groups in one learner batch."""
-    lr: float = 1e-3
-    """AdamW learning rate."""
-    clip_eps: float = 0.2
-    """PPO-style clip range of the importance ratio pi_theta / pi_behaviour."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the initial policy (0 = off, no reference model kept)."""
-    temperature: float = 1.0
-    """Sampling temperature on peers; the learner scores logprobs at the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling on peers. Below 1 the behaviour logprobs no longer match the policy."""
-    max_new_tokens: int = 8
-    """Cap on completion length, in tokens."""
-    seed: int = 0
-    """Seed for prompt order and per-peer sampling seeds. Not the task's train/eval split: that
-    is fixed, so runs on any seed hold out the same problems (none the base was warmed up on)."""
-    max_steps: int = 0
-    """Stop after this many learner steps (0 = run until interrupted)."""
-    eval_every: int = 10
-    """Held-out greedy accuracy every this many steps (0 = never)."""
-    eval_problems: int = 256
-    """Held-out problems per evaluation."""
-    lease_timeout_s: float = 60.0
-    """A lease not answered within this many seconds is re-issued to another peer."""
-    new_peer_leases: int = 2
-    """Open leases a peer (and an address) that has delivered nothing may hold; each admitted
-    group raises its cap by one, each lease it lets expire lowers it by two (echo2p2p.lease_quota).
-    Peers that have not delivered more groups than they let expire share prompts_per_step
-    leases on top of the budget, so hoarders never starve the learner, and an expiry costs them
-    trust. Higher: new peers ramp up faster, hoarders hold more."""
-    weights_dtype: str = "bfloat16"
-    """dtype of published versions: bfloat16 (half the bytes) or float32."""
-    chunk_bytes: int = 0
-    """Raw bytes per snapshot chunk; each chunk is compressed, hashed and relayed on its own.
-    0 = about a thousandth of the version, 64 KiB to 8 MiB (see snapshot.auto_chunk_bytes)."""
-    zstd_level: int = 3
-    """zstd level for snapshot chunks."""
-    tcp_congestion: str = "cubic"
-    """TCP congestion control of the sockets the hub serves chunks on ('' = the machine's
-    default; see echo2p2p.runtime.tcp for why cubic)."""
-    relay: str = "pipelined"
-    """How versions reach peers: pipelined (the hub as tracker: it deals every chunk to a
-    relaying peer and answers lookups; the hub uploads each version about once), gossip (peers
-    tell their neighbours what they hold and fetch from each other; one announcement per peer
-    from the hub, which still uploads about once), striped-chain (the ECHO-2 paper's: each
-    chunk's owner fetches it from the hub, every other peer fetches it from its predecessor in
-    a ring; as fast as the slowest uplink) or star (the hub uploads every version to every
-    peer)."""
-    anchor_every: int = 10
-    """Every this many published versions go out in full; the others as lossless deltas to the
-    peers holding the previous version (1 = never send deltas)."""
-    keep_versions: int = 3
-    """Published versions the hub keeps to serve (late fetches, deltas' bases)."""
-    catch_up_versions: int = 16
-    """A peer up to this many versions behind (back from a disconnect, or from cold standby)
-    catches up with one delta from the version it holds instead of the newest in full; the hub
-    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full."""
-    upload_limit_mbps: float = 0.0
-    """Cap on the hub's chunk upload, in Mbit/s (0 = no cap)."""
-    activation: str = "cost"
-    """Which peers generate: cost (the cheapest set whose measured throughput meets the capacity
-    rule plus --activation-margin; free peers always work, the others wait on standby) or all."""
-    activation_margin: float = 0.1
-    """Safety margin of cost-aware activation: provision this much more than the rule requires."""
-    standby: str = "warm"
-    """What standby peers receive: warm (every version, so they can start at once when
-    activated) or cold (nothing until activated, then the newest version in full)."""
-    device: str = "cpu"
-    """Where the learner runs: cpu, cuda, cuda:1."""
-    torch_threads: int = 0
-    """Threads for torch on the hub (0 = torch's default)."""
-    learner_micro_tokens: int = 16384
-    """Padded tokens (samples x the longest) per learner micro-batch; a longer sample goes
-    alone. The step's activation memory follows this budget, not the batch's longest completion:
-    lower it if a step runs out of memory, raise it for speed."""
-    learner_precision: str = "fp32"
-    """fp32, or bf16: the learner computes in bf16 over fp32 master weights (gradients reduced
-    in fp32 when sharded). Less memory and faster on GPUs, logprobs rounded (the ratio absorbs it)."""
-    learner_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward instead of keeping them:
-    about a third more step time for activations of one layer instead of all."""
-    learner_timeout_s: float = 600.0
-    """A sharded learner (launched with torchrun) waits this long for the rendezvous and for any
-    one collective of another rank; past it the run stops and says how to resume."""
-    heartbeat_s: float = 10.0
-    """Seconds between heartbeats to each peer."""
-    peer_timeout_s: float = 30.0
-    """A peer silent this long is disconnected and its leases re-issued."""
-    max_frame_bytes: int = 4 << 20
-    """Largest websocket frame accepted from a peer."""
-    max_peers_per_address: int = 256
-    """Joined connections accepted from one IP address; more are refused (close code 4005).
-    Bounds what one attacker's many connections can cost; raise it for a lab behind one NAT."""
-    joins_per_min: float = 120.0
-    """Joins a minute, sustained, from one IP address (an IPv6 /64) and with one join token;
-    more are refused (close code 4005) before the hub does any work for them (0 = no limit).
-    Bounds what reconnect churn costs the hub; raise it for a lab behind one NAT."""
-    join_burst: int = 64
-    """Joins at once from one address or with one join token before `joins_per_min` holds: an
-    honest peer's reconnect, or a lab's peers back from a hub restart, get straight in."""
-    joins_per_min_per_key: float = 6.0
-    """Joins a minute, sustained, with one peer key (one peer process; 0 = no limit)."""
-    join_burst_per_key: int = 4
-    """Joins at once with one peer key before `joins_per_min_per_key` holds."""
-    catch_up_builds: int = 1
-    """Catch-up deltas the hub encodes at once (off the event loop; each is shared by every peer
-    on the same base); a peer that would need another meanwhile gets the newest in full."""
-    spot_check_fraction: float = 0.05
-    """Share of rollout groups whose behaviour logprobs the hub recomputes under the version the
-    peer claims (0 = off, 1 = every group); a mismatch counts against the peer's trust. Costs
-    one forward per checked group, an fp32 model copy (4 bytes a parameter) and the last S + 1
-    published versions, kept on disk in <run_dir>/versions and memory-mapped: (S + 1) x
-    parameters x 2 bytes in bf16 of files (~42 GB for a 7B model at S = 2), not of RAM."""
-    spot_check_probation: int = 8
-    """Spot-checks a peer must pass before its groups are checked less often than every one
-    (times 1 + its trust events; any event starts it over); then a share due/passed of them,
-    down to spot_check_fraction. A forger's first groups are all checked, so it is caught
-    before they are trained on; an honest peer costs the hub a forward per group while on
-    probation, then a share falling as about sqrt(due / 2n) near its n-th group. 0: the
-    plain fraction for all; spot_check_fraction 0 turns checks off whatever this is."""
-    spot_check_tokens: int = 0
-    """Completion tokens compared per sample, drawn at random (0 = all). Fewer: a forward cut
-    at the last drawn position, less evidence per check; the memory stays the same."""
-    spot_check_tolerance: float = 0.2
-    """A checked group fails when the mean |claimed - recomputed| logprob over its checked
-    tokens exceeds this, in nats: about the |log-ratio| an undetected forgery adds. 0.2 ~
-    log(1 + clip_eps); 7x the p99 and 2x the worst of honest bf16 peers (GPU engines like vLLM:
-    ~1e-2 a token), 1e5x fp32 ones (bench/spotcheck.py). Lower: more forgeries caught, honest
-    bf16 peers at risk; raise it for MoE or FP8 peers (~0.5)."""
-    score_timeout_s: float = 5.0
-    """Deadline for scoring one completion with the task's verifier, which runs in worker
-    processes off the event loop; a completion past it scores 0, its worker is killed and
-    restarted, and the event is counted (math-verify can run for ever on some answers).
-    Lower: a hostile completion stalls scoring for less time; too low scores slow but honest
-    answers 0."""
-    score_workers: int = 1
-    """Worker processes scoring rollouts (each a full Python with the task's verifier). More:
-    a verifier that overruns stalls only one of them, and scoring uses more cores."""
-    score_sample_budget_s: float = 1.0
-    """Scoring seconds one peer's samples may take each, on average over about the last
-    minute, while other peers score too: past it its rollouts are refused unscored
-    ("scoring_budget") until what it used has decayed below this (about a minute and a half
-    after a group that burnt the deadline). The scorer serves the peer that used least first
-    anyway. Lower: samples that burn the deadline are cut off sooner; too low refuses honest
-    peers whose verifier is slow (code: ~0.1-0.3 s a sample; math-verify: ms) (0 = none)."""
-    code_answer_hold_s: float = 0.0
-    """With a reward that runs the completion's program (code_tests): the hub's answer to a
-    rollout leaves no earlier than this many seconds after the rollout arrived, so its timing
-    tells nothing of how long the programs ran (what is admitted is trained on at once; only
-    the answer waits). 0 = group_size x score_timeout_s, the longest one group's scoring may
-    take; an answer judged later than that (a scorer backed up) leaves when judged."""
-    tokens: str = ""
-    """Token file (`echo2-hub token create --file FILE`): only peers presenting one of its
-    unrevoked tokens may join. '' = anyone may join."""
-    tls_cert: str = ""
-    """PEM certificate chain: serve https/wss instead of http/ws (with --tls-key)."""
-    tls_key: str = ""
-    """PEM private key of --tls-cert."""
-    dashboard_host: str = "127.0.0.1"
-    """Address the live dashboard listens on, with /metrics (Prometheus) and /status: a port
-    of its own, with --tls-cert's TLS. It shows peers' addresses: on any address but loopback
-    it needs --dashboard-token."""
-    dashboard_port: int = 0
-    """TCP port of the dashboard (0 picks a free one; the hub's log prints the URL; -1 = no
-    dashboard)."""
-    dashboard_token: str = ""
-    """Read-only access token of the dashboard, /metrics and /status on its port: sent as
-    `Authorization: Bearer TOKEN` or once as ?token=TOKEN in the page's URL ('' = none, only
-    on loopback). /status on the peers' port answers all of it only with this token (or, with
-    none set, on a loopback --host), else only the run's public part: no peer is named."""
-    report_to: str = ""
-    """Experiment trackers that also get every run log record, comma-separated: wandb,
-    tensorboard (pip install 'echo2p2p[wandb]' or '[tensorboard]'; WANDB_MODE=offline works
-    offline; TensorBoard's event files go to <run_dir>/tensorboard). '' = the run log only."""
-    run_dir: str = ""
-    """Where metrics.jsonl, config.json, the signing key and checkpoints go ('' = runs/<run id>)."""
-    checkpoint_every: int = 1
-    """Checkpoint (weights, optimizer, leases, queued rollouts, trust) before every this many
-    published versions, for `serve --resume` (0 = never). With 1 a resumed hub never rolls
-    back past a version peers hold; with more, a kill costs the rollouts of the versions since
-    the last checkpoint, and each checkpoint writes about 16 bytes per parameter (fp32 weights
-    and AdamW moments)."""
+    """Every knob of the hub, by section; `--help` lists them in this order."""
 
-    def __post_init__(self) -> None:
-        positive = ("group_size", "prompts_per_step", "max_new_tokens", "eval_problems",
-                    "max_frame_bytes", "score_workers", "new_peer_leases")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 2 <= self.group_size <= 1024:  # 1024: what the wire decoder takes from a peer
-            raise ConfigError("group_size", f"GRPO needs 2 to 1024 samples per group, got "
-                                            f"{self.group_size}")
-        for name in ("lr", "temperature", "lease_timeout_s", "heartbeat_s", "peer_timeout_s",
-                     "score_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-        if self.score_timeout_s == float("inf"):  # a deadline that never comes is none
-            raise ConfigError("score_timeout_s", "must be finite")
-        for name in ("score_sample_budget_s", "code_answer_hold_s"):  # 0: see each
-            if not 0 <= getattr(self, name) < float("inf"):
-                raise ConfigError(name, f"must be >= 0 and finite, got {getattr(self, name)}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.port < 65536:
-            raise ConfigError("port", f"not a TCP port: {self.port}")
-        if self.weights_dtype not in ("bfloat16", "float32"):
-            raise ConfigError("weights_dtype", f"bfloat16 or float32, got {self.weights_dtype!r}")
-        if self.max_steps < 0 or self.eval_every < 0 or self.publish_every < 0:
-            raise ConfigError("max_steps/eval_every/publish_every", "must be >= 0")
-        check_congestion(self.tcp_congestion)
-        if self.relay not in STRATEGIES:
-            raise ConfigError("relay", f"one of {', '.join(STRATEGIES)}, got {self.relay!r}")
-        if self.activation not in POLICIES:
-            raise ConfigError("activation", f"one of {', '.join(POLICIES)}, got {self.activation!r}")
-        if self.standby not in ("warm", "cold"):
-            raise ConfigError("standby", f"warm or cold, got {self.standby!r}")
-        if not 0 <= self.activation_margin <= 10:
-            raise ConfigError("activation_margin", f"must be in [0, 10], got {self.activation_margin}")
-        if self.chunk_bytes < 0:
-            raise ConfigError("chunk_bytes", f"must be >= 0 (0 = automatic), got {self.chunk_bytes}")
-        if not 0 <= self.catch_up_versions <= 1024:
-            raise ConfigError("catch_up_versions", f"must be in [0, 1024], got {self.catch_up_versions}")
-        for name, least in (("anchor_every", 1), ("keep_versions", 2), ("upload_limit_mbps", 0),
-                            ("checkpoint_every", 0), ("spot_check_probation", 0),
-                            ("spot_check_tokens", 0), ("learner_micro_tokens", 1)):
-            if getattr(self, name) < least:
-                raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("tls_cert" if not self.tls_cert else "tls_key",
-                              "--tls-cert and --tls-key go together")
-        self._check_view()
-        if not 0 <= self.spot_check_fraction <= 1:
-            raise ConfigError("spot_check_fraction",
-                              f"must be in [0, 1], got {self.spot_check_fraction}")
-        if not self.spot_check_tolerance > 0:
-            raise ConfigError("spot_check_tolerance", f"must be > 0, got {self.spot_check_tolerance}")
-        if self.learner_precision not in ("fp32", "bf16"):
-            raise ConfigError("learner_precision", f"fp32 or bf16, got {self.learner_precision!r}")
-        if not 0 < self.learner_timeout_s < float("inf"):
-            raise ConfigError("learner_timeout_s", f"must be > 0 and finite, got {self.learner_timeout_s}")
-        check_schedule(self.max_lag, self.kappa)
-        self._check_task()
-        self.prompts  # noqa: B018 - validates prompt_format and chat_template_args
+    run: RunConfig = field(default_factory=RunConfig)
+    """The policy trained, its seed and length, where it is saved."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The peers' port: address, TLS, join tokens, heartbeats."""
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    """What to train on, its prompts and held-out set."""
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    """Reward functions, their workers and deadlines."""
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    """Groups, batch, optimizer, sampling."""
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    """S and kappa, leases, which peers generate."""
+    overlay: OverlayConfig = field(default_factory=OverlayConfig)
+    """Versions: their format, how they reach peers, what the hub keeps."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """Where and how a learner step is computed."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """What one peer, address or join token may cost the hub."""
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    """Spot-checks of peers' logprobs."""
+    view: ViewConfig = field(default_factory=ViewConfig)
+    """The dashboard and experiment trackers."""
 
-    def _check_view(self) -> None:
-        """The dashboard's address and access, the join limits, and the trackers named."""
-        for name, least in (("joins_per_min", 0), ("joins_per_min_per_key", 0), ("join_burst", 1),
-                            ("join_burst_per_key", 1), ("catch_up_builds", 1)):
-            if not getattr(self, name) >= least:  # NaN too
-                raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
-        if not -1 <= self.dashboard_port < 65536:
-            raise ConfigError("dashboard_port", f"a TCP port, 0 (a free one) or -1 (none), got "
-                                                f"{self.dashboard_port}")
-        if self.dashboard_port >= 0 and not self.dashboard_token and not is_loopback(self.dashboard_host):
-            raise ConfigError("dashboard_token", f"the dashboard shows peers' addresses: set a "
-                              f"token to serve it on {self.dashboard_host}, or bind it to 127.0.0.1")
-        unknown = set(names(self.report_to)) - set(TRACKERS)
-        if unknown:
-            raise ConfigError("report_to", f"{', '.join(sorted(unknown))}: the trackers are "
-                                           f"{', '.join(TRACKERS)}")
+    @classmethod
+    def from_flat(cls, **fields: Any) -> HubConfig:
+        """The config with the fields named (flat names, as flags and TOML keys) set, each
+        section checked; values are used as given (`resolve` converts strings)."""
+        return configs.from_flat(cls, fields)
 
-    def _check_task(self) -> None:
-        """The dataset fields: the names the task needs, and only with a dataset."""
-        if self.answer_format not in ANSWER_FORMATS:
-            raise ConfigError("answer_format", f"one of {', '.join(ANSWER_FORMATS)}, got "
-                                               f"{self.answer_format!r}")
-        if self.env and (self.task != "addition" or self.dataset):
-            raise ConfigError("env", f"--env {self.env!r} and --{'dataset' if self.dataset else 'task'}"
-                                     f" both name what to train on: set one of them")
-        if self.reward_weights and not self.reward:
-            raise ConfigError("reward_weights", "weights need --reward functions to weigh")
-        if not self.dataset:
-            for name in ("dataset_config", "dataset_eval_split"):
-                if getattr(self, name):
-                    raise ConfigError(name, "only applies with --dataset")
-            return
-        if self.task != "addition":
-            raise ConfigError("dataset", f"--task {self.task!r} and --dataset {self.dataset!r} "
-                                         f"both name the task: set one of them")
-        for name in ("dataset_split", "dataset_question_field", "dataset_answer_field"):
-            if not getattr(self, name):
-                raise ConfigError(name, "must name a split or column of --dataset, got ''")
-        if self.dataset_eval_split == self.dataset_split:
-            raise ConfigError("dataset_eval_split", f"is --dataset-split {self.dataset_split!r} "
-                              f"too: name another split, or '' to hold out rows of it")
-
-    @property
-    def kappa(self) -> int:
-        """The publication period actually used."""
-        return self.publish_every or default_publish_every(self.max_lag)
-
-    @property
-    def prompts(self) -> PromptFormat:
-        """How prompts are rendered (`echo2p2p.policy.prompts`); check it against the
-        tokenizer at start-up."""
-        args = {}
-        if self.chat_template_args:
-            try:
-                args = json.loads(self.chat_template_args)
-            except json.JSONDecodeError as e:
-                raise ConfigError("chat_template_args", f"not JSON ({e.msg}): write a JSON "
-                                  f"object such as '{{\"enable_thinking\": false}}'") from None
-            if not isinstance(args, dict):
-                raise ConfigError("chat_template_args", f"must be a JSON object, got "
-                                                        f"{self.chat_template_args!r}")
-        if self.prompt_format not in PROMPT_FORMATS:
-            raise ConfigError("prompt_format", f"one of {', '.join(PROMPT_FORMATS)}, got "
-                                               f"{self.prompt_format!r}")
-        return PromptFormat(self.prompt_format, self.system_prompt, args)
-
-
-def names(text: str) -> list[str]:
-    """The names of a comma-separated field ("wandb, tensorboard"), blanks dropped."""
-    return [n.strip() for n in text.split(",") if n.strip()]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is this machine only (localhost, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    def replace(self, **fields: Any) -> HubConfig:
+        """This config with the fields named (flat names) changed, the sections checked again."""
+        return configs.replace(self, **fields)
 
 
 def help_texts(cls: type) -> dict[str, str]:
-    """The `--help` text of each field of config class `cls`: the docstring under it, read from
-    the class's source file (the core's `field_docs` parses the text)."""
-    return field_docs(inspect.getsource(cls))
+    """The `--help` text of each field of config class `cls`, or of each field of its sections:
+    the docstring under it, read from the class's source file (the core's `field_docs` parses
+    the text)."""
+    kinds = configs.sections(cls).values() or (cls,)
+    return {name: doc for kind in kinds for name, doc in field_docs(inspect.getsource(kind)).items()}

@@ -33,7 +33,7 @@ from echo2p2p.runtime import http_deadlines
 from .app import tls_context
 from .feed import Feed, event_frame, finite_json
 from .metrics import metrics_handler
-from .config import is_loopback
+from .config_sections import is_loopback
 from .status import public_status, status
 
 if TYPE_CHECKING:
@@ -58,10 +58,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @contextlib.asynccontextmanager
 async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
-    """`start_hub`'s dashboard: none (None) when cfg.dashboard_port is -1, else a feed on the
-    run log, served on cfg.dashboard_host:dashboard_port; yields the bound port."""
+    """`start_hub`'s dashboard: none (None) when cfg.view.dashboard_port is -1, else a feed on the
+    run log, served on cfg.view.dashboard_host:dashboard_port; yields the bound port."""
     cfg = run.cfg
-    if cfg.dashboard_port < 0:
+    if cfg.view.dashboard_port < 0:
         yield None
         return
     feed = Feed()
@@ -71,8 +71,8 @@ async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
     run.runlog.listeners.append(feed.record)
     try:
         async with serve_dashboard(run, feed) as port:
-            host = f"[{cfg.dashboard_host}]" if ":" in cfg.dashboard_host else cfg.dashboard_host
-            log.info("dashboard on %s://%s:%d/", "https" if cfg.tls_cert else "http", host, port)
+            host = f"[{cfg.view.dashboard_host}]" if ":" in cfg.view.dashboard_host else cfg.view.dashboard_host
+            log.info("dashboard on %s://%s:%d/", "https" if cfg.network.tls_cert else "http", host, port)
             yield port
     finally:
         run.runlog.listeners.remove(feed.record)
@@ -81,10 +81,10 @@ async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
 @contextlib.asynccontextmanager
 async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
                           ) -> AsyncIterator[int]:
-    """Serve `run`'s dashboard from `feed` on cfg.dashboard_host, port `port` (None: cfg's;
+    """Serve `run`'s dashboard from `feed` on cfg.view.dashboard_host, port `port` (None: cfg's;
     0: a free one); yields the bound port. Open event streams end on exit."""
     cfg = run.cfg
-    app = web.Application(middlewares=[token_check(cfg.dashboard_token)])
+    app = web.Application(middlewares=[token_check(cfg.view.dashboard_token)])
     app.on_response_prepare.append(_secure_headers)
     app.router.add_get("/", _index)
     app.router.add_get("/static/{name}", _static)
@@ -93,12 +93,12 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
     app.router.add_get("/api/snapshot", json_answer(lambda: snapshot(run, feed)))
     app.router.add_get("/events", _events(run, feed))
     app.cleanup_ctx.append(_status_ticker(run, feed))
-    tls = tls_context(cfg.tls_cert, cfg.tls_key)
+    tls = tls_context(cfg.network.tls_cert, cfg.network.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        port = cfg.dashboard_port if port is None else port
-        await web.TCPSite(runner, cfg.dashboard_host, port, ssl_context=tls).start()
+        port = cfg.view.dashboard_port if port is None else port
+        await web.TCPSite(runner, cfg.view.dashboard_host, port, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:
         feed.close()  # the event streams end, so the runner's shutdown need not wait for them
@@ -108,7 +108,7 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
 def snapshot(run: HubRun, feed: Feed) -> dict[str, Any]:
     """What /api/snapshot answers: everything the page draws."""
     now = status(run)
-    return {"run_id": run.hub.run_id, "max_lag": run.cfg.max_lag, "kappa": run.cfg.kappa,
+    return {"run_id": run.hub.run_id, "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa,
             "step": run.hub.step, **feed.snapshot(), "staleness": now["staleness"],
             "status": now}
 
@@ -150,12 +150,12 @@ def status_route(run: HubRun) -> Handler:
     """GET /status on the peers' port, which anyone who can reach the hub may ask: all of it
     with the dashboard token (with none set: on a hub listening on loopback only), else only
     the run's public part (`status.public_status`), which is what health checks need."""
-    token = run.cfg.dashboard_token
+    token = run.cfg.view.dashboard_token
     everything = json_answer(lambda: status(run))
     public = json_answer(lambda: public_status(run))
 
     async def handle(request: web.Request) -> web.Response:
-        full = _carries(request, token.encode()) if token else is_loopback(run.cfg.host)
+        full = _carries(request, token.encode()) if token else is_loopback(run.cfg.network.host)
         return await (everything if full else public)(request)
 
     return handle

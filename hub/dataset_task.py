@@ -1,6 +1,6 @@
 """A Hugging Face dataset as the hub's task: read offline at start-up, handed to `MathTask` as rows.
 
-`open_dataset_task(cfg)` reads `cfg.dataset` with the `datasets` library: a local .parquet,
+`open_dataset_task(tasks)` reads `tasks.dataset` with the `datasets` library: a local .parquet,
 .jsonl/.json, .csv or .arrow file (its one split is "train"), a folder of such files or one
 written by `save_to_disk`, or a dataset name resolved in the local Hugging Face hub cache
 (`local_files_only`: never a download). It checks the split and the field mapping against what
@@ -21,7 +21,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.tasks import MathTask, problems_from_records
 from echo2p2p.tasks.math import PROMPT_TEMPLATE
 
-from .config import HubConfig
+from .config_sections import TasksConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +29,17 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "c
             ".arrow": "arrow"}  # file suffix -> the `datasets` packaged builder that reads it
 
 
-def open_dataset_task(cfg: HubConfig, *, cache_dir: str | None = None) -> MathTask:
-    """The math task of `cfg.dataset` (see the module docstring); `cache_dir`: the Hugging Face
+def open_dataset_task(tasks: TasksConfig, *, cache_dir: str | None = None) -> MathTask:
+    """The math task of `tasks.dataset` (see the module docstring); `cache_dir`: the Hugging Face
     hub cache that dataset names resolve in (None: the default, $HF_HUB_CACHE)."""
     datasets = _import_datasets()
-    splits = _read(datasets, cfg.dataset, cfg.dataset_config, cache_dir)
-    train = _rows(splits, cfg, cfg.dataset_split, "dataset_split")
-    held_out = (_rows(splits, cfg, cfg.dataset_eval_split, "dataset_eval_split")
-                if cfg.dataset_eval_split else None)
-    # the split is the task's own, never cfg.seed: a run's seed must not move the held-out set
-    task = MathTask(train, eval_size=cfg.eval_problems, held_out=held_out)
-    log.info("dataset %s: %d problems to train on, %d held out", cfg.dataset,
+    splits = _read(datasets, tasks.dataset, tasks.dataset_config, cache_dir)
+    train = _rows(splits, tasks, tasks.dataset_split, "dataset_split")
+    held_out = (_rows(splits, tasks, tasks.dataset_eval_split, "dataset_eval_split")
+                if tasks.dataset_eval_split else None)
+    # the split is the task's own (the run's seed is not even given): it must not move the held-out set
+    task = MathTask(train, eval_size=tasks.eval_problems, held_out=held_out)
+    log.info("dataset %s: %d problems to train on, %d held out", tasks.dataset,
              len(task.problems("train")), len(task.problems("eval")))
     return task
 
@@ -95,28 +95,28 @@ def _cached_snapshot(name: str, cache_dir: str | None) -> str:
                           f"parquet, JSONL or arrow file") from None
 
 
-def _rows(splits: Mapping[str, Any], cfg: HubConfig, split: str, field: str) -> list:
+def _rows(splits: Mapping[str, Any], tasks: TasksConfig, split: str, field: str) -> list:
     """The problems of split `split`, its field mapping checked; ConfigError naming `field`
     (or the column field) if the split or a column is not there."""
     if split not in splits:
-        raise ConfigError(field, f"{cfg.dataset!r} has no split {split!r}; its splits: "
+        raise ConfigError(field, f"{tasks.dataset!r} has no split {split!r}; its splits: "
                                  f"{', '.join(splits)}")
     data = splits[split]
     for name in ("dataset_question_field", "dataset_answer_field"):
-        column = getattr(cfg, name)
+        column = getattr(tasks, name)
         if column not in data.column_names:
-            raise ConfigError(name, f"split {split!r} of {cfg.dataset!r} has no column "
+            raise ConfigError(name, f"split {split!r} of {tasks.dataset!r} has no column "
                                     f"{column!r}; its columns: {', '.join(data.column_names)}")
-    columns = list(dict.fromkeys((cfg.dataset_question_field, cfg.dataset_answer_field)))
+    columns = list(dict.fromkeys((tasks.dataset_question_field, tasks.dataset_answer_field)))
     try:
         problems, skipped = problems_from_records(
-            data.select_columns(columns).to_list(), question_field=cfg.dataset_question_field,
-            answer_field=cfg.dataset_answer_field, answer_format=cfg.answer_format,
+            data.select_columns(columns).to_list(), question_field=tasks.dataset_question_field,
+            answer_field=tasks.dataset_answer_field, answer_format=tasks.answer_format,
             template=PROMPT_TEMPLATE, id_prefix=split)
     except ValueError as e:
         raise ConfigError("answer_format", str(e)) from None
     if skipped:
         log.warning("dataset %s, split %s: %d of %d rows skipped (no question text, or no answer "
-                    "in answer format %r)", cfg.dataset, split, skipped, len(data),
-                    cfg.answer_format)
+                    "in answer format %r)", tasks.dataset, split, skipped, len(data),
+                    tasks.answer_format)
     return problems

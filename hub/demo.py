@@ -40,7 +40,7 @@ def stop_local_peers() -> None:
 async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None,
                     setup: Any = None) -> list[dict[str, Any]]:
     """Serve until max_steps; the step records. `resume`: the run directory to continue
-    (cfg.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
+    (cfg.run.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
     reward (`hub.task_setup`; None: as cfg names them)."""
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
                          setup=setup) as run:
@@ -79,8 +79,9 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
     """`run_serve`, with `n_peers` local `echo2-peer join` processes."""
     async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup) as run:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
-              f"(S={cfg.max_lag}, kappa={cfg.kappa}, G={cfg.group_size}, "
-              f"{cfg.prompts_per_step} prompts/step, {cfg.max_steps or 'unlimited'} steps)", flush=True)
+              f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, G={cfg.grpo.group_size}, "
+              f"{cfg.grpo.prompts_per_step} prompts/step, "
+              f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if engine == "vllm":  # one core's worth of KV cache, in GiB
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from echo2p2p import messages as m
 from echo2p2p.join_limits import JoinLimits, Rate
 
-from .config import HubConfig
+from .config_sections import LimitsConfig
 from .counters import Counters
 from .peers import PeerConn, address_group
 from .tokens import TokenBook, join_refusal
@@ -27,11 +27,12 @@ log = logging.getLogger("echo2p2p.hub.server")  # reported with the hub's peer-f
 class Door:
     """Who may join a hub now; one per hub."""
 
-    def __init__(self, cfg: HubConfig, tokens: TokenBook | None, counters: Counters):
-        self.cfg, self.tokens, self.counters = cfg, tokens, counters
-        self.limits = JoinLimits(Rate(cfg.joins_per_min, cfg.join_burst),
-                                 Rate(cfg.joins_per_min_per_key, cfg.join_burst_per_key),
-                                 Rate(cfg.joins_per_min, cfg.join_burst))
+    def __init__(self, limits: LimitsConfig, tokens: TokenBook | None, counters: Counters):
+        self.tokens, self.counters = tokens, counters
+        self.max_per_address = limits.max_peers_per_address
+        self.limits = JoinLimits(Rate(limits.joins_per_min, limits.join_burst),
+                                 Rate(limits.joins_per_min_per_key, limits.join_burst_per_key),
+                                 Rate(limits.joins_per_min, limits.join_burst))
 
     def refusal(self, hello: m.Hello, remote: str | None, peers: Iterable[PeerConn],
                 now: float) -> tuple[int, str] | None:
@@ -50,7 +51,7 @@ class Door:
             self.counters.joins_too_often += 1
             return m.CLOSE_TOO_MANY, why
         group = address_group(remote)  # an IPv6 host's /64 counts as one address here too
-        if sum(address_group(c.remote) == group for c in peers) >= self.cfg.max_peers_per_address:
+        if sum(address_group(c.remote) == group for c in peers) >= self.max_per_address:
             self.counters.refused += 1  # a lab behind one NAT raises the cap
             return m.CLOSE_TOO_MANY, "too many connections from this address"
         return None

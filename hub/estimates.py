@@ -39,14 +39,14 @@ class Estimates:
     def workload(self) -> Workload:
         """The capacity model's inputs as measured so far."""
         cfg = self.cfg
-        return Workload(cfg.prompts_per_step * cfg.group_size, self.train_step_s or 1e-9,
-                        self.bcast_s or 0.0, cfg.max_lag, cfg.kappa)
+        return Workload(cfg.grpo.prompts_per_step * cfg.grpo.group_size, self.train_step_s or 1e-9,
+                        self.bcast_s or 0.0, cfg.staleness.max_lag, cfg.staleness.kappa)
 
     def required_rollouts_per_s(self) -> float | None:
         """What the active peers must deliver (overlapped reading, which is how the hub runs with
         S >= 1); None, meaning every peer works, before a step was timed, with S = 0 (any
         throughput shortens a synchronous step) or when the broadcast breaks the rule."""
-        if not self.train_step_s or self.cfg.max_lag == 0:
+        if not self.train_step_s or self.cfg.staleness.max_lag == 0:
             return None
         return required_throughput(self.workload(), Reading.OVERLAPPED).rollouts_per_s
 

@@ -368,7 +368,7 @@ class Learner:
 
 def encode_prompt(tokenizer, prompt: str, prompts: PromptFormat = PLAIN) -> list[int]:
     """Prompt token ids exactly as the hub leases them, rendered by `prompts` (the run's
-    `HubConfig.prompts`; default plain text, no special tokens added)."""
+    `TasksConfig.prompts`; default plain text, no special tokens added)."""
     return prompts.encode(tokenizer, prompt)
 
 

@@ -48,8 +48,8 @@ class Quotas:
         # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
         # could only be generated after the step it was taken from, and its group would pass
         # as fresh with a version tag one ahead. There they share the budget, under their caps.
-        self.budget, self.probation = lease_budget(cfg.prompts_per_step, cfg.max_lag), \
-            cfg.prompts_per_step if cfg.max_lag else 0
+        self.budget, self.probation = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag), \
+            cfg.grpo.prompts_per_step if cfg.staleness.max_lag else 0
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
 
     def holdings(self) -> Holdings:

@@ -22,20 +22,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from echo2p2p.config import as_dict
+
 from .config import HubConfig
+from .config_sections import TasksConfig
 
 log = logging.getLogger(__name__)
 
 HUB = HubConfig()  # the one source of defaults: a knob the hub has defaults to the hub's value
+OnStep = Callable[[dict], None]
 
 
-def train_sync(*, model: str = HUB.model, steps: int, prompts_per_step: int = HUB.prompts_per_step,
-               group_size: int = HUB.group_size, lr: float = HUB.lr, seed: int = HUB.seed,
-               temperature: float = HUB.temperature, top_p: float = HUB.top_p,
-               max_new_tokens: int = HUB.max_new_tokens, eval_every: int = HUB.eval_every,
-               eval_problems: int = HUB.eval_problems, weights_dtype: Any = HUB.weights_dtype,
-               on_step: Callable[[dict], None] | None = None,
-               score_timeout_s: float = HUB.score_timeout_s, prompts: Any = None) -> list[dict]:
+def train_sync(*, model: str = HUB.run.model, steps: int, seed: int = HUB.run.seed,
+               prompts_per_step: int = HUB.grpo.prompts_per_step, lr: float = HUB.grpo.lr,
+               group_size: int = HUB.grpo.group_size, temperature: float = HUB.grpo.temperature,
+               top_p: float = HUB.grpo.top_p, max_new_tokens: int = HUB.grpo.max_new_tokens,
+               eval_every: int = HUB.tasks.eval_every, eval_problems: int = HUB.tasks.eval_problems,
+               weights_dtype: Any = HUB.overlay.weights_dtype, on_step: OnStep | None = None,
+               score_timeout_s: float = HUB.scoring.score_timeout_s, prompts: Any = None) -> list[dict]:
     """`steps` synchronous GRPO steps on the hub's AdditionTask (`seed` orders its prompts and
     seeds sampling; its split is fixed); one record per step: step, version (the one the step
     produced), reward_mean (of the samples it trained on, drawn from version `step`), gen_s, the
@@ -103,8 +107,9 @@ def _open(model: str, lr: float, temperature: float) -> tuple[Any, Any, Any, Any
     task = AdditionTask()  # the hub's split, not one per seed: the held-out set stays put
     policy, tokenizer = load_policy(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    learner = Learner(policy, lr=lr, clip_eps=HUB.clip_eps, kl_coef=HUB.kl_coef,
-                      temperature=temperature, pad_id=pad_id, micro_tokens=HUB.learner_micro_tokens)
+    learner = Learner(policy, lr=lr, clip_eps=HUB.grpo.clip_eps, kl_coef=HUB.grpo.kl_coef,
+                      pad_id=pad_id, temperature=temperature,
+                      micro_tokens=HUB.learner.learner_micro_tokens)
     return task, learner, TransformersEngine(model), tokenizer
 
 
@@ -161,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, required=True, help="learner steps")
     for flag, field, text in KNOBS:
-        default = getattr(HUB, field)
+        default = as_dict(HUB)[field]
         p.add_argument(flag, dest=field, type=type(default), default=default,
                        help=f"{text} (default: %(default)r, the hub's)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -173,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
-        prompts = HubConfig(prompt_format=args.prompt_format, system_prompt=args.system_prompt,
-                            chat_template_args=args.chat_template_args).prompts
+        prompts = TasksConfig(prompt_format=args.prompt_format, system_prompt=args.system_prompt,
+                             chat_template_args=args.chat_template_args).prompts
     except ValueError as e:  # ConfigError: one line naming the flag
         p.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

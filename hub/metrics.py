@@ -156,9 +156,9 @@ class RunCollector:
                      stats.newest_version)
         yield gauge("echo2_training", "1 while a learner step runs, else 0.", int(stats.training))
         yield gauge("echo2_max_lag_versions", "S: the most versions a trained rollout may lag.",
-                     cfg.max_lag)
+                     cfg.staleness.max_lag)
         yield gauge("echo2_publish_every_steps", "kappa: a version is published every this many "
-                                                  "steps.", cfg.kappa)
+                                                  "steps.", cfg.staleness.kappa)
         yield gauge("echo2_queued_groups", "Admitted groups waiting for the learner.",
                      stats.queued_groups)
         yield gauge("echo2_open_leases", "Leases granted and not yet answered.", stats.open_leases)
@@ -187,7 +187,7 @@ class RunCollector:
         groups trained on, a bucket per lag up to S (none lags more); of the groups dropped as
         too stale, a bucket per lag from S + 1 to S + DROPPED_BUCKETS, the rest in +Inf only (a
         peer can make a lag as large as it likes: the series stay bounded)."""
-        hub, s = self.run.hub, self.run.cfg.max_lag
+        hub, s = self.run.hub, self.run.cfg.staleness.max_lag
         yield lag_histogram("echo2_trained_group_lag_versions", "Lag of the groups trained on.",
                             self.run.runlog.staleness, range(s + 1))
         yield lag_histogram("echo2_dropped_group_lag_versions", "Lag of the groups dropped as "

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from echo2p2p import signing
 from echo2p2p import snapshot as snap
 
-from .config import HubConfig
+from .config_sections import OverlayConfig
 from .versions import Bases, Published, Snapshot, VersionFiles, mapped_state
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 class Publisher:
     """Builds and signs each published version; remembers the last one, the base of a delta."""
 
-    def __init__(self, cfg: HubConfig, signing_key: bytes, spot: SpotChecker | None = None,
+    def __init__(self, overlay: OverlayConfig, signing_key: bytes, spot: SpotChecker | None = None,
                  files: VersionFiles | None = None):
-        self.cfg = cfg
+        self.overlay = overlay
         self._signing_key = signing_key
         self._spot = spot
         self._files = files
@@ -59,7 +59,7 @@ class Publisher:
     def build(self, version: int, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]
               ) -> Published:
         """`version` in full, and as a delta against the last one unless it is an anchor.
-        `weights`: HF state-dict names -> CPU tensors in `cfg.weights_dtype`, not modified (with
+        `weights`: HF state-dict names -> CPU tensors in `overlay.weights_dtype`, not modified (with
         `files`, not even read once `build` returns); or (name, tensor) pairs, tied names
         already removed, which with `files` are written to the stream one by one as they come
         (`Learner.iter_weights`: the version is never whole in RAM)."""
@@ -68,7 +68,7 @@ class Publisher:
         from echo2p2p.policy.weights import state_to_tensors, tensor_entry
 
         start = time.perf_counter()
-        dtype = getattr(torch, self.cfg.weights_dtype)
+        dtype = getattr(torch, self.overlay.weights_dtype)
         if self._files is not None:  # from here on, read the stream from its file
             entries = (state_to_tensors(weights, dtype) if isinstance(weights, Mapping)
                        else (tensor_entry(name, t, dtype) for name, t in weights))
@@ -81,20 +81,20 @@ class Publisher:
             tensors = state_to_tensors(weights, dtype)
             stream = b"".join(raw for *_, raw in tensors)
         written = time.perf_counter()
-        chunk_bytes = self.cfg.chunk_bytes or snap.auto_chunk_bytes(len(stream))
+        chunk_bytes = self.overlay.chunk_bytes or snap.auto_chunk_bytes(len(stream))
         # Chunks are independent and zstd releases the GIL: code them on one thread per CPU.
         with ThreadPoolExecutor(os.cpu_count()) as coder:
             full = self._snapshot(version, tensors, chunk_bytes, None, coder.map)
             coded = time.perf_counter()
             delta = None
-            if self._last_stream is not None and self.published % self.cfg.anchor_every:
+            if self._last_stream is not None and self.published % self.overlay.anchor_every:
                 delta = self._snapshot(version, tensors, chunk_bytes, self._last_stream, coder.map)
         if self._spot is not None:  # exactly what peers load
             self._spot.keep(version, weights if self._files is None
                             else mapped_state(stream, full.manifest.tensors))
         self._last_stream = (version, stream)
         self._streams[version] = stream
-        for old in list(self._streams)[:-(self.cfg.catch_up_versions + 1)]:
+        for old in list(self._streams)[:-(self.overlay.catch_up_versions + 1)]:
             del self._streams[old]
         self.published += 1
         if self._files is not None:
@@ -102,7 +102,8 @@ class Publisher:
         end = time.perf_counter()
         self.timings = {"stream_s": written - start, "full_s": coded - written,
                         "delta_s": end - coded, "build_s": end - start}
-        return Published(full, delta, Bases(dict(self._streams), self._signature, self.cfg.zstd_level))
+        return Published(full, delta, Bases(dict(self._streams), self._signature,
+                                            self.overlay.zstd_level))
 
     def _snapshot(self, version: int, tensors: list, chunk_bytes: int,
                   base: tuple[int, bytes | memoryview] | None, map_chunks: Any) -> Snapshot:
@@ -112,7 +113,7 @@ class Publisher:
         if self._files is not None:
             map_chunks = self._files.chunk_writer(version, kind, map_chunks)
         manifest, chunks = snap.build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
-                                               zstd_level=self.cfg.zstd_level, base=base,
+                                               zstd_level=self.overlay.zstd_level, base=base,
                                                map_chunks=map_chunks)
         if self._files is not None:
             chunks = self._files.chunks(version, kind, manifest)

@@ -57,8 +57,8 @@ def world_from_env() -> tuple[int, int, int]:
 
 def check_world(cfg: Any, world: int) -> None:
     """What the config must satisfy for `world` ranks to split every batch evenly."""
-    if cfg.prompts_per_step % world:
-        raise ConfigError("prompts_per_step", f"{cfg.prompts_per_step} groups per step do not "
+    if cfg.grpo.prompts_per_step % world:
+        raise ConfigError("prompts_per_step", f"{cfg.grpo.prompts_per_step} groups per step do not "
                           f"split over {world} learner ranks: make it a multiple of {world}, "
                           f"or launch a rank count that divides it")
 
@@ -80,20 +80,21 @@ class Ranks:
         if world == 1:
             return None
         check_world(cfg, world)
-        device = torch.device(cfg.device)
+        device = torch.device(cfg.learner.device)
         if device.type == "cuda":  # one GPU per rank on each node
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         try:
-            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.learner_timeout_s),
+            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.learner.learner_timeout_s),
                                     device_id=device if backend == "nccl" else None)
             control = dist.new_group(backend="gloo", timeout=FOREVER)
         except (RuntimeError, TimeoutError, ValueError) as e:  # DistStoreError is a RuntimeError
             raise ConfigError("learner_timeout_s", f"learner rank {rank} of {world} could not "
-                              f"reach the rendezvous at {where} within {cfg.learner_timeout_s:g} "
-                              f"s ({type(e).__name__}): start every rank with the same "
+                              f"reach the rendezvous at {where} within "
+                              f"{cfg.learner.learner_timeout_s:g} s ({type(e).__name__}): start "
+                              f"every rank with the same "
                               f"--master-addr/--master-port (or --rdzv-endpoint) and check that "
                               f"rank 0's port is open") from None
         from torch.distributed.device_mesh import init_device_mesh

@@ -46,12 +46,12 @@ log = logging.getLogger(__name__)
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                     ranks: Ranks | None = None, setup: TaskSetup | None = None
                     ) -> AsyncIterator[HubRun]:
-    """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run_dir) and
+    """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them)."""
     # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
-    files = await asyncio.to_thread(ModelFiles.for_model, cfg.model)
+    files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
     run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
     hub, runlog = run.hub, run.runlog
 
@@ -62,11 +62,11 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
             await hub.scorer.start()
-        async with serve(hub, cfg.host, cfg.port, routes) as port, dashboard(run) as board:
+        async with serve(hub, cfg.network.host, cfg.network.port, routes) as port, dashboard(run) as board:
             run.port, run.dashboard_port = port, board
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
-                     "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.model,
-                     hub.setup.kind, cfg.max_lag, cfg.kappa, ranks.world if ranks else 1,
+                     "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
+                     hub.setup.kind, cfg.staleness.max_lag, cfg.staleness.kappa, ranks.world if ranks else 1,
                      runlog.run_dir, hub.hub_key.hex())
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
@@ -90,10 +90,10 @@ def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None
     """The run's learner on `model` (sharded over `ranks`; every rank makes the same one)."""
     from .learner import Learner
 
-    return Learner(model, lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
-                   temperature=cfg.temperature, pad_id=tokenizer.pad_token_id,
-                   micro_tokens=cfg.learner_micro_tokens, ranks=ranks,
-                   precision=cfg.learner_precision, checkpointing=cfg.learner_checkpointing)
+    return Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
+                   temperature=cfg.grpo.temperature, pad_id=tokenizer.pad_token_id,
+                   micro_tokens=cfg.learner.learner_micro_tokens, ranks=ranks,
+                   precision=cfg.learner.learner_precision, checkpointing=cfg.learner.learner_checkpointing)
 
 
 def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
@@ -102,10 +102,10 @@ def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
 
     from echo2p2p.policy.model import load_policy
 
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = load_policy(cfg.model, device=cfg.device, weights=weights)
+    if cfg.learner.torch_threads:
+        torch.set_num_threads(cfg.learner.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tokenizer = load_policy(cfg.run.model, device=cfg.learner.device, weights=weights)
     return model.float(), tokenizer
 
 
@@ -119,34 +119,34 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
                     setup: TaskSetup | None = None) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
-    log, resumed from cfg.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
+    log, resumed from cfg.run.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
     published; and the evaluation scorer and the trackers, which the caller closes."""
     from .learner import encode_prompt
     from .spotcheck import SpotChecker
 
     saved = None
     if resume:
-        if not cfg.run_dir:
+        if not cfg.run.run_dir:
             raise ConfigError("run_dir", "--resume needs the run directory")
-        saved = await asyncio.to_thread(Checkpoints(Path(cfg.run_dir)).load)
+        saved = await asyncio.to_thread(Checkpoints(Path(cfg.run.run_dir)).load)
     run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
-    run_dir = Path(cfg.run_dir or f"runs/{run_id}")
+    run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
     # the run's config.json, without the secrets (a resumed run is given them again)
     config = {"run_id": run_id, **{k: v for k, v in as_dict(cfg).items() if k not in SECRETS}}
     runlog = RunLog(run_dir, config, stream)
     # before the policy loads: a tracker's missing package is a ConfigError on report_to
-    trackers = await asyncio.to_thread(open_trackers, cfg, run_dir, run_id, config)
+    trackers = await asyncio.to_thread(open_trackers, cfg.view, run_dir, run_id, config)
     runlog.listeners += trackers.listeners
     setup = setup or await asyncio.to_thread(open_setup, cfg)
     await asyncio.to_thread(setup.check_runnable)
-    if setup.env and ranks is not None and cfg.eval_every:
+    if setup.env and ranks is not None and cfg.tasks.eval_every:
         raise ConfigError("eval_every", "held-out episodes are evaluated on one learner rank "
                                         "only: set --eval-every 0 with --nproc-per-node")
     task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
-    prompts = cfg.prompts.check(tokenizer, repr(cfg.model))  # before any prompt is leased
+    prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
-    spot = SpotChecker(model, cfg) if cfg.spot_check_fraction > 0 else None
+    spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
     learner = make_learner(cfg, model, tokenizer, ranks)
     learner = Leader(learner, ranks) if ranks is not None else learner
     problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
@@ -164,14 +164,14 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
 
     hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
               decode=CompletionDecoder(tokenizer), setup=setup)
-    checkpoints = Checkpoints(run_dir) if cfg.checkpoint_every else None
-    eval_scorer = Scorer(setup.reward, timeout_s=cfg.score_timeout_s, name="eval-scorer")
+    checkpoints = Checkpoints(run_dir) if cfg.run.checkpoint_every else None
+    eval_scorer = Scorer(setup.reward, timeout_s=cfg.scoring.score_timeout_s, name="eval-scorer")
     # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the spot-checker
     # (else one: the next delta's base), catch_up_versions + 1 as laggards' bases (hub.catchup).
-    on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.keep_versions,
-                           keep_streams=max(cfg.max_lag + 1 if spot else 1, cfg.catch_up_versions + 1))
+    on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
+                           keep_streams=max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1))
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
-                 Publisher(cfg, key, spot, on_disk), estimates)
+                 Publisher(cfg.overlay, key, spot, on_disk), estimates)
     if saved is not None:
         run.resume(saved)
     await run.publish()

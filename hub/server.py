@@ -80,19 +80,19 @@ class Hub:
         self.step = 0  # the run's one step counter: the learner's version is this
         self.training = False  # a batch was taken and step `step` is running on it
         self.leases: LeaseBook[TokenizedProblem] = LeaseBook(
-            problems, cfg.lease_timeout_s, shuffled_epochs(len(problems), cfg.seed), None, new_lease_id)
-        self.buffer = RolloutBuffer(cfg.max_lag)
+            problems, cfg.staleness.lease_timeout_s, shuffled_epochs(len(problems), cfg.run.seed), None, new_lease_id)
+        self.buffer = RolloutBuffer(cfg.staleness.max_lag)
         self.peers: dict[str, PeerConn] = {}
         self.counters = Counters()
-        self.pool = Pool(cfg.activation, cfg.activation_margin)
-        self.tokens = TokenBook(cfg.tokens) if cfg.tokens else None
-        self.door = Door(cfg, self.tokens, self.counters)  # who may join now
-        self.trust = TrustBook(TrustPolicy(probation_checks=cfg.spot_check_probation))
+        self.pool = Pool(cfg.staleness.activation, cfg.staleness.activation_margin)
+        self.tokens = TokenBook(cfg.network.tokens) if cfg.network.tokens else None
+        self.door = Door(cfg.limits, self.tokens, self.counters)  # who may join now
+        self.trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         self.on_event = on_event or (lambda record: None)
         self.changes = Changes()  # what the wait_... methods wait on
         log_event = lambda record: self.on_event(record)  # noqa: E731 (late-bound)
         self.tracker = VersionTracker(
-            cfg, self.peers, self.pool, quarantined=lambda conn: self.guard.quarantined(conn),
+            cfg.overlay, self.peers, self.pool, quarantined=lambda conn: self.guard.quarantined(conn),
             on_event=log_event, now=_now)
         self.guard = TrustGuard(self.trust, self.leases, route_around=self.tracker.route_around,
                                 withdraw=lambda identity: self.admission.withdraw(identity),
@@ -104,9 +104,9 @@ class Hub:
         self._next_peer = 0
         self.spot = spot
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
-            self.setup.reward, decoder=decode, timeout_s=cfg.score_timeout_s,
-            sample_budget_s=cfg.score_sample_budget_s,
-            workers=cfg.score_workers, name="hub-scorer")
+            self.setup.reward, decoder=decode, timeout_s=cfg.scoring.score_timeout_s,
+            sample_budget_s=cfg.scoring.score_sample_budget_s,
+            workers=cfg.scoring.score_workers, name="hub-scorer")
         self.admission = Admission(
             cfg, self.leases, self.buffer, self.pool, self.counters, self.guard,
             scorer=self.scorer, spot=spot, step=lambda: self.step,
@@ -137,7 +137,7 @@ class Hub:
 
     async def wait_batch(self) -> list[ScoredGroup]:
         """Block until `prompts_per_step` fresh groups are queued for the current step."""
-        n = self.cfg.prompts_per_step
+        n = self.cfg.grpo.prompts_per_step
         for group in self.buffer.drop_stale(self.step):
             log.debug("dropped %s: v%d is too stale for step %d", group.lease_id, group.version,
                       self.step)
@@ -172,14 +172,14 @@ class Hub:
                     continue
                 lease = self.leases.grant(conn.peer_id, _now(), lease_min_version(
                     self.step, self.training, self.quotas.ahead(outstanding, holdings),
-                    cfg.prompts_per_step, cfg.max_lag))
+                    cfg.grpo.prompts_per_step, cfg.staleness.max_lag))
                 holdings.add(conn, self.quotas.book)
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem
                 conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
-                    cfg.group_size, cfg.lease_timeout_s, lease.min_version))
+                    cfg.grpo.group_size, cfg.staleness.lease_timeout_s, lease.min_version))
 
     @staticmethod
     def now() -> float:
@@ -193,7 +193,7 @@ class Hub:
         if not (activated or standby):
             return
         for peer_id in activated:
-            if self.cfg.standby == "cold" and (conn := self.peers.get(peer_id)) is not None:
+            if self.cfg.overlay.standby == "cold" and (conn := self.peers.get(peer_id)) is not None:
                 self.tracker.catch_up(conn)
         record = self.pool.activation_record(self.step, required, activated, standby)
         log.info("activation at step %d: +%s -%s; %d active, $%.2f/h", self.step, activated,
@@ -204,7 +204,7 @@ class Hub:
     async def expire_leases(self) -> None:
         """Forever: re-issue leases whose deadline passed."""
         while True:
-            await asyncio.sleep(min(1.0, self.cfg.lease_timeout_s / 4))  # a timer, not a sync
+            await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))  # a timer, not a sync
             if late := self.leases.expire(_now()):
                 self.quotas.expired(late)  # hoarding costs
                 self.dispatch()
@@ -242,9 +242,9 @@ class Hub:
         """The frame pump of one peer connection."""
         # aiohttp's own limit is a backstop that closes with 1009 and no reason; frames between
         # max_frame_bytes and twice that get our close with a readable reason.
-        ws = web.WebSocketResponse(max_msg_size=2 * self.cfg.max_frame_bytes, compress=False)
+        ws = web.WebSocketResponse(max_msg_size=2 * self.cfg.limits.max_frame_bytes, compress=False)
         await ws.prepare(request)
-        protocol = hp.HubProtocol(_now(), self.cfg.max_frame_bytes)
+        protocol = hp.HubProtocol(_now(), self.cfg.limits.max_frame_bytes)
         conn: PeerConn | None = None
         try:
             async with asyncio.TaskGroup() as tg:
@@ -273,10 +273,10 @@ class Hub:
                           conn: PeerConn | None, request: web.Request) -> hp.Event | None:
         """The peer's next event, or None once the connection ends (closed here if need be)."""
         try:  # before its hello, nothing keeps a silent connection in check
-            frame = await ws.receive(None if conn else self.cfg.peer_timeout_s)
+            frame = await ws.receive(None if conn else self.cfg.network.peer_timeout_s)
         except TimeoutError:
             await close_connection(ws, protocol.session, m.CLOSE_TIMEOUT,
-                                   f"no hello within {self.cfg.peer_timeout_s:.0f} s",
+                                   f"no hello within {self.cfg.network.peer_timeout_s:.0f} s",
                                    request.transport)
             return None
         if frame.type in _ENDED:
@@ -311,9 +311,9 @@ class Hub:
         conn = PeerConn(peer_id, hello, ws, protocol, transport, remote=remote)
         cfg, newest, key = self.cfg, self.newest, self._signing_key
         conn.post(m.Welcome(
-            peer_id, self.run_id, cfg.model, self.setup.kind, newest.version if newest else 0,
-            cfg.max_lag, cfg.group_size, cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-            cfg.seed * 100_003 + self._next_peer, self.hub_key,
+            peer_id, self.run_id, cfg.run.model, self.setup.kind, newest.version if newest else 0,
+            cfg.staleness.max_lag, cfg.grpo.group_size, cfg.grpo.temperature, cfg.grpo.top_p, cfg.grpo.max_new_tokens,
+            cfg.run.seed * 100_003 + self._next_peer, self.hub_key,
             signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
             signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
             if key and hello.nonce else b"", *self.model_index, self.setup.env,
@@ -353,11 +353,11 @@ class Hub:
 
     async def _write(self, conn: PeerConn) -> None:
         """Drain the outbox into the socket; a send stalled past the deadline cuts the peer."""
-        if await write_outbox(conn, self.cfg.peer_timeout_s):
+        if await write_outbox(conn, self.cfg.network.peer_timeout_s):
             self.counters.cut_off += 1
 
     async def _keep_alive(self, conn: PeerConn) -> None:
-        await keep_alive(conn, self.cfg.heartbeat_s, self.cfg.peer_timeout_s, _now,
+        await keep_alive(conn, self.cfg.network.heartbeat_s, self.cfg.network.peer_timeout_s, _now,
                          lambda: join_refusal(self.tokens, conn.hello.token, joining=False))
 
     async def close_all(self, reason: str = "hub shutting down") -> None:

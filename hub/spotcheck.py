@@ -80,15 +80,15 @@ class SpotChecker:
     def __init__(self, model: torch.nn.Module, cfg: HubConfig):
         """`model`: the learner's (copied, so its training is untouched)."""
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.keep_n = cfg.max_lag + 1  # every version a fresh rollout can carry
-        self.fraction, self.sample_tokens = cfg.spot_check_fraction, cfg.spot_check_tokens
+        self.keep_n = cfg.staleness.max_lag + 1  # every version a fresh rollout can carry
+        self.fraction, self.sample_tokens = cfg.trust.spot_check_fraction, cfg.trust.spot_check_tokens
         self.tolerance, self.temperature, self.top_p = (
-            cfg.spot_check_tolerance, cfg.temperature, cfg.top_p)
+            cfg.trust.spot_check_tolerance, cfg.grpo.temperature, cfg.grpo.top_p)
         self._versions: dict[int, Mapping[str, torch.Tensor]] = {}
         self._since: int | None = None  # the first version kept by this process
         self._loaded: Mapping[str, torch.Tensor] | None = None  # the weights in self.model
-        self._draw = random.Random(cfg.seed)
-        self._positions = random.Random(cfg.seed + 1)
+        self._draw = random.Random(cfg.run.seed)
+        self._positions = random.Random(cfg.run.seed + 1)
         self._book = threading.Lock()  # _versions: written from the publisher's thread
         # The model and the position draw: one check at a time, even when a cancelled check's
         # thread still runs.

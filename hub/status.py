@@ -26,8 +26,8 @@ def status(run: HubRun) -> dict[str, Any]:
     accounts = hub.pool.per_peer(now)  # price, active, rollouts/s, admitted, $
     return {
         "run_id": hub.run_id, "step": stats.step, "hub_key": hub.hub_key.hex(),
-        "published_version": stats.newest_version, "max_lag": run.cfg.max_lag,
-        "kappa": run.cfg.kappa,
+        "published_version": stats.newest_version, "max_lag": run.cfg.staleness.max_lag,
+        "kappa": run.cfg.staleness.kappa,
         "peers": {p.peer_id: {"name": p.hello.name, "engine": p.hello.engine,
                               "held_version": p.held_version, "relay_url": p.server_url,
                               "relay": p.relay, "upload_mbps": round(p.upload_bps / 1e6, 2),
@@ -50,8 +50,8 @@ def public_status(run: HubRun) -> dict[str, Any]:
     trust or leases."""
     hub = run.hub
     return {"run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
-            "published_version": hub.tracker.newest_version, "max_lag": run.cfg.max_lag,
-            "kappa": run.cfg.kappa, "public": True}
+            "published_version": hub.tracker.newest_version, "max_lag": run.cfg.staleness.max_lag,
+            "kappa": run.cfg.staleness.kappa, "public": True}
 
 
 def peer_state(hub: Hub, conn: PeerConn) -> str:

@@ -57,7 +57,7 @@ class TaskSetup:
     @property
     def runs_programs(self) -> bool:
         """The reward runs the completion's program (`code_tests`): its run time is the
-        completion's to choose, so the hub's answers are held (`HubConfig.code_answer_hold_s`)."""
+        completion's to choose, so the hub's answers are held (`ScoringConfig.code_answer_hold_s`)."""
         funcs = getattr(self.reward, "funcs", ())
         return BUILTIN["code_tests"] in funcs or code_tests in funcs
 
@@ -82,15 +82,15 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
                reward_weights: Sequence[float] | None = None,
                rows: Iterable[Mapping[str, Any]] | None = None) -> TaskSetup:
     """The run's task and reward: from `cfg`, with Python objects given by the API overriding
-    cfg.reward / cfg.reward_weights / the task. ConfigError naming the field and the fix."""
+    cfg.scoring.reward / cfg.scoring.reward_weights / the task. ConfigError naming the field and the fix."""
     funcs = _reward_functions(cfg, reward)
     weights = list(reward_weights) if reward_weights is not None else _weights(cfg)
-    if cfg.env:
+    if cfg.tasks.env:
         if funcs or rows is not None:
             raise ConfigError("env", "an environment scores its episodes itself: drop "
                                      "--reward and the dataset, or drop --env")
         return _environment(cfg)
-    if rows is not None or _is_records_file(cfg.task):
+    if rows is not None or _is_records_file(cfg.tasks.task):
         try:
             task = _records(cfg, rows)
         except ValueError as exc:
@@ -107,9 +107,9 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
 def open_task(cfg: HubConfig) -> Any:
     """The built-in task `cfg` names: a dataset (`echo2p2p.hub.dataset_task`), the addition
     task, or a JSONL math task from a path."""
-    if cfg.dataset:
-        return open_dataset_task(cfg)
-    spec = cfg.task  # the split is the task's own, never cfg.seed: the held-out set stays put
+    if cfg.tasks.dataset:
+        return open_dataset_task(cfg.tasks)
+    spec = cfg.tasks.task  # the split is the task's own, never cfg.run.seed: the held-out set stays put
     if spec == "addition":
         return AdditionTask()
     path = Path(spec)
@@ -125,23 +125,23 @@ def open_task(cfg: HubConfig) -> Any:
 
 def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> RecordsTask:
     if rows is not None:
-        return RecordsTask(rows, eval_size=cfg.eval_problems)
-    with Path(cfg.task).open(encoding="utf-8") as lines:
-        return RecordsTask.from_lines(lines, eval_size=cfg.eval_problems)
+        return RecordsTask(rows, eval_size=cfg.tasks.eval_problems)
+    with Path(cfg.tasks.task).open(encoding="utf-8") as lines:
+        return RecordsTask.from_lines(lines, eval_size=cfg.tasks.eval_problems)
 
 
 def _environment(cfg: HubConfig) -> TaskSetup:
     try:
-        found = find_environment(cfg.env)
+        found = find_environment(cfg.tasks.env)
     except EnvironmentMissing as exc:
         raise ConfigError("env", str(exc)) from None
     task = EnvironmentTask(found.name, found.version, found.factory,
-                           eval_size=cfg.eval_problems)
+                           eval_size=cfg.tasks.eval_problems)
     return TaskSetup(task, EpisodeReplay(found.factory), task.kind, found.version)
 
 
 def _reward_functions(cfg: HubConfig, given: Any) -> list[Callable[..., Any]]:
-    specs = given if given is not None else [s for s in cfg.reward.split(",") if s.strip()]
+    specs = given if given is not None else [s for s in cfg.scoring.reward.split(",") if s.strip()]
     if callable(specs) or isinstance(specs, str):
         specs = [specs]
     try:
@@ -151,13 +151,13 @@ def _reward_functions(cfg: HubConfig, given: Any) -> list[Callable[..., Any]]:
 
 
 def _weights(cfg: HubConfig) -> list[float] | None:
-    if not cfg.reward_weights:
+    if not cfg.scoring.reward_weights:
         return None
     try:
-        return [float(w) for w in cfg.reward_weights.split(",")]
+        return [float(w) for w in cfg.scoring.reward_weights.split(",")]
     except ValueError:
         raise ConfigError("reward_weights", f"comma-separated numbers, one per --reward "
-                                            f"function, got {cfg.reward_weights!r}") from None
+                                            f"function, got {cfg.scoring.reward_weights!r}") from None
 
 
 def _functions(funcs: list[Callable[..., Any]], weights: list[float] | None) -> RewardFunctions:

@@ -27,7 +27,7 @@ from echo2p2p.propagation import Propagation
 from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour_sample
 
 from .catchup import CatchUps
-from .config import HubConfig
+from .config_sections import OverlayConfig
 from .peers import PeerConn
 from .versions import Published, Snapshot
 
@@ -37,20 +37,20 @@ log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-
 class VersionTracker:
     """Published versions, their broadcasts and propagation records, over the hub's peers."""
 
-    def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], pool: Pool, *,
+    def __init__(self, overlay: OverlayConfig, peers: dict[str, PeerConn], pool: Pool, *,
                  quarantined: Callable[[PeerConn], bool],
                  on_event: Callable[[dict[str, Any]], None], now: Callable[[], float]):
         """`peers`: the hub's connected peers (read, never changed here); `quarantined`: whether
         a peer may no longer relay; `on_event`: the run log; `now`: the hub's clock."""
-        self.cfg = cfg
+        self.overlay = overlay
         self.peers = peers
         self.pool = pool
         self._quarantined, self._on_event, self._now = quarantined, on_event, now
-        self.published: dict[int, Published] = {}  # the newest cfg.keep_versions
+        self.published: dict[int, Published] = {}  # the newest overlay.keep_versions
         self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
         self.propagation: dict[int, Propagation] = {}
         self.hub_send_bps: float | None = None  # EWMA over the versions spread, bits/s
-        self.catchups = CatchUps(cfg.catch_up_versions, max_building=cfg.catch_up_builds)
+        self.catchups = CatchUps(overlay.catch_up_versions, max_building=overlay.catch_up_builds)
         # Gossip: (version, base) -> peer id -> its seed chunks, and the plan revision sent last.
         self.seeds: dict[tuple[int, int | None], tuple[dict[str, list[int]], int]] = {}
 
@@ -67,11 +67,11 @@ class VersionTracker:
         for old in list(self.propagation.values()):
             self.report_propagation(old, final=True)  # superseded: say how far it got
         self.published[version.version] = version
-        for old in sorted(self.published)[:-self.cfg.keep_versions]:
+        for old in sorted(self.published)[:-self.overlay.keep_versions]:
             del self.published[old]
         self.broadcasts = {k: b for k, b in self.broadcasts.items() if k[0] in self.published}
         conns = [c for c in self.peers.values() if c.protocol.ready
-                 and (self.cfg.standby == "warm" or self.pool.is_active(c.peer_id))]
+                 and (self.overlay.standby == "warm" or self.pool.is_active(c.peer_id))]
         delta = version.delta
         on_delta = [c for c in conns
                     if delta is not None and c.stream_version == delta.manifest.base_version]
@@ -82,7 +82,7 @@ class VersionTracker:
         for snap, members in ((delta, on_delta), (version.full, in_full)):
             if not members:
                 continue
-            if self.cfg.relay == "gossip":
+            if self.overlay.relay == "gossip":
                 self.announce_gossip(snap, members)
                 continue
             broadcast = self._broadcast(snap)
@@ -136,7 +136,7 @@ class VersionTracker:
         nbytes = (on_delta * delta_bytes + (len(conns) - on_delta) * version.full.wire_bytes
                   ) / len(conns)  # what the average peer fetches
         return round(broadcast_s(nbytes, self.hub_send_bps, [c.upload_bps or mean for c in conns],
-                                 self.cfg.relay), 3)
+                                 self.overlay.relay), 3)
 
     def catch_up(self, conn: PeerConn) -> None:
         """A late joiner, a peer back from a disconnect or a cold standby peer put to work pulls
@@ -164,7 +164,7 @@ class VersionTracker:
 
     def _announce(self, conn: PeerConn, snap: Snapshot, relays: bool = True) -> None:
         """`snap` to one peer joining its broadcast (as a relay, if it may and `relays`)."""
-        if self.cfg.relay == "gossip":
+        if self.overlay.relay == "gossip":
             self.announce_gossip(snap, [conn], late=True)
             return
         member = conn.member(relays=relays and not self._quarantined(conn))
@@ -179,7 +179,7 @@ class VersionTracker:
     def _broadcast(self, snap: Snapshot) -> Broadcast:
         key = (snap.manifest.version, snap.manifest.base_version)
         if key not in self.broadcasts:
-            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.cfg.relay,
+            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.overlay.relay,
                                              hub_bps=self.hub_bps_estimate())
         return self.broadcasts[key]
 
@@ -189,8 +189,8 @@ class VersionTracker:
         version) the median of the peers' uplinks the hub probed at join; None: unknown."""
         if self.hub_send_bps:
             return self.hub_send_bps
-        if self.cfg.upload_limit_mbps:
-            return self.cfg.upload_limit_mbps * 1e6
+        if self.overlay.upload_limit_mbps:
+            return self.overlay.upload_limit_mbps * 1e6
         rates = sorted(c.upload_bps for c in self.peers.values() if c.upload_bps)
         return rates[len(rates) // 2] if rates else None
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 
-from .config import SECRETS, HubConfig, names
+from .config import SECRETS
+from .config_sections import ViewConfig, names
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +145,15 @@ class Trackers:
                 log.exception("closing the %s tracker failed", name)
 
 
-def open_trackers(cfg: HubConfig, run_dir: Path, run_id: str, config: dict[str, Any]
+def open_trackers(view: ViewConfig, run_dir: Path, run_id: str, config: dict[str, Any]
                   ) -> Trackers:
-    """The trackers cfg.report_to names, started with the run's `config` (blocking: wandb
+    """The trackers view.report_to names, started with the run's `config` (blocking: wandb
     starts its process; call it in a thread). ConfigError on report_to if one's package is
     missing, with the ones already started closed."""
     shared = {k: v for k, v in config.items() if k not in SECRETS}
     opened: list[tuple[str, Any]] = []
     try:
-        for name in names(cfg.report_to):
+        for name in names(view.report_to):
             opened.append((name, OPENERS[name](run_dir, run_id, shared)))
     except BaseException:
         Trackers(opened).close()

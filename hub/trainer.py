@@ -47,13 +47,13 @@ class HubRun:
         self.checkpoints = checkpoints
         self.resumed = False
         self.signing_key = signing_key
-        self.publisher = publisher or Publisher(cfg, signing_key)
+        self.publisher = publisher or Publisher(cfg.overlay, signing_key)
         self.hub = hub
         self.learner = learner
         self.tokenizer = tokenizer
         self.runlog = runlog
         self.port = 0
-        self.dashboard_port: int | None = None  # None: no dashboard (cfg.dashboard_port -1)
+        self.dashboard_port: int | None = None  # None: no dashboard (cfg.view.dashboard_port -1)
         self.records: list[dict[str, Any]] = []
         self.finished = asyncio.Event()
         self.estimates = estimates or Estimates(cfg)
@@ -63,15 +63,15 @@ class HubRun:
 
     @property
     def url(self) -> str:
-        return f"{'wss' if self.cfg.tls_cert else 'ws'}://{self.cfg.host}:{self.port}/ws"
+        return f"{'wss' if self.cfg.network.tls_cert else 'ws'}://{self.cfg.network.host}:{self.port}/ws"
 
     async def publish(self) -> None:
         """Checkpoint if due (before peers can hold the version), build, sign and announce."""
-        if self.checkpoints is not None and self.publisher.published % self.cfg.checkpoint_every == 0:
+        if self.checkpoints is not None and self.publisher.published % self.cfg.run.checkpoint_every == 0:
             await self.checkpoint()
         import torch
 
-        dtype = getattr(torch, self.cfg.weights_dtype)
+        dtype = getattr(torch, self.cfg.overlay.weights_dtype)
         version = self.hub.step
         built = await asyncio.to_thread(
             lambda: self.publisher.build(version, self.learner.iter_weights(dtype)))
@@ -104,25 +104,25 @@ class HubRun:
                                   f"{len(journal)} journal records replayed")
 
     async def evaluate(self) -> float:
-        problems = self.hub.task.problems("eval")[: self.cfg.eval_problems]
+        problems = self.hub.task.problems("eval")[: self.cfg.tasks.eval_problems]
         if self.hub.setup.env:  # greedy episodes of the held-out seeds
             from .episode_eval import evaluate_episodes
 
             return await asyncio.to_thread(
                 evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
-                max_new_tokens=self.cfg.max_new_tokens, prompts=self.cfg.prompts)
+                max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts)
 
         def score(items: list[tuple[Any, str]]) -> list[float]:  # (problem, completion text)
             return self.eval_scorer.score_blocking(items).rewards
 
         return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
-                                       max_new_tokens=self.cfg.max_new_tokens,
-                                       prompts=self.cfg.prompts)
+                                       max_new_tokens=self.cfg.grpo.max_new_tokens,
+                                       prompts=self.cfg.tasks.prompts)
 
     async def train(self) -> None:
         """The learner loop; returns after max_steps steps (never if 0)."""
         cfg, hub = self.cfg, self.hub
-        if cfg.eval_every and not self.resumed:
+        if cfg.tasks.eval_every and not self.resumed:
             acc = await self.evaluate()
             record = {"event": "eval", "version": 0, "eval/accuracy": acc}
             self.records.append(record)
@@ -130,7 +130,7 @@ class HubRun:
         self._start = time.perf_counter()
         self._busy_s = 0.0
         self._window.append((self._start, 0))  # rates over the last 5 steps
-        while not cfg.max_steps or hub.step < cfg.max_steps:
+        while not cfg.run.max_steps or hub.step < cfg.run.max_steps:
             batch = await hub.wait_batch()
             step = hub.step
             lags = Counter(lag_versions(step, g.version) for g in batch)
@@ -139,12 +139,12 @@ class HubRun:
             self._busy_s += stats.step_s
             hub.finish_step()
             hub.dispatch()
-            if is_publish_version(hub.step, cfg.kappa):
+            if is_publish_version(hub.step, cfg.staleness.kappa):
                 await self.publish()
             self.estimates.observe_train_step(stats.step_s)
             hub.replan(self.estimates.required_rollouts_per_s())
             record = self._record(step, batch, lags, stats)
-            if cfg.eval_every and hub.step % cfg.eval_every == 0:
+            if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0:
                 record["eval/accuracy"] = await self.evaluate()
             self.records.append(record)
             self.runlog.step(record)

@@ -16,7 +16,7 @@ from echo2p2p.config import add_arguments, resolve
 from echo2p2p.errors import ConfigError, JoinRefused
 
 from echo2p2p.runtime import process
-from .config import PeerConfig, help_texts
+from .config import GROUPS, PeerConfig, help_texts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     join = sub.add_parser("join", help="join a hub and generate rollouts until stopped")
     join.add_argument("hub_url", help="the hub: ws://HOST:PORT/ws, http://HOST:PORT or HOST:PORT")
     join.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
-    add_arguments(join, PeerConfig, skip=("hub_url",), docs=help_texts(PeerConfig))
+    docs = help_texts(PeerConfig)
+    for title, (about, names) in GROUPS.items():
+        add_arguments(join.add_argument_group(title, about), PeerConfig, skip=("hub_url",),
+                      docs=docs, only=names.split())
     return parser
 
 

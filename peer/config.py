@@ -1,4 +1,8 @@
-"""The peer's configuration: every knob of `echo2-peer join`, with its help text."""
+"""The peer's configuration: every knob of `echo2-peer join`, with its help text.
+
+`PeerConfig` is flat (a peer has 30 knobs, its parts read a few each); `GROUPS` only sorts its
+flags into the groups `echo2-peer join --help` shows.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,22 @@ from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError, RemoteProtocolError
 from echo2p2p.runtime.tcp import check_congestion
 from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
+
+
+# `echo2-peer join --help` in these groups: title -> (what they are, the fields).
+GROUPS = {
+    "hub": ("The hub: how to reach it, trust it, and tell it is alive.",
+            "hub_url hub_key token ca_cert connect_timeout_s reconnect_max_s heartbeat_s "
+            "hub_timeout_s max_frame_bytes"),
+    "worker": ("This worker: its engine, its price, the leases it holds, how it scores.",
+               "engine device torch_threads price_per_hour name leases_in_flight score_timeout_s "
+               "model_cache"),
+    "relay": ("Versions: relaying them to other peers, and what this peer keeps.",
+              "listen advertise upload_limit_mbps tcp_congestion keep_versions relay_stall_s "
+              "gossip_degree gossip_max_links"),
+    "outbox": ("Rollouts waiting for the hub's answer.", "outbox_memory_mb outbox_max spool_dir"),
+    "metrics": ("This peer's Prometheus /metrics.", "metrics_port metrics_host"),
+}
 
 
 @dataclass(frozen=True)

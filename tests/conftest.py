@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def hub_cfg(tmp_path) -> HubConfig:
     """The built-in model and task, small batches, an ephemeral port, a temp run dir."""
-    return HubConfig(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
+    return HubConfig.from_flat(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
                      run_dir=str(tmp_path / "run"), torch_threads=1, seed=1)
 
 
@@ -68,7 +68,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
     from echo2p2p.policy.model import build_char_tokenizer
 
-    cfg = replace(HubConfig(port=0, chunk_bytes=16 << 10), **overrides)
+    cfg = HubConfig.from_flat(port=0, chunk_bytes=16 << 10).replace(**overrides)
     key = signing.new_private_key()
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
@@ -77,7 +77,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
               decode=CompletionDecoder(build_char_tokenizer()))
     if setup is not None:
         setup(hub)
-    scheme = "wss" if cfg.tls_cert else "ws"
+    scheme = "wss" if cfg.network.tls_cert else "ws"
     async with serve(hub, "127.0.0.1", 0) as port:
         yield hub, key, f"{scheme}://127.0.0.1:{port}/ws", records
 

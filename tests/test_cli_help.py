@@ -9,10 +9,12 @@ import inspect
 
 import pytest
 
-from echo2p2p.config import add_arguments, field_docs
+from echo2p2p.config import add_arguments, field_docs, sections
 from echo2p2p.hub import base_checkpoint, local_run
 from echo2p2p.hub import cli as hub_cli
+from echo2p2p.hub.config import HubConfig
 from echo2p2p.peer import cli as peer_cli
+from echo2p2p.peer.config import GROUPS, PeerConfig
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
@@ -85,3 +87,35 @@ def test_percent_in_a_field_docstring_is_literal(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     assert "Provision 10 % more, or 100%." in " ".join(capsys.readouterr().out.split())
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices[name]
+
+
+def _groups(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """The argument groups of `parser` by title (argparse keeps them nowhere public)."""
+    return {g.title: g for g in parser._action_groups}
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_hub_flags_are_grouped_by_config_section(command):
+    """`serve --help` (and `demo --help`) show the hub's flags in one argument group per section
+    of HubConfig, titled with its name and described by its docstring, each field's flag in
+    its own section's group (the docs render the flag reference from these groups)."""
+    groups = _groups(_subparser(hub_cli.build_parser(), command))
+    for name, kind in sections(HubConfig).items():
+        assert groups[name].description and groups[name].description in kind.__doc__
+        assert {a.dest for a in groups[name]._group_actions} == {
+            f.name for f in dataclasses.fields(kind)}, name
+    assert any("--lr" in a.option_strings for a in groups["grpo"]._group_actions)  # flag names stay
+
+
+def test_peer_flags_are_grouped():
+    """`join --help` shows every PeerConfig field's flag in exactly one described group."""
+    groups = _groups(_subparser(peer_cli.build_parser(), "join"))
+    grouped = [a.dest for title in GROUPS for a in groups[title]._group_actions]
+    assert all(groups[title].description for title in GROUPS)
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(PeerConfig)
+                                     if f.name != "hub_url")

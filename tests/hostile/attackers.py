@@ -266,15 +266,15 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
                     await ws.send_bytes(frame(
                         "lease", lease_id="L1", problem_id=problem.id, prompt=problem.prompt,
                         prompt_ids=run.tokenizer.encode(problem.prompt, add_special_tokens=False),
-                        answer=problem.answer, group_size=real.cfg.group_size, deadline_s=60.0,
+                        answer=problem.answer, group_size=real.cfg.grpo.group_size, deadline_s=60.0,
                         min_version=newest.manifest.version))
                 continue
             impostor.hellos += 1
             cfg = real.cfg
             await ws.send_bytes(frame(
-                "welcome", peer_id="p1", run_id=real.run_id, model=cfg.model, task=real.task.kind,
-                version=newest.manifest.version, max_lag=cfg.max_lag, group_size=cfg.group_size,
-                temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                "welcome", peer_id="p1", run_id=real.run_id, model=cfg.run.model, task=real.task.kind,
+                version=newest.manifest.version, max_lag=cfg.staleness.max_lag, group_size=cfg.grpo.group_size,
+                temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p, max_new_tokens=cfg.grpo.max_new_tokens,
                 seed=1, hub_key=real.hub_key, ticket=b"", proof=bytes(64)))
             await ws.send_bytes(frame("version", manifest=to_wire(newest.manifest), plan=dict(
                 version=newest.manifest.version, base_version=None, revision=1, sources=[],

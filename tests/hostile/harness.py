@@ -35,9 +35,9 @@ AFTER_STEPS = 5  # learner steps that must follow the attack for "the honest pee
 def small_cfg(tmp_path: Path, **overrides: Any) -> HubConfig:
     """The hub of most attacks: built-in model and task, 4 prompts x 4 samples a step, no
     evaluation, running until the test is done (max_steps 0) unless told otherwise."""
-    cfg = HubConfig(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
+    cfg = HubConfig.from_flat(port=0, prompts_per_step=4, group_size=4, eval_every=0, eval_problems=32,
                     run_dir=str(tmp_path / "run"), torch_threads=1, seed=1)
-    return replace(cfg, **overrides)
+    return cfg.replace(**overrides)
 
 
 def steps(run: HubRun) -> int:

@@ -101,14 +101,14 @@ async def test_reconnect_churn_is_held_to_the_join_limits(tmp_path, row):
         r.hub_alive = yes(alive := await hub_alive(run))
         honest_still_there = peer_id(run, "test-0") in hub.peers
     r.steps_per_min = cell_rate(without, with_)
-    limit = cfg.join_burst + cfg.joins_per_min / 60 * elapsed_s + 1  # +1: the honest peer's
+    limit = cfg.limits.join_burst + cfg.limits.joins_per_min / 60 * elapsed_s + 1  # +1: the honest peer's
     r.reaction = (f"{seen.hellos} hellos in {elapsed_s:.0f} s: {seen.welcomed} welcomed "
                   f"({seen.claims} claiming a base), refused "
                   + "; ".join(f"{n} x {code} {why!r}" for (code, why), n in seen.refusals.items())
                   + f"; hub counted joins_too_often={stats.joins_too_often}, catch-up builds "
                   f"{stats.catch_up_builds}, shared {stats.catch_up_shared}")
     r.note = (f"{seen.hellos / elapsed_s:.0f} hellos/s from the hub's own process; limit "
-              f"{cfg.join_burst} at once + {cfg.joins_per_min:.0f}/min; {versions} versions "
+              f"{cfg.limits.join_burst} at once + {cfg.limits.joins_per_min:.0f}/min; {versions} versions "
               f"published meanwhile")
     assert alive and honest_still_there
     assert set(seen.refusals) == {(4005, REASONS["address"])}, seen.refusals

@@ -22,7 +22,7 @@ from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
 from .harness import (START_STEPS, cell_rate, hub_alive, peer_id, run_events, steps,
                       steps_per_min)
 
-DEFAULT_FRACTION = HubConfig.spot_check_fraction  # 0.05
+DEFAULT_FRACTION = HubConfig().trust.spot_check_fraction  # 0.05
 
 
 class LogprobLies:
@@ -43,7 +43,7 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
     quarantined; at most 2 of its groups are ever trained, none after its quarantine (queued
     ones are withdrawn); the honest peer is never distrusted and accuracy ends within noise."""
     r = row(f"R3-6. forged logprobs (all 0.0) at the default spot-check rate {DEFAULT_FRACTION}")
-    cfg = replace(accuracy_cfg(str(tmp_path / "run")), spot_check_fraction=DEFAULT_FRACTION)
+    cfg = accuracy_cfg(str(tmp_path / "run")).replace(spot_check_fraction=DEFAULT_FRACTION)
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         await wait_until(lambda: steps(run) >= START_STEPS, 120)

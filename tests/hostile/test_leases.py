@@ -99,7 +99,7 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
             scores = sorted(round(run.hub.trust.score(who), 2) for who in ids)
             r.steps_per_min = cell_rate(without, with_)
             r.reaction = (f"hoarders granted {granted} leases in all, holding {holding} once "
-                          f"the honest steps were measured (probation share {cfg.prompts_per_step} "
+                          f"the honest steps were measured (probation share {cfg.grpo.prompts_per_step} "
                           f"beside the learner's budget); leases_expired "
                           f"{run.hub.counters.leases_expired}, trust lease_expired "
                           f"{sum(events.values())}, scores {scores[0]}..{scores[-1]}; "
@@ -109,7 +109,7 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
     assert alive
     # The probation share on top of the learner's budget: here the hoarders share the honest
     # peer's address, whose deliveries vouch for it (a fresh address gets new_peer_leases).
-    assert holding <= cfg.prompts_per_step, f"hoarders held {holding} leases"
+    assert holding <= cfg.grpo.prompts_per_step, f"hoarders held {holding} leases"
     if connections == 1:
         assert sum(events.values()) >= 1, "an expired lease cost its hoarder nothing"
 

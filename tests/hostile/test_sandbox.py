@@ -94,7 +94,7 @@ async def test_code_cannot_read_the_hubs_key_and_acks_say_nothing_of_run_time(tm
     rollout leaves no earlier than the hold after arrival, whatever its programs did."""
     r = row("R3-2. code reward reads <run_dir>/hub_key, sleeps on bit b of byte 0: 8 rollouts")
     cfg = code_cfg(tmp_path)
-    hold_s = GROUP * SCORE_DEADLINE_S  # the default hold (HubConfig.code_answer_hold_s = 0)
+    hold_s = GROUP * SCORE_DEADLINE_S  # the default hold (ScoringConfig.code_answer_hold_s = 0)
     async with hub_and_honest_peer(cfg) as (run, honest), \
             raw_peer(run.url, keep_alive=True) as spy:
         key_path = Path(run.runlog.run_dir) / "hub_key"
@@ -158,7 +158,7 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
     assert alive
     assert events.get("forged_pass", 0) == 2, events
     assert forged == 2 * GROUP
-    row0 = json.loads(Path(cfg.task).read_text().splitlines()[0])
+    row0 = json.loads(Path(cfg.tasks.task).read_text().splitlines()[0])
     with pytest.raises(code.ForgedPass):  # what the scoring worker turns into 0, noted FORGED
         await asyncio.to_thread(code.code_tests, row0["prompt"], FORGERY, row0)
 
@@ -218,7 +218,7 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
                   f"({sum(cut_off.values())} of 4 over budget); scoring s of the last minute: "
                   f"honest {honest_used:.1f}, burners "
                   f"{max(v for k, v in used.items() if k != HONEST):.1f} at most")
-    r.note = (f"sandbox limit {SANDBOX_S:g} s, budget {cfg.score_sample_budget_s:g} s a sample, "
+    r.note = (f"sandbox limit {SANDBOX_S:g} s, budget {cfg.scoring.score_sample_budget_s:g} s a sample, "
               f"1 worker")
     assert alive
     assert refusals > 0

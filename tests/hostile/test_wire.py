@@ -65,7 +65,7 @@ async def test_nan_and_negative_prices_are_refused_at_hello(tmp_path, row):
     """Hellos priced NaN or -5 $/h are closed with 1002 naming price_per_hour; training goes on."""
     r = row("3. hello.price_per_hour NaN / -5 (cost-aware activation)")
     cfg = small_cfg(tmp_path)
-    assert cfg.activation == "cost"
+    assert cfg.staleness.activation == "cost"
     async with hub_and_honest_peer(cfg) as (run, honest):
         since = mark(run, honest)
         refused = []
@@ -134,7 +134,7 @@ async def test_decoding_bombs_and_floods_are_bounded(tmp_path, row):
     r = row("6. 40 heartbeats of 590,000 keys (~4 MB); a flood of tiny frames")
     bomb = bomb_heartbeat()
     cfg = small_cfg(tmp_path)
-    assert len(bomb) <= cfg.max_frame_bytes, "the bomb must reach the decoder, not the size cap"
+    assert len(bomb) <= cfg.limits.max_frame_bytes, "the bomb must reach the decoder, not the size cap"
     async with hub_and_honest_peer(cfg) as (run, honest):
         closed_before = run.hub.counters.closed_for_protocol
         latency = StatusLatency(run.port)

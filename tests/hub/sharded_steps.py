@@ -90,7 +90,7 @@ if __name__ == "__main__":
     from echo2p2p.hub.ranks import Ranks
 
     args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-    ranks = Ranks.from_env(HubConfig(prompts_per_step=GROUPS_PER_STEP))
+    ranks = Ranks.from_env(HubConfig.from_flat(prompts_per_step=GROUPS_PER_STEP))
     result = run(ranks, args.get("--save", ""), args.get("--load", ""),
                  args.get("--checkpointing") == "on")
     if ranks.rank == 0:

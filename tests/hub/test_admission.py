@@ -111,11 +111,11 @@ def test_the_engines_texts_are_the_hubs_decoding():
 
 async def test_an_honest_peer_never_mismatches(hub_cfg):
     """A real hub and a real honest peer for a few steps: no text_mismatch, no lie of any kind."""
-    async with start_hub(replace(hub_cfg, max_steps=3)) as run:
+    async with start_hub(hub_cfg.replace(max_steps=3)) as run:
         async with running_peers(run.url, 1):  # a lie stalls training: stop waiting at once
             await wait_until(lambda: run.finished.is_set() or run.hub.trust.events, 120)
     assert run.hub.trust.events == {}
-    assert run.hub.counters.admitted_groups >= 3 * hub_cfg.prompts_per_step
+    assert run.hub.counters.admitted_groups >= 3 * hub_cfg.grpo.prompts_per_step
 
 
 @pytest.mark.timeout(120)
@@ -126,7 +126,7 @@ async def test_a_verifier_that_never_returns_does_not_stall_the_hub():
     pytest.importorskip("math_verify")
     lines = [json.dumps({"question": f"{i} + 0", "answer": str(i)}) for i in range(1, 5)]
     task = MathTask.from_lines(lines, eval_size=1)
-    cfg = HubConfig(port=0, group_size=4, max_new_tokens=64, score_timeout_s=10.0)
+    cfg = HubConfig.from_flat(port=0, group_size=4, max_new_tokens=64, score_timeout_s=10.0)
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")]
     hub = Hub(cfg, "run", task, problems, decode=CompletionDecoder(TOK))
     bystander: list[tuple[m.Message, int]] = []  # (its welcome, groups admitted by then)

@@ -56,10 +56,10 @@ class Rig:
     """A tracker over peers that said hello (with a peer key) and were welcomed."""
 
     def __init__(self, **cfg):
-        self.cfg = HubConfig(**cfg)
+        self.cfg = HubConfig.from_flat(**cfg)
         self.peers: dict[str, PeerConn] = {}
         self.pool = Pool("all", 0.0)
-        self.tracker = VersionTracker(self.cfg, self.peers, self.pool, quarantined=lambda c: False,
+        self.tracker = VersionTracker(self.cfg.overlay, self.peers, self.pool, quarantined=lambda c: False,
                                       on_event=lambda record: None, now=lambda: 0.0)
 
     def join(self, peer_id: str, peer_key: bytes) -> PeerConn:

@@ -48,7 +48,7 @@ async def sse(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict
 async def test_a_run_fills_the_snapshot_and_streams_each_new_step(hub_cfg):
     """Snapshot, /status and /metrics fill from a run with two peers, and a step recorded after
     the snapshot reaches the open event stream with no new request."""
-    cfg = replace(hub_cfg, max_lag=1)
+    cfg = hub_cfg.replace(max_lag=1)
     async with (start_hub(cfg, stream=None) as run, running_peers(run.url, 2),
                 aiohttp.ClientSession() as http):
         base = f"http://127.0.0.1:{run.dashboard_port}"
@@ -98,7 +98,7 @@ async def test_the_token_is_refused_without_it_and_taken_as_header_or_query(hub_
     """Every route answers 401 without the token or with a wrong one, and takes it as a bearer
     header or as ?token= (the event stream too)."""
     token = "s3cret-dashboard-token"
-    async with (start_hub(replace(hub_cfg, dashboard_token=token), stream=None) as run,
+    async with (start_hub(hub_cfg.replace(dashboard_token=token), stream=None) as run,
                 aiohttp.ClientSession() as http):
         base = f"http://127.0.0.1:{run.dashboard_port}"
         for path in ("/", "/static/dashboard.js", "/status", "/metrics", "/api/snapshot",
@@ -121,10 +121,10 @@ async def test_the_token_is_refused_without_it_and_taken_as_header_or_query(hub_
 def test_a_dashboard_off_loopback_needs_a_token():
     """Bound beyond loopback, the dashboard (it shows peers' addresses) needs a token."""
     with pytest.raises(ConfigError) as exc:
-        HubConfig(dashboard_host="0.0.0.0")
+        HubConfig.from_flat(dashboard_host="0.0.0.0")
     assert exc.value.field == "dashboard_token"
-    HubConfig(dashboard_host="0.0.0.0", dashboard_token="t")
-    HubConfig(dashboard_host="0.0.0.0", dashboard_port=-1)  # no dashboard: nothing to guard
+    HubConfig.from_flat(dashboard_host="0.0.0.0", dashboard_token="t")
+    HubConfig.from_flat(dashboard_host="0.0.0.0", dashboard_port=-1)  # no dashboard: nothing to guard
 
 
 async def test_the_page_and_only_its_files_are_served_over_the_hubs_tls(hub_cfg, tmp_path, caplog):
@@ -133,7 +133,7 @@ async def test_the_page_and_only_its_files_are_served_over_the_hubs_tls(hub_cfg,
     cert, key = self_signed(tmp_path)
     caplog.set_level(logging.INFO, logger="echo2p2p.hub.dashboard")
     tls = ssl.create_default_context(cafile=cert)
-    async with (start_hub(replace(hub_cfg, tls_cert=cert, tls_key=key), stream=None) as run,
+    async with (start_hub(hub_cfg.replace(tls_cert=cert, tls_key=key), stream=None) as run,
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http):
         base = f"https://127.0.0.1:{run.dashboard_port}"
         assert f"dashboard on {base}/" in caplog.text
@@ -157,7 +157,7 @@ async def test_the_page_and_only_its_files_are_served_over_the_hubs_tls(hub_cfg,
 async def test_a_stuck_client_is_dropped_and_the_steps_go_on(hub_cfg):
     """A client that stops reading is cut once its queue is over the bound; a client that
     reads keeps its stream, and the learner never waits on either."""
-    async with start_hub(replace(hub_cfg, dashboard_port=-1), stream=None) as run:
+    async with start_hub(hub_cfg.replace(dashboard_port=-1), stream=None) as run:
         assert run.dashboard_port is None  # -1: no dashboard of its own
         feed = Feed(queue_bytes=128 << 10)
         run.runlog.listeners.append(feed.record)

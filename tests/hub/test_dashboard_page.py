@@ -89,7 +89,7 @@ def free_port() -> int:
 async def test_page_fills_from_a_real_run_and_follows_it_live(hub_cfg):
     """Opened before any step, the page draws every chart and the peers from the run's events
     alone, without a reload; a page opened afterwards draws the same from the snapshot."""
-    cfg = replace(hub_cfg, dashboard_port=0, max_steps=3, eval_every=2, eval_problems=4)
+    cfg = hub_cfg.replace(dashboard_port=0, max_steps=3, eval_every=2, eval_problems=4)
     async with start_hub(cfg, stream=None) as run, chromium() as browser:
         url = f"http://127.0.0.1:{run.dashboard_port}/"
         page, problems = await open_page(browser, url)
@@ -123,8 +123,8 @@ async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cf
     shows the hub's 401 reason. The hub goes and a new run starts on the same port: the page
     says it is reconnecting, then live again (its token carried on), and draws the new run's
     steps without a reload; its peers' names, markup as they are, show as text."""
-    cfg = replace(hub_cfg, dashboard_port=free_port(), dashboard_token=TOKEN, max_steps=2)
-    url = f"http://127.0.0.1:{cfg.dashboard_port}/"
+    cfg = hub_cfg.replace(dashboard_port=free_port(), dashboard_token=TOKEN, max_steps=2)
+    url = f"http://127.0.0.1:{cfg.view.dashboard_port}/"
     async with chromium() as browser:
         async with start_hub(cfg, stream=None) as first:
             page, problems = await open_page(browser, url + "?token=" + TOKEN)
@@ -135,7 +135,7 @@ async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cf
             assert response.status == 401
             assert "token missing or wrong" in await refused.text_content("body")
         await wait_for(page, "document.getElementById('connection').textContent === 'reconnecting'")
-        async with start_hub(replace(cfg, run_dir=str(tmp_path / "second")), stream=None) as second:
+        async with start_hub(cfg.replace(run_dir=str(tmp_path / "second")), stream=None) as second:
             async with running_peers(second.url, 2, name=HOSTILE_NAME):
                 await wait_for(page, f"dashboard.state.runId === {second.hub.run_id!r}"
                                      " && dashboard.lengths().steps === 2")
@@ -176,7 +176,7 @@ async def test_page_stays_bounded_over_a_long_run_and_many_peers(tmp_path):
     """A hub of 1,000 peers with 3,000 steps behind it, then 4,000 more live: the page keeps at
     most 4,000 points a series (in step order, the newest as it came), shows 200 table rows
     of the 1,000, and the filter and a column's sort reach all of them."""
-    cfg = HubConfig(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
     task = AdditionTask()
     hub = Hub(cfg, "long-run", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
     run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")

@@ -46,7 +46,7 @@ def math_rows(n: int) -> dict[str, list]:
 
 
 def cfg_for(path, **fields) -> HubConfig:
-    return HubConfig(dataset=str(path), eval_problems=5, seed=3, **fields)
+    return HubConfig.from_flat(dataset=str(path), eval_problems=5, seed=3, **fields)
 
 
 def test_parquet_gsm8k_file_is_a_task(tmp_path):
@@ -69,7 +69,7 @@ def test_jsonl_math_file_with_a_field_mapping(tmp_path):
     path = tmp_path / "math.jsonl"
     datasets.Dataset.from_dict(math_rows(12)).to_json(str(path))
     task = open_dataset_task(cfg_for(path, dataset_question_field="problem",
-                                     dataset_answer_field="solution", answer_format="math"))
+                                     dataset_answer_field="solution", answer_format="math").tasks)
     problems = [*task.problems("train"), *task.problems("eval")]
     assert len(problems) == 12 and {p.answer for p in problems} == {"\\frac{1}{2}"}
     assert task.reward("\\frac{1}{2}", "It is \\boxed{0.5}") == 1.0
@@ -82,11 +82,11 @@ def test_arrow_files_and_saved_folders_with_an_eval_split(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(gsm8k_rows(20)),
                           "test": datasets.Dataset.from_dict(gsm8k_rows(4, start=100))}
                          ).save_to_disk(str(folder))
-    task = open_dataset_task(cfg_for(folder, dataset_eval_split="test"))
+    task = open_dataset_task(cfg_for(folder, dataset_eval_split="test").tasks)
     assert len(task.problems("train")) == 20
     assert [p.answer for p in task.problems("eval")] == ["201", "203", "205", "207"]
     (arrow,) = (folder / "train").glob("*.arrow")
-    single = open_dataset_task(cfg_for(arrow))
+    single = open_dataset_task(cfg_for(arrow).tasks)
     assert len(single.problems("train")) + len(single.problems("eval")) == 20
 
 
@@ -104,13 +104,13 @@ def test_a_dataset_name_resolves_in_the_local_hub_cache(tmp_path):
         "    path: main/train-*\n  - split: test\n    path: main/test-*\n---\n")
     datasets.Dataset.from_dict(gsm8k_rows(10)).to_parquet(str(snapshot / "main" / "train-0.parquet"))
     datasets.Dataset.from_dict(gsm8k_rows(3, 50)).to_parquet(str(snapshot / "main" / "test-0.parquet"))
-    cfg = HubConfig(dataset="org/tiny-gsm8k", dataset_config="main", dataset_eval_split="test")
-    task = open_dataset_task(cfg, cache_dir=str(cache))
+    cfg = HubConfig.from_flat(dataset="org/tiny-gsm8k", dataset_config="main", dataset_eval_split="test")
+    task = open_dataset_task(cfg.tasks, cache_dir=str(cache))
     assert len(task.problems("train")) == 10
     assert [p.answer for p in task.problems("eval")] == ["101", "103", "105"]
     with pytest.raises(ConfigError, match="not in the local Hugging Face cache|nor a dataset in "
                                           "the local Hugging Face cache.*hf download") as err:
-        open_dataset_task(HubConfig(dataset="org/absent"), cache_dir=str(cache))
+        open_dataset_task(HubConfig.from_flat(dataset="org/absent").tasks, cache_dir=str(cache))
     assert err.value.field == "dataset"
 
 
@@ -134,7 +134,7 @@ def test_a_wrong_mapping_names_what_the_dataset_has(parquet, fields, field, mess
     """A column or split that is not there names the ones that are; a format that finds no
     answer in any row names the fields and the format."""
     with pytest.raises(ConfigError, match=message) as err:
-        open_dataset_task(cfg_for(parquet, **fields))
+        open_dataset_task(cfg_for(parquet, **fields).tasks)
     assert err.value.field == field
 
 
@@ -142,19 +142,19 @@ def test_missing_files_and_missing_datasets_library(tmp_path, parquet, monkeypat
     """A file that is not there, a file of a kind `datasets` does not read, a config naming the
     task twice, and no `datasets` installed: each one sentence naming the fix."""
     with pytest.raises(ConfigError, match="no such file or folder"):
-        open_dataset_task(cfg_for(tmp_path / "absent.parquet"))
+        open_dataset_task(cfg_for(tmp_path / "absent.parquet").tasks)
     (tmp_path / "rows.xlsx").write_bytes(b"PK")
     with pytest.raises(ConfigError, match="not a file `datasets` reads.*\\.parquet"):
-        open_dataset_task(cfg_for(tmp_path / "rows.xlsx"))
+        open_dataset_task(cfg_for(tmp_path / "rows.xlsx").tasks)
     with pytest.raises(ConfigError, match="both name the task"):
-        HubConfig(dataset=str(parquet), task="examples/sums.jsonl")
+        HubConfig.from_flat(dataset=str(parquet), task="examples/sums.jsonl")
     with pytest.raises(ConfigError, match="another split"):
-        HubConfig(dataset=str(parquet), dataset_eval_split="train")
+        HubConfig.from_flat(dataset=str(parquet), dataset_eval_split="train")
     with pytest.raises(ConfigError, match="only applies with --dataset"):
-        HubConfig(dataset_eval_split="test")
+        HubConfig.from_flat(dataset_eval_split="test")
     monkeypatch.setitem(sys.modules, "datasets", None)  # what an environment without it does
     with pytest.raises(ConfigError, match=r"pip install 'echo2p2p\[data\]'") as err:
-        open_dataset_task(cfg_for(parquet))
+        open_dataset_task(cfg_for(parquet).tasks)
     assert err.value.field == "dataset"
 
 
@@ -185,7 +185,7 @@ async def test_a_real_hub_leases_the_chat_rendered_ids_of_a_dataset(hub_cfg, tmp
     tokenizer.save_pretrained(tmp_path / "model")
     path = tmp_path / "gsm8k.parquet"
     datasets.Dataset.from_dict(gsm8k_rows(16)).to_parquet(str(path))
-    cfg = replace(hub_cfg, model=str(tmp_path / "model"), dataset=str(path), eval_problems=4,
+    cfg = hub_cfg.replace(model=str(tmp_path / "model"), dataset=str(path), eval_problems=4,
                   eval_every=1, max_steps=1, prompt_format="chat", system_prompt="Be brief.",
                   chat_template_args=json.dumps({"enable_thinking": False}))
     engine = RecordingEngine(str(tmp_path / "model"))
@@ -210,6 +210,6 @@ async def test_chat_on_a_tokenizer_without_a_template_fails_before_serving(hub_c
     """prompt_format = "chat" on the built-in model (no template): start_hub raises the one
     ConfigError naming prompt_format, before it listens."""
     with pytest.raises(ConfigError, match="'chat' needs a chat template.*'tiny'") as err:
-        async with start_hub(replace(hub_cfg, prompt_format="chat"), stream=None):
+        async with start_hub(hub_cfg.replace(prompt_format="chat"), stream=None):
             pytest.fail("the hub served")
     assert err.value.field == "prompt_format"

@@ -27,7 +27,7 @@ from echo2p2p.session import Session, Side
 
 from tests.conftest import tracker, wait_until
 
-CFG = HubConfig(join_burst=3, joins_per_min=60, join_burst_per_key=2, joins_per_min_per_key=6)
+CFG = HubConfig.from_flat(join_burst=3, joins_per_min=60, join_burst_per_key=2, joins_per_min_per_key=6)
 
 
 def hello(key: bytes = b"", token: str = "") -> m.Hello:
@@ -36,7 +36,7 @@ def hello(key: bytes = b"", token: str = "") -> m.Hello:
 
 def test_an_address_past_its_burst_is_refused_until_its_bucket_refills():
     counters = Counters()
-    door = Door(CFG, None, counters)
+    door = Door(CFG.limits, None, counters)
     answers = [door.refusal(hello(bytes([i]) * 32), "10.0.0.1", [], 0.0) for i in range(4)]
     assert answers == [None] * 3 + [(m.CLOSE_TOO_MANY, REASONS["address"])]
     assert door.refusal(hello(b"x" * 32), "10.0.0.2", [], 0.0) is None  # another address
@@ -45,7 +45,7 @@ def test_an_address_past_its_burst_is_refused_until_its_bucket_refills():
 
 
 def test_one_peer_key_past_its_burst_is_refused_from_any_address():
-    door = Door(CFG, None, Counters())
+    door = Door(CFG.limits, None, Counters())
     answers = [door.refusal(hello(b"k" * 32), f"10.0.0.{i}", [], 0.0) for i in range(3)]
     assert answers == [None, None, (m.CLOSE_TOO_MANY, REASONS["peer key"])]
 
@@ -56,7 +56,7 @@ def test_a_bad_token_spends_the_address_only_and_a_good_one_is_limited_too(tmp_p
     book = TokenBook(tmp_path / "tokens.json")
     token = book.create("lab")
     counters = Counters()
-    door = Door(CFG, book, counters)
+    door = Door(CFG.limits, book, counters)
     wrong = [door.refusal(hello(token=token + "x"), "10.0.0.9", [], 0.0)[0] for _ in range(4)]
     assert wrong == [m.CLOSE_UNAUTHORIZED] * 3 + [m.CLOSE_TOO_MANY]
     good = [door.refusal(hello(token=token), f"10.0.1.{i}", [], 0.0) for i in range(4)]
@@ -75,7 +75,7 @@ def test_ipv6_counts_by_its_64_and_mapped_ipv4_as_ipv4():
                                          ("join_burst", 0), ("catch_up_builds", 0)])
 def test_join_limits_are_checked(field, value):
     with pytest.raises(ConfigError) as exc:
-        replace(CFG, **{field: value})
+        CFG.replace(**{field: value})
     assert exc.value.field == field
 
 

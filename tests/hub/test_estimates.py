@@ -21,8 +21,8 @@ def test_first_measurement_is_taken_as_is_then_averaged():
 
 def test_every_peer_works_until_a_step_was_timed_or_with_s_zero():
     """No requirement (None: every peer active) before a step was timed, or when S = 0."""
-    assert Estimates(HubConfig(max_lag=1)).required_rollouts_per_s() is None
-    synchronous = Estimates(HubConfig(max_lag=0))
+    assert Estimates(HubConfig.from_flat(max_lag=1)).required_rollouts_per_s() is None
+    synchronous = Estimates(HubConfig.from_flat(max_lag=0))
     synchronous.observe_train_step(1.0)
     assert synchronous.required_rollouts_per_s() is None
 
@@ -30,7 +30,7 @@ def test_every_peer_works_until_a_step_was_timed_or_with_s_zero():
 def test_requirement_and_metrics_follow_the_capacity_model():
     """Once timed, the requirement is the capacity model's (overlapped reading) on the
     measured workload, and the metrics carry the estimates."""
-    cfg = HubConfig(max_lag=2, publish_every=1, prompts_per_step=4, group_size=8)
+    cfg = HubConfig.from_flat(max_lag=2, publish_every=1, prompts_per_step=4, group_size=8)
     est = Estimates(cfg)
     est.observe_train_step(0.5)
     est.observe_broadcast(0.1)

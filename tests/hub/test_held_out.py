@@ -37,7 +37,7 @@ def test_held_out_set_does_not_move_with_the_run_seed(kind, tmp_path, monkeypatc
         datasets = pytest.importorskip("datasets")
         monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
     fields = _task_fields(kind, tmp_path)
-    tasks = [open_task(HubConfig(seed=seed, **fields)) for seed in RUN_SEEDS]
+    tasks = [open_task(HubConfig.from_flat(seed=seed, **fields)) for seed in RUN_SEEDS]
     evals = [[p.id for p in task.problems("eval")] for task in tasks]
     trains = [[p.id for p in task.problems("train")] for task in tasks]
     assert evals[0] and trains[0]
@@ -54,8 +54,8 @@ def test_no_warm_up_problem_of_the_shipped_base_is_ever_held_out():
     assert len(warm) == 4_500
     warm_prompts = {p.prompt for p in warm}
     for seed in (*RUN_SEEDS, 2, 1234):
-        cfg = HubConfig(seed=seed)
+        cfg = HubConfig.from_flat(seed=seed)
         held = open_task(cfg).problems("eval")
-        assert len(held) >= cfg.eval_problems  # the hub evaluates on the first eval_problems
+        assert len(held) >= cfg.tasks.eval_problems  # the hub evaluates on the first eval_problems
         leaked = warm_prompts & {p.prompt for p in held}
         assert not leaked, f"seed {seed}: {len(leaked)} held-out problems are warm-up data"

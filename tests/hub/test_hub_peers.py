@@ -23,13 +23,13 @@ from tests.conftest import running_peers, wait_until
 
 async def test_two_peers_train_and_receive_versions(hub_cfg):
     """Hub + 2 peers: every step trains on fresh groups and each peer ends on a recent version."""
-    cfg = replace(hub_cfg, max_steps=6, max_lag=2)
+    cfg = hub_cfg.replace(max_steps=6, max_lag=2)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 2) as peers:
         await asyncio.wait_for(run.finished.wait(), 120)
         await asyncio.wait_for(asyncio.gather(*(p.wait_version(4) for p in peers)), 60)
     steps = [r for r in run.records if "step" in r]
     assert [r["step"] for r in steps] == list(range(6))
-    assert all(int(lag) <= cfg.max_lag for r in steps for lag in r["rollout/staleness_hist"])
+    assert all(int(lag) <= cfg.staleness.max_lag for r in steps for lag in r["rollout/staleness_hist"])
     assert all(p.statistics().acked > 0 for p in peers)
     logged = [json.loads(line) for line in (run.runlog.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "step" in r] == list(range(6))
@@ -61,9 +61,9 @@ class StragglerEngine:
 
 async def test_slow_peer_rollouts_never_exceed_the_staleness_bound(hub_cfg):
     """S = 1 with one straggler: admitted lag is always <= S, and its stale rollouts are counted."""
-    cfg = replace(hub_cfg, max_steps=8, max_lag=1)
+    cfg = hub_cfg.replace(max_steps=8, max_lag=1)
     async with start_hub(cfg, stream=None) as run:
-        engines = [None, StragglerEngine(run, cfg.max_lag)]
+        engines = [None, StragglerEngine(run, cfg.staleness.max_lag)]
         async with running_peers(run.url, 2, engines=engines) as peers:
             await asyncio.wait_for(run.finished.wait(), 180)
     steps = [r for r in run.records if "step" in r]
@@ -112,7 +112,7 @@ async def close_after(url: str, frames: list) -> tuple[int, str, str | None]:
 
 async def test_bad_input_closes_only_that_connection(hub_cfg):
     """Each kind of bad frame gets its own close code and reason; training goes on meanwhile."""
-    cfg = replace(hub_cfg, max_steps=5)
+    cfg = hub_cfg.replace(max_steps=5)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1):
         results = await asyncio.gather(*(close_after(run.url, frames) for _, frames, _, _ in BAD_INPUTS))
         await asyncio.wait_for(run.finished.wait(), 120)
@@ -126,7 +126,7 @@ async def test_bad_input_closes_only_that_connection(hub_cfg):
 async def test_duplicate_and_unknown_submissions_are_answered_not_admitted(hub_cfg):
     """Resubmitting a completed lease is acked as duplicate; an unknown lease id is rejected."""
     # Its logprobs are made up, and a new peer's groups are all spot-checked: checks off here.
-    async with start_hub(replace(hub_cfg, max_steps=0, spot_check_fraction=0.0), stream=None) as run:
+    async with start_hub(hub_cfg.replace(max_steps=0, spot_check_fraction=0.0), stream=None) as run:
         async with aiohttp.ClientSession() as http, http.ws_connect(run.url) as ws:
             from echo2p2p.session import Session, Side
 
@@ -154,15 +154,15 @@ async def test_peer_rejoins_a_restarted_hub(hub_cfg):
     """When the hub goes away and comes back on the same port, the peer reconnects and works."""
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tg:
-        async with start_hub(replace(hub_cfg, max_steps=2), stream=None) as run:
+        async with start_hub(hub_cfg.replace(max_steps=2), stream=None) as run:
             peer = PeerClient(PeerConfig(hub_url=run.url, name="rejoin", reconnect_max_s=1.0))
             tg.create_task(peer.run(stop))
             await asyncio.wait_for(run.finished.wait(), 120)
-        async with start_hub(replace(hub_cfg, max_steps=2, port=run.port), stream=None) as run2:
+        async with start_hub(hub_cfg.replace(max_steps=2, port=run.port), stream=None) as run2:
             await asyncio.wait_for(run2.finished.wait(), 120)
         stop.set()
     assert peer.statistics().connections == 2
-    assert run2.hub.counters.admitted_groups >= 2 * hub_cfg.prompts_per_step
+    assert run2.hub.counters.admitted_groups >= 2 * hub_cfg.grpo.prompts_per_step
 
 
 async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg, tmp_path):
@@ -174,7 +174,7 @@ async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg
     tokenizer.save_pretrained(tmp_path / "model")
     rows = [json.dumps({"question": f"{a}+{a}=", "answer": str(2 * a)}) for a in range(60)]
     (tmp_path / "sums.jsonl").write_text("\n".join(rows) + "\n")
-    cfg = replace(hub_cfg, model=str(tmp_path / "model"), task=str(tmp_path / "sums.jsonl"),
+    cfg = hub_cfg.replace(model=str(tmp_path / "model"), task=str(tmp_path / "sums.jsonl"),
                   max_steps=2)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1) as peers:
         await asyncio.wait_for(run.finished.wait(), 120)
@@ -185,11 +185,11 @@ async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg
 
 async def test_synchronous_mode_trains_only_on_the_current_version(hub_cfg):
     """S = 0: every group step t trains on was generated by version t itself."""
-    cfg = replace(hub_cfg, max_steps=4, max_lag=0)
+    cfg = hub_cfg.replace(max_steps=4, max_lag=0)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 2):
         await asyncio.wait_for(run.finished.wait(), 120)
     steps = [r for r in run.records if "step" in r]
-    assert [r["rollout/staleness_hist"] for r in steps] == [{"0": cfg.prompts_per_step}] * 4
+    assert [r["rollout/staleness_hist"] for r in steps] == [{"0": cfg.grpo.prompts_per_step}] * 4
 
 
 def masked_frame(payload: bytes) -> bytes:
@@ -203,7 +203,7 @@ def masked_frame(payload: bytes) -> bytes:
 async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
     """A peer that joins, keeps sending heartbeats but never reads is cut off by the send
     deadline; the real peer keeps training meanwhile."""
-    cfg = replace(hub_cfg, max_steps=0, peer_timeout_s=2.0)
+    cfg = hub_cfg.replace(max_steps=0, peer_timeout_s=2.0)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fill up fast
@@ -258,7 +258,7 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
     """A rollout whose engine produced a NaN logprob would close the connection at the hub (and
     again at every resend from the outbox): the peer drops it and asks for another lease, so it
     stays connected and its good rollouts are admitted."""
-    cfg = replace(hub_cfg, max_steps=3)
+    cfg = hub_cfg.replace(max_steps=3)
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 1, engines=[NaNEngine(bad=2)]) as (peer,):
             await asyncio.wait_for(run.finished.wait(), 120)
@@ -267,4 +267,4 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
             # one granted just before may still be generated as the peers stop.
             await wait_until(lambda: not peer.outbox.pending())
     assert peer.statistics().connections == 1 and run.hub.counters.closed_for_protocol == 0
-    assert peer.statistics().acked >= cfg.prompts_per_step * 3
+    assert peer.statistics().acked >= cfg.grpo.prompts_per_step * 3

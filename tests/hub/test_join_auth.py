@@ -140,7 +140,7 @@ async def test_tls_hub_serves_wss_and_https_to_peers_that_trust_it(tmp_path):
 
 def test_tls_and_auth_settings_are_checked_by_name(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        HubConfig(tls_cert="hub.crt")
+        HubConfig.from_flat(tls_cert="hub.crt")
     assert exc.value.field == "tls_key"
     with pytest.raises(ConfigError) as exc:
         PeerConfig(ca_cert=str(tmp_path / "missing.pem"))

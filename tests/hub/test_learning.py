@@ -22,7 +22,7 @@ async def test_distributed_run_matches_synchronous_baseline(hub_cfg):
     (importance-corrected) and samples with other seeds. 0.1 is about three standard errors of
     a 200-problem accuracy, and far below the rise both runs make from the base policy.
     """
-    cfg = replace(hub_cfg, max_steps=STEPS, max_lag=2, prompts_per_step=8, group_size=8,
+    cfg = hub_cfg.replace(max_steps=STEPS, max_lag=2, prompts_per_step=8, group_size=8,
                   eval_every=STEPS, eval_problems=200)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 2, torch_threads=1):
         await asyncio.wait_for(run.finished.wait(), 240)
@@ -30,9 +30,9 @@ async def test_distributed_run_matches_synchronous_baseline(hub_cfg):
     base, distributed = evals[0], evals[-1]
 
     records = await asyncio.to_thread(
-        train_sync, steps=STEPS, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-        lr=cfg.lr, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens, eval_every=STEPS,
-        eval_problems=cfg.eval_problems)
+        train_sync, steps=STEPS, prompts_per_step=cfg.grpo.prompts_per_step, group_size=cfg.grpo.group_size,
+        lr=cfg.grpo.lr, seed=cfg.run.seed, max_new_tokens=cfg.grpo.max_new_tokens, eval_every=STEPS,
+        eval_problems=cfg.tasks.eval_problems)
     synchronous = records[-1]["eval_accuracy"]
 
     print(f"parity: base {base:.3f} distributed(S=2) {distributed:.3f} synchronous(S=0) {synchronous:.3f}")

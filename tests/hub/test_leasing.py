@@ -13,7 +13,7 @@ from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.trust import TrustBook
 
-CFG = HubConfig(prompts_per_step=4, max_lag=2)  # budget 8, probation 4
+CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8, probation 4
 
 
 def conn(peer_id: str, remote: str = "10.0.0.1") -> PeerConn:
@@ -29,7 +29,7 @@ def rig(*conns: PeerConn) -> tuple[Quotas, LeaseBook, TrustBook]:
                        dispatch=lambda: None, step=lambda: 0, on_event=lambda record: None)
     peers = {c.peer_id: c for c in conns}
     return Quotas(CFG, peers, leases, guard, Counters(),
-                  LeaseQuota(QuotaPolicy(start=CFG.new_peer_leases))), leases, trust
+                  LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases))), leases, trust
 
 
 def grant_while_allowed(quotas: Quotas, leases: LeaseBook, c: PeerConn) -> int:

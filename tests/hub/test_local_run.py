@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 
+from echo2p2p.config import as_dict
 from echo2p2p.hub import local_run
 from echo2p2p.hub.config import HubConfig
 
@@ -20,17 +21,17 @@ def test_train_sync_defaults_are_the_hubs(knob):
     """train_sync's keyword default for each knob the hub has equals HubConfig's."""
     param = inspect.signature(local_run.train_sync).parameters[knob]
     assert param.default is not inspect.Parameter.empty, f"{knob} has no default"
-    assert param.default == getattr(HubConfig(), knob)
+    assert param.default == as_dict(HubConfig())[knob]
 
 
 def test_command_line_defaults_are_the_hubs():
     """The command line with only --steps parses to HubConfig's value for every shared knob,
     prompt rendering included, with the hub's types."""
     args = vars(local_run.parser().parse_args(["--steps", "3"]))
-    hub = HubConfig()
+    hub = as_dict(HubConfig())
     for knob in (*SHARED, "prompt_format", "system_prompt", "chat_template_args"):
-        assert args[knob] == getattr(hub, knob), knob
-        assert type(args[knob]) is type(getattr(hub, knob)), knob
+        assert args[knob] == hub[knob], knob
+        assert type(args[knob]) is type(hub[knob]), knob
     assert args["steps"] == 3
 
 

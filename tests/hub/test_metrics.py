@@ -86,7 +86,7 @@ def peer_labels(fams: dict) -> set[str]:
 async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
     """Hub + 2 peers, 3 steps: /metrics parses, follows the naming rules, and says what the
     hub's own statistics, records and propagation say; a bound of 1 leaves 1 peer labelled."""
-    cfg = replace(hub_cfg, max_steps=3, max_lag=2, publish_every=1, eval_every=3, eval_problems=4)
+    cfg = hub_cfg.replace(max_steps=3, max_lag=2, publish_every=1, eval_every=3, eval_problems=4)
     async with start_hub(cfg, stream=None) as run:
         seen: list[dict] = []
         run.runlog.listeners.append(seen.append)
@@ -119,7 +119,7 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
     assert value(live, "echo2_eval_accuracy") == last["eval/accuracy"]
     assert value(live, "echo2_eval_version") == 3
     trained = sum(int(n) for r in run.records if "step" in r for n in r["rollout/staleness_hist"].values())
-    assert trained == 3 * cfg.prompts_per_step
+    assert trained == 3 * cfg.grpo.prompts_per_step
     assert value(live, "echo2_trained_group_lag_versions_count") == trained
     assert value(live, "echo2_trained_group_lag_versions_bucket", le="+Inf") == trained
     assert value(live, "echo2_trained_group_lag_versions_sum") == sum(

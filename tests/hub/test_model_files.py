@@ -137,7 +137,7 @@ async def test_a_model_directory_missing_files_is_refused_at_start(hub_cfg, tmp_
     for name in remove:
         (lab / name).unlink()
     with pytest.raises(ConfigError, match=why) as info:
-        async with start_hub(replace(hub_cfg, model=str(lab), max_steps=0)):
+        async with start_hub(hub_cfg.replace(model=str(lab), max_steps=0)):
             pass
     assert info.value.field == "model" and "save_pretrained" in str(info.value)
     assert not (tmp_path / "run").exists()  # refused before anything was loaded or written
@@ -183,7 +183,7 @@ async def test_hub_serves_the_model_it_trains(hub_cfg):
     from echo2p2p.policy.model import builtin_dir
     from echo2p2p.hub.run_setup import start_hub
 
-    async with start_hub(replace(hub_cfg, max_steps=0)) as run, aiohttp.ClientSession() as http:
+    async with start_hub(hub_cfg.replace(max_steps=0)) as run, aiohttp.ClientSession() as http:
         key = signing.new_private_key()
         pub = signing.public_key(key)
         ticket = signing.sign_ticket(run.signing_key, run.hub.run_id, "p99", pub)

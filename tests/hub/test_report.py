@@ -37,11 +37,11 @@ def png_size(data: bytes) -> tuple[int, int]:
 async def test_the_report_of_a_real_run_draws_every_figure_into_one_page(hub_cfg, tmp_path):
     """12 steps of a real hub and two paid peers, evaluated every 4: every PNG is a real
     picture, report.html carries each of them inline, names the run and sums it up."""
-    cfg = replace(hub_cfg, max_steps=12, eval_every=4, eval_problems=8, dashboard_port=-1)
+    cfg = hub_cfg.replace(max_steps=12, eval_every=4, eval_problems=8, dashboard_port=-1)
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 2, price_per_hour=3.6):
             await run.finished.wait()
-    done = report(cfg.run_dir, "--out", str(tmp_path / "out"))
+    done = report(cfg.run.run_dir, "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "out" / "report.html").read_text()
     for name in FIGURES:

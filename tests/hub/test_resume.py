@@ -102,7 +102,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
     """Weights, optimizer, version, leases, the data cursor and every admitted-but-untrained
     group come back; the resumed run trains on, never on a group it trained before the stop;
     the peer's rollouts made while the hub was away are sent again and admitted."""
-    cfg = replace(hub_cfg, max_steps=3, lease_timeout_s=600)
+    cfg = hub_cfg.replace(max_steps=3, lease_timeout_s=600)
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tg:
         async with start_hub(cfg, stream=None) as run:
@@ -117,7 +117,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
         # the journal, and what the peer made since is in the peer's outbox
         queued = {g.lease_id for g in run.hub.buffer.groups()}
         leases = run.hub.leases.state()
-        async with start_hub(replace(cfg, max_steps=6, port=run.port), stream=None,
+        async with start_hub(cfg.replace(max_steps=6, port=run.port), stream=None,
                              resume=True) as run2:
             assert run2.hub.step == 3 and run2.hub.newest.version == 3  # one step counter
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
@@ -127,7 +127,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             await wait_until(lambda: len(peer.outbox) == 0)
         stop.set()
         await running
-    log = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").open()]
+    log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
     resumed = [r for r in log if r.get("event") == "resume"]
     assert len(resumed) == 1 and resumed[0]["version"] == 3
     trained_after = [lid for r in run2.records if "step" in r for lid in r["rollout/leases"]]

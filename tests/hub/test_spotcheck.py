@@ -42,7 +42,7 @@ def rig():
 
 
 def checker(learner, **overrides) -> SpotChecker:
-    return SpotChecker(learner.model, replace(HubConfig(group_size=4), **overrides))
+    return SpotChecker(learner.model, HubConfig.from_flat(group_size=4).replace(**overrides))
 
 
 def generate(engine, index: int, version: int, top_p: float = 1.0) -> ScoredGroup:
@@ -162,7 +162,7 @@ def run_log(run) -> list[dict]:
 async def test_logprob_forger_is_quarantined_and_honest_peer_trains_on(hub_cfg):
     """Every group checked: the peer whose engine rewrites logprobs fails its checks and is
     quarantined; the honest peer is never distrusted and training reaches max_steps."""
-    cfg = replace(hub_cfg, max_steps=4, spot_check_fraction=1.0)
+    cfg = hub_cfg.replace(max_steps=4, spot_check_fraction=1.0)
     async with start_hub(cfg) as run:
         async with running_peers(run.url, 2, engines=[None, ForgingEngine()]) as peers:
             await asyncio.wait_for(run.finished.wait(), 120)
@@ -197,7 +197,7 @@ async def submit(ws, session: Session, version: int, group_size: int) -> m.Messa
 async def test_version_tag_newer_than_published_is_caught_unsampled(hub_cfg):
     """Spot-checks off: a rollout tagged with a version the hub has not published is rejected
     as "version" and counts against the peer; twice, and it is quarantined."""
-    cfg = replace(hub_cfg, spot_check_fraction=0.0)
+    cfg = hub_cfg.replace(spot_check_fraction=0.0)
     async with start_hub(cfg) as run:
         assert run.hub.spot is None and run.hub.newest.version == 0
         async with aiohttp.ClientSession() as http, http.ws_connect(run.url) as ws:

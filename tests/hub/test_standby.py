@@ -23,7 +23,7 @@ def peer_id(run, name: str) -> str:
 
 @pytest.mark.parametrize("standby", ["warm", "cold"])
 async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
-    cfg = replace(hub_cfg, max_lag=2, standby=standby, max_steps=200)
+    cfg = hub_cfg.replace(max_lag=2, standby=standby, max_steps=200)
     async with start_hub(cfg, stream=None) as run:
         hold_step_time(run.learner, STEP_S)  # a slow learner, as a large model's
         pool = run.hub.pool

@@ -27,13 +27,13 @@ BLOB = b"\1" * (1 << 18)
 
 class Rig:
     def __init__(self, **cfg):
-        self.cfg = HubConfig(**cfg)
+        self.cfg = HubConfig.from_flat(**cfg)
         self.peers: dict[str, PeerConn] = {}
         self.pool = Pool("all", 0.0)
         self.records: list[dict] = []
         self.quarantined: set[str] = set()
         self.clock = 100.0
-        self.tracker = VersionTracker(self.cfg, self.peers, self.pool,
+        self.tracker = VersionTracker(self.cfg.overlay, self.peers, self.pool,
                                       quarantined=lambda c: c.peer_id in self.quarantined,
                                       on_event=self.records.append, now=lambda: self.clock)
 

@@ -27,7 +27,7 @@ async def run_briefly(cfg) -> list[dict]:
     """Train `cfg` with 2 real peers to its max_steps; the run log's records, read back."""
     async with start_hub(cfg) as run, running_peers(run.url, 2):
         await asyncio.wait_for(run.finished.wait(), 60)
-    lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+    lines = (Path(cfg.run.run_dir) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
@@ -65,11 +65,11 @@ async def test_tensorboard_charts_every_number_of_the_run_log(hub_cfg):
     (versions for propagation), as TensorBoard's own reader reads the event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = replace(hub_cfg, max_steps=6, eval_every=3, report_to="tensorboard")
+    cfg = hub_cfg.replace(max_steps=6, eval_every=3, report_to="tensorboard")
     want = charted(await run_briefly(cfg))
     assert {"train/reward_mean", "eval/accuracy", "hub/learner_busy_frac",
             "rollout/staleness_hist/0", "propagation/t90_s"} <= set(want)
-    events = EventAccumulator(str(Path(cfg.run_dir) / "tensorboard"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(Path(cfg.run.run_dir) / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert set(events.Tags()["scalars"]) == set(want)
     for name, points in want.items():
@@ -114,10 +114,10 @@ async def test_wandb_offline_run_holds_the_run_log(hub_cfg, monkeypatch, tmp_pat
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
                         "WANDB_DIR": str(tmp_path / "elsewhere")}.items():
         monkeypatch.setenv(name, value)
-    cfg = replace(hub_cfg, max_steps=3, report_to="wandb", dashboard_token="s3cret")
+    cfg = hub_cfg.replace(max_steps=3, report_to="wandb", dashboard_token="s3cret")
     records = await run_briefly(cfg)
-    run_id = json.loads((Path(cfg.run_dir) / "config.json").read_text())["run_id"]
-    (offline,) = (Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{run_id}")
+    run_id = json.loads((Path(cfg.run.run_dir) / "config.json").read_text())["run_id"]
+    (offline,) = (Path(cfg.run.run_dir) / "wandb").glob(f"offline-run-*-{run_id}")
     history, summary, config = {}, {}, {}
     for record in wandb_records(offline / f"run-{run_id}.wandb"):
         kind = record.WhichOneof("record_type")
@@ -134,7 +134,7 @@ async def test_wandb_offline_run_holds_the_run_log(hub_cfg, monkeypatch, tmp_pat
     assert summary["train/reward_mean"] == steps[-1]["train/reward_mean"]
     assert config["run_id"] == run_id and config["max_steps"] == 3
     assert "dashboard_token" not in config  # a secret: wandb uploads its config
-    assert "s3cret" not in (Path(cfg.run_dir) / "config.json").read_text()  # nor in the run dir
+    assert "s3cret" not in (Path(cfg.run.run_dir) / "config.json").read_text()  # nor in the run dir
 
 
 async def test_a_tracker_without_its_package_stops_the_start(hub_cfg, monkeypatch):
@@ -142,10 +142,10 @@ async def test_a_tracker_without_its_package_stops_the_start(hub_cfg, monkeypatc
     raised at start-up: no step is trained."""
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     with pytest.raises(ConfigError) as raised:
-        async with start_hub(replace(hub_cfg, max_steps=1, report_to="wandb")):
+        async with start_hub(hub_cfg.replace(max_steps=1, report_to="wandb")):
             pass
     assert raised.value.field == "report_to" and "echo2p2p[wandb]" in str(raised.value)
-    assert (Path(hub_cfg.run_dir) / "metrics.jsonl").read_text() == ""
+    assert (Path(hub_cfg.run.run_dir) / "metrics.jsonl").read_text() == ""
 
 
 def test_wandb_without_a_login_is_a_config_error(tmp_path, monkeypatch):
@@ -156,6 +156,6 @@ def test_wandb_without_a_login_is_a_config_error(tmp_path, monkeypatch):
                         "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config")}.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as raised:
-        open_trackers(HubConfig(report_to="wandb"), tmp_path / "run", "r1", {})
+        open_trackers(HubConfig.from_flat(report_to="wandb").view, tmp_path / "run", "r1", {})
     assert raised.value.field == "report_to"
     assert "wandb login" in str(raised.value) and "WANDB_MODE=offline" in str(raised.value)

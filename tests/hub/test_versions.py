@@ -17,7 +17,7 @@ from echo2p2p.hub.publisher import Publisher
 from echo2p2p.hub.spotcheck import SpotChecker
 from echo2p2p.hub.versions import VersionFiles
 
-CFG = HubConfig(max_lag=2, keep_versions=3, anchor_every=10, chunk_bytes=256 << 10)
+CFG = HubConfig.from_flat(max_lag=2, keep_versions=3, anchor_every=10, chunk_bytes=256 << 10)
 KEY = signing.new_private_key()
 
 
@@ -54,7 +54,7 @@ def rss_anon() -> int:
 
 def test_versions_on_disk_are_the_bytes_built_in_ram(tmp_path):
     files = VersionFiles(tmp_path, keep_streams=3, keep_chunks=3)
-    on_disk, in_ram = Publisher(CFG, KEY, files=files), Publisher(CFG, KEY)
+    on_disk, in_ram = Publisher(CFG.overlay, KEY, files=files), Publisher(CFG.overlay, KEY)
     for v in range(3):
         a, b = on_disk.build(v, weights(v)), in_ram.build(v, weights(v))
         assert a.full.manifest == b.full.manifest and a.full.signature == b.full.signature
@@ -71,8 +71,8 @@ def test_versions_on_disk_are_the_bytes_built_in_ram(tmp_path):
 def test_spot_checker_reads_retained_versions_bit_identical_from_their_files(tmp_path):
     model = torch.nn.Linear(2, 2)
     spot = SpotChecker(model, CFG)
-    files = VersionFiles(tmp_path, keep_streams=CFG.max_lag + 1, keep_chunks=CFG.keep_versions)
-    pub = Publisher(CFG, KEY, spot, files)
+    files = VersionFiles(tmp_path, keep_streams=CFG.staleness.max_lag + 1, keep_chunks=CFG.overlay.keep_versions)
+    pub = Publisher(CFG.overlay, KEY, spot, files)
     for v in range(5):
         pub.build(v, weights(v))
     kept = spot._versions
@@ -94,9 +94,9 @@ def test_ram_does_not_hold_the_retained_copies(tmp_path):
     """Once a delta has been built, four more versions of 35 MB (bf16) each leave S + 1 = 3
     checkable and 3 versions' chunks served, yet the process's anonymous memory grows by less
     than half a version: in RAM they would add three versions and more."""
-    cfg = replace(CFG, chunk_bytes=1 << 20)
+    cfg = CFG.replace(chunk_bytes=1 << 20)
     spot = SpotChecker(torch.nn.Linear(2, 2), cfg)
-    pub = Publisher(cfg, KEY, spot, VersionFiles(tmp_path, keep_streams=3, keep_chunks=3))
+    pub = Publisher(cfg.overlay, KEY, spot, VersionFiles(tmp_path, keep_streams=3, keep_chunks=3))
     size = sum(t.nbytes for t in weights(0, scale=180).values())
     assert size > 30 << 20
     published = [pub.build(v, weights(v, scale=180)) for v in range(2)]

@@ -44,7 +44,7 @@ async def test_status_of_a_real_hub_names_its_peers_and_step(hub_cfg):
     dashboard token, the summary shows the run, both peers as active and the step the hub had
     reached; the dashboard without the token answers 401: one line, exit 1; the peers' port
     without it, the run but no peer."""
-    cfg = replace(hub_cfg, dashboard_port=0, dashboard_token="peek")
+    cfg = hub_cfg.replace(dashboard_port=0, dashboard_token="peek")
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 2):
             await asyncio.wait_for(run.hub.wait_step(2), 60)

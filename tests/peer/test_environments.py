@@ -84,4 +84,4 @@ async def test_a_peer_whose_environment_fails_drops_that_lease_and_goes_on(tmp_p
             tg.create_task(peer.run(stop))
             await asyncio.wait_for(run.finished.wait(), 150)
             stop.set()
-    assert len(failed) == 1 and peer.statistics().acked >= 2 * cfg.prompts_per_step
+    assert len(failed) == 1 and peer.statistics().acked >= 2 * cfg.grpo.prompts_per_step

@@ -69,7 +69,7 @@ async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_
     cache, log_path = tmp_path / "cache", tmp_path / "peer.log"
     from echo2p2p.hub.run_setup import start_hub
 
-    cfg = replace(hub_cfg, model="finetune", spot_check_fraction=1.0, max_steps=0)
+    cfg = hub_cfg.replace(model="finetune", spot_check_fraction=1.0, max_steps=0)
     async with start_hub(cfg, stream=None) as run:
         assert run.learner.model.config.num_hidden_layers == 2
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
@@ -226,7 +226,7 @@ async def test_a_peer_leaves_a_hub_whose_model_files_do_not_verify(hub_cfg, tmp_
 
     caplog.set_level(logging.ERROR, logger="echo2p2p.peer.client")
     cache = tmp_path / "cache"
-    async with start_hub(replace(hub_cfg, max_steps=0), stream=None) as run:
+    async with start_hub(hub_cfg.replace(max_steps=0), stream=None) as run:
         digest, _ = run.hub.model_index
         run.hub.model_index = (digest, signing.sign_model_files(signing.new_private_key(), digest))
         peer = PeerClient(PeerConfig(hub_url=run.url, listen="", model_cache=str(cache),

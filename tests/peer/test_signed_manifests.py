@@ -41,7 +41,7 @@ def test_signature_covers_every_chunk_digest():
 async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
     """With --hub-key pinned to another key the peer hangs up right after the welcome."""
     other = signing.public_key(signing.new_private_key()).hex()
-    async with start_hub(replace(hub_cfg, max_steps=0), stream=None) as run:
+    async with start_hub(hub_cfg.replace(max_steps=0), stream=None) as run:
         peer = PeerClient(PeerConfig(hub_url=run.url, hub_key=other))
         async with aiohttp.ClientSession() as http:
             with pytest.raises(RemoteProtocolError, match="pinned"):

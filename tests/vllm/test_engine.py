@@ -10,7 +10,6 @@ cast into the fp32 model, as the spot-checker loads a version.
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 
 import pytest
 import torch
@@ -115,8 +114,8 @@ async def agreement(record, model, v1, spec, tolerance: float = 0.2) -> list[tup
              "group median", "group p99", "group max")]
     for setting in record["sample"]:
         t, p = setting["temperature"], setting["top_p"]
-        cfg = replace(HubConfig(group_size=GROUP), temperature=t, top_p=p,
-                      spot_check_tolerance=tolerance)
+        cfg = HubConfig.from_flat(group_size=GROUP, temperature=t, top_p=p,
+                                  spot_check_tolerance=tolerance)
         spot = SpotChecker(model, cfg)
         spot.keep(0, dict(model.state_dict()))  # v0 as the engine loaded it: fp32
         per_token, per_group = [], []

@@ -48,7 +48,7 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
     volunteer = tmp_path / "volunteer"
     volunteer.mkdir()
     log_path = tmp_path / "peer.log"
-    cfg = replace(hub_cfg, model="finetune", max_steps=STEPS, spot_check_fraction=1.0,
+    cfg = hub_cfg.replace(model="finetune", max_steps=STEPS, spot_check_fraction=1.0,
                   spot_check_tolerance=1e-3, lr=3e-3)
     async with start_hub(cfg, stream=None) as run:
         log = await vllm_peer_until_done(vllm_py, run, log_path, cwd=volunteer,
@@ -86,7 +86,7 @@ async def test_a_vllm_peer_plays_multi_turn_episodes_the_hub_replays(vllm_py, hu
     """The built-in environment on a vLLM peer: every episode's turns are sampled by vLLM,
     replayed by the hub (none refused) and spot-checked under its tag at 1e-3 nats (model
     tokens only: observation tokens carry no logprob)."""
-    cfg = replace(hub_cfg, env="takeaway", model="tiny-takeaway", max_new_tokens=4,
+    cfg = hub_cfg.replace(env="takeaway", model="tiny-takeaway", max_new_tokens=4,
                   max_steps=2, spot_check_fraction=1.0, spot_check_tolerance=1e-3)
     log_path = tmp_path / "peer.log"
     async with start_hub(cfg, stream=None) as run:
@@ -94,6 +94,6 @@ async def test_a_vllm_peer_plays_multi_turn_episodes_the_hub_replays(vllm_py, hu
         c = run.hub.counters
         assert run.finished.is_set(), log[-4000:]
     assert c.rejected == 0 and c.spot_failed == 0, vars(c)
-    assert c.spot_checked >= c.admitted_groups >= 2 * cfg.prompts_per_step, vars(c)
+    assert c.spot_checked >= c.admitted_groups >= 2 * cfg.grpo.prompts_per_step, vars(c)
     assert sum(run.hub.trust.events.get(i, {}).get("observation_mismatch", 0)
                for i in run.hub.trust.events) == 0

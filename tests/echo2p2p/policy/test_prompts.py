@@ -105,13 +105,13 @@ def test_chat_without_a_template_fails_at_start_up_naming_the_fix():
 def test_hub_config_fields_make_the_format():
     """prompt_format, system_prompt and chat_template_args (JSON) become the PromptFormat; bad
     values are ConfigErrors naming the field."""
-    cfg = HubConfig(prompt_format="chat", system_prompt="Be brief.",
+    cfg = HubConfig.from_flat(prompt_format="chat", system_prompt="Be brief.",
                     chat_template_args='{"enable_thinking": false}')
-    assert cfg.prompts == PromptFormat("chat", "Be brief.", {"enable_thinking": False})
-    assert HubConfig().prompts == PromptFormat("auto")
+    assert cfg.tasks.prompts == PromptFormat("chat", "Be brief.", {"enable_thinking": False})
+    assert HubConfig().tasks.prompts == PromptFormat("auto")
     for fields, name in [({"prompt_format": "markdown"}, "prompt_format"),
                          ({"chat_template_args": "{enable_thinking: false}"}, "chat_template_args"),
                          ({"chat_template_args": "[1]"}, "chat_template_args")]:
         with pytest.raises(ConfigError) as err:
-            HubConfig(**fields)
+            HubConfig.from_flat(**fields)
         assert err.value.field == name

@@ -47,7 +47,7 @@ def test_an_algorithm_this_machine_lacks_keeps_the_default_and_says_so(caplog):
 
 
 @pytest.mark.parametrize("make", [lambda v: PeerConfig(hub_url="ws://h:1/ws", tcp_congestion=v),
-                                  lambda v: HubConfig(tcp_congestion=v)])
+                                  lambda v: HubConfig.from_flat(tcp_congestion=v)])
 @pytest.mark.parametrize("bad", ["Reno", "re no", "x" * 16, "bbr;rm"])
 def test_a_name_that_cannot_be_an_algorithm_is_a_config_error(make, bad):
     """A bad name fails at start, naming the field."""

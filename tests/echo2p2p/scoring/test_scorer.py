@@ -164,10 +164,10 @@ def test_scoring_deadlines_and_workers_are_validated_in_both_configs():
                 {"score_sample_budget_s": -1.0}, {"score_sample_budget_s": float("nan")},
                 {"code_answer_hold_s": float("inf")}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
-            HubConfig(**bad)
+            HubConfig.from_flat(**bad)
     with pytest.raises(ConfigError, match="score_timeout_s"):
         PeerConfig(score_timeout_s=-1.0)
-    assert HubConfig().score_timeout_s == PeerConfig().score_timeout_s == 5.0
+    assert HubConfig().scoring.score_timeout_s == PeerConfig().score_timeout_s == 5.0
 
 
 def sleepy_reward(answer: str, text: str) -> float:
