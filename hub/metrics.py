@@ -36,7 +36,7 @@ from echo2p2p import messages as m
 from echo2p2p.runtime.prometheus import exposition, gauge, label_text
 
 if TYPE_CHECKING:
-    from .counters import PeerView
+    from .counters import HubStatistics, PeerView
     from .trainer import HubRun
 
 MAX_PEER_SERIES = 64  # peers with series of their own; 1,000 peers would be 10,000 series
@@ -112,7 +112,7 @@ CAPACITY_GAUGES = (
 def labelled_peers(peer_ids: Iterable[str], admitted: Mapping[str, int],
                    limit: int = MAX_PEER_SERIES) -> list[str]:
     """The peers that get series of their own: the `limit` with the most admitted completions,
-    ties to the earliest joined (`peer_ids` in join order, as `Hub.peers` keeps them)."""
+    ties to the earliest joined (`peer_ids` in join order, as `Hub.peer_views()` gives them)."""
     return heapq.nsmallest(limit, peer_ids, key=lambda pid: -admitted.get(pid, 0))  # stable
 
 
@@ -137,16 +137,16 @@ class RunCollector:
         self.run, self.watch, self.max_peer_series = run, watch, max_peer_series
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._hub()
-        yield from self._staleness()
+        stats = self.run.hub.statistics()
+        yield from self._hub(stats)
+        yield from self._staleness(stats)
         yield from self._last_step()
-        yield from self._cost()
+        yield from self._cost(stats)
         yield from self._propagation()
         yield from self._peers()
 
-    def _hub(self) -> Iterator[Metric]:
+    def _hub(self, stats: HubStatistics) -> Iterator[Metric]:
         hub, cfg = self.run.hub, self.run.cfg
-        stats = hub.statistics()
         yield InfoMetricFamily("echo2_run", "The run this hub trains.",
                                value={"run_id": label_text(hub.run_id)})
         yield gauge("echo2_step", "The learner's step (the newest version trained).", stats.step)
@@ -179,7 +179,7 @@ class RunCollector:
             for name, doc, field in SCORER_COUNTERS:
                 yield CounterMetricFamily(name, doc, value=getattr(stats.scoring, field))
 
-    def _staleness(self) -> Iterator[Metric]:
+    def _staleness(self, stats: HubStatistics) -> Iterator[Metric]:
         """Lags in versions (learner step minus the rollout's version) as histograms: of the
         groups trained on, a bucket per lag up to S (none lags more); of the groups dropped as
         too stale, a bucket per lag from S + 1 to S + DROPPED_BUCKETS, the rest in +Inf only (a
@@ -189,7 +189,7 @@ class RunCollector:
                             self.run.runlog.staleness, range(s + 1))
         yield lag_histogram("echo2_dropped_group_lag_versions", "Lag of the groups dropped as "
                             "too stale (on arrival or in the queue).",
-                            self.run.hub.statistics().dropped_lags,
+                            stats.dropped_lags,
                             range(s + 1, s + 1 + DROPPED_BUCKETS))
 
     def _last_step(self) -> Iterator[Metric]:
@@ -206,8 +206,7 @@ class RunCollector:
         for key, name, doc in CAPACITY_GAUGES:
             yield gauge(name, doc, capacity.get(key))
 
-    def _cost(self) -> Iterator[Metric]:
-        stats = self.run.hub.statistics()
+    def _cost(self, stats: HubStatistics) -> Iterator[Metric]:
         meter = stats.cost
         yield CounterMetricFamily("echo2_cost_dollars", "Dollars accrued by active peers at their "
                                   "declared prices (peers gone included).",

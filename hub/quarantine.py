@@ -36,7 +36,8 @@ class TrustGuard:
         `on_quarantine(record)`: the hub hears of a quarantine (the run log, a dispatch)."""
         self.book = trust
         self.leases, self.buffer, self.counters = leases, buffer, counters
-        self._journal, self._route_around, self._on_quarantine = journal, route_around, on_quarantine
+        self._journal, self._route_around = journal, route_around
+        self._on_quarantine = on_quarantine
 
     def quarantined(self, conn: PeerConn) -> bool:
         return conn.identity in self.book.quarantined

@@ -102,10 +102,9 @@ class Hub:
         self._tokens = TokenBook(cfg.tokens) if cfg.tokens else None
         self._door = Door(cfg, self._tokens, self._counters)  # who may join now
         self._trust = TrustBook(TrustPolicy(probation_checks=cfg.spot_check_probation))
-        quarantined = self._trust.quarantined
-        self._tracker = VersionTracker(
-            cfg, self._peers, self._pool, quarantined=lambda conn: conn.identity in quarantined,
-            on_event=self._on_event, now=_now)
+        trust = self._trust  # its quarantined set is replaced on restore: looked up each time
+        self._tracker = VersionTracker(cfg, self._peers, self._pool, on_event=self._on_event,
+                                       quarantined=lambda c: c.identity in trust.quarantined, now=_now)
         self._guard = TrustGuard(self._trust, self._leases, self._buffer, self._counters,
                                  journal=self._journal, route_around=self._tracker.route_around,
                                  on_quarantine=self._quarantine)
@@ -124,8 +123,6 @@ class Hub:
             scorer=self.scorer, spot=spot, journal=self._journal, on_event=self._dated)
         self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota)
         self.chunk_lookup = self._tracker.chunk_lookup  # the hub's chunks (tests wrap it)
-
-    # --- learner-facing --------------------------------------------------------------
 
     def publish(self, version: Published) -> None:
         """`version` is the newest now, announced to the peers with a relay plan."""
@@ -200,8 +197,6 @@ class Hub:
                 self._quotas.expired(late)  # hoarding costs
                 self.dispatch()
 
-    # --- what the parts report up -----------------------------------------------------
-
     def _dated(self, record: dict[str, Any]) -> None:
         """A part's run log record, dated by the learner's step."""
         self._on_event({**record, "step": self.step})
@@ -273,9 +268,11 @@ class Hub:
         """Return once the learner has reached `step` (`finish_step`)."""
         await self._changes.wait_for(lambda: self.step >= step)
 
-    async def wait_quarantined(self) -> None:
-        """Return once some identity is quarantined."""
-        await self._changes.wait_for(lambda: bool(self._trust.quarantined))
+    async def wait_quarantined(self, identity: str | None = None) -> None:
+        """Return once `identity` (None: some identity) is quarantined."""
+        trust = self._trust
+        await self._changes.wait_for(lambda: bool(trust.quarantined) if identity is None
+                                     else identity in trust.quarantined)
 
     # --- connections ------------------------------------------------------------------
 
@@ -287,8 +284,6 @@ class Hub:
             self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps else None,
             on_served=self._tracker.chunk_served,
             authorize=Tickets(self.hub_key, self.run_id, "hub"))}
-
-    # --- connections ------------------------------------------------------------------
 
     async def _handle_ws(self, request: web.Request) -> web.WebSocketResponse:
         """One peer connection, through the frame pump (`hub.pump`)."""
@@ -341,7 +336,8 @@ class Hub:
         self._pool.leave(conn.peer_id, _now())
         back = self._leases.release_peer(conn.peer_id)
         self._quotas.left(conn)
-        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
+        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name,
+                 len(back))
         self._tracker.peer_left(conn.peer_id)
         self.replan(self._pool.required)
         self.dispatch()
@@ -393,7 +389,8 @@ class Hub:
     def restore(self, state: dict[str, Any], journal: list[list]) -> None:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
-        self._next_peer = restore_hub(state, journal, self._leases, self._buffer, self._trust, _now())
+        self._next_peer = restore_hub(state, journal, self._leases, self._buffer, self._trust,
+                                      _now())
 
 
 def _now() -> float:
