@@ -83,9 +83,9 @@ async def hub_main(args: argparse.Namespace) -> None:
               key, on_event=records.put_nowait)
     async with serve(hub, cfg.network.host, cfg.network.port):
         hub.publish(blob_version(key, 0, b"\0" * 64))
-        while not (len(hub.peers) == args.n_peers
+        while not (len(hub.peer_views()) == args.n_peers
                    and all(p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
-                           for p in hub.peers.values())):
+                           for p in hub.peer_views().values())):
             await asyncio.sleep(0.05)  # joining is not part of the race
         for version in range(1, args.rounds + 1):
             built = await asyncio.to_thread(blob_version, key, version, os.urandom(args.bytes),

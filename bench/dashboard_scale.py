@@ -81,8 +81,10 @@ def propagation_record(version: int, peers: int) -> dict:
 
 
 def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
-    """`n` welcomed peer connections (no sockets), with accounts, rates and held versions."""
-    now = hub.now()
+    """`n` welcomed peer connections (no sockets), with accounts, rates and held versions.
+    No public face of the hub makes a thousand socket-less peers: this rig writes its peer
+    table, pool and trust book (private) by hand, as the tracker's tests make peers."""
+    now = asyncio.get_running_loop().time()  # the hub's clock
     for i in range(n):
         peer_id = f"p{i:05d}"
         proto = HubProtocol(now, 1 << 20)
@@ -93,14 +95,14 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
         conn.post(m.Welcome(peer_id, hub.run_id, "model", "addition", 0, 2, 8, 1.0, 1.0, 256, i))
         proto.held_version = hub.step - i % 3
         conn.upload_bps, conn.relay = rng.uniform(50e6, 1e9), "ok"
-        hub.peers[peer_id] = conn
-        hub.pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), True, now)
-        account = hub.pool.accounts[peer_id]
+        hub._peers[peer_id] = conn
+        hub._pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), True, now)
+        account = hub._pool.accounts[peer_id]
         account.rollouts_per_s = rng.uniform(0.5, 3.0)
         if i % 5 == 4:
             account.active_since = None  # on standby
         if i % 100 == 7:
-            hub.trust.quarantined.add(conn.identity)
+            hub._trust.quarantined.add(conn.identity)
 
 
 def build(args: argparse.Namespace, run_dir: Path) -> tuple[HubRun, Feed]:

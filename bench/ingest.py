@@ -187,7 +187,7 @@ async def browsers(base: str, n: int):
 
 
 async def phase(hub: Hub, url: str, args: argparse.Namespace, rate: float) -> dict:
-    before = hub.counters.admitted_samples
+    before = hub.statistics().admitted_samples
     t0 = time.perf_counter()
     cpu0, kids0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = await asyncio.create_subprocess_exec(
@@ -197,7 +197,7 @@ async def phase(hub: Hub, url: str, args: argparse.Namespace, rate: float) -> di
     out, _ = await proc.communicate()
     elapsed = time.perf_counter() - t0
     result = json.loads(out.decode().strip().splitlines()[-1])
-    result["rollouts_per_s"] = (hub.counters.admitted_samples - before) / result["seconds"]
+    result["rollouts_per_s"] = (hub.statistics().admitted_samples - before) / result["seconds"]
     result["elapsed_s"] = elapsed
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["hub_cpu"] = (time.process_time() - cpu0) / elapsed
@@ -233,7 +233,7 @@ def step_record(hub: Hub, run: HubRun, step: int, batch: list, time_s: float) ->
             "rollout/admitted_groups_total": c.admitted_groups,
             "rollout/stale_on_arrival_total": c.stale_on_arrival,
             "hub/learner_busy_frac": 0.0, "hub/peers": c.peers,
-            **run.capacity_metrics(), **hub.pool.meter(hub.now())}
+            **run.capacity_metrics(), **hub.statistics().cost}
 
 
 async def with_dashboard(hub: Hub, url: str, args: argparse.Namespace) -> list[tuple[int, dict]]:
@@ -292,7 +292,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
     hub = Hub(cfg, "bench", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
     app = web.Application()
-    app.router.add_get("/ws", hub.handle_ws)
+    app.router.add_get("/ws", hub.routes()["/ws"])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -311,7 +311,7 @@ async def hub_main(args: argparse.Namespace) -> None:
         half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
         half = await phase(hub, url, args, rate=half_rate_groups)
         drainer.cancel()
-    scoring = hub.scorer.statistics()
+    scoring = hub.statistics().scoring
     await hub.close_all()
     await runner.cleanup()
     print(f"{'phase':<12}{'rollouts/s':>12}{'groups/s':>10}{'p50 ack ms':>12}{'p99 ack ms':>12}"

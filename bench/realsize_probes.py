@@ -255,19 +255,21 @@ def per_core_rates(run: Any, versions_dir: Path, sample_bytes: int = 256 << 20) 
         fn()
         timed[name] = time.perf_counter() - start
     start = time.perf_counter()
-    signing.sign_manifest(run.signing_key, run.hub.newest.full.manifest)
+    full = run.hub.snapshot()  # the newest version in full, and as a delta from the one before
+    signing.sign_manifest(run.signing_key, full.manifest)
     sign_s = time.perf_counter() - start
-    newest = run.hub.newest
-    total = newest.full.manifest.total_bytes
+    published = run.hub.statistics().published
+    delta = run.hub.snapshot(published[-1], published[-2]) if len(published) > 1 else None
+    total = full.manifest.total_bytes
     mb = lambda b, s: round(b / s / 1e6, 1)  # noqa: E731
     return {"bf16 cast (export), MB/s": mb(cast_bytes, cast_s),
             "full: zstd + blake2b, MB/s": mb(n, timed["full"]),
             "delta: coding + zstd + blake2b, MB/s": mb(n, timed["delta"]),
             "stream hash (blake2b), MB/s": mb(n, timed["hash"]),
             "sign manifest, ms": round(sign_s * 1e3, 2),
-            "chunks per version (chunk KiB)": f"{len(newest.full.chunks)} ({chunk >> 10})",
-            "full wire / raw": round(newest.full.wire_bytes / total, 3),
-            "delta wire / raw": round(newest.delta.wire_bytes / total, 3) if newest.delta else None}
+            "chunks per version (chunk KiB)": f"{len(full.chunks)} ({chunk >> 10})",
+            "full wire / raw": round(full.wire_bytes / total, 3),
+            "delta wire / raw": round(delta.wire_bytes / total, 3) if delta else None}
 
 
 def _base_stream(run: Any, n: int) -> bytes:
@@ -279,7 +281,7 @@ def _base_stream(run: Any, n: int) -> bytes:
     out = bytearray()
     files = sorted(Path(run.cfg.run.model).glob("*.safetensors"))
     handles = [safe_open(str(f), framework="pt") for f in files]
-    for t in run.hub.newest.full.manifest.tensors:
+    for t in run.hub.snapshot().manifest.tensors:
         if len(out) >= n:
             break
         handle = next(h for h in handles if t.name in h.keys())

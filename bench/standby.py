@@ -68,22 +68,23 @@ async def measure(mode: str, args: argparse.Namespace, run_dir: str) -> dict:
                     upload_limit_mbps=args.rate_mbps)
     async with start_hub(cfg, stream=None) as run:
         hold_step_time(run.learner, args.train_step_s)
-        hub, pool = run.hub, run.hub.pool
+        hub = run.hub
         async with peer(run.url, "paid", 1.0, args.rate_mbps) as paid:
             async with peer(run.url, "free", 0.0, args.rate_mbps):
-                await until(lambda: len(hub.peers) == 2)
-                paid_id = next(p for p, c in hub.peers.items() if c.hello.name == "paid")
-                await until(lambda: not pool.is_active(paid_id) and hub.leases.open_for(paid_id) == 0)
+                await until(lambda: len(hub.peer_views()) == 2)
+                paid_id = next(p for p, c in hub.peer_views().items() if c.name == "paid")
+                await until(lambda: (view := hub.peer_views()[paid_id]).state != "active"
+                            and not view.open_leases)
                 step, got = hub.step, paid.statistics().downloaded_bytes
                 await until(lambda: hub.step >= step + args.standby_steps)
                 standby_bytes = paid.statistics().downloaded_bytes - got
                 versions = hub.step - step  # kappa = 1 at S = 2: one version per step
-            admitted = pool.accounts[paid_id].admitted
-            woke = await until(lambda: pool.is_active(paid_id))
-            newest = hub.newest.version
+            admitted = hub.peer_views()[paid_id].account["admitted"]
+            woke = await until(lambda: hub.peer_views()[paid_id].state == "active")
+            newest = hub.statistics().newest_version
             current = await until(lambda: (paid.version or 0) >= newest)
-            first = await until(lambda: pool.accounts[paid_id].admitted > admitted)
-            full_bytes = hub.newest.full.wire_bytes
+            first = await until(lambda: hub.peer_views()[paid_id].account["admitted"] > admitted)
+            full_bytes = hub.snapshot().wire_bytes
     return {"standby_bytes_per_version": round(standby_bytes / versions),
             "wake_to_current_version_s": round(max(current - woke, 0.0), 3),
             "wake_to_first_rollout_s": round(first - woke, 3), "full_version_bytes": full_bytes}

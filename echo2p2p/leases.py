@@ -72,6 +72,7 @@ class LeaseStats:
     completed_total: int
     expired_total: int
     requeued_total: int
+    drawn_total: int  # problems drawn from the epochs so far (the data cursor)
 
 
 class LeaseBook(Generic[P]):
@@ -106,6 +107,13 @@ class LeaseBook(Generic[P]):
     def open_for(self, peer_id: str) -> int:
         """How many open leases `peer_id` holds."""
         return sum(lease.peer_id == peer_id for lease in self._open.values())
+
+    def open_by_peer(self) -> dict[str, tuple[str, ...]]:
+        """The open leases' ids by holder, in the order granted."""
+        held: dict[str, list[str]] = {}
+        for lease in self._open.values():
+            held.setdefault(lease.peer_id, []).append(lease.lease_id)
+        return {peer_id: tuple(ids) for peer_id, ids in held.items()}
 
     def open_leases(self) -> Iterator[Lease[P]]:
         return iter(self._open.values())
@@ -187,7 +195,7 @@ class LeaseBook(Generic[P]):
 
     def statistics(self) -> LeaseStats:
         return LeaseStats(len(self._open), len(self._pending), self._granted, self._completed,
-                          self._expired_n, self._requeued)
+                          self._expired_n, self._requeued, self._drawn)
 
     # --- durability ------------------------------------------------------------------------
 

@@ -89,6 +89,15 @@ class Pool:
             account.rollouts_per_s = rollouts_per_s if not old else \
                 (1 - weight) * old + weight * rollouts_per_s
 
+    def admitted(self, peer_id: str, completions: int) -> None:
+        """`completions` of `peer_id`'s were admitted (for $ per rollout; a peer gone: nothing)."""
+        if (account := self.accounts.get(peer_id)) is not None:
+            account.admitted += completions
+
+    def active_rollouts_per_s(self) -> float:
+        """What the active peers were measured to make together."""
+        return sum(a.rollouts_per_s for pid, a in self.accounts.items() if self.is_active(pid))
+
     def replan(self, required: float | None, now: float) -> tuple[list[str], list[str]]:
         """Choose the active set for `required` rollouts/s (None: everyone); returns the peer
         ids (activated, put on standby) by this call."""

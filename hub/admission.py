@@ -11,14 +11,15 @@ behaviour logprobs recomputed under the claimed version (`echo2p2p.hub.spotcheck
 of a peer on probation, fewer as its record grows (`echo2p2p.trust.check_fraction`). Nothing is
 acknowledged before it is judged. What is admitted is journaled (`echo2p2p.hub.durable`)
 before the peer hears of it, so a hub killed after the ack still has it when resumed; so is
-the withdrawal of a quarantined peer's groups still queued (`withdraw`). With a reward that
-runs the completion's program, the answer leaves no earlier than a fixed time after arrival
+the withdrawal of a quarantined peer's groups still queued (`hub.quarantine`). With a reward
+that runs the completion's program, the answer leaves no earlier than a fixed time after arrival
 (`echo2p2p.hub.held`); a peer past its scoring budget is refused unscored.
 
 What to do with a submission before scoring is decided by `echo2p2p.admission.decide_submission`
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
-buffer, pool, trust guard, scorer, spot-checker, journal, clock). It never grants leases (it
-asks the hub to `dispatch`) and never touches a socket (answers go to `PeerConn.post`).
+buffer, pool, trust guard, quota book, scorer, spot-checker, journal). It never grants leases:
+`submit` returns whether lease budget came free, or the judging to run, whose result says so
+(the hub dispatches); it never touches a socket (answers go to `PeerConn.post`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.admission import Action, decide_submission
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
-from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
+from echo2p2p.lease_quota import LeaseQuota
 from echo2p2p.leases import LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
@@ -56,43 +58,56 @@ log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-
 BAD_ROLLOUTS = frozenset({"bad_tokens", "bad_turns"})
 
 
+@dataclass(frozen=True)
+class AdmissionRules:
+    """What `Admission` reads of the run's config and task."""
+
+    max_lag: int  # S (`echo2p2p.staleness`)
+    score_sample_budget_s: float  # a peer's scoring budget per sample (0: none)
+    hold_s: float  # answers wait this long after arrival (`hub.held`; 0: at once)
+    episodes: bool  # samples are replayed episodes
+    peers_score: bool  # peers score the reward too: their claims can be checked
+    vocab_size: int | None  # ids at or above it are refused (None: left to the decoder)
+
+    @classmethod
+    def of(cls, cfg: HubConfig, setup: Any, vocab_size: int | None) -> AdmissionRules:
+        """The rules of a run of `cfg` on `setup` (`hub.task_setup.TaskSetup`)."""
+        # A reward that runs programs: answers wait this long after arrival (`hub.held`).
+        hold_s = (cfg.scoring.code_answer_hold_s or cfg.grpo.group_size * cfg.scoring.score_timeout_s) \
+            if setup.runs_programs else 0.0
+        return cls(cfg.staleness.max_lag, cfg.scoring.score_sample_budget_s, hold_s, bool(setup.env),
+                   setup.peers_score, vocab_size)
+
+
 class Admission:
     """The rollout path: decide, score, spot-check, admit or refuse, over explicit parts."""
 
-    def __init__(self, cfg: HubConfig, leases: LeaseBook, buffer: RolloutBuffer, pool: Pool,
-                 counters: Any, trust: TrustGuard, *, scorer: Scorer | None,
-                 spot: SpotChecker | None, step: Callable[[], int],
-                 newest_version: Callable[[], int | None], dispatch: Callable[[], None],
-                 journal: Callable[..., None], on_event: Callable[[dict[str, Any]], None],
-                 now: Callable[[], float], vocab_size: int | None = None, setup: Any = None):
-        """`counters`: the hub's `Counters`; `step`: the learner's step now; `newest_version`:
-        the newest published (None: none yet); `dispatch`: grant leases (budget came free);
-        `journal(kind, *record)`: write to the hub's journal; `on_event`: the run log;
-        `vocab_size`: ids at or above it are refused (None: left to the scorer's decoder);
-        `setup`: the run's `hub.task_setup.TaskSetup` (episodes? do peers score the reward?)."""
-        self.cfg, self.leases, self.buffer, self.pool = cfg, leases, buffer, pool
-        self.counters, self.trust, self.scorer, self.spot = counters, trust, scorer, spot
-        self._step, self._newest_version, self._dispatch = step, newest_version, dispatch
-        self._journal, self._on_event, self._now = journal, on_event, now
-        self.vocab_size = vocab_size
-        self.quota = LeaseQuota(QuotaPolicy(start=cfg.staleness.new_peer_leases))  # earned by admissions
-        self.episodes = bool(setup is not None and setup.env)  # samples are replayed episodes
-        self.peers_score = setup is None or setup.peers_score  # their claims can be checked
-        # A reward that runs programs: answers wait this long after arrival (`hub.held`).
-        self.hold_s = (cfg.scoring.code_answer_hold_s or cfg.grpo.group_size * cfg.scoring.score_timeout_s) \
-            if setup is not None and setup.runs_programs else 0.0
-        self.judging: set[asyncio.Task] = set()  # one per submission being scored or checked
+    def __init__(self, rules: AdmissionRules, leases: LeaseBook, buffer: RolloutBuffer,
+                 pool: Pool, counters: Any, trust: TrustGuard, quota: LeaseQuota, *,
+                 scorer: Scorer | None, spot: SpotChecker | None,
+                 journal: Callable[..., None], on_event: Callable[[dict[str, Any]], None]):
+        """`counters`: the hub's `Counters`; `quota`: the lease standings admissions earn;
+        `journal(kind, *record)`: write to the hub's journal; `on_event`: the run log."""
+        self.rules, self.leases, self.buffer, self.pool = rules, leases, buffer, pool
+        self.counters, self.trust, self.quota = counters, trust, quota
+        self.scorer, self.spot = scorer, spot
+        self._journal, self._on_event = journal, on_event
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
 
-    def submit(self, conn: PeerConn, msg: m.RolloutSubmission) -> None:
-        """Take `msg` from `conn`: decide (`echo2p2p.admission`), then act on the decision."""
+    def submit(self, conn: PeerConn, msg: m.RolloutSubmission, step: int,
+               newest_version: int | None, now: float
+               ) -> bool | Coroutine[Any, Any, bool]:
+        """Take `msg` from `conn` at learner step `step` (`newest_version`: the newest
+        published, None: none yet): decide (`echo2p2p.admission`), then act on the decision.
+        Returns whether lease budget came free, or the judging of the submission to run (its
+        scoring is queued already), which returns whether it admitted the group."""
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
         if lease is not None:
-            self._measure(conn, lease.granted, len(msg.samples))
+            self._measure(conn, lease.granted, len(msg.samples), now)
         decision = decide_submission(
             outcome, lease is not None, self.trust.quarantined(conn),
-            conn.protocol.claims_unpublished(msg.version, self._newest_version()),
-            self._step(), msg.version, self.cfg.staleness.max_lag, self.scorer is not None,
+            conn.protocol.claims_unpublished(msg.version, newest_version),
+            step, msg.version, self.rules.max_lag, self.scorer is not None,
             self.leases.verdict(msg.lease_id) or "")
         action = decision.action
         if action is Action.ACK_DUPLICATE:
@@ -111,49 +126,53 @@ class Admission:
         elif action is Action.FORGED:
             self.counters.spot_checked += 1
             self._forged(conn, lease, decision.reason, {"version": msg.version})
+            return True
         elif action is Action.STALE:
             self.leases.requeue(lease, decision.reason)
             self.counters.stale_on_arrival += 1
-            self.counters.stale_lags[lag_versions(self._step(), msg.version)] += 1
+            self.counters.stale_lags[lag_versions(step, msg.version)] += 1
             conn.post(m.Reject(msg.lease_id, decision.reason))
-            self._dispatch()
+            return True
         else:
-            self._score(conn, lease, msg)
+            return self._score(conn, lease, msg)
+        return False
 
     def over_budget(self, conn: PeerConn) -> bool:
         """`conn`'s samples took more than `score_sample_budget_s` each lately, while other
         peers score too (`echo2p2p.scoring.fairness`): its rollouts are refused unscored, and
         the hub grants it no leases, until what it used has decayed."""
-        return bool(self.scorer is not None and self.cfg.scoring.score_sample_budget_s
-                    and self.scorer.over_budget(conn.identity, self.cfg.scoring.score_sample_budget_s))
+        budget_s = self.rules.score_sample_budget_s
+        return bool(self.scorer is not None and budget_s
+                    and self.scorer.over_budget(conn.identity, budget_s))
 
-    def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission) -> None:
-        rows = parse_samples(msg.samples, self.vocab_size)  # parsed and validated once, here
+    def _score(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission
+               ) -> bool | Coroutine[Any, Any, bool]:
+        rows = parse_samples(msg.samples, self.rules.vocab_size)  # parsed and validated once
         if isinstance(rows, str):
             self._refuse(conn, lease, rows)
-            return
+            return False
         if self.over_budget(conn):
             self.counters.scoring_refused += 1  # its samples burnt the scorers' time lately
             self._refuse(conn, lease, "scoring_budget")
-            return
+            return False
         # Queued for scoring now (a task would start it an event loop turn later), in the
         # peer's own queue (the scorer serves the peer that used least first).
         scoring = self.scorer.submit_ids(lease.problem.problem,
                                          [s.token_ids for s in msg.samples],
                                          [s.text for s in msg.samples],
-                                         [s.turns for s in msg.samples] if self.episodes else None,
+                                         [s.turns for s in msg.samples]
+                                         if self.rules.episodes else None,
                                          owner=conn.identity)
         pending = None
         if self.spot is not None and self.spot.wants(
                 self.trust.check_fraction(conn, self.spot.fraction)):
             # The claimed version's weights are taken now, not once scored (they may rotate out).
             pending = self.spot.check(_unscored(lease, msg, rows))
-        # One task per submission, scoring then spot-checking; no ack until both are done. It
-        # holds lease budget meanwhile (`Hub.dispatch` counts `judging`).
-        answer_to = Held(conn, self.hold_s) if self.hold_s else conn
-        task = asyncio.create_task(self._judge(answer_to, lease, msg, rows, scoring, pending))
-        self.judging.add(task)
-        task.add_done_callback(self._check_done)
+        # One judging per submission, scoring then spot-checking; no ack until both are done.
+        # The hub runs it as a task, which holds lease budget meanwhile.
+        hold_s = self.rules.hold_s
+        return self._judge(Held(conn, hold_s) if hold_s else conn, lease, msg, rows, scoring,
+                           pending)
 
     async def _judge(self, conn: PeerConn, lease: Any, msg: m.RolloutSubmission,
                      rows: tuple[SampleRow, ...], scoring: asyncio.Future[Scored],
@@ -216,7 +235,7 @@ class Admission:
         honest = not scored.mismatched
         if not honest:
             self.trust.distrust(conn, "text_mismatch")
-        fair = not self.peers_score or not any(s.reward > r + 1e-6
+        fair = not self.rules.peers_score or not any(s.reward > r + 1e-6
                                                for s, r in zip(msg.samples, scored.rewards))
         if not fair:
             self.trust.distrust(conn, "reward_mismatch")
@@ -225,39 +244,19 @@ class Admission:
             self.trust.distrust(conn, "forged_pass")
         return honest and fair
 
-    async def cancel(self) -> None:
-        """Stop judging: every submission under way is cancelled (its prompt goes back)."""
-        checks = list(self.judging)
-        for task in checks:
-            task.cancel()
-        await asyncio.gather(*checks, return_exceptions=True)
-
-    def _check_done(self, task: asyncio.Task) -> None:
-        """A submission was judged. Admitted, it holds the same lease budget in the buffer;
-        otherwise the budget it held is free again (a crash is logged; its prompt went back)."""
-        self.judging.discard(task)
-        if task.cancelled():
-            return
-        if task.exception() is not None:
-            log.error("judging a rollout failed", exc_info=task.exception())
-        elif task.result():
-            return
-        self._dispatch()
-
     def _forged(self, conn: PeerConn, lease: Any, reason: str, detail: dict[str, Any]) -> None:
         """A rollout its claimed version does not reproduce ("logprob"), or with a version this
         hub never published ("version"): rejected, its prompt re-queued, a run log record, and
-        a logprob_mismatch against the peer's trust."""
+        a logprob_mismatch against the peer's trust (budget came free: the hub dispatches)."""
         self.counters.spot_failed += 1
         self._refuse(conn, lease, "logprob_mismatch" if reason == "logprob" else reason)
-        record = {"event": "spot_check", "step": self._step(), "peer": conn.peer_id,
+        record = {"event": "spot_check", "peer": conn.peer_id,
                   "name": conn.hello.name, "identity": conn.identity, "lease_id": lease.lease_id,
                   "reason": reason, **detail}
         log.warning("%s (%s) failed a spot-check of %s: %s %s", conn.peer_id, conn.hello.name,
                     lease.lease_id, reason, detail)
         self._on_event(record)
         self.trust.distrust(conn, "logprob_mismatch")
-        self._dispatch()
 
     def _refuse(self, conn: PeerConn, lease: Any, reason: str) -> None:
         """Reject `lease`'s rollout for `reason`; its prompt goes back to the queue, for others.
@@ -278,30 +277,17 @@ class Admission:
         self.quota.delivered(conn.identity, conn.address_key)
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
-        if (account := self.pool.accounts.get(conn.peer_id)) is not None:  # None: it left
-            account.admitted += len(group.samples)
+        self.pool.admitted(conn.peer_id, len(group.samples))
         self.admitted.set()
         conn.post(m.Ack(group.lease_id))
 
-    def withdraw(self, identity: str) -> int:
-        """`identity`'s admitted groups still queued leave the buffer (it was quarantined: any
-        of them may be forged), journaled so a resumed hub does not bring them back; how many."""
-        gone = self.buffer.withdraw(identity)
-        if gone:
-            self._journal("withdraw", [g.lease_id for g in gone])
-            self.counters.withdrawn_groups += len(gone)
-        for group in gone:  # tests/chaos reads it
-            log.debug("withdrew %s (v%d) of %s: quarantined", group.lease_id, group.version,
-                      identity)
-        return len(gone)
-
-    def _measure(self, conn: PeerConn, granted: float, samples: int) -> None:
+    def _measure(self, conn: PeerConn, granted: float, samples: int, now: float) -> None:
         """The peer's generation rate from this submission: its samples over the time it spent
         on them. A peer works through its leases one at a time, so that time started when the
         lease was granted or when its previous submission arrived, whichever is later; idle time
         waiting for leases does not count, so the rate is what the peer can do, not what the
         hub happened to ask of it."""
-        busy_s = conn.protocol.busy_s(granted, self._now())
+        busy_s = conn.protocol.busy_s(granted, now)
         if busy_s > 0 and samples:
             self.pool.rate(conn.peer_id, samples / busy_s)
 

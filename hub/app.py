@@ -1,8 +1,8 @@
 """The hub's aiohttp application: the peers' websocket, the hub's chunks, TLS, extra routes.
 
-`serve(hub, host, port)` mounts `Hub.handle_ws` on /ws and the hub's share of the overlay's
-chunks on /chunk/... (ticket-checked, rate-limited when `upload_limit_mbps` is set), behind the
-HTTP idle and request-head deadlines, and sends the peers away on exit. It knows nothing of
+`serve(hub, host, port)` mounts the hub's routes (`Hub.routes()`: the peers' websocket on /ws
+and the hub's share of the overlay's chunks on /chunk/...) and any extra ones, behind the HTTP
+idle and request-head deadlines, with the hub's TLS, and sends the peers away on exit. It knows nothing of
 leases, versions or rollouts: those are `echo2p2p.hub.server.Hub`'s.
 """
 
@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from echo2p2p.errors import ConfigError
-from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
-from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.runtime import http_deadlines
 from echo2p2p.runtime.tcp import listening_socket
 
@@ -28,16 +26,10 @@ if TYPE_CHECKING:
 @contextlib.asynccontextmanager
 async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None
                 ) -> AsyncIterator[int]:
-    """Serve the peers' websocket (/ws), the hub's chunks (/chunk/...) and any extra GET
-    `routes` on host:port; yields the bound port. Peers are sent away on exit."""
+    """Serve the hub's routes and any extra GET `routes` on host:port; yields the bound port.
+    Peers are sent away on exit."""
     app = web.Application()
-    app.router.add_get("/ws", hub.handle_ws)
-    cap_mbps = hub.cfg.overlay.upload_limit_mbps
-    limiter = TokenBucket(cap_mbps * 1e6) if cap_mbps else None
-    app.router.add_get("/chunk/{version}/{base}/{index}", chunk_handler(
-        hub.chunk_lookup, UploadMeter(), limiter, on_served=hub.chunk_served,
-        authorize=Tickets(hub.hub_key, hub.run_id, "hub")))
-    for path, handler in (routes or {}).items():
+    for path, handler in {**hub.routes(), **(routes or {})}.items():
         app.router.add_get(path, handler)
     tls = tls_context(hub.cfg.network.tls_cert, hub.cfg.network.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines

@@ -1,7 +1,8 @@
 """Prometheus /metrics of a running hub, read from the run at scrape time (prometheus_client).
 
 `RunCollector` turns what the hub keeps anyway into metric families at each scrape: the hub's
-counters (`Hub.statistics()`), the scorer's and the buffer's, the staleness of what was trained
+`statistics()` (its counters, the scorer's and the queue's) and `peer_views()`, the staleness of
+what was trained
 and of what was dropped, the last step record, the cost meter, the capacity estimates, the
 newest logged propagation and per-peer series. Nothing is counted for Prometheus on the hub's
 paths: a scrape only reads, and the one run log listener it adds keeps a reference to the
@@ -34,15 +35,12 @@ from prometheus_client.utils import floatToGoString
 from echo2p2p import messages as m
 from echo2p2p.runtime.prometheus import exposition, gauge, label_text
 
-from .status import dropped_lags, peer_state
-
 if TYPE_CHECKING:
-    from .peers import PeerConn
-    from .server import Hub
+    from .counters import HubStatistics, PeerView
     from .trainer import HubRun
 
 MAX_PEER_SERIES = 64  # peers with series of their own; 1,000 peers would be 10,000 series
-PEER_STATES = ("active", "standby", "quarantined")  # what `status.peer_state` says
+PEER_STATES = ("active", "standby", "quarantined")  # what `PeerView.state` says
 DROPPED_BUCKETS = 4  # lags past S with a bucket of their own
 
 # (name, help, HubStatistics field): running totals of the hub (hub.counters).
@@ -114,7 +112,7 @@ CAPACITY_GAUGES = (
 def labelled_peers(peer_ids: Iterable[str], admitted: Mapping[str, int],
                    limit: int = MAX_PEER_SERIES) -> list[str]:
     """The peers that get series of their own: the `limit` with the most admitted completions,
-    ties to the earliest joined (`peer_ids` in join order, as `Hub.peers` keeps them)."""
+    ties to the earliest joined (`peer_ids` in join order, as `Hub.peer_views()` gives them)."""
     return heapq.nsmallest(limit, peer_ids, key=lambda pid: -admitted.get(pid, 0))  # stable
 
 
@@ -139,16 +137,16 @@ class RunCollector:
         self.run, self.watch, self.max_peer_series = run, watch, max_peer_series
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._hub()
-        yield from self._staleness()
+        stats = self.run.hub.statistics()
+        yield from self._hub(stats)
+        yield from self._staleness(stats)
         yield from self._last_step()
-        yield from self._cost()
+        yield from self._cost(stats)
         yield from self._propagation()
         yield from self._peers()
 
-    def _hub(self) -> Iterator[Metric]:
+    def _hub(self, stats: HubStatistics) -> Iterator[Metric]:
         hub, cfg = self.run.hub, self.run.cfg
-        stats = hub.statistics()
         yield InfoMetricFamily("echo2_run", "The run this hub trains.",
                                value={"run_id": label_text(hub.run_id)})
         yield gauge("echo2_step", "The learner's step (the newest version trained).", stats.step)
@@ -169,30 +167,29 @@ class RunCollector:
         stale = CounterMetricFamily("echo2_stale_groups", "Groups dropped as too stale to train: "
                                     "on arrival, or aged out in the queue.", labels=["where"])
         stale.add_metric(["arrival"], stats.stale_on_arrival)
-        stale.add_metric(["queue"], hub.buffer.statistics().dropped_stale_total)
+        stale.add_metric(["queue"], stats.stale_in_queue)
         yield stale
         relays = CounterMetricFamily("echo2_relay_reports", "Accusations of a relay heard from "
                                      "peers, by fault.", labels=["reason"])
         for reason in m.RELAY_FAULTS:  # the only reasons the hub keeps
-            relays.add_metric([reason], sum(n for (_, r), n in hub.counters.relay_reports.items()
+            relays.add_metric([reason], sum(n for (_, r), n in stats.relay_reports_by.items()
                                             if r == reason))
         yield relays
-        if hub.scorer is not None:
-            scoring = hub.scorer.statistics()
+        if stats.scoring is not None:
             for name, doc, field in SCORER_COUNTERS:
-                yield CounterMetricFamily(name, doc, value=getattr(scoring, field))
+                yield CounterMetricFamily(name, doc, value=getattr(stats.scoring, field))
 
-    def _staleness(self) -> Iterator[Metric]:
+    def _staleness(self, stats: HubStatistics) -> Iterator[Metric]:
         """Lags in versions (learner step minus the rollout's version) as histograms: of the
         groups trained on, a bucket per lag up to S (none lags more); of the groups dropped as
         too stale, a bucket per lag from S + 1 to S + DROPPED_BUCKETS, the rest in +Inf only (a
         peer can make a lag as large as it likes: the series stay bounded)."""
-        hub, s = self.run.hub, self.run.cfg.staleness.max_lag
+        s = self.run.cfg.staleness.max_lag
         yield lag_histogram("echo2_trained_group_lag_versions", "Lag of the groups trained on.",
                             self.run.runlog.staleness, range(s + 1))
         yield lag_histogram("echo2_dropped_group_lag_versions", "Lag of the groups dropped as "
                             "too stale (on arrival or in the queue).",
-                            dropped_lags(hub),
+                            stats.dropped_lags,
                             range(s + 1, s + 1 + DROPPED_BUCKETS))
 
     def _last_step(self) -> Iterator[Metric]:
@@ -209,9 +206,8 @@ class RunCollector:
         for key, name, doc in CAPACITY_GAUGES:
             yield gauge(name, doc, capacity.get(key))
 
-    def _cost(self) -> Iterator[Metric]:
-        pool = self.run.hub.pool
-        meter = pool.meter(self.run.hub.now())
+    def _cost(self, stats: HubStatistics) -> Iterator[Metric]:
+        meter = stats.cost
         yield CounterMetricFamily("echo2_cost_dollars", "Dollars accrued by active peers at their "
                                   "declared prices (peers gone included).",
                                   value=meter["cost/usd_total"])
@@ -221,7 +217,7 @@ class RunCollector:
         yield gauge("echo2_cost_dollars_per_rollout", "Dollars so far per admitted completion.",
                      None if per_1k is None else per_1k / 1000)
         yield gauge("echo2_cost_lp_bound_dollars_per_hour", "The LP relaxation's lower bound on "
-                     "what the required throughput costs.", pool.lp_bound())
+                     "what the required throughput costs.", stats.lp_bound_usd_per_hour)
 
     def _propagation(self) -> Iterator[Metric]:
         """The newest propagation record: how the last version that spread did."""
@@ -248,25 +244,23 @@ class RunCollector:
         yield sources
 
     def _peers(self) -> Iterator[Metric]:
-        hub = self.run.hub
-        now = hub.now()
-        accounts = hub.pool.per_peer(now)  # price, rate, admitted, $ so far
-        states = [peer_state(hub, conn) for conn in hub.peers.values()]
+        views = list(self.run.hub.peer_views().values())
+        states = [view.state for view in views]
         by_state = GaugeMetricFamily("echo2_peers", "Connected peers by state.", labels=["state"])
         for state in PEER_STATES:
             by_state.add_metric([state], states.count(state))
         yield by_state
-        chosen = labelled_peers(hub.peers, {p: a["admitted"] for p, a in accounts.items()},
+        by_id = {view.peer_id: view for view in views}
+        chosen = labelled_peers(by_id, {v.peer_id: v.account.get("admitted", 0) for v in views},
                                 self.max_peer_series)
         yield gauge("echo2_peers_unlabelled", "Connected peers without echo2_hub_peer_ series "
                      f"(only the {self.max_peer_series} most admitted have them).",
-                     len(hub.peers) - len(chosen))
-        yield from _peer_series(hub, [hub.peers[p] for p in chosen], accounts, now)
+                     len(views) - len(chosen))
+        yield from _peer_series([by_id[p] for p in chosen])
 
 
-def _peer_series(hub: Hub, conns: list[PeerConn], accounts: dict[str, dict], now: float
-                 ) -> Iterator[Metric]:
-    """The hub's view of each of `conns`, one series per family each."""
+def _peer_series(views: list[PeerView]) -> Iterator[Metric]:
+    """The hub's view of each of `views`, one series per family each."""
     info = InfoMetricFamily("echo2_hub_peer", "What a peer says it is (cut to a safe label).",
                             labels=["peer"])
     state = GaugeMetricFamily("echo2_hub_peer_state", "1 for the peer's state.",
@@ -286,14 +280,13 @@ def _peer_series(hub: Hub, conns: list[PeerConn], accounts: dict[str, dict], now
         "admitted": (CounterMetricFamily, "echo2_hub_peer_admitted_rollouts",
                      "Completions of a peer admitted."),
     }.items()}
-    for conn in conns:
-        pid, account = conn.peer_id, accounts.get(conn.peer_id, {})
-        info.add_metric([pid], {"name": label_text(conn.hello.name),
-                                "engine": label_text(conn.hello.engine)})
-        state.add_metric([pid, peer_state(hub, conn)], 1)
-        values = {"held": conn.held_version, "rate": account.get("rollouts_per_s"),
-                  "upload": conn.upload_bps / 8, "trust": hub.trust.score(conn.identity),
-                  "price": account.get("price_per_hour"), "silent": conn.protocol.silent_for(now),
+    for view in views:
+        pid, account = view.peer_id, view.account
+        info.add_metric([pid], {"name": label_text(view.name), "engine": label_text(view.engine)})
+        state.add_metric([pid, view.state], 1)
+        values = {"held": view.held_version, "rate": account.get("rollouts_per_s"),
+                  "upload": view.upload_bps / 8, "trust": view.trust,
+                  "price": account.get("price_per_hour"), "silent": view.silent_s,
                   "usd": account.get("usd"), "admitted": account.get("admitted")}
         for key, value in values.items():
             if value is not None:

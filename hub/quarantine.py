@@ -3,8 +3,9 @@
 `TrustGuard` counts trust events against a peer's identity (`echo2p2p.trust.TrustBook` keeps
 the scores and decides when an identity is quarantined) and, when one tips it into quarantine,
 carries that out: the peer's open leases go back to the queue, its admitted groups still
-queued are withdrawn, every relay plan is re-dealt around it, the run log gets a record and
-leases are dispatched again. A peer's record also sets how often its rollouts are
+queued are withdrawn (journaled, so a resumed hub does not bring them back), every relay plan
+is re-dealt around it, and the quarantine record goes up to the hub (`on_quarantine`: the run
+log, and leases dispatched again). A peer's record also sets how often its rollouts are
 spot-checked. It never judges a rollout or a chunk itself (`hub.admission` and `hub.relays`
 do, and report here).
 """
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from echo2p2p.buffer import RolloutBuffer
 from echo2p2p.leases import LeaseBook
 from echo2p2p.trust import TrustBook
 
@@ -26,17 +28,16 @@ log = logging.getLogger("echo2p2p.hub.server")  # one logger for the hub's peer-
 class TrustGuard:
     """The trust book, and what the hub does when a peer is quarantined."""
 
-    def __init__(self, trust: TrustBook, leases: LeaseBook, *,
-                 route_around: Callable[[str], None], withdraw: Callable[[str], int],
-                 dispatch: Callable[[], None], step: Callable[[], int],
-                 on_event: Callable[[dict[str, Any]], None]):
-        """`route_around(peer_id)`: re-deal the peer's chunks in every broadcast;
-        `withdraw(identity)`: take its queued groups from the learner's buffer, how many;
-        `dispatch`: grant leases; `step`: the learner's step now; `on_event`: the run log."""
+    def __init__(self, trust: TrustBook, leases: LeaseBook, buffer: RolloutBuffer, counters: Any,
+                 *, journal: Callable[..., None], route_around: Callable[[str], None],
+                 on_quarantine: Callable[[dict[str, Any]], None]):
+        """`counters`: the hub's `Counters`; `journal(kind, *record)`: write to the hub's
+        journal; `route_around(peer_id)`: re-deal the peer's chunks in every broadcast;
+        `on_quarantine(record)`: the hub hears of a quarantine (the run log, a dispatch)."""
         self.book = trust
-        self.leases = leases
-        self._route_around, self._withdraw, self._dispatch = route_around, withdraw, dispatch
-        self._step, self._on_event = step, on_event
+        self.leases, self.buffer, self.counters = leases, buffer, counters
+        self._journal, self._route_around = journal, route_around
+        self._on_quarantine = on_quarantine
 
     def quarantined(self, conn: PeerConn) -> bool:
         return conn.identity in self.book.quarantined
@@ -57,13 +58,24 @@ class TrustGuard:
         if not self.book.record(conn.identity, event):
             return
         back = self.leases.release_peer(conn.peer_id)
-        withdrawn = self._withdraw(conn.identity)
+        withdrawn = self.withdraw(conn.identity)
         self._route_around(conn.peer_id)
-        record = {"event": "quarantine", "step": self._step(), "peer": conn.peer_id,
+        record = {"event": "quarantine", "peer": conn.peer_id,
                   "name": conn.hello.name, "identity": conn.identity,
                   "score": round(self.book.score(conn.identity), 3),
                   "events": self.book.events[conn.identity], "leases_requeued": len(back),
                   "groups_withdrawn": withdrawn}
         log.warning("quarantined %s (%s): %s", conn.peer_id, conn.hello.name, record["events"])
-        self._on_event(record)
-        self._dispatch()
+        self._on_quarantine(record)
+
+    def withdraw(self, identity: str) -> int:
+        """`identity`'s admitted groups still queued leave the buffer (it was quarantined: any
+        of them may be forged), journaled so a resumed hub does not bring them back; how many."""
+        gone = self.buffer.withdraw(identity)
+        if gone:
+            self._journal("withdraw", [g.lease_id for g in gone])
+            self.counters.withdrawn_groups += len(gone)
+        for group in gone:  # tests/chaos reads it
+            log.debug("withdrew %s (v%d) of %s: quarantined", group.lease_id, group.version,
+                      identity)
+        return len(gone)

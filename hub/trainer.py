@@ -21,11 +21,13 @@ from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import is_publish_version, lag_versions
 
 from .config import HubConfig
+from .counters import HubStatistics
 from .durable import Checkpoints
 from .estimates import Estimates
 from .publisher import Publisher
 from .runlog import RunLog
 from .server import Hub
+from .step_record import step_record
 
 log = logging.getLogger(__name__)
 
@@ -149,42 +151,25 @@ class HubRun:
             self.records.append(record)
             self.runlog.step(record)
             if hub.step % 10 == 0:
-                self.runlog.event({"event": "cost", "step": hub.step,
-                                   "peers": hub.pool.per_peer(hub.now())})
+                self.runlog.event({"event": "cost", "step": hub.step, "peers": {
+                    pid: dict(view.account) for pid, view in hub.peer_views().items()}})
         self.finished.set()
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
         """The run log record of learner step `step` (which produced version `hub.step`)."""
-        hub, now, window = self.hub, time.perf_counter(), self._window
-        c, scoring = hub.statistics(), hub.scorer.statistics()
-        record = {
-            "step": step, "version": hub.step, "time_s": round(now - self._start, 3),
-            **stats.metrics(),
-            "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
-            "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(batch),
-            "rollout/leases": [g.lease_id for g in batch],
-            "rollout/per_s": (c.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
-            "rollout/admitted_groups_total": c.admitted_groups,
-            "rollout/stale_on_arrival_total": c.stale_on_arrival,
-            "rollout/stale_in_queue_total": hub.buffer.statistics().dropped_stale_total,
-            "rollout/rejected_total": c.rejected,
-            "rollout/spot_checked_total": c.spot_checked,
-            "rollout/spot_failed_total": c.spot_failed,
-            "rollout/withdrawn_total": c.withdrawn_groups,
-            "hub/learner_busy_frac": self._busy_s / max(now - self._start, 1e-9),
-            "hub/peers": c.peers,
-            "hub/closed_for_protocol_total": c.closed_for_protocol,
-            "hub/score_timeouts_total": scoring.timeouts,
-            "hub/score_failures_total": scoring.failures,
-            "train/tokens_per_s": stats.tokens / max(now - window[-1][0], 1e-9),
-            **self.capacity_metrics(),
-            **hub.pool.meter(hub.now()),
-        }
-        window.append((now, c.admitted_samples))
+        now, window, hub = time.perf_counter(), self._window, self.hub.statistics()
+        record = step_record(
+            step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
+            time_s=now - self._start,
+            rollouts_per_s=(hub.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
+            busy_frac=self._busy_s / max(now - self._start, 1e-9),
+            tokens_per_s=stats.tokens / max(now - window[-1][0], 1e-9),
+            capacity=self.capacity_metrics(hub))
+        window.append((now, hub.admitted_samples))
         return record
 
-    def capacity_metrics(self) -> dict[str, Any]:
+    def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]:
         """The capacity estimates, and the busy fraction they predict for the active peers."""
-        pool = self.hub.pool
-        mu = sum(a.rollouts_per_s for pid, a in pool.accounts.items() if pool.is_active(pid))
-        return self.estimates.metrics(mu, pool.required)
+        hub = hub or self.hub.statistics()
+        return self.estimates.metrics(hub.active_rollouts_per_s, hub.required_rollouts_per_s)
+

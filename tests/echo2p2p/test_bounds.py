@@ -245,7 +245,9 @@ async def test_nan_price_is_refused_at_the_wire_and_never_joins():
                 pass  # the goodbye
             assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == m.CLOSE_PROTOCOL_ERROR
             assert "hello.price_per_hour" in msg.extra
-        assert hub.pool.accounts == {} and hub.counters.closed_for_protocol == 1
+        stats = hub.statistics()  # no account left in the pool, active or on standby
+        assert stats.cost["pool/active"] + stats.cost["pool/standby"] == 0
+        assert stats.closed_for_protocol == 1
         hub.replan(1.0)
 
 

@@ -118,9 +118,8 @@ async def test_a_flooding_peer_is_paused_and_the_others_are_served():
             await flood.send_bytes(m.encode(m.Hello("flood", "transformers", "cpu")))
             flood_id = m.decode((await flood.receive()).data).peer_id
             sending = asyncio.ensure_future(asyncio.gather(*(flood.send_bytes(pad) for _ in range(5))))
-            session = hub.peers[flood_id].session
-            await wait_until(lambda: session.budget.statistics().pauses >= 1)
+            await wait_until(lambda: hub.peer_views()[flood_id].read_budget.pauses >= 1)
             await honest.send_bytes(m.encode(m.Hello("honest", "transformers", "cpu")))
             assert isinstance(m.decode((await honest.receive()).data), m.Welcome)
             await sending
-        assert hub.counters.closed_for_protocol == 0  # paused, not closed: it broke no rule
+        assert hub.statistics().closed_for_protocol == 0  # paused, not closed: it broke no rule

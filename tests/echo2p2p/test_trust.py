@@ -66,7 +66,7 @@ async def test_reward_forger_is_quarantined_and_its_prompts_go_back():
             forged = [await submit(ws, s, 1.0, welcome.group_size) for _ in range(3)]
             assert [type(r) for r in forged] == [m.Ack, m.Ack, m.Reject]
             assert forged[-1].reason == "quarantined"
-            assert hub.leases.open_count == 0 and hub.leases.statistics().requeued_total >= 1
+            assert hub.statistics().open_leases == 0 and hub.statistics().requeued_leases >= 1
             # Ask for leases, then resubmit an old lease: its (duplicate) ack comes after the
             # hub handled the request, and no lease came before it.
             await ws.send_bytes(s.send(m.LeaseRequest(4)))
@@ -75,7 +75,7 @@ async def test_reward_forger_is_quarantined_and_its_prompts_go_back():
             await ws.send_bytes(s.send(old))
             reply = s.receive((await ws.receive()).data, 0.0)
             assert isinstance(reply, m.Ack) and reply.duplicate
-            assert not hub.leases.open_for(welcome.peer_id)
+            assert not hub.peer_views()[welcome.peer_id].open_leases
     quarantine = [r for r in records if r.get("event") == "quarantine"]
     assert len(quarantine) == 1 and quarantine[0]["events"]["reward_mismatch"] == 3
     assert quarantine[0]["name"] == "forger"

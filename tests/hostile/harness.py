@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def steps(run: HubRun) -> int:
 def peer_id(run: HubRun, name: str) -> str:
     """The hub's id for the connected peer called `name` (what an attacker learns from the
     sources of a relay plan)."""
-    ids = [pid for pid, conn in run.hub.peers.items() if conn.hello.name == name]
+    ids = [pid for pid, conn in run.hub.peer_views().items() if conn.name == name]
     assert len(ids) == 1, f"{len(ids)} peers named {name!r}"
     return ids[0]
 
@@ -144,10 +144,10 @@ async def run_beside(run: HubRun, liar: PeerClient, timeout_s: float) -> Caught:
         tg.create_task(liar.run(stop))
         try:
             await asyncio.wait_for(run.finished.wait(), timeout_s)
-            liar_identity = run.hub.peers[peer_id(run, liar.cfg.name)].identity
-            honest_identity = run.hub.peers[peer_id(run, HONEST)].identity
+            liar_identity = run.hub.peer_views()[peer_id(run, liar.cfg.name)].identity
+            honest_identity = run.hub.peer_views()[peer_id(run, HONEST)].identity
         finally:
             stop.set()
     caught = [q["step"] for q in run_events(run, "quarantine") if q["identity"] == liar_identity]
-    return Caught(liar_identity, honest_identity, run.hub.trust.events.get(liar_identity, {}),
+    return Caught(liar_identity, honest_identity, run.hub.statistics().trust_events.get(liar_identity, {}),
                   caught[0] if caught else None)

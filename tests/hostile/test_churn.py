@@ -84,7 +84,7 @@ async def test_reconnect_churn_is_held_to_the_join_limits(tmp_path, row):
     async with hub_and_honest_peer(cfg) as (run, honest):
         hub = run.hub
         without = await steps_per_min(run, MEASURED_STEPS)
-        since, first_version = mark(run, honest), hub.tracker.newest_version
+        since, first_version = mark(run, honest), hub.statistics().newest_version
         seen, stop = Churn(), asyncio.Event()
         start = time.monotonic()
         async with asyncio.TaskGroup() as tg:
@@ -97,9 +97,9 @@ async def test_reconnect_churn_is_held_to_the_join_limits(tmp_path, row):
                 stop.set()
         elapsed_s = time.monotonic() - start
         stats = hub.statistics()
-        versions = hub.tracker.newest_version - first_version
+        versions = hub.statistics().newest_version - first_version
         r.hub_alive = yes(alive := await hub_alive(run))
-        honest_still_there = peer_id(run, "test-0") in hub.peers
+        honest_still_there = peer_id(run, "test-0") in hub.peer_views()
     r.steps_per_min = cell_rate(without, with_)
     limit = cfg.limits.join_burst + cfg.limits.joins_per_min / 60 * elapsed_s + 1  # +1: the honest peer's
     r.reaction = (f"{seen.hellos} hellos in {elapsed_s:.0f} s: {seen.welcomed} welcomed "
@@ -131,7 +131,7 @@ async def test_status_on_the_hubs_port_shows_no_peer_without_the_token(tmp_path,
         assert await spy.hello(name="spy-relay", listen_addr="http://127.0.0.1:9") is not None
         url = f"http://127.0.0.1:{run.port}/status"
         secrets = ["test-0", "spy-relay", "127.0.0.1:9",
-                   run.hub.peers[peer_id(run, "test-0")].server_url, '"trust"', "rollout/leases"]
+                   run.hub.peer_views()[peer_id(run, "test-0")].server_url, '"trust"', "rollout/leases"]
         without = await steps_per_min(run, MEASURED_STEPS)
         since, answers, stop = mark(run, honest), [], asyncio.Event()
         start = time.monotonic()

@@ -71,19 +71,19 @@ async def test_environment_lies_are_caught_by_replay(lie, tmp_path, row):
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         liar = episode_liar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
         held = await run_beside(run, liar, 300)
-        trust, events = run.hub.trust, held.events
+        trust, events = run.hub.statistics(), held.events
         alive = await hub_alive(run) and steps(run) == STEPS
         acked = honest.statistics().acked
         r.reaction = (f"liar: {({k: v for k, v in events.items() if v})}, "
                       + (f"quarantined at step {held.quarantined_at}"
                          if held.quarantined_at is not None else "NOT quarantined")
-                      + f"; {run.hub.counters.spot_checked} groups spot-checked, "
-                        f"{run.hub.counters.spot_failed} failed")
+                      + f"; {run.hub.statistics().spot_checked} groups spot-checked, "
+                        f"{run.hub.statistics().spot_failed} failed")
         r.hub_alive = yes(alive)
         r.honest_training = f"{acked} groups acked"
     expected = "observation_mismatch" if lie == "observation" else "reward_mismatch"
     assert events.get(expected, 0) >= 1, f"no {expected} against the liar: {events}"
     assert held.liar in trust.quarantined, "the liar was not quarantined"
-    assert not any(trust.events.get(held.honest, {}).values()), "the honest peer was distrusted"
-    assert run.hub.counters.spot_failed == 0, "an honest episode failed its spot-check"
+    assert not any(trust.trust_events.get(held.honest, {}).values()), "the honest peer was distrusted"
+    assert run.hub.statistics().spot_failed == 0, "an honest episode failed its spot-check"
     assert alive and acked > 0

@@ -58,12 +58,12 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
                 await wait_until(lambda: liar.statistics().submitted >= 1, 120)
                 with_liar = await steps_per_min(run)
                 await asyncio.wait_for(run.finished.wait(), 300)
-                liar_identity = run.hub.peers[peer_id(run, "liar")].identity
-                honest_identity = run.hub.peers[peer_id(run, "test-0")].identity
+                liar_identity = run.hub.peer_views()[peer_id(run, "liar")].identity
+                honest_identity = run.hub.peer_views()[peer_id(run, "test-0")].identity
             finally:
                 stop.set()
         alive = await hub_alive(run) and steps(run) == ACCURACY_STEPS
-        trust, c = run.hub.trust, run.hub.statistics()
+        trust = c = run.hub.statistics()
         acked = honest.statistics().acked
     caught = [q for q in run_events(run, "quarantine") if q["identity"] == liar_identity]
     step_records = [rec for rec in run.records if "rollout/leases" in rec]
@@ -72,7 +72,7 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
     late = [lease for rec in step_records if caught and rec["step"] > caught[0]["step"]
             for lease in rec["rollout/leases"] if lease in forged]
     evals = [rec["eval/accuracy"] for rec in run.records if "eval/accuracy" in rec]
-    events = trust.events.get(liar_identity, {})
+    events = trust.trust_events.get(liar_identity, {})
     withdrawn = caught[0].get("groups_withdrawn", 0) if caught else 0
     r.reaction = (f"liar: logprob_mismatch x{events.get('logprob_mismatch', 0)}, "
                   + (f"quarantined at step {caught[0]['step']}, {withdrawn} queued groups "
@@ -91,7 +91,7 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
 
     assert caught, "the liar was not quarantined"
     assert events.get("logprob_mismatch", 0) >= 1, events
-    assert honest_identity not in trust.quarantined and honest_identity not in trust.events
+    assert honest_identity not in trust.quarantined and honest_identity not in trust.trust_events
     assert len(liar_trained) <= 2, f"{len(liar_trained)} forged groups trained: {liar_trained}"
     assert not late, f"the liar's groups trained after its quarantine: {late}"
     assert alive and acked > 0

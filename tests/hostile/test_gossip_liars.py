@@ -68,21 +68,21 @@ async def test_a_peer_serving_corrupt_pieces_over_links_is_quarantined(tmp_path,
             await wait_until(lambda: liar.welcome is not None)
             corrupt_links(liar)
             liar_id = liar.welcome.peer_id
-            identity = run.hub.peers[liar_id].identity
-            await wait_until(lambda: identity in run.hub.trust.quarantined, 240)
+            identity = run.hub.peer_views()[liar_id].identity
+            await asyncio.wait_for(run.hub.wait_quarantined(identity), 240)
             checks = run_events(run, "relay_check")
             with_ = await steps_per_min(run)
             r.honest_training = await still_training(run, honest, since)
             r.steps_per_min = cell_rate(without, with_)
             verdicts = sorted({c["verdict"] for c in checks if c["accused"] == liar_id})
-            events = {e: n for e, n in run.hub.trust.events[identity].items() if n}
-            reports = {k: n for k, n in run.hub.counters.relay_reports.items() if k[0] == liar_id}
+            events = {e: n for e, n in run.hub.statistics().trust_events[identity].items() if n}
+            reports = {k: n for k, n in run.hub.statistics().relay_reports_by.items() if k[0] == liar_id}
             r.reaction = (f"honest peer banned it ({liar_id in honest.fetcher.links.banned}), "
                           f"reported {sum(reports.values())}x; hub's own link fetch: "
                           f"{verdicts}; trust {events} -> quarantined; "
-                          f"relay {run.hub.peers[liar_id].relay}")
+                          f"relay {run.hub.peer_views()[liar_id].relay}")
             assert "corrupt" in verdicts
-            assert run.hub.peers[liar_id].member().url is None  # announced to nobody now
+            assert run.hub.peer_views()[liar_id].relays_for is None  # announced to nobody now
         r.hub_alive = yes(await hub_alive(run))
         assert r.hub_alive == "yes"
 
@@ -104,21 +104,21 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
             await wait_until(lambda: liar.welcome is not None)
             silent_links(liar)
             liar_id = liar.welcome.peer_id
-            conn = run.hub.peers[liar_id]
-            await wait_until(lambda: conn.relay == "failed", 240)
+            await wait_until(lambda: run.hub.peer_views()[liar_id].relay == "failed", 240)
+            conn = run.hub.peer_views()[liar_id]
             checks = run_events(run, "relay_check")
             with_ = await steps_per_min(run)
             r.honest_training = await still_training(run, honest, since)
             r.steps_per_min = cell_rate(without, with_)
             verdicts = sorted({c["verdict"] for c in checks if c["accused"] == liar_id})
-            reports = {k[1]: n for k, n in run.hub.counters.relay_reports.items()
+            reports = {k[1]: n for k, n in run.hub.statistics().relay_reports_by.items()
                        if k[0] == liar_id}
-            events = {e: n for e, n in run.hub.trust.events.get(conn.identity, {}).items() if n}
+            events = {e: n for e, n in run.hub.statistics().trust_events.get(conn.identity, {}).items() if n}
             r.reaction = (f"honest peer banned it ({liar_id in honest.fetcher.links.banned}), "
                           f"reported {reports}; hub's own link want: {verdicts}; relay "
                           f"{conn.relay}, in no neighbour sample; trust events {events or 'none'}")
-            assert "stall" in verdicts and conn.member().url is None
-            assert conn.identity not in run.hub.trust.quarantined
+            assert "stall" in verdicts and conn.relays_for is None
+            assert conn.identity not in run.hub.statistics().quarantined
         r.hub_alive = yes(await hub_alive(run))
         assert r.hub_alive == "yes"
 

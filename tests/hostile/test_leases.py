@@ -80,7 +80,8 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
             since = mark(run, honest)
 
             def held() -> int:
-                return sum(lease.peer_id in ids for lease in run.hub.leases.open_leases())
+                return sum(len(view.open_leases) for peer, view in run.hub.peer_views().items()
+                           if peer in ids)
 
             async with asyncio.TaskGroup() as tg:
                 attacks = [tg.create_task(hoard(h)) for h in hoarders]
@@ -89,19 +90,19 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
                 r.honest_training = await still_training(run, honest, since)
                 holding = held()
                 if connections == 1:  # a lease run out in its hands costs it
-                    await wait_until(lambda: any(run.hub.trust.events.get(who, {}).get(
+                    await wait_until(lambda: any(run.hub.statistics().trust_events.get(who, {}).get(
                         "lease_expired") for who in ids), 3 * lease_timeout_s)
                 for attack in attacks:
                     attack.cancel()
             granted = sum(f["t"] == "lease" for h in hoarders for f in h.frames)
-            events = {who: run.hub.trust.events.get(who, {}).get("lease_expired", 0)
+            events = {who: run.hub.statistics().trust_events.get(who, {}).get("lease_expired", 0)
                       for who in ids}
-            scores = sorted(round(run.hub.trust.score(who), 2) for who in ids)
+            scores = sorted(round(run.hub.statistics().trust_scores.get(who, 1.0), 2) for who in ids)
             r.steps_per_min = cell_rate(without, with_)
             r.reaction = (f"hoarders granted {granted} leases in all, holding {holding} once "
                           f"the honest steps were measured (probation share {cfg.grpo.prompts_per_step} "
                           f"beside the learner's budget); leases_expired "
-                          f"{run.hub.counters.leases_expired}, trust lease_expired "
+                          f"{run.hub.statistics().leases_expired}, trust lease_expired "
                           f"{sum(events.values())}, scores {scores[0]}..{scores[-1]}; "
                           f"{hoarders[0].reaction()}")
             r.hub_alive = yes(alive := await hub_alive(run))
@@ -147,12 +148,10 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
         bad = [sample([10**6], "")] * g  # an id no vocabulary has: bad_tokens
         honest_id = peer_id(run, HONEST)
         identity = welcome["peer_id"]  # no tokens: trust is kept per connection
-        await wait_until(lambda: run.hub.buffer.groups(), 60)
-        theirs_done = run.hub.buffer.groups()[0].lease_id  # admitted from the honest peer
-        await wait_until(lambda: any(lease.peer_id == honest_id
-                                     for lease in run.hub.leases.open_leases()), 60)
-        theirs_open = next(lease.lease_id for lease in run.hub.leases.open_leases()
-                           if lease.peer_id == honest_id)
+        await wait_until(lambda: run.hub.statistics().queue, 60)
+        theirs_done = run.hub.statistics().queue[0].lease_id  # admitted from the honest peer
+        await wait_until(lambda: run.hub.peer_views()[honest_id].open_leases, 60)
+        theirs_open = run.hub.peer_views()[honest_id].open_leases[0]
 
         async def lease() -> str:
             seen = len(prober.frames)
@@ -160,7 +159,7 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
             return (await prober.wait_frame(lambda f: f["t"] == "lease", since=seen))["lease_id"]
 
         async def submit(lease_id: str, samples: list[dict], times: int = 1) -> None:
-            version = run.hub.tracker.newest_version
+            version = run.hub.statistics().newest_version
             for _ in range(times):  # back to back: the first is still being judged
                 await prober.send("rollout", lease_id=lease_id, version=version, samples=samples)
 
@@ -182,7 +181,7 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
             foreign = [(await answered(name, 1))[0]
                        for name in (theirs_done, theirs_open, "never-granted-0000")]
             flood = 0
-            while flood < FLOOD and identity not in run.hub.trust.quarantined:
+            while flood < FLOOD and identity not in run.hub.statistics().quarantined:
                 flooded = await lease()
                 await submit(flooded, bad)
                 await answered(flooded, 1)
@@ -195,18 +194,18 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
         twice, judged, again, foreign, flood = probing.result()
         since = mark(run, honest)
         r.honest_training = await still_training(run, honest, since)
-        events = run.hub.trust.events.get(identity, {})
+        events = run.hub.statistics().trust_events.get(identity, {})
         r.steps_per_min = cell_rate(without, with_)
         r.reaction = (f"first answer to 2 back-to-back submissions: {twice}; then {judged[-1]!r}; "
                       f"rejected lease resubmitted: {again}; another peer's admitted / open "
                       f"lease and a never-granted id: {foreign}; flood of {flood} bad_tokens: "
                       f"trust bad_rollout x{events.get('bad_rollout', 0)}, quarantined "
-                      f"{yes(identity in run.hub.trust.quarantined)}; {prober.reaction()}")
+                      f"{yes(identity in run.hub.statistics().quarantined)}; {prober.reaction()}")
         r.hub_alive = yes(alive := await hub_alive(run))
     assert alive
     assert twice == ["ack"], f"the first answer while judging was {twice}"
     assert set(judged[1:]) == {"ack duplicate"}, judged
     assert again == ["reject bad_tokens", "reject bad_tokens"], again
     assert foreign == ["reject unknown_lease"] * 3, foreign
-    assert identity in run.hub.trust.quarantined, f"{flood} bad_tokens rejects cost nothing"
+    assert identity in run.hub.statistics().quarantined, f"{flood} bad_tokens rejects cost nothing"
     assert events.get("bad_rollout", 0) >= 1

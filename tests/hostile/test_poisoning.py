@@ -61,7 +61,7 @@ async def test_text_lies_are_caught_and_do_not_poison(lie, tmp_path, honest_base
             running_peers(run.url, 1, torch_threads=1) as [honest]:
         liar = text_liar(PeerConfig(hub_url=run.url, name="liar", torch_threads=1), LIES[lie])
         held = await run_beside(run, liar, 240)
-        trust, events = run.hub.trust, held.events
+        trust, events = run.hub.statistics(), held.events
         liar_identity, honest_identity = held.liar, held.honest
         caught = [] if held.quarantined_at is None else [held.quarantined_at]
         alive = await hub_alive(run) and steps(run) == ACCURACY_STEPS
@@ -69,8 +69,8 @@ async def test_text_lies_are_caught_and_do_not_poison(lie, tmp_path, honest_base
         after = ACCURACY_STEPS - caught[0] if caught else 0
         r.reaction = (f"liar: text_mismatch x{events.get('text_mismatch', 0)}, "
                       + (f"quarantined at step {caught[0]}" if caught else "NOT quarantined")
-                      + f"; {run.hub.counters.spot_checked} groups spot-checked, "
-                        f"{run.hub.counters.spot_failed} failed")
+                      + f"; {run.hub.statistics().spot_checked} groups spot-checked, "
+                        f"{run.hub.statistics().spot_failed} failed")
         r.hub_alive = yes(alive)
         r.honest_training = (f"yes: {after} steps after the liar's quarantine, {acked} groups acked"
                              if caught else f"{acked} groups acked (no quarantine)")

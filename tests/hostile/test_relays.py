@@ -48,7 +48,7 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
     cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)
     async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
-        honest_identity = run.hub.peers[honest_id].identity
+        honest_identity = run.hub.peer_views()[honest_id].identity
         accusers = [await stack.enter_async_context(raw_peer(run.url, keep_alive=True))
                     for _ in range(ACCUSERS)]
         since = mark(run, honest)
@@ -59,15 +59,15 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
             await accuser.send("relay_report", version=plan["version"],
                                base_version=plan["base_version"], peer_id=honest_id,
                                reason="corrupt", index=0)
-        trust = run.hub.trust
-
         def judged() -> bool:
+            trust = run.hub.statistics()
             return honest_identity in trust.quarantined or all(
-                trust.events.get(a.peer_id, {}).get("false_report", 0) for a in accusers)
+                trust.trust_events.get(a.peer_id, {}).get("false_report", 0) for a in accusers)
 
         await wait_until(judged)
+        trust = run.hub.statistics()
         if honest_identity in trust.quarantined:
-            r.reaction = f"honest relay QUARANTINED: {trust.events[honest_identity]}"
+            r.reaction = f"honest relay QUARANTINED: {trust.trust_events[honest_identity]}"
             raise AssertionError(r.reaction)
         r.honest_training = await still_training(run, honest, since)
         # Still a relay: a plan made after the verdicts routes chunks through it.
@@ -75,14 +75,16 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
         relays_on = await accusers[0].wait_frame(
             lambda f: (p := plan_in(f)) is not None and honest_id in sources(p), since=later,
             allow_close=True)
-        false_reports = [trust.events.get(a.peer_id, {}).get("false_report", 0) for a in accusers]
+        trust = run.hub.statistics()
+        false_reports = [trust.trust_events.get(a.peer_id, {}).get("false_report", 0)
+                         for a in accusers]
         r.reaction = (f"accusers: false_report {false_reports}, "
                       f"{sum(a.peer_id in trust.quarantined for a in accusers)} quarantined; "
-                      f"honest: not quarantined (score {trust.score(honest_identity):.2f}), "
+                      f"honest: not quarantined (score {trust.trust_scores.get(honest_identity, 1.0):.2f}), "
                       + ("still a relay" if relays_on else "NO LONGER A RELAY"))
         r.hub_alive = yes(alive := await hub_alive(run))
     assert alive
-    assert honest_identity not in trust.quarantined, trust.events.get(honest_identity)
+    assert honest_identity not in trust.quarantined, trust.trust_events.get(honest_identity)
     assert all(false_reports), false_reports
     assert relays_on is not None, "the honest peer was dropped as a relay"
 
@@ -93,7 +95,7 @@ def ticket(request: Request) -> str:
 
 def stalls_about(run, attacker_id: str) -> int:
     """Relay reports the hub received about `attacker_id` ("stall", "unreachable")."""
-    return sum(n for (peer, _), n in run.hub.counters.relay_reports.items() if peer == attacker_id)
+    return sum(n for (peer, _), n in run.hub.statistics().relay_reports_by.items() if peer == attacker_id)
 
 
 async def test_dead_relay_is_never_dealt_chunks(tmp_path, row):

@@ -148,12 +148,12 @@ async def test_a_forged_pass_scores_zero_and_costs_trust(tmp_path, row):
                    for _ in range(2)]
         r.honest_training = await still_training(run, honest, since)
         r.hub_alive = yes(alive := await hub_alive(run))
-        events = run.hub.trust.events.get(forger.peer_id, {})
+        events = run.hub.statistics().trust_events.get(forger.peer_id, {})
         forged = getattr(run.hub.statistics(), "forged_passes", None)  # None: a hub without it
         verdicts = ", ".join(f"{a['t']} {a.get('reason', '')}".strip() for a in answers)
         r.reaction = (f"rollouts {verdicts}; forged_passes {forged}; forger forged_pass "
                       f"x{events.get('forged_pass', 0)}, trust "
-                      f"{run.hub.trust.score(forger.peer_id):.1f}")
+                      f"{run.hub.statistics().trust_scores.get(forger.peer_id, 1.0):.1f}")
         r.note = f"{len(FORGERY)}-character completion; each sample scored 0"
     assert alive
     assert events.get("forged_pass", 0) == 2, events
@@ -200,12 +200,10 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
                 since = mark(run, honest)
                 r.honest_training = await still_training(run, honest, since)
                 refusals = getattr(run.hub.statistics(), "scoring_refused", None)
-                scorer, admission = run.hub.scorer, run.hub.admission
-                honest_used = scorer.usage_s(run.hub.peers[peer_id(run, HONEST)].identity)
-                used = {conn.hello.name: scorer.usage_s(conn.identity)
-                        for conn in run.hub.peers.values()}
-                cut_off = {conn.hello.name: admission.over_budget(conn)
-                           for conn in run.hub.peers.values()}
+                views = run.hub.peer_views()
+                honest_used = views[peer_id(run, HONEST)].scoring_used_s
+                used = {view.name: view.scoring_used_s for view in views.values()}
+                cut_off = {view.name: view.over_scoring_budget for view in views.values()}
             finally:
                 for task in burners:
                     task.cancel()

@@ -64,15 +64,15 @@ async def test_verifier_bomb_scores_zero_and_freezes_nothing(tmp_path, row):
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
             samples.append({"token_ids": pack_ids(ids), "text": text, "reward": 1.0,
                             "logprobs": pack_logprobs([-1.0] * len(ids)), "finish_reason": "stop"})
-        timeouts_before = run.hub.scorer.statistics().timeouts
+        timeouts_before = run.hub.statistics().scoring.timeouts
         since = mark(run, honest)
         await bomber.send("rollout", lease_id=lease["lease_id"], version=version, samples=samples)
         answer = await bomber.wait_frame(
             lambda f: f["t"] in ("ack", "reject") and f["lease_id"] == lease["lease_id"])
         r.honest_training = await still_training(run, honest, since)
         watcher.cancel()
-        stats = run.hub.scorer.statistics()
-        events = run.hub.trust.events.get(bomber.peer_id, {})
+        stats = run.hub.statistics().scoring
+        events = run.hub.statistics().trust_events.get(bomber.peer_id, {})
         verdict = " ".join([answer["t"], answer.get("reason", "")]).strip()
         r.reaction = (f"rollout {verdict}; scorer timeouts "
                       f"+{stats.timeouts - timeouts_before}, worker restarts {stats.restarts}; "

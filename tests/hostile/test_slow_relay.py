@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from echo2p2p.hub.counters import PeerView
 from echo2p2p.overlay.download import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER
@@ -98,15 +99,18 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
         honest_id = peer_id(run, HONEST)
         without = await steps_per_min(run)
         assert await attacker.hello(name="slow-relay", listen_addr=relay.url) is not None
-        conn = run.hub.peers[attacker.peer_id]
-        await wait_until(lambda: conn.relay != "unprobed", 60)
-        probed_mbps = conn.upload_bps / 1e6
-        assert conn.relay == "ok", f"the slow relay was not admitted as one: {conn.relay}"
+
+        def conn() -> PeerView:  # the hub's view of the attacker now
+            return run.hub.peer_views()[attacker.peer_id]
+
+        await wait_until(lambda: conn().relay != "unprobed", 60)
+        probed_mbps = conn().upload_bps / 1e6
+        assert conn().relay == "ok", f"the slow relay was not admitted as one: {conn().relay}"
         since = mark(run, honest)
         await wait_until(lambda: relay.slow.get(honest_id), 120)  # the attack is under way
         r.steps_per_min = cell_rate(without, with_ := await steps_per_min(run))
-        r.reaction = f"NO VERDICT: status {conn.relay}, estimate {probed_mbps:.0f} Mbit/s"
-        await wait_until(lambda: conn.relay != "ok", 120)
+        r.reaction = f"NO VERDICT: status {conn().relay}, estimate {probed_mbps:.0f} Mbit/s"
+        await wait_until(lambda: conn().relay != "ok", 120)
         judged_at, loaded = len(attacker.frames), honest.statistics().versions_loaded
         r.honest_training = await still_training(run, honest, since)
         # Once a version wholly fetched after the verdict is in (one under way may still wait
@@ -117,18 +121,19 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
         later = await attacker.wait_frame(lambda f: f["t"] == "version", since=judged_at)
         checks = [(e["reason"], e["verdict"]) for e in run_events(run, "relay_check")
                   if e["accused"] == attacker.peer_id]
-        reports = {reason: n for (peer, reason), n in run.hub.counters.relay_reports.items()
+        reports = {reason: n for (peer, reason), n in run.hub.statistics().relay_reports_by.items()
                    if peer == attacker.peer_id}
         r.reaction = (f"relay reports {reports}; hub's checks (reason, verdict) {checks}; "
-                      f"status {conn.relay}; estimate {probed_mbps:.0f} -> "
-                      f"{conn.upload_bps / 1e6:.2f} Mbit/s; in the next version's plan: "
+                      f"status {conn().relay}; estimate {probed_mbps:.0f} -> "
+                      f"{conn().upload_bps / 1e6:.2f} Mbit/s; in the next version's plan: "
                       f"{'YES' if attacker.peer_id in sources(plan_in(later)) else 'no'}; "
                       f"slow chunks served {dict(relay.slow)}")
+        last = conn()  # as the hub saw it when the verdict was in
         r.hub_alive = yes(alive := await hub_alive(run))
     assert alive
-    assert conn.relay == "slow" and ("slow", "slow") in checks, checks
+    assert last.relay == "slow" and ("slow", "slow") in checks, checks
     assert reports.get("slow"), reports
-    assert conn.upload_bps / 1e6 < probed_mbps / 10
+    assert last.upload_bps / 1e6 < probed_mbps / 10
     assert attacker.peer_id not in sources(plan_in(later))
 
 
@@ -139,7 +144,10 @@ async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
     cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)  # as test_relays' accusers
     async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
-        honest_conn = run.hub.peers[honest_id]
+
+        def honest_conn() -> PeerView:  # the hub's view of the honest relay now
+            return run.hub.peer_views()[honest_id]
+
         accusers = [await stack.enter_async_context(raw_peer(run.url, keep_alive=True))
                     for _ in range(ACCUSERS)]
         since = mark(run, honest)
@@ -157,7 +165,7 @@ async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
                     if e["accused"] == honest_id and e["reason"] == "slow"]
 
         with_ = await steps_per_min(run)
-        await wait_until(lambda: len(checks()) == ACCUSERS or honest_conn.relay != "ok", 120)
+        await wait_until(lambda: len(checks()) == ACCUSERS or honest_conn().relay != "ok", 120)
         r.honest_training = await still_training(run, honest, since)
         later = len(accusers[0].frames)
         relays_on = await accusers[0].wait_frame(
@@ -165,10 +173,11 @@ async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
             allow_close=True)
         r.steps_per_min = cell_rate(without, with_)
         r.reaction = (f"hub's checks of the honest relay: {checks()}; its status "
-                      f"{honest_conn.relay}, estimate {honest_conn.upload_bps / 1e6:.0f} Mbit/s; "
+                      f"{honest_conn().relay}, estimate {honest_conn().upload_bps / 1e6:.0f} Mbit/s; "
                       + ("still a relay" if relays_on else "NO LONGER A RELAY")
                       + f"; accusers {[a.reaction() for a in accusers]}")
+        last = honest_conn()
         r.hub_alive = yes(alive := await hub_alive(run))
     assert alive
-    assert honest_conn.relay == "ok" and "slow" not in checks(), (honest_conn.relay, checks())
+    assert last.relay == "ok" and "slow" not in checks(), (last.relay, checks())
     assert relays_on is not None, "the honest peer was dropped as a relay"

@@ -260,7 +260,7 @@ async def attack(live: LiveHub, hello: m.Hello, sequence: list) -> int | None:
                 welcome := m.decode(first.data), m.Welcome):
             await ws.close()
             return ws.close_code  # refused at the door: fine, if it said why
-        hub.publish(blob_version(live.key, max(hub.published) + 1, os.urandom(40 << 10),
+        hub.publish(blob_version(live.key, max(hub.statistics().published) + 1, os.urandom(40 << 10),
                                  chunk_bytes=16 << 10))
 
         async def read() -> None:  # keeps the hub's writes flowing; notes the leases we get
@@ -270,7 +270,7 @@ async def attack(live: LiveHub, hello: m.Hello, sequence: list) -> int | None:
 
         reader = asyncio.ensure_future(read())
         for msg in sequence:
-            now = {NOW: max(hub.published), PREV: max(hub.published) - 1, SELF: welcome.peer_id,
+            now = {NOW: max(hub.statistics().published), PREV: max(hub.statistics().published) - 1, SELF: welcome.peer_id,
                    BYSTANDER: live.bystander_id, LEASE: leases[-1] if leases else "L0"}
             try:
                 await ws.send_bytes(live_frame(msg, now))
@@ -280,7 +280,7 @@ async def attack(live: LiveHub, hello: m.Hello, sequence: list) -> int | None:
         await ws.close()
         await reader
         code = ws.close_code
-    await wait_until(lambda: welcome.peer_id not in hub.peers)  # its handler has finished
+    await wait_until(lambda: welcome.peer_id not in hub.peer_views())  # its handler has finished
     return code
 
 
@@ -295,9 +295,14 @@ async def plan_on(live: LiveHub) -> None:
     upload rates peers reported) and re-choose the active peers (over their prices and
     rates). State poisoned by a report would raise here, outside any connection."""
     hub = live.hub
-    version = max(hub.published) + 1
+    version = max(hub.statistics().published) + 1
     hub.publish(blob_version(live.key, version, os.urandom(40 << 10), chunk_bytes=16 << 10))
     hub.replan(1.0)
+
+
+async def peer_ids(live: LiveHub) -> list[str]:
+    """The hub's connected peers, read on its own loop (its views are taken at the loop's time)."""
+    return list(live.hub.peer_views())
 
 
 def check(live: LiveHub, hello: m.Hello, sequence: list) -> None:
@@ -311,7 +316,7 @@ def check(live: LiveHub, hello: m.Hello, sequence: list) -> None:
     assert not live.trouble.records, live.trouble.records
     assert not live.stray, live.stray
     assert live.thread.is_alive()
-    assert live.bystander_id in live.hub.peers, f"the bystander left: {live.bystander_left}"
+    assert live.bystander_id in live.run(peer_ids(live)), f"the bystander left: {live.bystander_left}"
 
 
 def examples(n: int):

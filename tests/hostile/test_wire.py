@@ -49,8 +49,8 @@ async def test_transfer_report_bomb_leaves_versions_flowing(tmp_path, row):
                           sources=[{"peer_id": honest_id, **bomb},
                                    {"peer_id": bomber.peer_id, **bomb}])
         r.honest_training = await still_training(run, honest, since)
-        upload_bps = run.hub.peers[honest_id].upload_bps
-        planned = sorted(v for (v, _), b in run.hub.broadcasts.items()
+        upload_bps = run.hub.peer_views()[honest_id].upload_bps
+        planned = sorted(v for (v, _), b in run.hub.broadcasts().items()
                          if v > version and honest_id in b.members)
         r.reaction = (f"bomber {bomber.reaction()}; honest relay's upload estimate "
                       f"{upload_bps / 1e6:.1f} Mbit/s")
@@ -85,8 +85,8 @@ async def test_nan_and_negative_prices_are_refused_at_hello(tmp_path, row):
                 r.honest_training = await still_training(run, honest, since)
             finally:
                 stop.set()
-        prices = [a.price_per_hour for a in run.hub.pool.accounts.values()]
-        meter = run.hub.pool.meter(run.hub.now())
+        prices = [v.account["price_per_hour"] for v in run.hub.peer_views().values()]
+        meter = run.hub.statistics().cost
         r.reaction = "; ".join(f"{p}: " + ("WELCOMED" if w else f"closed {code} {why!r}")
                                for p, w, code, why in refused)
         r.reaction += f"; the generating cheat joined {cheat.statistics().connections} times"
@@ -136,7 +136,7 @@ async def test_decoding_bombs_and_floods_are_bounded(tmp_path, row):
     cfg = small_cfg(tmp_path)
     assert len(bomb) <= cfg.limits.max_frame_bytes, "the bomb must reach the decoder, not the size cap"
     async with hub_and_honest_peer(cfg) as (run, honest):
-        closed_before = run.hub.counters.closed_for_protocol
+        closed_before = run.hub.statistics().closed_for_protocol
         latency = StatusLatency(run.port)
         async with asyncio.TaskGroup() as tg:
             sampler = tg.create_task(latency.sample())
@@ -158,19 +158,20 @@ async def test_decoding_bombs_and_floods_are_bounded(tmp_path, row):
             latency.samples.clear()
             async with raw_peer(run.url) as flooder:
                 assert await flooder.hello(name="flooder") is not None, flooder.reaction()
-                conn = run.hub.peers[flooder.peer_id]
+                flooder_id = flooder.peer_id
                 flood_since = mark(run, honest)
                 flood = Flood(flooder)
                 flooding = tg.create_task(flood.run())
                 flood_training = await still_training(run, honest, flood_since)
                 flood_training += "" if flooding.done() else " (the flood still going on)"
-                await wait_until(lambda: flooding.done() or conn.session.budget.statistics().pauses)
+                await wait_until(lambda: flooding.done()
+                                 or run.hub.peer_views()[flooder_id].read_budget.pauses)
                 # (the read budget: echo2p2p.read_budget, the hub's per-connection throttle)
-                budget = conn.session.budget.statistics()
+                budget = run.hub.peer_views()[flooder_id].read_budget
                 flooding.cancel()
                 flooded = f"{flooder.reaction()} after {flood.sent} frames"
             sampler.cancel()
-        closes = run.hub.counters.closed_for_protocol - closed_before
+        closes = run.hub.statistics().closed_for_protocol - closed_before
         r.reaction = (f"bomber {bombed} after {sent} of {BOMBS} bombs sent; flooder {flooded}, "
                       f"read paused {budget.pauses} times ({budget.paused_s:.1f} s); "
                       f"closed_for_protocol +{closes}")

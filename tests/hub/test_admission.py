@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -68,12 +67,12 @@ async def test_texts_that_lie_about_their_ids_are_scored_from_the_ids():
 
     async with tracker() as (hub, _key, url, _records):
         reply, lease = await answer_one_lease(url, lies)
-        (group,) = hub.buffer.groups()
+        (group,) = hub.statistics().queue
     assert reply == m.Ack(lease.lease_id)
     decoded = [CompletionDecoder(TOK).from_wire(s.packed_ids).text for s in group.samples]
     assert group.rewards == [addition_reward(lease.answer, t) for t in decoded]
     assert group.rewards[:2] == [1.0, 0.0]
-    (events,) = hub.trust.events.values()
+    (events,) = hub.statistics().trust_events.values()
     assert events["text_mismatch"] == 1 and events["reward_mismatch"] == 0
 
 
@@ -94,8 +93,8 @@ async def test_ids_no_engine_emits_are_refused_before_decoding():
     async with tracker() as (hub, _key, url, _records):
         replies = [(await answer_one_lease(url, make))[0] for make in (out_of_vocab, after_eos)]
         assert [r.reason for r in replies] == ["bad_tokens", "bad_tokens"]
-        assert hub.counters.admitted_groups == 0 and not hub.buffer.groups()
-        assert hub.leases.statistics().requeued_total == 2
+        stats = hub.statistics()
+        assert stats.admitted_groups == 0 and not stats.queue and stats.requeued_leases == 2
 
 
 def test_the_engines_texts_are_the_hubs_decoding():
@@ -113,9 +112,9 @@ async def test_an_honest_peer_never_mismatches(hub_cfg):
     """A real hub and a real honest peer for a few steps: no text_mismatch, no lie of any kind."""
     async with start_hub(hub_cfg.replace(max_steps=3)) as run:
         async with running_peers(run.url, 1):  # a lie stalls training: stop waiting at once
-            await wait_until(lambda: run.finished.is_set() or run.hub.trust.events, 120)
-    assert run.hub.trust.events == {}
-    assert run.hub.counters.admitted_groups >= 3 * hub_cfg.grpo.prompts_per_step
+            await wait_until(lambda: run.finished.is_set() or run.hub.statistics().trust_events, 120)
+    assert run.hub.statistics().trust_events == {}
+    assert run.hub.statistics().admitted_groups >= 3 * hub_cfg.grpo.prompts_per_step
 
 
 @pytest.mark.timeout(120)
@@ -137,17 +136,17 @@ async def test_a_verifier_that_never_returns_does_not_stall_the_hub():
                 + [completion(right, right, 1.0)] * (g - 1))
 
     async def meet_a_bystander() -> None:
-        bystander.append((await welcomed(url), hub.counters.admitted_groups))
+        bystander.append((await welcomed(url), hub.statistics().admitted_groups))
 
     async with serve(hub, "127.0.0.1", 0) as port:
         url = f"ws://127.0.0.1:{port}/ws"
         reply, lease = await answer_one_lease(url, bombed, meanwhile=meet_a_bystander)
-        (group,) = hub.buffer.groups()
+        (group,) = hub.statistics().queue
     ((welcome, admitted_by_then),) = bystander
     assert isinstance(welcome, m.Welcome) and admitted_by_then == 0
     assert reply == m.Ack(lease.lease_id)
     assert group.rewards == [0.0, 1.0, 1.0, 1.0]
-    assert hub.scorer.statistics().timeouts == 1
+    assert hub.statistics().scoring.timeouts == 1
 
 
 def test_a_reward_that_runs_programs_holds_the_answers():

@@ -86,4 +86,4 @@ async def test_a_user_reward_scores_a_real_run_and_peers_claims_are_not_held_aga
     assert len(steps) == 3
     assert steps[-1]["hub/score_failures_total"] > 0
     assert all(0 < r["train/reward_mean"] <= QUARTER for r in steps)  # 0.25 or, raised, 0
-    assert not any(any(e.values()) for e in hub_run.hub.trust.events.values())
+    assert not any(any(e.values()) for e in hub_run.hub.statistics().trust_events.values())

@@ -20,6 +20,7 @@ from echo2p2p import signing
 from echo2p2p.assembler import ChunkAssembler
 from echo2p2p.hub.catchup import CatchUps
 from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.counters import PeerView
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.hub.tracker import VersionTracker
 from echo2p2p.hub.versions import blob_version
@@ -248,15 +249,15 @@ async def cut_off_and_publish(hub, key: bytes, peers, streams: list[bytes], vers
                               ) -> None:
     """Close the hub's connections to `peers`, then publish `versions` before they can return
     (they wait out a backoff of at least 0.25 s; the hub announces nothing to a closed one)."""
-    conns = [c for c in hub.peers.values() if c.hello.name in {p.cfg.name for p in peers}]
+    conns = [c for c in hub.peer_views().values() if c.name in {p.cfg.name for p in peers}]
     for conn in conns:
-        await conn.close(m.CLOSE_GOING_AWAY, "test: cut off")
+        await hub.disconnect(conn.peer_id, "test: cut off")
     for v in versions:
         hub.publish(version(streams, v, key))
 
 
-def conn_of(hub, peer) -> PeerConn | None:
-    return next((c for c in hub.peers.values() if c.hello.name == peer.cfg.name), None)
+def conn_of(hub, peer) -> PeerView | None:
+    return next((c for c in hub.peer_views().values() if c.name == peer.cfg.name), None)
 
 
 async def test_peers_back_from_a_disconnect_catch_up_with_one_delta():
@@ -268,19 +269,19 @@ async def test_peers_back_from_a_disconnect_catch_up_with_one_delta():
             running_peers(url, 2, engine="relay", listen="127.0.0.1:0") as peers:
         hub.publish(version(streams, 0, key))
         await wait_until(lambda: all(p.fetcher.store.newest_stream() == 0 for p in peers)
-                         and all(c.stream_version == 0 for c in hub.peers.values()))
+                         and all(c.stream_version == 0 for c in hub.peer_views().values()))
         fetched = [(p.fetcher.versions_fetched, p.fetcher.downloaded_bytes) for p in peers]
         await cut_off_and_publish(hub, key, peers, streams, range(1, 5))
         await wait_until(lambda: all(p.fetcher.store.newest_stream() == 4 for p in peers)
                          and all((c := conn_of(hub, p)) and c.stream_version == 4 for p in peers))
-        delta = hub.tracker.snapshot(4, 0)
-        assert delta is not None and hub.tracker.catchups.encodes == 1
-        assert delta.wire_bytes < hub.newest.full.wire_bytes / 4
+        delta = hub.snapshot(4, 0)
+        assert delta is not None and hub.statistics().catch_up_builds == 1
+        assert delta.wire_bytes < hub.snapshot().wire_bytes / 4
         for peer, (n, nbytes) in zip(peers, fetched):
             assert peer.fetcher.versions_fetched == n + 1  # one manifest, not four
             assert peer.fetcher.downloaded_bytes - nbytes == delta.wire_bytes
             assert bytes(peer.fetcher.store.stream(4)) == streams[4]
-            assert set(hub.tracker.broadcasts[(4, 0)].members) >= {conn_of(hub, peer).peer_id}
+            assert set(hub.broadcasts()[(4, 0)].members) >= {conn_of(hub, peer).peer_id}
 
 
 @pytest.mark.parametrize("case", ["base not kept", "lying about its base"])
@@ -294,7 +295,7 @@ async def test_a_peer_whose_base_will_not_do_gets_the_newest_in_full_once(case):
             running_peers(url, 1, engine="relay", listen="127.0.0.1:0") as (peer,):
         hub.publish(version(streams, 0, key))
         await wait_until(lambda: peer.fetcher.store.newest_stream() == 0
-                         and all(c.stream_version == 0 for c in hub.peers.values()))
+                         and all(c.stream_version == 0 for c in hub.peer_views().values()))
         if case == "lying about its base":
             peer.fetcher.store = ChunkStore(peer.cfg.keep_versions)  # claims v0, holds nothing
         n, nbytes = peer.fetcher.versions_fetched, peer.fetcher.downloaded_bytes
@@ -302,9 +303,9 @@ async def test_a_peer_whose_base_will_not_do_gets_the_newest_in_full_once(case):
         await wait_until(lambda: peer.fetcher.store.newest_stream() == 4
                          and (c := conn_of(hub, peer)) is not None and c.stream_version == 4)
         assert peer.fetcher.versions_fetched == n + 1
-        assert peer.fetcher.downloaded_bytes - nbytes == hub.newest.full.wire_bytes
+        assert peer.fetcher.downloaded_bytes - nbytes == hub.snapshot().wire_bytes
         assert bytes(peer.fetcher.store.stream(4)) == streams[4]
-        assert hub.tracker.catchups.encodes == (1 if case == "lying about its base" else 0)
+        assert hub.statistics().catch_up_builds == (1 if case == "lying about its base" else 0)
         hub.publish(version(streams, 5, key))
         await wait_until(lambda: peer.fetcher.store.newest_stream() == 5)
         assert peer.fetcher.versions_fetched == n + 2

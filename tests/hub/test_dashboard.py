@@ -14,7 +14,6 @@ import socket
 import ssl
 import tracemalloc
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp

@@ -5,10 +5,10 @@ peers (the hub's real dashboard server and feed, its peers welcomed without sock
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from playwright.async_api import Browser, Page, async_playwright
 
@@ -152,8 +152,9 @@ async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cf
 
 def welcomed_peers(hub: Hub, n: int) -> None:
     """`n` peers that said hello and were welcomed, without sockets (as the tracker's tests
-    make them), peer i generating i / 100 rollouts/s."""
-    now = hub.now()
+    make them), peer i generating i / 100 rollouts/s. No public face of the hub makes socket-less
+    peers: this rig writes its peer table and pool (private) by hand."""
+    now = asyncio.get_running_loop().time()  # the hub's clock
     for i in range(n):
         peer_id = f"p{i:04d}"
         proto = HubProtocol(now, 1 << 20)
@@ -161,9 +162,9 @@ def welcomed_peers(hub: Hub, n: int) -> None:
         proto.receive_frame(m.encode(hello), now)
         conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
         conn.post(m.Welcome(peer_id, hub.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
-        hub.peers[peer_id] = conn
-        hub.pool.join(peer_id, hello.name, 0.0, True, now)
-        hub.pool.accounts[peer_id].rollouts_per_s = i / 100
+        hub._peers[peer_id] = conn
+        hub._pool.join(peer_id, hello.name, 0.0, True, now)
+        hub._pool.accounts[peer_id].rollouts_per_s = i / 100
 
 
 def step_record(step: int) -> dict:

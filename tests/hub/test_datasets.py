@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from dataclasses import replace
 
 import pytest
 

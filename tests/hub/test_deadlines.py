@@ -22,7 +22,7 @@ async def test_hub_closes_a_connection_that_never_says_hello():
                 assert m.decode(frame.data).code == m.CLOSE_TIMEOUT
                 frame = await ws.receive(timeout=30)
             assert ws.close_code == m.CLOSE_TIMEOUT
-        assert not hub.peers
+        assert not hub.peer_views()
 
 
 async def test_chunk_server_cuts_off_a_receiver_that_stops_reading():

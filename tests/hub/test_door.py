@@ -8,7 +8,6 @@ and a real peer over 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -100,8 +99,8 @@ async def test_a_real_peer_gets_back_in_at_once_after_a_flood_was_refused():
             refused = [a for a in answers if isinstance(a, m.Goodbye)]
             assert len(welcomed) == 2 and len(refused) == 1  # the honest peer took one token
             assert (refused[0].code, refused[0].reason) == (m.CLOSE_TOO_MANY, REASONS["address"])
-            await next(iter(hub.peers.values())).close(m.CLOSE_GOING_AWAY, "dropped")
+            await hub.disconnect(next(iter(hub.peer_views())), "dropped")
             await wait_until(lambda: peer.statistics().connections >= 2, 30)
             await hub.wait_peers(1)
             stop.set()
-        assert hub.counters.joins_too_often >= 1
+        assert hub.statistics().joins_too_often >= 1

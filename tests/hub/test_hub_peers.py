@@ -119,7 +119,7 @@ async def test_bad_input_closes_only_that_connection(hub_cfg):
     for (name, _, code, reason), (got_code, got_reason, goodbye) in zip(BAD_INPUTS, results):
         assert got_code == code, name
         assert reason in got_reason and reason in goodbye, name
-    assert run.hub.counters.closed_for_protocol == len(BAD_INPUTS)
+    assert run.hub.statistics().closed_for_protocol == len(BAD_INPUTS)
     assert len([r for r in run.records if "step" in r]) == 5
 
 
@@ -147,7 +147,7 @@ async def test_duplicate_and_unknown_submissions_are_answered_not_admitted(hub_c
     assert replies[0] == m.Ack(msg.lease_id, duplicate=False)
     assert replies[1] == m.Ack(msg.lease_id, duplicate=True)
     assert replies[2] == m.Reject("L-nope", "unknown_lease")
-    assert run.hub.counters.admitted_groups == 1
+    assert run.hub.statistics().admitted_groups == 1
 
 
 async def test_peer_rejoins_a_restarted_hub(hub_cfg):
@@ -162,7 +162,7 @@ async def test_peer_rejoins_a_restarted_hub(hub_cfg):
             await asyncio.wait_for(run2.finished.wait(), 120)
         stop.set()
     assert peer.statistics().connections == 2
-    assert run2.hub.counters.admitted_groups >= 2 * hub_cfg.grpo.prompts_per_step
+    assert run2.hub.statistics().admitted_groups >= 2 * hub_cfg.grpo.prompts_per_step
 
 
 async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg, tmp_path):
@@ -216,14 +216,16 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             "Sec-WebSocket-Version: 13\r\n\r\n").encode())
         await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
         await asyncio.wait_for(run.hub.wait_peers(2), 60)
-        stuck = next(p for p in run.hub.peers.values() if p.hello.name == "stuck")
+        stuck = next(p for p in run.hub.peer_views().values() if p.name == "stuck")
         # Versions travel over HTTP now, so the hub sends this peer only small frames: shrink
-        # the hub's buffers for it so that they fill within a few publications.
-        stuck.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        stuck.transport.set_write_buffer_limits(high=4096)
+        # the hub's buffers for it so that they fill within a few publications (the hub's end
+        # of this socket, which no public face hands out: reached privately, here only).
+        transport = run.hub._peers[stuck.peer_id].transport
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=4096)
         steps_then = run.hub.step
         try:
-            while stuck.peer_id in run.hub.peers:  # heartbeats keep it from looking silent
+            while stuck.peer_id in run.hub.peer_views():  # heartbeats keep it from looking silent
                 await loop.sock_sendall(sock, masked_frame(m.encode(m.Heartbeat())))
                 await asyncio.sleep(0.2)  # the stuck peer's own pace, not a synchronisation
         except ConnectionError:
@@ -231,8 +233,8 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
         finally:
             sock.close()
         await asyncio.wait_for(run.hub.wait_step(steps_then + 3), 60)
-    assert stuck.peer_id not in run.hub.peers
-    assert run.hub.counters.cut_off == 1
+    assert stuck.peer_id not in run.hub.peer_views()
+    assert run.hub.statistics().cut_off == 1
 
 
 class NaNEngine:
@@ -266,5 +268,5 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
             # serving, answers it (it leases no more once its budget is full). Checked here:
             # one granted just before may still be generated as the peers stop.
             await wait_until(lambda: not peer.outbox.pending())
-    assert peer.statistics().connections == 1 and run.hub.counters.closed_for_protocol == 0
+    assert peer.statistics().connections == 1 and run.hub.statistics().closed_for_protocol == 0
     assert peer.statistics().acked >= cfg.grpo.prompts_per_step * 3

@@ -74,7 +74,7 @@ async def test_join_without_a_valid_token_is_refused_for_good(tmp_path, token, r
     async with tracker(tokens=str(tmp_path / "t.json")) as (hub, _, url, _):
         with pytest.raises(JoinRefused, match=reason):
             await asyncio.wait_for(relay_peer(url, token=token).run(), 30)
-        assert hub.counters.refused == 1 and not hub.peers
+        assert hub.statistics().refused == 1 and not hub.peer_views()
 
 
 async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
@@ -85,7 +85,7 @@ async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
         running = asyncio.create_task(peer.run())
         hub.publish(blob_version(key, 0, b"\1" * 4096))
         await wait_until(lambda: peer.fetcher.store.newest_stream() == 0)
-        assert len(hub.peers) == 1
+        assert len(hub.peer_views()) == 1
         book.revoke(token.split(".")[0])
         with pytest.raises(JoinRefused, match="revoked"):
             await asyncio.wait_for(running, 30)
@@ -210,6 +210,6 @@ async def test_one_address_gets_only_its_share_of_connections():
                 goodbye = session.receive((await third.receive()).data, 0.0)
                 assert isinstance(goodbye, m.Goodbye) and goodbye.code == m.CLOSE_TOO_MANY
                 assert "too many connections" in goodbye.reason
-            assert len(hub.peers) == 2 and hub.counters.refused == 1
+            assert len(hub.peer_views()) == 2 and hub.statistics().refused == 1
             for ws in joined:
                 await ws.close()

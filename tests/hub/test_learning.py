@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 from echo2p2p.hub.local_run import train_sync
 from echo2p2p.hub.run_setup import start_hub

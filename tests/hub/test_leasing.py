@@ -3,6 +3,7 @@ connections (no sockets: a quota never touches one): what a grant weighs, what a
 costs, what is forgotten when a connection leaves."""
 
 from echo2p2p import messages as m
+from echo2p2p.buffer import RolloutBuffer
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.counters import Counters
 from echo2p2p.hub.leasing import Quotas, new_lease_id
@@ -25,8 +26,9 @@ def rig(*conns: PeerConn) -> tuple[Quotas, LeaseBook, TrustBook]:
     leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0),
                        lease_ids=new_lease_id)
     trust = TrustBook()
-    guard = TrustGuard(trust, leases, route_around=lambda peer_id: None, withdraw=lambda who: 0,
-                       dispatch=lambda: None, step=lambda: 0, on_event=lambda record: None)
+    guard = TrustGuard(trust, leases, RolloutBuffer(CFG.staleness.max_lag), Counters(),
+                       journal=lambda kind, *record: None, route_around=lambda peer_id: None,
+                       on_quarantine=lambda record: None)
     peers = {c.peer_id: c for c in conns}
     return Quotas(CFG, peers, leases, guard, Counters(),
                   LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases))), leases, trust

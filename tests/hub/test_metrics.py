@@ -9,7 +9,6 @@ import json
 import random
 import re
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -108,8 +107,9 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
             await run.hub.wait_peers(0)
             await wait_until(lambda: run.hub.statistics().judging == 0)
             quiet = families(await scrape(http, dashboard))
-            in_queue = run.hub.buffer.statistics().dropped_stale_total
-            stats, scoring = run.hub.statistics(), run.hub.scorer.statistics()
+            in_queue = run.hub.statistics().stale_in_queue
+            stats = run.hub.statistics()
+            scoring = stats.scoring
     assert naming_faults(live) == []
     assert before.admitted_groups <= value(live, "echo2_admitted_groups_total") <= after.admitted_groups
     assert value(live, "echo2_step") == 3 and value(live, "echo2_published_version") == 3
@@ -149,7 +149,7 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
     assert value(quiet, "echo2_stale_groups_total", where="queue") == in_queue
     assert value(quiet, "echo2_dropped_group_lag_versions_count") == stats.stale_on_arrival + in_queue
     assert value(quiet, "echo2_scored_completions_total") == scoring.completions
-    assert value(quiet, "echo2_cost_dollars_total") == run.hub.pool.meter(run.hub.now())["cost/usd_total"]
+    assert value(quiet, "echo2_cost_dollars_total") == run.hub.statistics().cost["cost/usd_total"]
     assert peer_labels(quiet) == set() and value(quiet, "echo2_peers", state="active") == 0
 
 

@@ -9,7 +9,6 @@ import hashlib
 import json
 import shutil
 
-from dataclasses import replace
 
 import aiohttp
 import pytest

@@ -66,13 +66,13 @@ async def v0_held(hub, key: bytes, n: int):
     """Publish v0 and wait until the `n` relays hold it and the hub probed them; the first."""
     hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
     await joined(hub, n)
-    return next(iter(hub.peers.values()))
+    return next(iter(hub.peer_views().values()))
 
 
 def publish_owned(hub, key: bytes, peer_id: str) -> int:
     """Publish v1 (16 chunks) and return a chunk `peer_id` relays in its plan."""
     hub.publish(blob_version(key, 1, os.urandom(16 * CHUNK), chunk_bytes=CHUNK))
-    broadcast = hub.broadcasts[(1, None)]
+    broadcast = hub.broadcasts()[(1, None)]
     return next(i for i in range(broadcast.n_chunks) if broadcast.owner(i) == peer_id)
 
 
@@ -84,14 +84,14 @@ async def test_accusations_about_chunks_the_accused_was_not_dealt_are_not_checke
         target = await v0_held(hub, key, 2)
         async with raw_peer(url) as (send, welcome, _):
             index = publish_owned(hub, key, target.peer_id)
-            other = next(i for i in range(16) if hub.broadcasts[(1, None)].owner(i) != target.peer_id)
+            other = next(i for i in range(16) if hub.broadcasts()[(1, None)].owner(i) != target.peer_id)
             for report in (m.RelayReport(1, target.peer_id, "stall", other, None),
                            m.RelayReport(1, target.peer_id, "stall", index, 0),
                            m.RelayReport(7, target.peer_id, "stall", index, None)):
                 await send(report)
-            await wait_until(lambda: sum(hub.counters.relay_reports.values()) == 3)
+            await wait_until(lambda: sum(hub.statistics().relay_reports_by.values()) == 3)
         assert not any(r.get("event") == "relay_check" for r in records)
-        assert target.relay == "ok"
+        assert hub.peer_views()[target.peer_id].relay == "ok"
 
 
 async def test_a_false_corrupt_accusation_costs_the_accuser_not_the_accused():
@@ -107,12 +107,14 @@ async def test_a_false_corrupt_accusation_costs_the_accuser_not_the_accused():
             for send, _, _ in accusers:
                 await send(m.RelayReport(1, target.peer_id, "corrupt", index, None))
             await wait_until(lambda: sum(r.get("event") == "relay_check" for r in records) == 3)
-            liars = [hub.peers[w.peer_id].identity for _, w, _ in accusers]
+            liars = [hub.peer_views()[w.peer_id].identity for _, w, _ in accusers]
         checks = [r for r in records if r.get("event") == "relay_check"]
         assert {r["verdict"] for r in checks} == {"intact"}
-        assert all(hub.trust.events[liar]["false_report"] == 1 for liar in liars)
-        assert target.identity not in hub.trust.quarantined and target.identity not in hub.trust.events
-        assert target.relay == "ok" and target.identity not in hub.relays.bad
+        assert all(hub.statistics().trust_events[liar]["false_report"] == 1 for liar in liars)
+        stats = hub.statistics()
+        assert target.identity not in stats.quarantined and target.identity not in stats.trust_events
+        assert hub.peer_views()[target.peer_id].relay == "ok"
+        assert target.identity not in hub.statistics().relays_failed
         assert relays  # the relays ran throughout
 
 
@@ -125,9 +127,11 @@ async def test_one_accuser_is_heard_once_per_manifest():
             index = publish_owned(hub, key, target.peer_id)
             for _ in range(20):
                 await send(m.RelayReport(1, target.peer_id, "corrupt", index, None))
-            await wait_until(lambda: hub.counters.relay_reports[(target.peer_id, "corrupt")] == 20)
+            await wait_until(
+                lambda: hub.statistics().relay_reports_by.get((target.peer_id, "corrupt")) == 20)
             await wait_until(lambda: any(r.get("event") == "relay_check" for r in records))
-            assert hub.trust.events[hub.peers[welcome.peer_id].identity]["false_report"] == 1
+            accuser = hub.peer_views()[welcome.peer_id].identity
+            assert hub.statistics().trust_events[accuser]["false_report"] == 1
         assert sum(r.get("event") == "relay_check" for r in records) == 1
 
 
@@ -140,10 +144,10 @@ async def test_a_relay_address_that_never_answers_is_never_dealt_chunks(quick_ch
     async with dead, tracker() as (hub, key, url, records), Peers(url, 2) as relays:
         async with raw_peer(url, f"http://127.0.0.1:{port}", "dead") as (_, welcome, frames):
             hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-            await wait_until(lambda: hub.peers[welcome.peer_id].relay != "unprobed", 30)
-            assert hub.peers[welcome.peer_id].relay == "failed"
+            await wait_until(lambda: hub.peer_views()[welcome.peer_id].relay != "unprobed", 30)
+            assert hub.peer_views()[welcome.peer_id].relay == "failed"
             await wait_until(lambda: sum(p.relay == "ok" and p.stream_version == 0
-                                         for p in hub.peers.values()) == 2)
+                                         for p in hub.peer_views().values()) == 2)
             for v in (1, 2):
                 hub.publish(blob_version(key, v, os.urandom(256 << 10), chunk_bytes=CHUNK))
                 await wait_until(lambda: all(c.fetcher.store.newest_stream() == v for c in relays))
@@ -151,7 +155,7 @@ async def test_a_relay_address_that_never_answers_is_never_dealt_chunks(quick_ch
                      if isinstance(f, (m.RelayPlan, m.VersionAnnouncement))]
             assert plans and all(welcome.peer_id not in {s.peer_id for s in p.sources}
                                  for p in plans)
-    assert not hub.counters.relay_reports
+    assert not hub.statistics().relay_reports_by
 
 
 async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(quick_checks):
@@ -167,16 +171,17 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
             return None
 
         stalling.fetcher.store.chunk = never
-        victim = next(p for p in hub.peers.values() if p.hello.name == stalling.cfg.name)
+        victim = next(p for p in hub.peer_views().values() if p.name == stalling.cfg.name)
         async with raw_peer(url) as (send, _, _):
             index = publish_owned(hub, key, victim.peer_id)
             await send(m.RelayReport(1, victim.peer_id, "stall", index, None))
-            await wait_until(lambda: victim.relay == "failed", 60)
-        assert victim.identity in hub.relays.bad and victim.identity not in hub.trust.events
+            await wait_until(lambda: hub.peer_views()[victim.peer_id].relay == "failed", 60)
+        stats = hub.statistics()
+        assert victim.identity in stats.relays_failed and victim.identity not in stats.trust_events
         await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in others), 60)
         hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
         await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in others), 60)
-        plan = hub.broadcasts[(2, None)].plan()
+        plan = hub.broadcasts()[(2, None)].plan()
         owners = {plan.sources[o].peer_id for o in owners_of(plan) if o != m.HUB_OWNER}
         assert owners and victim.peer_id not in owners
 
@@ -189,12 +194,12 @@ async def test_an_impossible_transfer_report_is_not_believed():
         async with raw_peer(url) as (send, welcome, frames):
             hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
             await wait_until(lambda: sum(p.relay == "ok" and p.stream_version == 0
-                                         for p in hub.peers.values()) == 2)
-            honest = [p.peer_id for p in hub.peers.values() if p.peer_id != welcome.peer_id]
+                                         for p in hub.peer_views().values()) == 2)
+            honest = [p.peer_id for p in hub.peer_views().values() if p.peer_id != welcome.peer_id]
             hub.publish(blob_version(key, 1, os.urandom(512 << 10), chunk_bytes=CHUNK))
             await wait_until(lambda: any(isinstance(f, m.VersionAnnouncement)
                                          and f.manifest.version == 1 for f in frames))
-            size = hub.published[1].full.wire_bytes
+            size = hub.snapshot(1).wire_bytes
             lies = [m.SourceRate(honest[0], size * 1000, 1.0), m.SourceRate(honest[1], size, 1e-12)]
             await send(m.TransferReport(1, None, 0.001, 0, size, lies))
             # It also says it serves v1, as a peer does: v1 has then spread once the relays
@@ -202,9 +207,9 @@ async def test_an_impossible_transfer_report_is_not_believed():
             # the hub cuts the silent liar off (peer_timeout_s).
             await send(m.VersionHeld(1))
             await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in relays))
-            await wait_until(lambda: 1 not in hub.propagation)
+            await wait_until(lambda: 1 not in hub.statistics().propagating)
             assert all(math.isfinite(p.upload_bps) and p.upload_bps < 1e12
-                       for p in hub.peers.values())
+                       for p in hub.peer_views().values())
             hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
             await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in relays))
 

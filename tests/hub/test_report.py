@@ -8,7 +8,6 @@ import json
 import struct
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

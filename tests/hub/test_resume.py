@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -112,17 +111,17 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             await asyncio.wait_for(run.finished.wait(), 120)
             weights = {k: v.clone() for k, v in run.learner.model.state_dict().items()}
             trained_before = {lid for r in run.records if "step" in r for lid in r["rollout/leases"]}
-            await wait_until(lambda: len(run.hub.buffer) >= 1)
+            await wait_until(lambda: run.hub.statistics().queued_groups >= 1)
         # the hub is gone (closed as at shutdown); what it admitted since its checkpoint is in
         # the journal, and what the peer made since is in the peer's outbox
-        queued = {g.lease_id for g in run.hub.buffer.groups()}
-        leases = run.hub.leases.state()
+        queued = {g.lease_id for g in run.hub.statistics().queue}
+        drawn = run.hub.statistics().drawn_problems
         async with start_hub(cfg.replace(max_steps=6, port=run.port), stream=None,
                              resume=True) as run2:
-            assert run2.hub.step == 3 and run2.hub.newest.version == 3  # one step counter
+            assert run2.hub.step == 3 and run2.hub.statistics().newest_version == 3  # one step counter
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
-            assert {g.lease_id for g in run2.hub.buffer.groups()} >= queued
-            assert run2.hub.leases.state()["drawn"] == leases["drawn"]
+            assert {g.lease_id for g in run2.hub.statistics().queue} >= queued
+            assert run2.hub.statistics().drawn_problems == drawn
             await asyncio.wait_for(run2.finished.wait(), 120)
             await wait_until(lambda: len(peer.outbox) == 0)
         stop.set()

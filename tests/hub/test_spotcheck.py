@@ -175,7 +175,8 @@ async def test_logprob_forger_is_quarantined_and_honest_peer_trains_on(hub_cfg):
     assert checks and all(r["name"] == "test-1" and r["reason"] == "logprob"
                           and r["mean_abs_diff"] == pytest.approx(1.0, abs=0.01) for r in checks)
     honest = peers[0].welcome.peer_id
-    assert honest not in run.hub.trust.events and honest not in run.hub.trust.quarantined
+    stats = run.hub.statistics()
+    assert honest not in stats.trust_events and honest not in stats.quarantined
     assert peers[1].statistics().rejected.get("logprob_mismatch", 0) >= 1
     steps = [r for r in records if "step" in r and "train/loss" in r]
     assert len(steps) == 4 and steps[-1]["rollout/spot_failed_total"] >= 2
@@ -199,15 +200,16 @@ async def test_version_tag_newer_than_published_is_caught_unsampled(hub_cfg):
     as "version" and counts against the peer; twice, and it is quarantined."""
     cfg = hub_cfg.replace(spot_check_fraction=0.0)
     async with start_hub(cfg) as run:
-        assert run.hub.spot is None and run.hub.newest.version == 0
+        assert not run.hub.statistics().spot_checking and run.hub.statistics().newest_version == 0
         async with aiohttp.ClientSession() as http, http.ws_connect(run.url) as ws:
             s = Session(Side.PEER, 0.0)
             await ws.send_bytes(s.send(m.Hello("tagger", "transformers", "cpu")))
             welcome = s.receive((await ws.receive()).data, 0.0)
             replies = [await submit(ws, s, 1, welcome.group_size) for _ in range(2)]
         assert [r.reason for r in replies] == ["version", "version"]
-        assert run.hub.trust.quarantined == {welcome.peer_id}
-        assert run.hub.counters.spot_failed == 2 and run.hub.leases.statistics().requeued_total >= 2
+        assert run.hub.statistics().quarantined == {welcome.peer_id}
+        stats = run.hub.statistics()
+        assert stats.spot_failed == 2 and stats.requeued_leases >= 2
     records = run_log(run)
     assert [r["reason"] for r in records if r.get("event") == "spot_check"] == ["version"] * 2
     assert [r["events"]["logprob_mismatch"] for r in records if r.get("event") == "quarantine"] == [2]

@@ -8,7 +8,6 @@ import asyncio
 import json
 import struct
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-from dataclasses import replace
 from pathlib import Path
 
 import torch

@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import termios
-from dataclasses import replace
 
 import pytest
 from aiohttp import web

@@ -51,9 +51,9 @@ async def test_quarantine_withdraws_the_liars_queued_groups_for_good(tmp_path):
             assert [type(r) for r in fair + forged] == [m.Ack] * 5 + [m.Reject]
             await ws.close()
             await honest_ws.close()
-        assert [g.lease_id for g in hub.buffer.groups()] == [kept.lease_id]
+        assert [g.lease_id for g in hub.statistics().queue] == [kept.lease_id]
         assert hub.statistics().withdrawn_groups == 5
-        hub.journal.close()
+        hub.checkpoint(None)  # closes the journal
     quarantine = [r for r in records if r.get("event") == "quarantine"]
     assert len(quarantine) == 1 and quarantine[0]["groups_withdrawn"] == 5
     journal = list(read_journal(tmp_path / "checkpoints" / "journal-000000.log"))
@@ -63,5 +63,6 @@ async def test_quarantine_withdraws_the_liars_queued_groups_for_good(tmp_path):
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]  # the tracker's
     fresh = Hub(hub.cfg, "run", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
     fresh.restore(state, journal)
-    assert [g.lease_id for g in fresh.buffer.groups()] == [kept.lease_id]
-    assert fresh.buffer.sources() == {kept.lease_id: hub.buffer.sources()[kept.lease_id]}
+    assert [g.lease_id for g in fresh.statistics().queue] == [kept.lease_id]
+    assert fresh.statistics().queue_sources == {
+        kept.lease_id: hub.statistics().queue_sources[kept.lease_id]}

@@ -96,16 +96,16 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         hub.publish(v1)
         await wait_until(lambda: len(served) == len(v1.full.chunks))
         cut.set()
-        for conn in list(hub.peers.values()):
-            await conn.close(m.CLOSE_GOING_AWAY, "control plane down")
+        for peer_id in hub.peer_views():
+            await hub.disconnect(peer_id, "control plane down")
         assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
-        await wait_until(lambda: not hub.peers)
+        await asyncio.wait_for(hub.wait_peers(0), 60)
         await wait_until(lambda: all(holds(c, 1) for c in peers))
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
-        assert not hub.peers  # completed with no control connection at all
+        assert not hub.peer_views()  # completed with no control connection at all
         cut.clear()
-        await wait_until(lambda: len(hub.peers) == 4 and all(
-            p.stream_version == 1 for p in hub.peers.values()))
+        await wait_until(lambda: len(hub.peer_views()) == 4 and all(
+            p.stream_version == 1 for p in hub.peer_views().values()))
 
 
 async def test_nated_peers_upload_over_the_links_they_open():
@@ -168,7 +168,7 @@ async def test_hostile_neighbours_are_dropped_and_the_version_completes_from_oth
         assert bad <= set().union(*(c.fetcher.links.banned for c in honest))
         assert not any(c.welcome.peer_id in c2.fetcher.links.banned
                        for c in honest for c2 in honest)
-        assert len(hub.peers) == 5  # nothing crashed
+        assert len(hub.peer_views()) == 5  # nothing crashed
 
 
 def admitted(hub_key: bytes, peer_id: str) -> Credentials:
@@ -217,7 +217,7 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
                         pass  # its have and peers frames
                     assert msg.type is aiohttp.WSMsgType.CLOSE, what
                     assert ws.close_code == m.CLOSE_PROTOCOL_ERROR and msg.extra, what
-        assert len(hub.peers) == 2 and bytes(peer.fetcher.store.stream(1)) == data
+        assert len(hub.peer_views()) == 2 and bytes(peer.fetcher.store.stream(1)) == data
         assert await peer.fetcher.store.chunk(1, None, 0, 0) is not None
 
 
@@ -252,7 +252,7 @@ async def test_another_manifest_under_the_same_number_is_never_served_as_ours():
                 await ws.send_bytes(encode_frame("have", lk.Have(*k, b"\xff", b"\x02" * 32)))
             forgotten = await answer(1, ours.manifest.digest, n)  # v1 is the oldest of 5 keys
             assert isinstance(forgotten, lk.Cancel)  # the link kept the 3 newest, and is open
-        assert len(hub.peers) == 2
+        assert len(hub.peer_views()) == 2
 
 
 async def test_a_link_needs_a_ticket_naming_the_dialler():
@@ -306,9 +306,9 @@ async def test_a_false_gossip_accusation_costs_the_accused_nothing():
         await wait_until(lambda: any(r.get("event") == "relay_check" for r in records))
         (check,) = [r for r in records if r.get("event") == "relay_check"]
         assert check["verdict"] == "intact" and check["accused"] == accused
-        conn = hub.peers[accused]
-        assert conn.relay == "ok" and conn.identity not in hub.trust.events
-        assert not hub.trust.events.get(hub.peers[other.welcome.peer_id].identity)
+        conn = hub.peer_views()[accused]
+        assert conn.relay == "ok" and conn.identity not in hub.statistics().trust_events
+        assert not hub.statistics().trust_events.get(hub.peer_views()[other.welcome.peer_id].identity)
 
 
 @pytest.mark.parametrize("kind", ["silent", "refuse"])
@@ -321,8 +321,8 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
         misbehave(peer, kind)
         accused = peer.welcome.peer_id
         await other.send(m.RelayReport(1, accused, "stall", 0, None))
-        await wait_until(lambda: hub.peers[accused].relay == "failed", 60)
+        await wait_until(lambda: hub.peer_views()[accused].relay == "failed", 60)
         (check,) = [r for r in records if r.get("event") == "relay_check"]
         assert check["verdict"] == "stall"
-        assert hub.peers[accused].member().url is None
-        assert hub.peers[accused].identity not in hub.trust.quarantined
+        assert hub.peer_views()[accused].relays_for is None
+        assert hub.peer_views()[accused].identity not in hub.statistics().quarantined

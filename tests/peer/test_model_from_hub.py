@@ -79,15 +79,15 @@ async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_
                 "--torch-threads", "1", "--listen", "", "--model-cache", str(cache),
                 cwd=volunteer, env=env, stdout=log_file, stderr=log_file)
         try:
-            c = run.hub.counters
-            await wait_until(lambda: c.admitted_groups >= 2 and c.spot_checked >= 2
-                             or proc.returncode is not None, 300)
+            await wait_until(lambda: (c := run.hub.statistics()).admitted_groups >= 2
+                             and c.spot_checked >= 2 or proc.returncode is not None, 300)
         finally:
             if proc.returncode is None:
                 proc.terminate()
             await proc.wait()
         log = log_path.read_text()
-        assert c.admitted_groups >= 2 and c.spot_failed == 0, (vars(c), log[-3000:])
+        c = run.hub.statistics()
+        assert c.admitted_groups >= 2 and c.spot_failed == 0, (c, log[-3000:])
         digest = run.hub.model_index[0]
     assert "fetched from the hub" in log, log[-3000:]
     assert [p.name for p in cache.iterdir()] == [digest.hex()]  # no temporary left behind

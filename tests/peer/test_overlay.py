@@ -53,9 +53,9 @@ def holds(client: PeerClient, version: int) -> bool:
 
 async def joined(hub: Hub, n: int) -> None:
     """`n` peers hold v0 and the hub has probed every chunk server advertised."""
-    await wait_until(lambda: len(hub.peers) == n and all(
+    await wait_until(lambda: len(hub.peer_views()) == n and all(
         p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
-        for p in hub.peers.values()))
+        for p in hub.peer_views().values()))
 
 
 async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once():
@@ -118,7 +118,7 @@ async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
     others still complete the version (its chunks re-dealt by the hub)."""
     hub, records = await kill_a_relay_mid_version(5)
     assert propagation(records, 1)["complete"]
-    assert sum(b.revision for k, b in hub.broadcasts.items() if k[0] == 1) >= 2  # re-dealt
+    assert sum(b.revision for k, b in hub.broadcasts().items() if k[0] == 1) >= 2  # re-dealt
 
 
 async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere():
@@ -141,15 +141,15 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in relays[1:])
-    reports = hub.counters.relay_reports
+    reports = hub.statistics().relay_reports_by
     bad_id = next(pid for pid, n in reports if n == "corrupt")
     assert reports[(bad_id, "corrupt")] >= 1 and {pid for pid, _ in reports} == {bad_id}
-    assert bad_id in hub.broadcasts[(1, None)].excluded
+    assert bad_id in hub.broadcasts()[(1, None)].excluded
     checks = [r for r in records if r.get("event") == "relay_check"]
     assert checks and all(r["accused"] == bad_id and r["verdict"] == "corrupt" for r in checks)
     convicted = {r["chunk"] for r in checks}
-    assert hub.trust.events[bad_id]["bad_chunk"] == len(convicted)
-    assert bad_id in hub.relays.bad  # kept out of the next versions' plans too
+    assert hub.statistics().trust_events[bad_id]["bad_chunk"] == len(convicted)
+    assert bad_id in hub.statistics().relays_failed  # kept out of the next versions' plans too
 
 
 async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
@@ -161,8 +161,8 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
         v2[i] ^= 0x5A
     async with tracker() as (hub, key, url, records), Peers(url, 3) as relays:
         hub.publish(blob_version(key, 1, bytes(v1), chunk_bytes=CHUNK))
-        await wait_until(lambda: len(hub.peers) == 3 and all(
-            p.stream_version == 1 for p in hub.peers.values()))
+        await wait_until(lambda: len(hub.peer_views()) == 3 and all(
+            p.stream_version == 1 for p in hub.peer_views().values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 2))
         assert all(bytes(c.fetcher.store.stream(2)) == v2 for c in relays)

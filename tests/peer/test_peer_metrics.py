@@ -31,8 +31,8 @@ async def test_relay_peers_say_what_they_fetched_and_passed_on():
             running_peers(url, 3, engine="relay", listen="127.0.0.1:0", metrics_port=0) as peers, \
             aiohttp.ClientSession() as http:
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-        await wait_until(lambda: len(hub.peers) == 3 and all(
-            p.stream_version == 0 and p.relay != "unprobed" for p in hub.peers.values()))
+        await wait_until(lambda: len(hub.peer_views()) == 3 and all(
+            p.stream_version == 0 and p.relay != "unprobed" for p in hub.peer_views().values()))
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: any(r.get("event") == "propagation" and r["version"] == 1
                                      for r in records))

@@ -24,9 +24,9 @@ async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await wait_until(lambda: propagation(records, 1))
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in [*ring, leaf])
-        broadcast = hub.broadcasts[(1, None)]
+        broadcast = hub.broadcasts()[(1, None)]
         assert len(broadcast.ring()) == 4  # the leaf is not in it
-        assert all(hub.peers[p].server_url for p in broadcast.ring())
+        assert all(hub.peer_views()[p].server_url for p in broadcast.ring())
         served = [c.meter.served_bytes for c in ring]
     record = propagation(records, 1)
     assert record["complete"] and record["hub_upload_copies"] <= 1.3
@@ -38,7 +38,7 @@ async def test_a_ring_member_killed_mid_version_is_spliced_out():
     the ring (its child fetches from its parent, its stripes get new first hops) and the
     others complete the version."""
     def spliced(hub: Hub) -> None:
-        broadcast = hub.broadcasts[(1, None)]
+        broadcast = hub.broadcasts()[(1, None)]
         assert len(broadcast.ring()) == 3 and len(broadcast.excluded) == 1
 
     _, records = await kill_a_relay_mid_version(4, spliced, relay="striped-chain")

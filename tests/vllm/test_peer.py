@@ -5,7 +5,6 @@ place while generation goes on, and the hub's own recompute of every rollout agr
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 
@@ -53,7 +52,7 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
     async with start_hub(cfg, stream=None) as run:
         log = await vllm_peer_until_done(vllm_py, run, log_path, cwd=volunteer,
                                          extra=("--model-cache", str(tmp_path / "cache")))
-        c = run.hub.counters
+        c = run.hub.statistics()
         assert run.finished.is_set(), log[-4000:]
         steps = [r for r in run.records if "rollout/staleness_hist" in r]
     assert len(steps) == STEPS
@@ -91,9 +90,9 @@ async def test_a_vllm_peer_plays_multi_turn_episodes_the_hub_replays(vllm_py, hu
     log_path = tmp_path / "peer.log"
     async with start_hub(cfg, stream=None) as run:
         log = await vllm_peer_until_done(vllm_py, run, log_path)
-        c = run.hub.counters
+        c = run.hub.statistics()
         assert run.finished.is_set(), log[-4000:]
     assert c.rejected == 0 and c.spot_failed == 0, vars(c)
     assert c.spot_checked >= c.admitted_groups >= 2 * cfg.grpo.prompts_per_step, vars(c)
-    assert sum(run.hub.trust.events.get(i, {}).get("observation_mismatch", 0)
-               for i in run.hub.trust.events) == 0
+    assert sum(run.hub.statistics().trust_events.get(i, {}).get("observation_mismatch", 0)
+               for i in run.hub.statistics().trust_events) == 0
