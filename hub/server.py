@@ -30,6 +30,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.pool import Pool
+from echo2p2p.runtime.process import loop_now as _now
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook, TrustPolicy
@@ -388,7 +389,3 @@ class Hub:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
         self._next_peer = restore_hub(state, journal, self.leases, self.buffer, self.trust, _now())
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

@@ -29,6 +29,7 @@ from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, Sna
 from echo2p2p.overlay.serving import UploadMeter
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
+from echo2p2p.runtime.process import loop_now as _now
 from echo2p2p.runtime.tcp import socket_factory
 from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
                                            require_environment)
@@ -373,7 +374,3 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

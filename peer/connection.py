@@ -23,6 +23,7 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.errors import ProtocolError, RemoteProtocolError
 from echo2p2p.peer_protocol import PeerProtocol
+from echo2p2p.runtime.process import loop_now as _now
 
 from .config import PeerConfig
 
@@ -118,7 +119,3 @@ def hub_base_url(ws_url: str) -> str:
     """http://HOST:PORT of the hub, whose chunk route sits beside its websocket."""
     scheme, rest = ws_url.split("://", 1)
     return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

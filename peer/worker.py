@@ -24,6 +24,7 @@ from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.runtime.process import loop_now as _now
 from echo2p2p.scoring.scorer import Scorer
 
 if TYPE_CHECKING:
@@ -234,7 +235,3 @@ class Worker:
         if self._scorer is not None:
             self._scorer.close()
             self._scorer = None
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()
