@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from echo2p2p.activation import (Activator, Selection, Worker, activate_all, choose_active,
+from echo2p2p.activation import (Activator, PricedWorker, Selection, activate_all, choose_active,
                                  fastest_first, lp_lower_bound)
 from echo2p2p.capacity import Reading, Workload, required_throughput
 
@@ -79,7 +79,7 @@ MARGIN = 0.1
 
 @dataclass
 class SimWorker:
-    worker: Worker
+    worker: PricedWorker
     nominal_rollouts_per_s: float  # drift stays within +-30 % of this
 
 
@@ -91,7 +91,8 @@ def new_worker(rng: random.Random, ids: itertools.count) -> SimWorker:
         price, bandwidth, _ = GPU_TYPES[name]
     jitter = lambda: rng.uniform(1 - JITTER, 1 + JITTER)
     mu = bandwidth / 1000 * ROLLOUTS_PER_S_PER_TBPS * jitter()
-    worker = Worker(f"{name.replace(' ', '-').lower()}-{next(ids)}", round(price * jitter(), 4), mu)
+    worker = PricedWorker(f"{name.replace(' ', '-').lower()}-{next(ids)}",
+                          round(price * jitter(), 4), mu)
     return SimWorker(worker, mu)
 
 
@@ -121,7 +122,7 @@ class Track:
     replan_s: list[float] = field(default_factory=list)
     last: Selection | None = None
 
-    def add(self, sel: Selection, workers: list[Worker], required: float,
+    def add(self, sel: Selection, workers: list[PricedWorker], required: float,
             stayed: set[str]) -> None:
         self.price.append(sel.price_per_hour)
         same = lp_lower_bound(workers, sel.rollouts_per_s)

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is built in: never download
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bar per model load
 
-from echo2p2p.activation import Worker, choose_active  # noqa: E402
+from echo2p2p.activation import PricedWorker, choose_active  # noqa: E402
 from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction  # noqa: E402
 
 # name:$/h:rollouts/s. Prices as in bench/activation.py; mu scaled to this tiny workload.
@@ -105,7 +105,7 @@ def version_wire_bytes(model: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def running_peers(url: str, pool: list[Worker], model: str,
+async def running_peers(url: str, pool: list[PricedWorker], model: str,
                         rate_mbps: float) -> AsyncIterator[None]:
     """One real peer per pool member, throttled to its mu, stopped on exit."""
     from echo2p2p.peer.client import PeerClient
@@ -124,7 +124,7 @@ async def running_peers(url: str, pool: list[Worker], model: str,
             stop.set()
 
 
-async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
+async def run_phase(args, pool: list[PricedWorker], max_lag: int, rate_mbps: float,
                     run_dir: Path, timeout_s: float) -> dict:
     """Train `args.steps` steps with `pool` at staleness bound `max_lag`; the measurements."""
     from echo2p2p.hub.config import HubConfig
@@ -172,7 +172,7 @@ async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
     }
 
 
-def dealt_generation_s(pool: list[Worker], groups: int, group_size: int) -> float:
+def dealt_generation_s(pool: list[PricedWorker], groups: int, group_size: int) -> float:
     """Seconds until the slowest peer has made its share of `groups` groups, dealt round-robin
     (the hub's dispatch when every peer holds credits for its share; extra groups to the first
     peers): a synchronous step's generation, which the fluid R / sum(mu) underestimates."""
@@ -180,11 +180,11 @@ def dealt_generation_s(pool: list[Worker], groups: int, group_size: int) -> floa
     return max(n * group_size / w.rollouts_per_s for n, w in zip(shares, pool))
 
 
-def parse_candidates(spec: str) -> list[Worker]:
+def parse_candidates(spec: str) -> list[PricedWorker]:
     out = []
     for item in spec.split(","):
         name, price, mu = item.split(":")
-        out.append(Worker(name, float(price), float(mu)))
+        out.append(PricedWorker(name, float(price), float(mu)))
     return out
 
 

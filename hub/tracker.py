@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from echo2p2p import messages as m
-from echo2p2p.activation import Worker
+from echo2p2p.activation import PricedWorker
 from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
@@ -133,7 +133,7 @@ class VersionTracker:
         if not uploads or not self.hub_send_bps:
             return None
         mean = sum(uploads) / len(uploads)
-        workers = [Worker(c.peer_id, 0.0, 0.0, c.upload_bps or mean) for c in conns]
+        workers = [PricedWorker(c.peer_id, 0.0, 0.0, c.upload_bps or mean) for c in conns]
         delta_bytes = version.delta.wire_bytes if version.delta else 0
         nbytes = (on_delta * delta_bytes + (len(conns) - on_delta) * version.full.wire_bytes
                   ) / len(conns)  # what the average peer fetches

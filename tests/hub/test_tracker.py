@@ -12,7 +12,7 @@ import asyncio
 import struct
 
 from echo2p2p import messages as m
-from echo2p2p.activation import Worker
+from echo2p2p.activation import PricedWorker
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.hub.plan import broadcast_s
@@ -219,5 +219,6 @@ def test_each_broadcast_is_predicted_from_the_measured_hub_and_peer_rates():
     v2 = blob_version(KEY, 2, BLOB)
     rig.tracker.publish(v2)
     want = broadcast_s(v2.full.wire_bytes, 8 * len(BLOB) / 2.0,
-                       [Worker("a", 0.0, 0.0, 4e6), Worker("b", 0.0, 0.0, 4e6)], "pipelined")
+                       [PricedWorker("a", 0.0, 0.0, 4e6), PricedWorker("b", 0.0, 0.0, 4e6)],
+                       "pipelined")
     assert rig.tracker.propagation[2].predicted_bcast_s == round(want, 3) > 0
