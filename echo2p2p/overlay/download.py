@@ -6,7 +6,8 @@ source that serves a corrupt chunk, stalls, cannot be reached or serves a chunk 
 the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided;
 its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
 resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are the
-core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
+core's `echo2p2p.failover.Failover`; this shell runs the requests (`fetch.fetch_chunk`), verifies
+each chunk into the store (`_keep`, which `GossipDownload` shares) and reads the clock.
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
 
+from .fetch import MIN_RATE_BYTES_S, PENDING, fetch_chunk
 from .store import ChunkStore, Held, chunk_path
 from .tickets import Credentials, server_base
 
 log = logging.getLogger(__name__)
-
-MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
-
 
 @dataclass(frozen=True)
 class TransferStats:
@@ -158,38 +157,35 @@ class Download:
         poll_s = self.stall_s / 2
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.stall_s, sock_read=self.stall_s)
         asked = time.monotonic()
-        while True:
-            sent = time.monotonic()  # of the request that answers: its long poll is allowed for
-            try:
-                async with asyncio.timeout(poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S):
-                    async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout,
-                                             headers=headers) as resp:
-                        if resp.status == 503:  # the source is alive but does not have it yet
-                            if time.monotonic() - asked > self.stall_s:
-                                return "stall"
-                            continue
-                        if resp.status != 200:
-                            return "unreachable"
-                        if resp.content_length != entry.wire_bytes:
-                            return "corrupt"
-                        first_byte = time.monotonic()
-                        data = await resp.content.readexactly(entry.wire_bytes)
-                        last_byte = time.monotonic()
-            except TimeoutError:
+        while True:  # the answer's own request is timed: its long poll is allowed for
+            answer = await fetch_chunk(
+                self.http, url, entry.wire_bytes, wait_s=poll_s, headers=headers, timeout=timeout,
+                deadline_s=poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S)
+            if answer.fault != PENDING:  # else the source is alive but does not have it yet
+                break
+            if time.monotonic() - asked > self.stall_s:
                 return "stall"
-            except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
-                return "unreachable"
-            try:
-                await self.store.add(self.held, index, data)
-            except SnapshotError as exc:
-                log.warning("chunk %d of v%d from %s: %s", index, m_.version, source, exc)
-                return "corrupt"
-            self._bytes[source] += len(data)
-            began, _ = self._span.get(source, (first_byte, 0.0))
-            self._span[source] = (min(began, first_byte), time.monotonic())
-            # The rate is at least the deadline's own floor, so that rule is never the looser.
-            rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
-                           8 * MIN_RATE_BYTES_S)
-            if source != HUB and too_slow(len(data), last_byte - sent, rate_bps, poll_s):
-                return "slow"
-            return None
+        if answer.fault is not None:
+            return answer.fault
+        if (fault := await self._keep(index, source, answer.data, answer.first_byte)) is not None:
+            return fault
+        # The rate is at least the deadline's own floor, so that rule is never the looser.
+        rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
+                       8 * MIN_RATE_BYTES_S)
+        if source != HUB and too_slow(len(answer.data), answer.done - answer.sent, rate_bps, poll_s):
+            return "slow"
+        return None
+
+    async def _keep(self, index: int, source: str, data: bytes, began: float) -> str | None:
+        """Verify chunk `index` from `source` into the store and count its bytes, the transfer
+        having begun at `began` (monotonic): None once it is in, "corrupt" if it fails."""
+        try:
+            await self.store.add(self.held, index, data)
+        except SnapshotError as exc:
+            log.warning("chunk %d of v%d from %s: %s", index, self.held.manifest.version, source,
+                        exc)
+            return "corrupt"
+        self._bytes[source] += len(data)
+        first, _ = self._span.get(source, (began, 0.0))
+        self._span[source] = (min(first, began), time.monotonic())
+        return None
