@@ -70,7 +70,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.server import Hub, TokenizedProblem, serve
-    from echo2p2p.hub.versions import blob_version
+    from tests.blob_versions import blob_version
 
     cfg = HubConfig(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
