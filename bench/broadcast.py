@@ -327,13 +327,13 @@ def scale_sweep(ns: list[int]) -> dict:
     token buckets at 100 Mbit/s, one-way latency 10-100 ms per pair, i.e. RTT 20-200 ms, a
     113 M bf16 version in 216 chunks of 1 MiB; the hub would cut it in 256 KiB, which
     costs the emulation 4x the CPU): time / (M/B) and hub upload in copies."""
-    import gossip_sweep
+    from bench.emulated_peers import run_gossip, run_tracker
+    from bench.emulation import Setup
 
     out: dict[str, dict] = {"pipelined": {}, "gossip": {}}
     for n in ns:
-        setup = gossip_sweep.Setup(n, n_chunks=216, chunk_bytes=1 << 20)
-        for strategy, run in (("pipelined", gossip_sweep.run_tracker),
-                              ("gossip", gossip_sweep.run_gossip)):
+        setup = Setup(n, n_chunks=216, chunk_bytes=1 << 20)
+        for strategy, run in (("pipelined", run_tracker), ("gossip", run_gossip)):
             res = run(setup)
             out[strategy][n] = {"ratio_to_ideal": round(res.time_s / setup.m_over_b_s, 3),
                                 "hub_upload_copies": round(res.hub_copies, 3),
