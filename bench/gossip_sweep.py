@@ -69,6 +69,25 @@ def sweep(ns: list[int], n_chunks: int, chunk_bytes: int) -> list[dict]:
     return rows
 
 
+def scale_sweep(ns: list[int]) -> dict:
+    """bench/broadcast.py's part 2 (`--scale`): the same pure cores at `ns` emulated peers
+    (loss-free token buckets at 100 Mbit/s, one-way latency 10-100 ms per pair, i.e. RTT
+    20-200 ms, a 113 M bf16 version in 216 chunks of 1 MiB; the hub would cut it in 256 KiB,
+    which costs the emulation 4x the CPU): time / (M/B) and hub upload in copies."""
+    out: dict[str, dict] = {"pipelined": {}, "gossip": {}}
+    for n in ns:
+        setup = Setup(n, n_chunks=216, chunk_bytes=1 << 20)
+        for strategy, run in (("pipelined", run_tracker), ("gossip", run_gossip)):
+            res = run(setup)
+            out[strategy][n] = {"ratio_to_ideal": round(res.time_s / setup.m_over_b_s, 3),
+                                "hub_upload_copies": round(res.hub_copies, 3),
+                                "complete": res.complete}
+            print(f"scale sweep   {strategy:13s} N={n:3d}  ratio "
+                  f"{out[strategy][n]['ratio_to_ideal']:6.2f}  hub copies "
+                  f"{out[strategy][n]['hub_upload_copies']:5.2f}", flush=True)
+    return out
+
+
 COLUMNS = ("n", "chunks", "case", "strategy", "complete", "t_over_mb", "t_over_bound", "hub_msgs",
            "hub_kb", "plan_kb", "hub_copies", "hub_chunk_requests", "p2p_msgs_per_peer")
 
