@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from echo2p2p.activation import (PricedWorker, Selection, activate_all, choose_active, fastest_first,
-                                 lp_lower_bound)
+from echo2p2p.activation import (PricedWorker, Selection, activate_all, choose_active,
+                                 fastest_first, lp_lower_bound)
 from echo2p2p.capacity import (Reading, Workload, feasible_schedules, predicted_busy_fraction,
                                predicted_stale_fraction, predicted_staleness, required_throughput)
 from echo2p2p.errors import ConfigError
