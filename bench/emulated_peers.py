@@ -28,9 +28,6 @@ class TrackerPeer:
         self.w, self.id = world, member.peer_id
         self.up = Uplink(world.sim, world.rates[self.id])
         self.held: set[int] = set()
-        self.missing: set[int] = set()
-        self.in_flight: dict[int, str] = {}
-        self.load: Counter = Counter()
         self.waiting: dict[int, list] = {}  # chunk -> requesters long-polling for it
         self.got_from: Counter = Counter()
         self.done_at: float | None = None
@@ -41,7 +38,6 @@ class TrackerPeer:
     def announced(self, plan: m.RelayPlan) -> None:
         self.failover = Failover(self.w.setup.n_chunks, self.id)
         self.failover.plan(plan, {s.peer_id for s in plan.sources} | {HUB})
-        self.missing = set(range(self.w.setup.n_chunks))
         self.pump()
 
     def replan(self, plan: m.RelayPlan) -> None:
@@ -50,19 +46,14 @@ class TrackerPeer:
             self.pump()
 
     def pump(self) -> None:
-        waiting = False
-        for i in sorted(self.missing - self.in_flight.keys()):
-            source = self.failover.route(i, self.w.sim.now)
-            waiting |= source is None
-            if source is not None and self.load[source] < WINDOW:
-                self.load[source] += 1
-                self.in_flight[i] = source
-                if source == HUB:
-                    self.w.hub_want(self, i)
-                else:
-                    self.w.sim.at(self.w.sim.now + self.w.lat(self.id, source),
-                                  self.w.peers[source].request, self, i)
-        if waiting and not self.ticking:  # Download.run wakes every HUB_RETRY_S
+        now = self.w.sim.now
+        for i, source in self.failover.requests(now, WINDOW):
+            if source == HUB:
+                self.w.hub_want(self, i)
+            else:
+                self.w.sim.at(now + self.w.lat(self.id, source), self.w.peers[source].request,
+                              self, i)
+        if self.failover.waiting(now) and not self.ticking:  # as Download.run wakes every 1 s
             self.ticking = True
             self.w.sim.at(self.w.sim.now + 1.0, self._tick)
 
@@ -104,26 +95,22 @@ class TrackerPeer:
             self.w.sim.at(self.w.sim.now + VERIFY_S, self._verified, source, index)
 
     def _verified(self, source: str, index: int) -> None:
-        if self.gone or self.in_flight.get(index) != source:
+        if self.gone or self.failover.asked(index) != source:
             return  # a request that had failed already: Download dropped it
         self.held.add(index)
-        self.missing.discard(index)
-        del self.in_flight[index]
-        self.load[source] -= 1
+        self.failover.finished(index, source, None, self.w.sim.now)
         self.got_from[source] += 1
         for requester in self.waiting.pop(index, []):
             self._send(requester, index)
-        if not self.missing and self.done_at is None:
+        if self.failover.complete and self.done_at is None:
             self.w.reported(self)
         self.pump()
 
     def failed(self, source: str, index: int) -> None:
         """A request failed (the source left, or the hub's route is gone): Download's path."""
-        if self.gone or self.in_flight.get(index) != source:
+        if self.gone or self.failover.asked(index) != source:
             return
-        del self.in_flight[index]
-        self.load[source] -= 1
-        if self.failover.failed(source, self.w.sim.now):  # the RelayReport
+        if self.failover.finished(index, source, "unreachable", self.w.sim.now):  # RelayReport
             self.w.control(len(m.encode(m.RelayReport(1, source, "unreachable", index))))
         self.pump()
 

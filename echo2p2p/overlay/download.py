@@ -35,6 +35,7 @@ from .tickets import Credentials, server_base
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TransferStats:
     download_s: float
@@ -89,34 +90,25 @@ class Download:
     async def run(self) -> TransferStats:
         manifest = self.held.manifest
         start = time.monotonic()
-        missing = set(self.held.assembler.missing)
+        self.failover.want(self.held.assembler.missing)
         in_flight: dict[asyncio.Task, tuple[int, str]] = {}
-        load: Counter[str] = Counter()
         # A delta as large as a big full version is as long a wait: the bar goes by size.
         bar = progress_bar(sum(c.wire_bytes for c in manifest.chunks), f"v{manifest.version}",
                            show=self.first or None)
         try:
-            while missing:
-                now = time.monotonic()
-                for i in sorted(missing - {i for i, _ in in_flight.values()}):
-                    source = self.failover.route(i, now)
-                    if source is not None and load[source] < self.window:
-                        load[source] += 1
-                        in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
+            while not self.failover.complete:
+                for i, source in self.failover.requests(time.monotonic(), self.window):
+                    in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
                 for task in await self._finished(in_flight, HUB_RETRY_S):
                     i, source = in_flight.pop(task)
-                    load[source] -= 1
                     fault = task.result()
+                    report = self.failover.finished(i, source, fault, time.monotonic())
                     if fault in (None, "slow"):  # a slow chunk is in, but its source is avoided
-                        missing.discard(i)
                         bar.update(manifest.chunks[i].wire_bytes)
-                    if fault is None:
-                        continue
-                    if source == HUB:
+                    if fault is not None and source == HUB:
                         log.warning("the hub did not serve chunk %d of v%d (%s); retrying", i,
                                     manifest.version, fault)
-                        self.failover.failed(source, time.monotonic())
-                    elif self.failover.failed(source, time.monotonic()):
+                    elif report:
                         log.warning("source %s %s on v%d; reporting it", source, fault,
                                     manifest.version)
                         await self.report(m.RelayReport(manifest.version, source, fault, i,
@@ -157,7 +149,7 @@ class Download:
         poll_s = self.stall_s / 2
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.stall_s, sock_read=self.stall_s)
         asked = time.monotonic()
-        while True:  # the answer's own request is timed: its long poll is allowed for
+        while True:
             answer = await fetch_chunk(
                 self.http, url, entry.wire_bytes, wait_s=poll_s, headers=headers, timeout=timeout,
                 deadline_s=poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S)
@@ -172,7 +164,8 @@ class Download:
         # The rate is at least the deadline's own floor, so that rule is never the looser.
         rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
                        8 * MIN_RATE_BYTES_S)
-        if source != HUB and too_slow(len(answer.data), answer.done - answer.sent, rate_bps, poll_s):
+        elapsed_s = answer.done - answer.sent  # its long poll is allowed for
+        if source != HUB and too_slow(len(answer.data), elapsed_s, rate_bps, poll_s):
             return "slow"
         return None
 
