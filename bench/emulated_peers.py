@@ -1,8 +1,10 @@
 """The emulated peers of bench/gossip_sweep.py, each running a REAL pure core in the
-`bench.emulation` world: `TrackerPeer` one `echo2p2p.failover.Failover` (its routing, as
-`overlay.download.Download` drives it), `GossipPeer` one `echo2p2p.gossip.Swarm` (as
-`overlay.gossip_download.GossipDownload` does); `run_tracker` and `run_gossip` broadcast one
-version to a `Setup`'s peers, the hub's side the real `echo2p2p.relay` plans.
+`bench.emulation` world through the calls its shell makes: `TrackerPeer` one
+`echo2p2p.failover.Failover` (`requests`, `finished`, `plan`, as `overlay.download.Download`),
+`GossipPeer` one `echo2p2p.gossip.Swarm` (`requests`, `got`, `failed`, `wake_at`, as
+`overlay.gossip_download.GossipDownload`). Only the transport is emulated. `run_tracker` and
+`run_gossip` broadcast one version to a `Setup`'s peers, the hub's side the real
+`echo2p2p.relay` plans.
 """
 
 from __future__ import annotations
