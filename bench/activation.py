@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from echo2p2p.activation import (Activator, Selection, Worker, activate_all, choose_active,
+from echo2p2p.activation import (Activator, PricedWorker, Selection, activate_all, choose_active,
                                  fastest_first, lp_lower_bound)
 from echo2p2p.capacity import Reading, Workload, required_throughput
 
@@ -79,7 +79,7 @@ MARGIN = 0.1
 
 @dataclass
 class SimWorker:
-    worker: Worker
+    worker: PricedWorker
     nominal_rollouts_per_s: float  # drift stays within +-30 % of this
 
 
@@ -91,7 +91,8 @@ def new_worker(rng: random.Random, ids: itertools.count) -> SimWorker:
         price, bandwidth, _ = GPU_TYPES[name]
     jitter = lambda: rng.uniform(1 - JITTER, 1 + JITTER)
     mu = bandwidth / 1000 * ROLLOUTS_PER_S_PER_TBPS * jitter()
-    worker = Worker(f"{name.replace(' ', '-').lower()}-{next(ids)}", round(price * jitter(), 4), mu)
+    worker = PricedWorker(f"{name.replace(' ', '-').lower()}-{next(ids)}",
+                          round(price * jitter(), 4), mu)
     return SimWorker(worker, mu)
 
 
@@ -121,7 +122,7 @@ class Track:
     replan_s: list[float] = field(default_factory=list)
     last: Selection | None = None
 
-    def add(self, sel: Selection, workers: list[Worker], required: float,
+    def add(self, sel: Selection, workers: list[PricedWorker], required: float,
             stayed: set[str]) -> None:
         self.price.append(sel.price_per_hour)
         same = lp_lower_bound(workers, sel.rollouts_per_s)
@@ -141,7 +142,7 @@ def ms(samples: list[float], q: float) -> float:
     return 1000 * sorted(samples)[min(len(samples) - 1, int(q * len(samples)))]
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="40 ticks instead of 200")
     p.add_argument("--ticks", type=int, default=200)
@@ -150,23 +151,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drift", type=float, default=0.02, help="log-normal throughput step")
     p.add_argument("--switch-gain", type=float, default=0.05, help="Activator price hysteresis")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    ticks = 40 if args.quick else args.ticks
+    return p.parse_args(argv)
 
-    need = required_throughput(WORKLOAD, READING)
-    assert need.feasible, need.reason
-    required = need.rollouts_per_s
-    rng, ids = random.Random(args.seed), itertools.count()
-    pool = [new_worker(rng, ids) for _ in range(args.workers)]
-    capacity = sum(w.worker.rollouts_per_s for w in pool)
-    print(f"workload: {need.reason}; +{MARGIN:.0%} margin -> {required * (1 + MARGIN):.1f}/s "
-          f"of a {capacity:.0f}/s pool of {len(pool)} workers")
-    print(f"{'type':10s} {'$/h':>5s} {'GB/s':>5s} {'$/h per rollout/s':>17s}")
-    for name, (price, bw, _) in [(VOLUNTEER[0], VOLUNTEER[1:] + (0,)), *GPU_TYPES.items()]:
-        per_mu = price / (bw / 1000 * ROLLOUTS_PER_S_PER_TBPS)
-        print(f"{name:10s} {price:5.2f} {bw:5d} {per_mu:17.3f}")
 
-    activator = Activator(margin=MARGIN, switch_gain=args.switch_gain)
+def race(args: argparse.Namespace, ticks: int, activator: Activator, pool: list[SimWorker],
+         rng: random.Random, ids: itertools.count, required: float
+         ) -> tuple[dict[str, Track], list[float], list[SimWorker]]:
+    """Every policy replans the same churning pool each tick: their tracks, the LP bound per
+    tick, and the pool at the end."""
     policies = {"cost-aware": None, "no-hysteresis": choose_active,
                 "fastest-first": fastest_first, "activate-all": activate_all}
     tracks = {name: Track() for name in policies}
@@ -186,10 +178,11 @@ def main(argv: list[str] | None = None) -> None:
                 policy(workers, required, MARGIN)
             tracks[name].replan_s.append(time.perf_counter() - start)
             tracks[name].add(sel, workers, required, stayed)
+    return tracks, bounds, pool
 
+
+def print_table(tracks: dict[str, Track], bounds: list[float], keep_margin: float) -> None:
     mean = statistics.fmean
-    print(f"\n{ticks} ticks, {len(pool)} workers at the end, churn {args.churn:.0%}/tick, "
-          f"LP bound {mean(bounds):.2f} $/h on average")
     print(f"{'policy':14s} {'$/h':>8s} {'cost/LP':>8s} {'max':>6s} {'same supply':>11s} "
           f"{'active':>6s} {'supply/req':>10s} {'switches/tick':>13s} {'ms p50':>7s} "
           f"{'ms p99':>7s}")
@@ -199,10 +192,34 @@ def main(argv: list[str] | None = None) -> None:
               f"{mean(tr.over_same_supply):11.4f} {mean(tr.active):6.0f} {mean(tr.supply):10.3f} "
               f"{mean(tr.switches):13.2f} "
               f"{ms(tr.replan_s, 0.5):7.2f} {ms(tr.replan_s, 0.99):7.2f}")
-    cost_aware = tracks["cost-aware"]
     print(f"cost/LP: over the LP bound at required x {1 + MARGIN:g}; same supply: over the LP "
           f"bound at the throughput the set delivers (a kept set may sag to required x "
-          f"{1 + activator.keep_margin:g})")
+          f"{1 + keep_margin:g})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    ticks = 40 if args.quick else args.ticks
+    need = required_throughput(WORKLOAD, READING)
+    assert need.feasible, need.reason
+    required = need.rollouts_per_s
+    rng, ids = random.Random(args.seed), itertools.count()
+    pool = [new_worker(rng, ids) for _ in range(args.workers)]
+    capacity = sum(w.worker.rollouts_per_s for w in pool)
+    print(f"workload: {need.reason}; +{MARGIN:.0%} margin -> {required * (1 + MARGIN):.1f}/s "
+          f"of a {capacity:.0f}/s pool of {len(pool)} workers")
+    print(f"{'type':10s} {'$/h':>5s} {'GB/s':>5s} {'$/h per rollout/s':>17s}")
+    for name, (price, bw, _) in [(VOLUNTEER[0], VOLUNTEER[1:] + (0,)), *GPU_TYPES.items()]:
+        per_mu = price / (bw / 1000 * ROLLOUTS_PER_S_PER_TBPS)
+        print(f"{name:10s} {price:5.2f} {bw:5d} {per_mu:17.3f}")
+
+    activator = Activator(margin=MARGIN, switch_gain=args.switch_gain)
+    tracks, bounds, pool = race(args, ticks, activator, pool, rng, ids, required)
+    mean = statistics.fmean
+    print(f"\n{ticks} ticks, {len(pool)} workers at the end, churn {args.churn:.0%}/tick, "
+          f"LP bound {mean(bounds):.2f} $/h on average")
+    print_table(tracks, bounds, activator.keep_margin)
+    cost_aware, no_hysteresis = tracks["cost-aware"], tracks["no-hysteresis"]
     print(json.dumps({
         "bench": "activation",
         "cost_over_lp_bound": round(mean(cost_aware.over(bounds)), 4),
@@ -211,14 +228,12 @@ def main(argv: list[str] | None = None) -> None:
         "replan_p99_ms": round(ms(cost_aware.replan_s, 0.99), 3),
         "activate_all_over_lp": round(mean(tracks["activate-all"].over(bounds)), 4),
         "fastest_first_over_lp": round(mean(tracks["fastest-first"].over(bounds)), 4),
-        "no_hysteresis_over_lp": round(mean(tracks["no-hysteresis"].over(bounds)), 4),
-        "no_hysteresis_over_lp_same_supply": round(
-            mean(tracks["no-hysteresis"].over_same_supply), 4),
+        "no_hysteresis_over_lp": round(mean(no_hysteresis.over(bounds)), 4),
+        "no_hysteresis_over_lp_same_supply": round(mean(no_hysteresis.over_same_supply), 4),
         "switches_per_tick": round(mean(cost_aware.switches), 2),
-        "no_hysteresis_switches_per_tick": round(mean(tracks["no-hysteresis"].switches), 2),
+        "no_hysteresis_switches_per_tick": round(mean(no_hysteresis.switches), 2),
         "ticks": ticks, "workers": args.workers,
     }))
-
 
 if __name__ == "__main__":
     main()

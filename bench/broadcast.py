@@ -18,8 +18,8 @@ the peers SIGKILLed 0.35 M/B into the version), against the undisturbed time; na
 `--nat-fraction` of the peers run no chunk server); slow_peer (one uplink at B/20): when all
 the others hold it, over M/B. Each run broadcasts two versions: the first before any uplink
 was measured by a version ("first_version_ratio": its time over the second's), the second
-timed. `--scale` adds the emulated sweep at 64-256 peers (`gossip_sweep.py`: the same pure
-cores, RTT 20-200 ms, loss-free token buckets).
+timed. `--scale` adds the emulated sweep at 64-256 peers (`gossip_sweep.scale_sweep`: the
+same pure cores, RTT 20-200 ms, loss-free token buckets).
 
     python bench/broadcast.py [--quick] [--peers 4,8,16] [--mbytes 16] [--rate-mbit 20]
 
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import netns  # noqa: E402
 import shardcast_race  # noqa: E402
 
+from bench.gossip_sweep import scale_sweep  # noqa: E402
 from echo2p2p.snapshot import auto_chunk_bytes  # noqa: E402
 
 HUB_PORT = 8765
@@ -71,7 +72,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.app import serve
     from echo2p2p.hub.server import Hub, TokenizedProblem
-    from echo2p2p.hub.versions import blob_version
+    from tests.blob_versions import blob_version
 
     cfg = HubConfig.from_flat(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,
                     upload_limit_mbps=args.limit_mbps, peer_timeout_s=120, heartbeat_s=5,
@@ -321,28 +322,6 @@ def _all_but_slowest(record: dict) -> float:
     """When every peer but the one that finished last held the version."""
     times = sorted(record["done_by_peer_s"].values())
     return times[-2] if len(times) > 1 else times[-1]
-
-
-def scale_sweep(ns: list[int]) -> dict:
-    """Part 2's curve: the same pure cores at `ns` emulated peers (`gossip_sweep`: loss-free
-    token buckets at 100 Mbit/s, one-way latency 10-100 ms per pair, i.e. RTT 20-200 ms, a
-    113 M bf16 version in 216 chunks of 1 MiB; the hub would cut it in 256 KiB, which
-    costs the emulation 4x the CPU): time / (M/B) and hub upload in copies."""
-    import gossip_sweep
-
-    out: dict[str, dict] = {"pipelined": {}, "gossip": {}}
-    for n in ns:
-        setup = gossip_sweep.Setup(n, n_chunks=216, chunk_bytes=1 << 20)
-        for strategy, run in (("pipelined", gossip_sweep.run_tracker),
-                              ("gossip", gossip_sweep.run_gossip)):
-            res = run(setup)
-            out[strategy][n] = {"ratio_to_ideal": round(res.time_s / setup.m_over_b_s, 3),
-                                "hub_upload_copies": round(res.hub_copies, 3),
-                                "complete": res.complete}
-            print(f"scale sweep   {strategy:13s} N={n:3d}  ratio "
-                  f"{out[strategy][n]['ratio_to_ideal']:6.2f}  hub copies "
-                  f"{out[strategy][n]['hub_upload_copies']:5.2f}", flush=True)
-    return out
 
 
 def _plot(runs: dict, ns: list[int], path: str, ideal_s: float, sweep: dict) -> None:

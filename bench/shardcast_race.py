@@ -101,39 +101,12 @@ def run_shardcast(testbed: netns.Testbed, *, origin: int, middles: list[int], cl
     deadline = time.monotonic() + timeout_s
 
     def start(i: int, fan_out: int, *node_args: str) -> None:
-        """Start host i's node; fan_out: how many nodes download from the same server as it."""
-        site = root / f"h{i}" / "site"
-        shutil.copytree(_shardcast_dir(), site / "shardcast")
-        parallel = max(1, ACCEPT_QUEUE // fan_out)
-        node_env = {**env, "SHARDCAST_MAX_CONCURRENT_DOWNLOADS": str(parallel),
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))}
-        with (root / f"h{i}.log").open("w") as log:
-            procs[i] = testbed.popen(
-                i, [sys.executable, SCRIPT, "--node", *node_args], env=node_env, text=True,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-        _wait_line(procs[i], "ready", deadline, f"host {i}")
-
-    def data_dir(i: int) -> str:
-        d = root / f"h{i}" / "data"
-        d.mkdir(parents=True)
-        (d / "data1.bin").write_bytes(bytes(DUMMY_BYTES))
-        return str(d)
-
-    def holds(i: int) -> list[Path] | None:
-        """The files that make up host i's copy, once they hold all M bytes."""
-        if i in served_by:
-            out = root / f"h{i}" / "out.bin"
-            return [out] if out.exists() and out.stat().st_size == size else None
-        # A middle renames each shard into place whole (wget writes shard_N.tmp first).
-        shards = sorted((root / f"h{i}" / "data" / "v1").glob("shard_*.bin"))
-        if len(shards) != n_shards or sum(p.stat().st_size for p in shards) != size:
-            return None
-        return shards
+        _start_node(testbed, procs, root, env, deadline, i, fan_out, *node_args)
 
     try:
-        start(origin, 1, "origin", data_dir(origin), str(shard_bytes))
+        start(origin, 1, "origin", _data_dir(root, origin), str(shard_bytes))
         for i in middles:
-            start(i, len(middles), "middle", data_dir(i), url[origin], str(check_interval_s))
+            start(i, len(middles), "middle", _data_dir(root, i), url[origin], str(check_interval_s))
         for i, m in served_by.items():
             fan_out = list(served_by.values()).count(m)
             start(i, fan_out, "client", str(root / f"h{i}"), url[m])
@@ -141,18 +114,8 @@ def run_shardcast(testbed: netns.Testbed, *, origin: int, middles: list[int], cl
         procs[origin].stdin.flush()
         t_call, t0 = map(float, _wait_line(procs[origin], "offered", deadline, "origin")[1:])
         prepare_s = t0 - t_call
-        files: dict[int, list[Path]] = {}
-        while len(files) < len(middles) + len(clients):
-            for i in [*middles, *clients]:
-                if i not in files and (held := holds(i)):
-                    files[i], per_host_s[i] = held, time.monotonic() - t0
-                elif i not in files and procs[i].poll() is not None:
-                    raise RuntimeError(f"host {i} exited ({procs[i].returncode}) without the "
-                                       f"file: {_tail(root / f'h{i}.log')}")
-            if time.monotonic() > deadline:
-                missing = sorted({*middles, *clients} - files.keys())
-                raise TimeoutError(f"timeout after {timeout_s} s, hosts {missing} incomplete")
-            time.sleep(POLL_S)
+        files = _wait_all(procs, root, [*middles, *clients], set(served_by), size, n_shards,
+                          t0, deadline, timeout_s, per_host_s)
         if bad := [i for i, held in files.items() if _sha256(held) != want]:
             raise RuntimeError(f"hosts {bad} hold wrong bytes")
         return {"completion_s": max(per_host_s.values()), "per_host_s": per_host_s,
@@ -165,6 +128,62 @@ def run_shardcast(testbed: netns.Testbed, *, origin: int, middles: list[int], cl
             _kill_group(p)
         for i in procs:
             shutil.rmtree(root / f"h{i}", ignore_errors=True)
+
+
+def _wait_all(procs: dict[int, subprocess.Popen], root: Path, hosts: list[int], clients: set[int],
+              size: int, n_shards: int, t0: float, deadline: float, timeout_s: float,
+              per_host_s: dict[int, float]) -> dict[int, list[Path]]:
+    """Each of `hosts`' copies once it is whole, its time since `t0` noted in `per_host_s`;
+    RuntimeError if a host exits without it, TimeoutError at `deadline`."""
+    files: dict[int, list[Path]] = {}
+    while len(files) < len(hosts):
+        for i in hosts:
+            if i not in files and (held := _holds(root, i, i in clients, size, n_shards)):
+                files[i], per_host_s[i] = held, time.monotonic() - t0
+            elif i not in files and procs[i].poll() is not None:
+                raise RuntimeError(f"host {i} exited ({procs[i].returncode}) without the "
+                                   f"file: {_tail(root / f'h{i}.log')}")
+        if time.monotonic() > deadline:
+            missing = sorted(set(hosts) - files.keys())
+            raise TimeoutError(f"timeout after {timeout_s} s, hosts {missing} incomplete")
+        time.sleep(POLL_S)
+    return files
+
+
+def _start_node(testbed: netns.Testbed, procs: dict[int, subprocess.Popen], root: Path,
+                env: dict[str, str], deadline: float, i: int, fan_out: int, *node_args: str
+                ) -> None:
+    """Start host i's node (into `procs` at once, so that it is stopped whatever happens) and
+    wait until it says it is ready; fan_out: how many nodes download from the same server."""
+    site = root / f"h{i}" / "site"
+    shutil.copytree(_shardcast_dir(), site / "shardcast")
+    parallel = max(1, ACCEPT_QUEUE // fan_out)
+    node_env = {**env, "SHARDCAST_MAX_CONCURRENT_DOWNLOADS": str(parallel),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))}
+    with (root / f"h{i}.log").open("w") as log:
+        procs[i] = testbed.popen(
+            i, [sys.executable, SCRIPT, "--node", *node_args], env=node_env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    _wait_line(procs[i], "ready", deadline, f"host {i}")
+
+
+def _data_dir(root: Path, i: int) -> str:
+    d = root / f"h{i}" / "data"
+    d.mkdir(parents=True)
+    (d / "data1.bin").write_bytes(bytes(DUMMY_BYTES))
+    return str(d)
+
+
+def _holds(root: Path, i: int, client: bool, size: int, n_shards: int) -> list[Path] | None:
+    """The files that make up host i's copy, once they hold all `size` bytes."""
+    if client:
+        out = root / f"h{i}" / "out.bin"
+        return [out] if out.exists() and out.stat().st_size == size else None
+    # A middle renames each shard into place whole (wget writes shard_N.tmp first).
+    shards = sorted((root / f"h{i}" / "data" / "v1").glob("shard_*.bin"))
+    if len(shards) != n_shards or sum(p.stat().st_size for p in shards) != size:
+        return None
+    return shards
 
 
 def _shardcast_dir() -> Path:

@@ -63,6 +63,30 @@ def forge(group, how: str, rng: random.Random):
     return replace(group, samples=tuple(samples))
 
 
+async def check_version(v: int, s: int, args: argparse.Namespace, generate, engines: dict,
+                        spot, rng: random.Random, diffs: dict[str, list[float]]) -> list:
+    """Every row's groups at version `v` (S = `s`), checked by `spot`: their differences added
+    to `diffs`; the honest fp32 groups returned (the learner's next batch)."""
+    honest = []
+    for i in range(max(args.groups, args.forged)):
+        cases = []
+        if i < args.groups:  # the row that sets the tolerance: many groups, for its p99.9
+            cases.append(("honest bf16", generate(engines["bf16"], v)))
+        if i < args.forged:
+            group = generate(engines["fp32"], v)
+            honest.append(group)
+            cases.append(("honest fp32", group))
+            cases += [(how, forge(group, how, rng)) for how in ("near 0", "shuffled", "scaled x0.5")]
+            if v >= 1:
+                cases.append(("tag +1", generate(engines["v-1"], v)))
+            if v >= s:
+                cases.append(("tag +S", generate(engines["v-S"], v)))
+        for row, g in cases:
+            result = await spot.check(g)
+            diffs[row].append(result.mean_abs_diff)
+    return honest
+
+
 async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], float, object]:
     import torch
 
@@ -113,23 +137,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
         engines["bf16"].load_weights(weights)
         engines["v-1"].load_weights(history[max(v - 1, 0)])
         engines["v-S"].load_weights(history[max(v - s, 0)])
-        honest = []
-        for i in range(max(args.groups, args.forged)):
-            cases = []
-            if i < args.groups:  # the row that sets the tolerance: many groups, for its p99.9
-                cases.append(("honest bf16", generate(engines["bf16"], v)))
-            if i < args.forged:
-                group = generate(engines["fp32"], v)
-                honest.append(group)
-                cases.append(("honest fp32", group))
-                cases += [(how, forge(group, how, rng)) for how in ("near 0", "shuffled", "scaled x0.5")]
-                if v >= 1:
-                    cases.append(("tag +1", generate(engines["v-1"], v)))
-                if v >= s:
-                    cases.append(("tag +S", generate(engines["v-S"], v)))
-            for row, g in cases:
-                result = await spot.check(g)
-                diffs[row].append(result.mean_abs_diff)
+        honest = await check_version(v, s, args, generate, engines, spot, rng, diffs)
         if v < args.steps:
             learner.step(honest[:cfg.grpo.prompts_per_step])
     return diffs, cfg.trust.spot_check_tolerance, cfg

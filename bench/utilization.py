@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is built in: never download
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bar per model load
 
-from echo2p2p.activation import Worker, choose_active  # noqa: E402
+from echo2p2p.activation import PricedWorker, choose_active  # noqa: E402
 from echo2p2p.capacity import Reading, Workload, predicted_busy_fraction  # noqa: E402
 
 # name:$/h:rollouts/s. Prices as in bench/activation.py; mu scaled to this tiny workload.
@@ -105,7 +105,7 @@ def version_wire_bytes(model: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def running_peers(url: str, pool: list[Worker], model: str,
+async def running_peers(url: str, pool: list[PricedWorker], model: str,
                         rate_mbps: float) -> AsyncIterator[None]:
     """One real peer per pool member, throttled to its mu, stopped on exit."""
     from echo2p2p.peer.client import PeerClient
@@ -124,7 +124,7 @@ async def running_peers(url: str, pool: list[Worker], model: str,
             stop.set()
 
 
-async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
+async def run_phase(args, pool: list[PricedWorker], max_lag: int, rate_mbps: float,
                     run_dir: Path, timeout_s: float) -> dict:
     """Train `args.steps` steps with `pool` at staleness bound `max_lag`; the measurements."""
     from echo2p2p.hub.config import HubConfig
@@ -172,7 +172,7 @@ async def run_phase(args, pool: list[Worker], max_lag: int, rate_mbps: float,
     }
 
 
-def dealt_generation_s(pool: list[Worker], groups: int, group_size: int) -> float:
+def dealt_generation_s(pool: list[PricedWorker], groups: int, group_size: int) -> float:
     """Seconds until the slowest peer has made its share of `groups` groups, dealt round-robin
     (the hub's dispatch when every peer holds credits for its share; extra groups to the first
     peers): a synchronous step's generation, which the fluid R / sum(mu) underestimates."""
@@ -180,15 +180,15 @@ def dealt_generation_s(pool: list[Worker], groups: int, group_size: int) -> floa
     return max(n * group_size / w.rollouts_per_s for n, w in zip(shares, pool))
 
 
-def parse_candidates(spec: str) -> list[Worker]:
+def parse_candidates(spec: str) -> list[PricedWorker]:
     out = []
     for item in spec.split(","):
         name, price, mu = item.split(":")
-        out.append(Worker(name, float(price), float(mu)))
+        out.append(PricedWorker(name, float(price), float(mu)))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="16 steps a run instead of 40")
     p.add_argument("--steps", type=int, default=40, help="learner steps per run")
@@ -211,6 +211,60 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.warmup = 16, 4
     if not 1 <= args.warmup < args.steps - 2:
         p.error("need 1 <= --warmup < --steps - 2")
+    return p, args
+
+
+def run_both(args: argparse.Namespace, pool: list[PricedWorker], rate_mbps: float,
+             timeout_s: float) -> dict[str, dict]:
+    """The echo2 run (S = --max-lag) and the synchronous one (S = 0), each under `timeout_s`;
+    their measurements by name."""
+    watchdog = threading.Timer(2 * timeout_s + 60, lambda: os._exit(3))  # if shutdown hangs too
+    watchdog.daemon = True
+    watchdog.start()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, max_lag in (("echo2", args.max_lag), ("sync", 0)):
+            r = asyncio.run(run_phase(args, pool, max_lag, rate_mbps, Path(tmp) / name, timeout_s))
+            results[name] = r
+            print(f"{name:5s} S={max_lag} kappa={r['kappa']}: steps {r['window'][0]}.."
+                  f"{r['window'][1]} in {r['wall_s']:.1f} s, busy {r['busy_frac']:.3f} (hub, whole "
+                  f"run: {r['hub_busy_frac']:.3f}), T_train {r['train_step_s']:.3f} s (real step "
+                  f"{r['real_step_s'] * 1000:.0f} ms), T_bcast {_fmt(r['bcast_s'])} s "
+                  f"({r['bcast_incomplete']} incomplete), lag {r['lag_mean']:.2f}, "
+                  f"{r['stale']} stale groups, run {r['total_s']:.0f} s", flush=True)
+    watchdog.cancel()
+    return results
+
+
+def predictions(args: argparse.Namespace, results: dict[str, dict], pool: list[PricedWorker],
+                sum_mu: float) -> dict[str, float]:
+    """What the capacity model predicts of each run's busy fraction, printed beside the
+    measured ones."""
+    echo2, sync = results["echo2"], results["sync"]
+    R = args.prompts_per_step * args.group_size
+    predicted = predicted_busy_fraction(
+        Workload(R, echo2["train_step_s"], echo2["bcast_s"] or 0.0, args.max_lag, echo2["kappa"]),
+        sum_mu, Reading.OVERLAPPED)
+    sync_bcast_s = sync["bcast_s"] or 0.0
+    sync_fixed_s = sync["train_step_s"] + sync_bcast_s
+    predicted_sync = sync["train_step_s"] / (sync_fixed_s + R / sum_mu)
+    dealt_sync = sync["train_step_s"] / (sync_fixed_s + dealt_generation_s(
+        pool, args.prompts_per_step, args.group_size))
+    sequential_s0 = predicted_busy_fraction(Workload(R, sync["train_step_s"], sync_bcast_s, 0, 1),
+                                            sum_mu, Reading.SEQUENTIAL)
+    print(f"{'':6s} {'measured':>8s} {'predicted':>9s}")
+    print(f"{'echo2':6s} {echo2['busy_frac']:8.3f} {predicted:9.3f}   (overlapped reading)")
+    print(f"{'sync':6s} {sync['busy_frac']:8.3f} {predicted_sync:9.3f}   "
+          f"(T/(T+T_bcast+R/mu); with groups dealt round-robin {dealt_sync:.3f}; the core's "
+          f"sequential reading at S=0 says {sequential_s0:.3f})")
+    return {"predicted_busy_frac": round(predicted, 4),
+            "predicted_sync_busy_frac": round(predicted_sync, 4),
+            "predicted_sync_dealt_busy_frac": round(dealt_sync, 4),
+            "sequential_reading_s0": round(sequential_s0, 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     R, T = args.prompts_per_step * args.group_size, args.train_step_s
@@ -234,46 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     # Generous: every step as slow as a sync step (whole groups dealt), three times over.
     sync_step_s = T + 8 * wire_bytes / rate_mbps / 1e6 + dealt_generation_s(
         pool, args.prompts_per_step, args.group_size)
-    timeout_s = 60 + 3 * args.steps * sync_step_s
-    watchdog = threading.Timer(2 * timeout_s + 60, lambda: os._exit(3))  # if shutdown hangs too
-    watchdog.daemon = True
-    watchdog.start()
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, max_lag in (("echo2", args.max_lag), ("sync", 0)):
-            r = asyncio.run(run_phase(args, pool, max_lag, rate_mbps, Path(tmp) / name, timeout_s))
-            results[name] = r
-            print(f"{name:5s} S={max_lag} kappa={r['kappa']}: steps {r['window'][0]}.."
-                  f"{r['window'][1]} in {r['wall_s']:.1f} s, busy {r['busy_frac']:.3f} (hub, whole "
-                  f"run: {r['hub_busy_frac']:.3f}), T_train {r['train_step_s']:.3f} s (real step "
-                  f"{r['real_step_s'] * 1000:.0f} ms), T_bcast {_fmt(r['bcast_s'])} s "
-                  f"({r['bcast_incomplete']} incomplete), lag {r['lag_mean']:.2f}, "
-                  f"{r['stale']} stale groups, run {r['total_s']:.0f} s", flush=True)
-    watchdog.cancel()
-
+    results = run_both(args, pool, rate_mbps, 60 + 3 * args.steps * sync_step_s)
     echo2, sync = results["echo2"], results["sync"]
-    predicted = predicted_busy_fraction(
-        Workload(R, echo2["train_step_s"], echo2["bcast_s"] or 0.0, args.max_lag, echo2["kappa"]),
-        sum_mu, Reading.OVERLAPPED)
-    sync_bcast_s = sync["bcast_s"] or 0.0
-    sync_fixed_s = sync["train_step_s"] + sync_bcast_s
-    predicted_sync = sync["train_step_s"] / (sync_fixed_s + R / sum_mu)
-    dealt_sync = sync["train_step_s"] / (sync_fixed_s + dealt_generation_s(
-        pool, args.prompts_per_step, args.group_size))
-    sequential_s0 = predicted_busy_fraction(Workload(R, sync["train_step_s"], sync_bcast_s, 0, 1),
-                                            sum_mu, Reading.SEQUENTIAL)
-    print(f"{'':6s} {'measured':>8s} {'predicted':>9s}")
-    print(f"{'echo2':6s} {echo2['busy_frac']:8.3f} {predicted:9.3f}   (overlapped reading)")
-    print(f"{'sync':6s} {sync['busy_frac']:8.3f} {predicted_sync:9.3f}   "
-          f"(T/(T+T_bcast+R/mu); with groups dealt round-robin {dealt_sync:.3f}; the core's "
-          f"sequential reading at S=0 says {sequential_s0:.3f})")
     print(json.dumps({
         "bench": "utilization",
         "busy_frac": {"echo2": round(echo2["busy_frac"], 4), "sync": round(sync["busy_frac"], 4)},
-        "predicted_busy_frac": round(predicted, 4),
-        "predicted_sync_busy_frac": round(predicted_sync, 4),
-        "predicted_sync_dealt_busy_frac": round(dealt_sync, 4),
-        "sequential_reading_s0": round(sequential_s0, 4),
+        **predictions(args, results, pool, sum_mu),
         "pool": [w.worker_id for w in pool], "sum_mu": sum_mu, "required": round(required, 3),
         "usd_per_hour": round(selection.price_per_hour, 4),
         "rollouts_per_step": R, "train_step_s": T, "max_lag": args.max_lag,

@@ -40,7 +40,7 @@ FINISHES_PRUNED = 4
 
 
 @dataclass(frozen=True)
-class Worker:
+class PricedWorker:
     """A candidate rollout worker as the planner sees it."""
 
     worker_id: str
@@ -83,31 +83,31 @@ def _target(required: float, margin: float) -> float:
 _MU, _PRICE = attrgetter("rollouts_per_s"), attrgetter("price_per_hour")
 
 
-def _mu(workers: Iterable[Worker]) -> float:
+def _mu(workers: Iterable[PricedWorker]) -> float:
     return math.fsum(map(_MU, workers))
 
 
-def _price(workers: Iterable[Worker]) -> float:
+def _price(workers: Iterable[PricedWorker]) -> float:
     return math.fsum(map(_PRICE, workers))
 
 
-def _selection(members: Iterable[Worker], target: float) -> Selection:
+def _selection(members: Iterable[PricedWorker], target: float) -> Selection:
     members = list(members)
     mu = _mu(members)
     return Selection(tuple(sorted(w.worker_id for w in members)), _price(members), mu, mu >= target)
 
 
-def _by_value(w: Worker) -> tuple[float, float, str]:
+def _by_value(w: PricedWorker) -> tuple[float, float, str]:
     """Sort key: price per throughput, then the bigger worker, then id (deterministic)."""
     return w.price_per_hour / w.rollouts_per_s, -w.rollouts_per_s, w.worker_id
 
 
-def _useful_paid(workers: Iterable[Worker]) -> list[Worker]:
+def _useful_paid(workers: Iterable[PricedWorker]) -> list[PricedWorker]:
     return sorted((w for w in workers if w.price_per_hour > 0 and w.rollouts_per_s > 0),
                   key=_by_value)
 
 
-def _prune(members: list[Worker], target: float) -> list[Worker]:
+def _prune(members: list[PricedWorker], target: float) -> list[PricedWorker]:
     """Drop the most expensive members the target does not need, in one sorted pass."""
     slack = _mu(members) - target
     kept, dropped = [], False
@@ -123,15 +123,16 @@ def _prune(members: list[Worker], target: float) -> list[Worker]:
     return kept
 
 
-def _cover(base: list[Worker], candidates: list[Worker], target: float) -> list[Worker]:
+def _cover(base: list[PricedWorker], candidates: list[PricedWorker],
+           target: float) -> list[PricedWorker]:
     """`base` plus the best finish found by one pass over `candidates` (sorted by value),
     pruned. Assumes base + candidates covers the target."""
     have = _mu(base)
     if have >= target:
         return _prune(base, target)
-    prefix: list[Worker] = []
+    prefix: list[PricedWorker] = []
     prefix_cost = 0.0
-    finishes: list[tuple[float, int, Worker]] = []  # (cost, prefix length, finishing worker)
+    finishes: list[tuple[float, int, PricedWorker]] = []  # (cost, prefix length, finishing worker)
     for w in candidates:
         if have + w.rollouts_per_s >= target:
             finishes.append((prefix_cost + w.price_per_hour, len(prefix), w))
@@ -148,7 +149,7 @@ def _cover(base: list[Worker], candidates: list[Worker], target: float) -> list[
     return min(covers, key=lambda c: (_price(c), -_mu(c)))
 
 
-def lp_lower_bound(workers: Sequence[Worker], required: float) -> float | None:
+def lp_lower_bound(workers: Sequence[PricedWorker], required: float) -> float | None:
     """$/h of the fractional cover of `required` rollouts/s: a bound no integral set beats.
 
     Pass the same target the policies use (required * (1 + margin)). None if even all workers
@@ -167,7 +168,8 @@ def lp_lower_bound(workers: Sequence[Worker], required: float) -> float | None:
     return cost
 
 
-def choose_active(workers: Sequence[Worker], required: float, margin: float = 0.1) -> Selection:
+def choose_active(workers: Sequence[PricedWorker], required: float,
+                  margin: float = 0.1) -> Selection:
     """The cheapest set found (see the module docstring) with sum(mu) >= required*(1+margin);
     all workers and feasible=False when even all of them fall short."""
     target = _target(required, margin)
@@ -181,12 +183,14 @@ def choose_active(workers: Sequence[Worker], required: float, margin: float = 0.
     return _selection(_cover(free, paid, target), target)
 
 
-def activate_all(workers: Sequence[Worker], required: float, margin: float = 0.1) -> Selection:
+def activate_all(workers: Sequence[PricedWorker], required: float,
+                 margin: float = 0.1) -> Selection:
     """Baseline: everyone works, whatever it costs."""
     return _selection(workers, _target(required, margin))
 
 
-def fastest_first(workers: Sequence[Worker], required: float, margin: float = 0.1) -> Selection:
+def fastest_first(workers: Sequence[PricedWorker], required: float,
+                  margin: float = 0.1) -> Selection:
     """Baseline that ignores price: the fastest workers until the target is met."""
     target = _target(required, margin)
     chosen, have = [], 0.0
@@ -198,7 +202,8 @@ def fastest_first(workers: Sequence[Worker], required: float, margin: float = 0.
     return _selection(chosen if have >= target else workers, target)
 
 
-def exhaustive(workers: Sequence[Worker], required: float, margin: float = 0.1) -> Selection:
+def exhaustive(workers: Sequence[PricedWorker], required: float,
+               margin: float = 0.1) -> Selection:
     """The true optimum by trying every subset (<= 20 workers; for tests). Ties go to the set
     with more throughput, so free workers are always in it."""
     if len(workers) > 20:
@@ -252,7 +257,7 @@ class Activator:
         """The active set of the last re-plan (None before the first)."""
         return self._current
 
-    def replan(self, workers: Sequence[Worker], required: float) -> Selection:
+    def replan(self, workers: Sequence[PricedWorker], required: float) -> Selection:
         """The active set for the current pool, changing the last one only when it must or
         when that pays (see the class docstring)."""
         fresh = choose_active(workers, required, self.margin)

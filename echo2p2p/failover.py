@@ -9,12 +9,16 @@ them), then come from the hub. The hub is the last resort and is never avoided: 
 request to it (a busy hub queues requests) holds every hub-routed chunk for `hub_retry_s`,
 then they are asked again.
 
-The shell (`echo2p2p.overlay.download.Download`) runs the requests, reads the clock and feeds
-`route`, `plan` and `failed` here.
+Driving it: `requests(now, window)` says which requests to send (each chunk still wanted and
+not asked, of its source, at most `window` at once per source), `finished` is told how each
+ended, `plan` takes the hub's revisions. The shell (`echo2p2p.overlay.download.Download`) runs
+the requests and reads the clock; bench/emulated_peers.py drives it the same way.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import messages as m
@@ -43,6 +47,9 @@ class Failover:
         self._failed: dict[str, float] = {}  # peer source -> when it failed
         self._hub_retry_at = float("-inf")
         self._hub_failures = 0
+        self._wanted = set(range(n_chunks))  # chunks not in yet
+        self._asked: dict[int, str] = {}  # chunk -> the source its request is out to
+        self._load: Counter[str] = Counter()  # source -> requests out to it
 
     def plan(self, plan: m.RelayPlan, reachable: set[str]) -> str | None:
         """Follow a newer revision of the relay plan (chunks not yet requested follow it).
@@ -85,6 +92,48 @@ class Failover:
             return False
         self._failed[source] = now
         return True
+
+    def want(self, indices: Iterable[int]) -> None:
+        """Only `indices` are still to fetch (all, until told): the rest are in (a resumed
+        download)."""
+        self._wanted = set(indices) - set(self._asked)
+
+    def requests(self, now: float, window: int) -> list[tuple[int, str]]:
+        """The requests to send now, (chunk, source), lowest chunk first: every chunk still
+        wanted and not asked, of whom `route` says, at most `window` out to each source at once.
+        Each is out until `finished`."""
+        out = []
+        for index in sorted(self._wanted - self._asked.keys()):
+            source = self.route(index, now)
+            if source is not None and self._load[source] < window:
+                self._load[source] += 1
+                self._asked[index] = source
+                out.append((index, source))
+        return out
+
+    def asked(self, index: int) -> str | None:
+        """The source chunk `index`'s request is out to; None if none is."""
+        return self._asked.get(index)
+
+    def waiting(self, now: float) -> bool:
+        """Whether a chunk not asked waits for time to pass (the hub's next plan, or its retry
+        time), not for a request to end: a shell that sleeps until an event wakes for it."""
+        return any(self.route(i, now) is None for i in self._wanted - self._asked.keys())
+
+    def finished(self, index: int, source: str, fault: str | None, now: float) -> bool:
+        """Chunk `index`'s request to `source` ended at `now`: `fault` None, the chunk is in;
+        "slow", it is in but `source` is to be avoided; else the request failed. True when the
+        hub must be told of `source` (`failed`)."""
+        del self._asked[index]
+        self._load[source] -= 1
+        if fault in (None, "slow"):
+            self._wanted.discard(index)
+        return fault is not None and self.failed(source, now)
+
+    @property
+    def complete(self) -> bool:
+        """Every chunk is in."""
+        return not self._wanted
 
     def statistics(self) -> FailoverStats:
         return FailoverStats(self.revision, tuple(self._failed), self._hub_failures)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from echo2p2p.activation import Activator, Selection, Worker, lp_lower_bound
+from echo2p2p.activation import Activator, PricedWorker, Selection, lp_lower_bound
 
 POLICIES = ("cost", "all")
 
@@ -126,8 +126,8 @@ class Pool:
             return None
         return lp_lower_bound(self._measured(), self.required * (1 + self.activator.margin))
 
-    def _measured(self) -> list[Worker]:
-        return [Worker(pid, a.price_per_hour, a.rollouts_per_s)
+    def _measured(self) -> list[PricedWorker]:
+        return [PricedWorker(pid, a.price_per_hour, a.rollouts_per_s)
                 for pid, a in self.accounts.items() if a.generates and a.rollouts_per_s > 0]
 
     def usd_total(self, now: float) -> float:

@@ -10,7 +10,7 @@ the maths before RL teaches it the answer format: greedy exact-match accuracy st
 groups of 8 hold correct answers often (GRPO signal), and RL has a long way to climb. The warm-up
 stops once the probe's accuracy with the hedge forgiven reaches `--target-competence`. Saves
 model (safetensors, fp32) and tokenizer with save_pretrained, and prints both accuracies. CPU
-only, about 3 minutes on one thread.
+only, about 3 minutes on one thread. Its loop, `supervised_steps`, warms up `takeaway_base` too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import argparse
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from echo2p2p.tasks import AdditionTask
 
@@ -79,31 +80,48 @@ def greedy_accuracy(model, tokenizer, problems: Sequence, reward, *, max_new_tok
     return correct / max(len(problems), 1)
 
 
-def warm_up(model, tokenizer, task, *, target_competence: float, hedge_fraction: float,
-            max_steps: int, batch_size: int, lr: float, eval_every: int, seed: int,
-            log=print) -> tuple[int, float]:
-    """Supervised steps until forgiving held-out accuracy >= target; (steps run, last value)."""
+Example = tuple[list[int], list[int]]  # token ids, and labels: -100 where there is no loss
+
+
+def supervised_steps(model, pad_token_id: int, batch: Callable[[], list[Example]], *,
+                     steps: int, lr: float) -> Iterator[tuple[int, Any]]:
+    """AdamW steps of next-token loss on `batch()` (a fresh batch each step), right padded;
+    yields (step, loss tensor) after each, from 1. The warm-up of both built-in bases (this
+    one and `takeaway_base`): the caller probes, logs and stops between steps."""
     import torch
 
-    rng = random.Random(seed)
-    train = warmup_problems(task)
-    probe = list(task.problems("eval"))[:200]  # early-stopping probe (checkpoint selection only)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     model.train()
-    accuracy, t0 = 0.0, time.perf_counter()
-    for step in range(1, max_steps + 1):
-        batch = [encode_example(tokenizer, p.prompt,
-                                p.answer + (HEDGE if rng.random() < hedge_fraction else ""))
-                 for p in rng.sample(train, batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((batch_size, width), tokenizer.pad_token_id)  # (B, T)
-        labels = torch.full((batch_size, width), -100)  # (B, T)
-        for i, (x, y) in enumerate(batch):
+    for step in range(1, steps + 1):
+        examples = batch()
+        width = max(len(ids) for ids, _ in examples)
+        ids = torch.full((len(examples), width), pad_token_id)  # (B, T)
+        labels = torch.full((len(examples), width), -100)  # (B, T)
+        for i, (x, y) in enumerate(examples):
             ids[i, :len(x)], labels[i, :len(y)] = torch.tensor(x), torch.tensor(y)
         loss = model(input_ids=ids, labels=labels).loss  # right padding: causal, so harmless
         opt.zero_grad()
         loss.backward()
         opt.step()
+        yield step, loss
+
+
+def warm_up(model, tokenizer, task, *, target_competence: float, hedge_fraction: float,
+            max_steps: int, batch_size: int, lr: float, eval_every: int, seed: int,
+            log=print) -> tuple[int, float]:
+    """Supervised steps until forgiving held-out accuracy >= target; (steps run, last value)."""
+    rng = random.Random(seed)
+    train = warmup_problems(task)
+    probe = list(task.problems("eval"))[:200]  # early-stopping probe (checkpoint selection only)
+
+    def batch() -> list[Example]:
+        return [encode_example(tokenizer, p.prompt,
+                               p.answer + (HEDGE if rng.random() < hedge_fraction else ""))
+                for p in rng.sample(train, batch_size)]
+
+    accuracy, t0 = 0.0, time.perf_counter()
+    for step, loss in supervised_steps(model, tokenizer.pad_token_id, batch, steps=max_steps,
+                                       lr=lr):
         if step % eval_every == 0:
             accuracy = greedy_accuracy(model, tokenizer, probe, forgiving(task.reward))
             log(f"step {step:5d}  loss {loss.item():.3f}  probe competence {accuracy:.3f}  "

@@ -38,9 +38,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from echo2p2p.errors import LocalProtocolError
-from echo2p2p.snapshot import build_snapshot
 
-from .versions import Published, Snapshot
+from .versions import Published, Snapshot, signed_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +59,11 @@ def build_catch_up(target: Published, base: int) -> Snapshot | None:
     stream = memoryview(bases.streams[target.version]).cast("B")
     tensors = [(t.name, t.dtype, t.shape, stream[t.offset:t.offset + t.nbytes]) for t in full.tensors]
     with ThreadPoolExecutor(os.cpu_count()) as coder:  # zstd releases the GIL
-        manifest, chunks = build_snapshot(
-            target.version, tensors, chunk_bytes=full.chunk_bytes, zstd_level=bases.zstd_level,
-            base=(base, bases.streams[base]), map_chunks=coder.map)
-    if manifest.digest != full.digest:
+        snap = signed_snapshot(target.version, tensors, chunk_bytes=full.chunk_bytes,
+                               zstd_level=bases.zstd_level, sign=bases.sign,
+                               base=(base, bases.streams[base]), map_chunks=coder.map)
+    if snap.manifest.digest != full.digest:
         raise LocalProtocolError(f"the kept stream of v{target.version} is not the one published")
-    snap = Snapshot(manifest, chunks, bases.sign(manifest))
     return snap if snap.wire_bytes < target.full.wire_bytes else None
 
 

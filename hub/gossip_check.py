@@ -25,7 +25,7 @@ from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size
-from echo2p2p.overlay.download import MIN_RATE_BYTES_S
+from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, MAX_PIECE_BYTES, Cancel, Had,
                                    Have, Piece, Want)
 from echo2p2p.overlay.tickets import Credentials

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from echo2p2p.activation import (Selection, Worker, activate_all, choose_active, fastest_first,
-                                 lp_lower_bound)
+from echo2p2p.activation import (PricedWorker, Selection, activate_all, choose_active,
+                                 fastest_first, lp_lower_bound)
 from echo2p2p.capacity import (Reading, Workload, broadcast_s, feasible_schedules,
                                predicted_busy_fraction, predicted_stale_fraction,
                                predicted_staleness, required_throughput)
@@ -116,7 +116,7 @@ class PlanConfig:
         return self.publish_every or default_publish_every(self.max_lag)
 
 
-def load_workers(path: Path) -> list[Worker]:
+def load_workers(path: Path) -> list[PricedWorker]:
     """The [[worker]] tables of a TOML file, `count` expanded; ConfigError names a bad entry."""
     tables = tomllib.loads(path.read_text()).get("worker", [])
     if not tables:
@@ -126,7 +126,7 @@ def load_workers(path: Path) -> list[Worker]:
         try:
             count = int(t.get("count", 1))
             for k in range(count):
-                workers.append(Worker(f"{t['id']}-{k}" if count > 1 else str(t["id"]),
+                workers.append(PricedWorker(f"{t['id']}-{k}" if count > 1 else str(t["id"]),
                                       float(t["price_per_hour"]), float(t["rollouts_per_s"]),
                                       float(t.get("upload_mbps", 0)) * 1e6))
         except (KeyError, TypeError, ValueError) as exc:
@@ -176,7 +176,7 @@ def learner_facts(cfg: PlanConfig, shape: ModelShape) -> dict[str, Any]:
     return out
 
 
-def plan(cfg: PlanConfig, workers: list[Worker], shape: ModelShape) -> dict[str, Any]:
+def plan(cfg: PlanConfig, workers: list[PricedWorker], shape: ModelShape) -> dict[str, Any]:
     """Everything `echo2-hub plan` prints, as data. The broadcast starts once the version is
     published: T_bcast here is the publication plus the spread to every worker."""
     reading = Reading(cfg.reading)

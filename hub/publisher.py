@@ -29,14 +29,16 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p import snapshot as snap
 
 from .config_sections import OverlayConfig
-from .versions import Bases, Published, Snapshot, VersionFiles, mapped_state
+from .versions import Bases, Published, VersionFiles, mapped_state, signed_snapshot
 
 if TYPE_CHECKING:
     from .spotcheck import SpotChecker
@@ -84,11 +86,14 @@ class Publisher:
         chunk_bytes = self.overlay.chunk_bytes or snap.auto_chunk_bytes(len(stream))
         # Chunks are independent and zstd releases the GIL: code them on one thread per CPU.
         with ThreadPoolExecutor(os.cpu_count()) as coder:
-            full = self._snapshot(version, tensors, chunk_bytes, None, coder.map)
+            snapshot = partial(signed_snapshot, version, tensors, chunk_bytes=chunk_bytes,
+                               zstd_level=self.overlay.zstd_level, sign=self._sign,
+                               map_chunks=coder.map, files=self._files)
+            full = snapshot()
             coded = time.perf_counter()
             delta = None
             if self._last_stream is not None and self.published % self.overlay.anchor_every:
-                delta = self._snapshot(version, tensors, chunk_bytes, self._last_stream, coder.map)
+                delta = snapshot(base=self._last_stream)
         if self._spot is not None:  # exactly what peers load
             self._spot.keep(version, weights if self._files is None
                             else mapped_state(stream, full.manifest.tensors))
@@ -102,27 +107,9 @@ class Publisher:
         end = time.perf_counter()
         self.timings = {"stream_s": written - start, "full_s": coded - written,
                         "delta_s": end - coded, "build_s": end - start}
-        return Published(full, delta, Bases(dict(self._streams), self._signature,
-                                            self.overlay.zstd_level))
+        return Published(full, delta, Bases(dict(self._streams), self._sign, self.overlay.zstd_level))
 
-    def _snapshot(self, version: int, tensors: list, chunk_bytes: int,
-                  base: tuple[int, bytes | memoryview] | None, map_chunks: Any) -> Snapshot:
-        """One signed snapshot of `tensors` (a delta against `base` if given); with `files`,
-        its chunks written to a file as they are coded and mapped back."""
-        kind = "full" if base is None else "delta"
-        if self._files is not None:
-            map_chunks = self._files.chunk_writer(version, kind, map_chunks)
-        manifest, chunks = snap.build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
-                                               zstd_level=self.overlay.zstd_level, base=base,
-                                               map_chunks=map_chunks)
-        if self._files is not None:
-            chunks = self._files.chunks(version, kind, manifest)
-        return self._sign(manifest, chunks)
-
-    def _sign(self, manifest: Any, chunks: Any) -> Snapshot:
-        return Snapshot(manifest, chunks, self._signature(manifest))
-
-    def _signature(self, manifest: Any) -> bytes:
+    def _sign(self, manifest: m.Manifest) -> bytes:
         return signing.sign_manifest(self._signing_key, manifest)
 
 

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.runtime.process import loop_now
 
 from .config import HubConfig
 from .peers import PeerConn, close_connection, keep_alive, write_outbox
@@ -45,7 +46,7 @@ async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: Toke
     # max_frame_bytes and twice that get our close with a readable reason.
     ws = web.WebSocketResponse(max_msg_size=2 * cfg.limits.max_frame_bytes, compress=False)
     await ws.prepare(request)
-    protocol = hp.HubProtocol(_now(), cfg.limits.max_frame_bytes)
+    protocol = hp.HubProtocol(loop_now(), cfg.limits.max_frame_bytes)
     conn: PeerConn | None = None
     try:
         async with asyncio.TaskGroup() as tg:
@@ -86,13 +87,13 @@ async def _next_event(ws: web.WebSocketResponse, protocol: hp.HubProtocol, conn:
         return None
     data = frame.data if frame.type in (WSMsgType.BINARY, WSMsgType.TEXT) else None
     try:
-        event = protocol.receive_frame(data, _now())
+        event = protocol.receive_frame(data, loop_now())
     except RemoteProtocolError as exc:
         counters.closed_for_protocol += 1
         log.info("closing %s: %s", conn.peer_id if conn else request.remote, exc.reason)
         await close_connection(ws, protocol.session, exc.code, exc.reason, request.transport)
         return None
-    if (pause_s := protocol.pause_s(_now())) > 0:  # over its read budget: a rate limit,
+    if (pause_s := protocol.pause_s(loop_now())) > 0:  # over its read budget: a rate limit,
         await asyncio.sleep(pause_s)  # not a sync; backpressures this peer
     return None if isinstance(event, hp.GoodbyeReceived) else event
 
@@ -104,9 +105,5 @@ async def _write(conn: PeerConn, peer_timeout_s: float, counters: Any) -> None:
 
 
 async def _keep_alive(conn: PeerConn, cfg: HubConfig, tokens: TokenBook | None) -> None:
-    await keep_alive(conn, cfg.network.heartbeat_s, cfg.network.peer_timeout_s, _now,
+    await keep_alive(conn, cfg.network.heartbeat_s, cfg.network.peer_timeout_s, loop_now,
                      lambda: join_refusal(tokens, conn.hello.token, joining=False))
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

@@ -28,7 +28,7 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
-from echo2p2p.overlay.download import MIN_RATE_BYTES_S
+from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S, PENDING, fetch_chunk
 from echo2p2p.overlay.serving import PIECE_BYTES, PROBE_PATH
 from echo2p2p.propagation import MAX_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
@@ -122,25 +122,15 @@ class RelayCheck:
         url = base_url + chunk_path(manifest.version, manifest.base_version, index)
         if deadline_s is None:
             deadline_s = wait_s + PROBE_TIMEOUT_S + entry.wire_bytes / MIN_RATE_BYTES_S
-        sent = time.monotonic()
-        try:
-            async with self._slots, asyncio.timeout(deadline_s):
-                sent = time.monotonic()
-                async with self._session().get(url, params={"wait": str(wait_s)},
-                                               headers=self._headers(audience)) as resp:
-                    if resp.status == 503:  # alive, but it never got the chunk it should serve
-                        return "stall", time.monotonic() - sent
-                    if resp.status != 200:
-                        return "unreachable", time.monotonic() - sent
-                    if resp.content_length != entry.wire_bytes:
-                        return "corrupt", time.monotonic() - sent
-                    data = await resp.content.readexactly(entry.wire_bytes)
-        except TimeoutError:
-            return "stall", time.monotonic() - sent
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
-            return "unreachable", time.monotonic() - sent
-        elapsed = time.monotonic() - sent
-        return ("intact" if chunk_digest(data) == entry.digest else "corrupt"), elapsed
+        async with self._slots:
+            answer = await fetch_chunk(self._session(), url, entry.wire_bytes, wait_s=wait_s,
+                                       deadline_s=deadline_s, headers=self._headers(audience))
+        elapsed = answer.done - answer.sent
+        if answer.fault == PENDING:  # alive, but it never got the chunk it should serve
+            return "stall", elapsed
+        if answer.fault is not None:
+            return answer.fault, elapsed
+        return ("intact" if chunk_digest(answer.data) == entry.digest else "corrupt"), elapsed
 
     async def close(self) -> None:
         if self._http is not None:

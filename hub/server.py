@@ -36,6 +36,7 @@ from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.pool import Pool
 from echo2p2p.relay import Broadcast
+from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook, TrustPolicy
@@ -103,7 +104,7 @@ class Hub:
         self._trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         trust = self._trust  # its quarantined set is replaced on restore: looked up each time
         self._tracker = VersionTracker(cfg.overlay, self._peers, self._pool, on_event=self._on_event,
-                                       quarantined=lambda c: c.identity in trust.quarantined, now=_now)
+                                       quarantined=lambda c: c.identity in trust.quarantined, now=loop_now)
         self._guard = TrustGuard(self._trust, self._leases, self._buffer, self._counters,
                                  journal=self._journal, route_around=self._tracker.route_around,
                                  on_quarantine=self._quarantine)
@@ -162,7 +163,7 @@ class Hub:
                         not self._quotas.allows(conn, outstanding, holdings):
                     ready.remove(conn)
                     continue
-                lease = self._leases.grant(conn.peer_id, _now(), lease_min_version(
+                lease = self._leases.grant(conn.peer_id, loop_now(), lease_min_version(
                     self.step, self._training, self._quotas.ahead(outstanding, holdings),
                     cfg.grpo.prompts_per_step, cfg.staleness.max_lag))
                 holdings.add(conn, self._quotas.book)
@@ -176,7 +177,7 @@ class Hub:
     def replan(self, required: float | None) -> None:
         """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).
         Called by the learner loop every step (drift) and here on join and leave."""
-        activated, standby = self._pool.replan(required, _now())
+        activated, standby = self._pool.replan(required, loop_now())
         if not (activated or standby):
             return
         for peer_id in activated:
@@ -192,7 +193,7 @@ class Hub:
         """Forever: re-issue leases whose deadline passed."""
         while True:
             await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))  # a timer, not a sync
-            if late := self._leases.expire(_now()):
+            if late := self._leases.expire(loop_now()):
                 self._quotas.expired(late)  # hoarding costs
                 self.dispatch()
 
@@ -210,7 +211,7 @@ class Hub:
     def _submitted(self, conn: PeerConn, event: hp.RolloutReceived) -> None:
         """A rollout submission, for `hub.admission`; its judging runs as a task here."""
         judging = self._admission.submit(conn, event.submission, self.step,
-                                         self._tracker.newest_version, _now())
+                                         self._tracker.newest_version, loop_now())
         if judging is True:
             self.dispatch()
         elif judging is not False:
@@ -237,11 +238,11 @@ class Hub:
         return statistics_of(
             self.step, self._training, self._peers, self._counters, self._leases, self._buffer,
             self._pool, self._trust, self._tracker, len(self._judging),
-            self._accusations.relays.bad, self.scorer, self._spot is not None, _now())
+            self._accusations.relays.bad, self.scorer, self._spot is not None, loop_now())
 
     def peer_views(self) -> dict[str, PeerView]:
         """Each connected peer as the hub sees it, by peer id, in the order they joined."""
-        now, leases = _now(), self._leases.open_by_peer()
+        now, leases = loop_now(), self._leases.open_by_peer()
         accounts = self._pool.per_peer(now)
         return {c.peer_id: peer_view(
             c, self._trust, self._pool.is_active(c.peer_id), now, leases.get(c.peer_id, ()),
@@ -299,7 +300,7 @@ class Hub:
                      request: web.Request) -> PeerConn | None:
         """Join the peer that said `hello`, or close it (`hub.door`: joining too often, no
         valid token, a crowded address)."""
-        refused = self._door.refusal(hello, request.remote, self._peers.values(), _now())
+        refused = self._door.refusal(hello, request.remote, self._peers.values(), loop_now())
         if refused is not None:
             await close_connection(ws, protocol.session, *refused, request.transport)
             return None
@@ -321,7 +322,7 @@ class Hub:
             if key and hello.nonce else b"", *self.model_index, self.setup.env,
             self.setup.env_version))
         self._peers[peer_id] = conn
-        self._pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", _now())
+        self._pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", loop_now())
         self._accusations.relays.probe(conn, newest.version if newest else 0)
         self._tracker.catch_up(conn)
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
@@ -332,7 +333,7 @@ class Hub:
 
     def _leave(self, conn: PeerConn) -> None:
         self._peers.pop(conn.peer_id, None)
-        self._pool.leave(conn.peer_id, _now())
+        self._pool.leave(conn.peer_id, loop_now())
         back = self._leases.release_peer(conn.peer_id)
         self._quotas.left(conn)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name,
@@ -389,8 +390,4 @@ class Hub:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
         self._next_peer = restore_hub(state, journal, self._leases, self._buffer, self._trust,
-                                      _now())
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()
+                                      loop_now())

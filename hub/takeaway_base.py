@@ -21,6 +21,8 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from .base_checkpoint import supervised_steps
+
 # Warm-up games' seeds are drawn from [WARMUP_SEED0, 2 * WARMUP_SEED0): never a seed of the hub's
 # splits (echo2p2p.tasks.environment: held-out 0 .. eval_size - 1, then the training seeds).
 # The win rates are measured on seeds 0, 1, ...: the hub's held-out games.
@@ -135,29 +137,20 @@ def model_win_rate(model, tokenizer, seeds: Sequence[int], *, temperature: float
 def warm_up(model, tokenizer, *, steps: int, batch_size: int, lr: float,
             optimal_fraction: float, habit_fraction: float, seed: int, log=print) -> float:
     """Supervised steps on the warm-up player's games; the last step's loss."""
-    import torch
-
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    model.train()
-    loss, t0 = torch.tensor(float("nan")), time.perf_counter()
-    for step in range(1, steps + 1):
-        batch = [episode_example(tokenizer, rng.randrange(WARMUP_SEED0, 2 * WARMUP_SEED0),
-                                 lambda pile: mixture_move(pile, rng, optimal_fraction,
-                                                           habit_fraction))[:2]
-                 for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((batch_size, width), tokenizer.pad_token_id)  # (B, T)
-        labels = torch.full((batch_size, width), -100)  # (B, T)
-        for i, (x, y) in enumerate(batch):
-            ids[i, :len(x)], labels[i, :len(y)] = torch.tensor(x), torch.tensor(y)
-        loss = model(input_ids=ids, labels=labels).loss  # right padding: causal, so harmless
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    def batch() -> list[tuple[list[int], list[int]]]:
+        return [episode_example(tokenizer, rng.randrange(WARMUP_SEED0, 2 * WARMUP_SEED0),
+                                lambda pile: mixture_move(pile, rng, optimal_fraction,
+                                                          habit_fraction))[:2]
+                for _ in range(batch_size)]
+
+    loss, t0 = float("nan"), time.perf_counter()
+    for step, tensor in supervised_steps(model, tokenizer.pad_token_id, batch, steps=steps, lr=lr):
+        loss = tensor.item()
         if step % 50 == 0 or step == steps:
-            log(f"step {step:5d}  loss {loss.item():.3f}  {time.perf_counter() - t0:.0f}s")
-    return float(loss.item())
+            log(f"step {step:5d}  loss {loss:.3f}  {time.perf_counter() - t0:.0f}s")
+    return loss
 
 
 def measure(model, tokenizer, *, episodes: int, optimal_fraction: float,

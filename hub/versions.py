@@ -1,7 +1,6 @@
 """What the hub publishes: a version as signed snapshots (full, and a delta against the previous
-version); `VersionFiles`, which keeps them on disk, memory-mapped, rather than in RAM; and
-`blob_version` for benchmarks and tests that need bytes, not a model. How a version spreads is
-recorded by `echo2p2p.propagation`."""
+version), each made by `signed_snapshot`; `VersionFiles`, which keeps them on disk, memory-mapped,
+rather than in RAM. How a version spreads is recorded by `echo2p2p.propagation`."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2p2p import messages as m
-from echo2p2p import signing
-from echo2p2p.snapshot import auto_chunk_bytes, build_snapshot
+from echo2p2p.snapshot import MapChunks, TensorBytes, build_snapshot
 
 
 @dataclass(frozen=True)
@@ -54,22 +52,23 @@ class Published:
         return self.full.manifest.version
 
 
-def blob_version(key: bytes, version: int, data: bytes, base: tuple[int, bytes] | None = None,
-                 *, chunk_bytes: int = 0, zstd_level: int = 3,
-                 kept: Mapping[int, bytes] | None = None) -> Published:
-    """`data` as a signed version (one uint8 tensor), with a delta against `base` if given: for
-    benchmarks and tests of the overlay, which need bytes, not a model. Its catch-up bases are
-    `data`, `base` and the older streams in `kept` (version -> bytes)."""
-    chunk_bytes = chunk_bytes or auto_chunk_bytes(len(data))
-
-    def signed(base_: tuple[int, bytes] | None) -> Snapshot:
-        manifest, chunks = build_snapshot(version, [("blob", "uint8", [len(data)], data)],
-                                          chunk_bytes=chunk_bytes, zstd_level=zstd_level, base=base_)
-        return Snapshot(manifest, chunks, signing.sign_manifest(key, manifest))
-
-    streams = {**(kept or {}), **dict([base] if base is not None else []), version: data}
-    return Published(signed(None), signed(base) if base is not None else None,
-                     Bases(streams, lambda manifest: signing.sign_manifest(key, manifest), zstd_level))
+def signed_snapshot(version: int, tensors: Sequence[TensorBytes], *, chunk_bytes: int,
+                    zstd_level: int, sign: Callable[[m.Manifest], bytes],
+                    base: tuple[int, bytes | memoryview] | None = None,
+                    map_chunks: MapChunks = map,
+                    files: VersionFiles | None = None) -> Snapshot:
+    """`tensors` as one snapshot of `version`, a delta against `base` if given, its manifest
+    signed by `sign` (the publisher's versions, catch-up deltas, the tests' blobs: every signed
+    snapshot is made here). `map_chunks` codes the chunks (a pool's `map`: in parallel); with
+    `files`, each is written to the version's file as it is coded and mapped back."""
+    kind = "full" if base is None else "delta"
+    if files is not None:
+        map_chunks = files.chunk_writer(version, kind, map_chunks)
+    manifest, chunks = build_snapshot(version, tensors, chunk_bytes=chunk_bytes,
+                                      zstd_level=zstd_level, base=base, map_chunks=map_chunks)
+    if files is not None:
+        chunks = files.chunks(version, kind, manifest)
+    return Snapshot(manifest, chunks, sign(manifest))
 
 
 # --- retention on disk --------------------------------------------------------------------

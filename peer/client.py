@@ -32,6 +32,7 @@ from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError, Sna
 from echo2p2p.overlay.serving import UploadMeter
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
+from echo2p2p.runtime.process import loop_now
 from echo2p2p.runtime.tcp import socket_factory
 from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
                                            require_environment)
@@ -306,7 +307,7 @@ class PeerClient:
             try:
                 if frame.type is not aiohttp.WSMsgType.BINARY:
                     raise RemoteProtocolError("non-binary frame", m.CLOSE_UNSUPPORTED_DATA)
-                event = conn.protocol.receive(frame.data, _now())
+                event = conn.protocol.receive(frame.data, loop_now())
                 if isinstance(event, pp.HubLeft):
                     log.warning("hub said goodbye: %s (%d)", event.reason, event.code)
                     return
@@ -372,7 +373,3 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

@@ -23,6 +23,7 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.errors import ProtocolError, RemoteProtocolError
 from echo2p2p.peer_protocol import PeerProtocol
+from echo2p2p.runtime.process import loop_now
 
 from .config import PeerConfig
 
@@ -82,7 +83,7 @@ async def _handshake(ws: aiohttp.ClientWebSocketResponse, url: str, cfg: PeerCon
     """Hello -> Welcome, checked by the protocol (the caller adopts the welcome)."""
     peer_key = signing.public_key(key)
     nonce = secrets.token_bytes(32)
-    protocol = PeerProtocol(_now(), hub_url=url, peer_key=peer_key, nonce=nonce,
+    protocol = PeerProtocol(loop_now(), hub_url=url, peer_key=peer_key, nonce=nonce,
                             pinned_hub_key=cfg.pinned_hub_key)
     await ws.send_bytes(protocol.hello(m.Hello(
         cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, served_url,
@@ -90,7 +91,7 @@ async def _handshake(ws: aiohttp.ClientWebSocketResponse, url: str, cfg: PeerCon
     frame = await ws.receive()
     if frame.type is not aiohttp.WSMsgType.BINARY:
         raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
-    return protocol, protocol.receive_welcome(frame.data, _now())
+    return protocol, protocol.receive_welcome(frame.data, loop_now())
 
 
 class Backoff:
@@ -118,7 +119,3 @@ def hub_base_url(ws_url: str) -> str:
     """http://HOST:PORT of the hub, whose chunk route sits beside its websocket."""
     scheme, rest = ws_url.split("://", 1)
     return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

@@ -24,6 +24,7 @@ from echo2p2p import episodes
 from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import Scorer
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class RolloutWorker:
         if version is not None and version >= min_version:
             return True
         try:
-            await asyncio.wait_for(self.swapper.wait_version(min_version), deadline - _now())
+            await asyncio.wait_for(self.swapper.wait_version(min_version), deadline - loop_now())
         except TimeoutError:
             return False
         return True
@@ -220,7 +221,3 @@ class RolloutWorker:
         if self._scorer is not None:
             self._scorer.close()
             self._scorer = None
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

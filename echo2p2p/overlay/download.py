@@ -6,7 +6,8 @@ source that serves a corrupt chunk, stalls, cannot be reached or serves a chunk 
 the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided;
 its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
 resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are the
-core's `echo2p2p.failover.Failover`; this shell runs the requests and reads the clock.
+core's `echo2p2p.failover.Failover`; this shell runs the requests (`fetch.fetch_chunk`), verifies
+each chunk into the store (`_keep`, which `GossipDownload` shares) and reads the clock.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
 
+from .fetch import MIN_RATE_BYTES_S, PENDING, fetch_chunk
 from .store import ChunkStore, Held, chunk_path
 from .tickets import Credentials, server_base
 
 log = logging.getLogger(__name__)
-
-MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
 
 
 @dataclass(frozen=True)
@@ -90,34 +90,25 @@ class Download:
     async def run(self) -> TransferStats:
         manifest = self.held.manifest
         start = time.monotonic()
-        missing = set(self.held.assembler.missing)
+        self.failover.want(self.held.assembler.missing)
         in_flight: dict[asyncio.Task, tuple[int, str]] = {}
-        load: Counter[str] = Counter()
         # A delta as large as a big full version is as long a wait: the bar goes by size.
         bar = progress_bar(sum(c.wire_bytes for c in manifest.chunks), f"v{manifest.version}",
                            show=self.first or None)
         try:
-            while missing:
-                now = time.monotonic()
-                for i in sorted(missing - {i for i, _ in in_flight.values()}):
-                    source = self.failover.route(i, now)
-                    if source is not None and load[source] < self.window:
-                        load[source] += 1
-                        in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
+            while not self.failover.complete:
+                for i, source in self.failover.requests(time.monotonic(), self.window):
+                    in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
                 for task in await self._finished(in_flight, HUB_RETRY_S):
                     i, source = in_flight.pop(task)
-                    load[source] -= 1
                     fault = task.result()
+                    report = self.failover.finished(i, source, fault, time.monotonic())
                     if fault in (None, "slow"):  # a slow chunk is in, but its source is avoided
-                        missing.discard(i)
                         bar.update(manifest.chunks[i].wire_bytes)
-                    if fault is None:
-                        continue
-                    if source == HUB:
+                    if fault is not None and source == HUB:
                         log.warning("the hub did not serve chunk %d of v%d (%s); retrying", i,
                                     manifest.version, fault)
-                        self.failover.failed(source, time.monotonic())
-                    elif self.failover.failed(source, time.monotonic()):
+                    elif report:
                         log.warning("source %s %s on v%d; reporting it", source, fault,
                                     manifest.version)
                         await self.report(m.RelayReport(manifest.version, source, fault, i,
@@ -159,37 +150,35 @@ class Download:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.stall_s, sock_read=self.stall_s)
         asked = time.monotonic()
         while True:
-            sent = time.monotonic()  # of the request that answers: its long poll is allowed for
-            try:
-                async with asyncio.timeout(poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S):
-                    async with self.http.get(url, params={"wait": str(poll_s)}, timeout=timeout,
-                                             headers=headers) as resp:
-                        if resp.status == 503:  # the source is alive but does not have it yet
-                            if time.monotonic() - asked > self.stall_s:
-                                return "stall"
-                            continue
-                        if resp.status != 200:
-                            return "unreachable"
-                        if resp.content_length != entry.wire_bytes:
-                            return "corrupt"
-                        first_byte = time.monotonic()
-                        data = await resp.content.readexactly(entry.wire_bytes)
-                        last_byte = time.monotonic()
-            except TimeoutError:
+            answer = await fetch_chunk(
+                self.http, url, entry.wire_bytes, wait_s=poll_s, headers=headers, timeout=timeout,
+                deadline_s=poll_s + self.stall_s + entry.wire_bytes / MIN_RATE_BYTES_S)
+            if answer.fault != PENDING:  # else the source is alive but does not have it yet
+                break
+            if time.monotonic() - asked > self.stall_s:
                 return "stall"
-            except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
-                return "unreachable"
-            try:
-                await self.store.add(self.held, index, data)
-            except SnapshotError as exc:
-                log.warning("chunk %d of v%d from %s: %s", index, m_.version, source, exc)
-                return "corrupt"
-            self._bytes[source] += len(data)
-            began, _ = self._span.get(source, (first_byte, 0.0))
-            self._span[source] = (min(began, first_byte), time.monotonic())
-            # The rate is at least the deadline's own floor, so that rule is never the looser.
-            rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
-                           8 * MIN_RATE_BYTES_S)
-            if source != HUB and too_slow(len(data), last_byte - sent, rate_bps, poll_s):
-                return "slow"
-            return None
+        if answer.fault is not None:
+            return answer.fault
+        if (fault := await self._keep(index, source, answer.data, answer.first_byte)) is not None:
+            return fault
+        # The rate is at least the deadline's own floor, so that rule is never the looser.
+        rate_bps = max(per_request_bps(self._rates.get(source, 0.0), self.window),
+                       8 * MIN_RATE_BYTES_S)
+        elapsed_s = answer.done - answer.sent  # its long poll is allowed for
+        if source != HUB and too_slow(len(answer.data), elapsed_s, rate_bps, poll_s):
+            return "slow"
+        return None
+
+    async def _keep(self, index: int, source: str, data: bytes, began: float) -> str | None:
+        """Verify chunk `index` from `source` into the store and count its bytes, the transfer
+        having begun at `began` (monotonic): None once it is in, "corrupt" if it fails."""
+        try:
+            await self.store.add(self.held, index, data)
+        except SnapshotError as exc:
+            log.warning("chunk %d of v%d from %s: %s", index, self.held.manifest.version, source,
+                        exc)
+            return "corrupt"
+        self._bytes[source] += len(data)
+        first, _ = self._span.get(source, (began, 0.0))
+        self._span[source] = (min(first, began), time.monotonic())
+        return None

@@ -19,7 +19,6 @@ import logging
 import time
 
 from echo2p2p import messages as m
-from echo2p2p.errors import SnapshotError
 from echo2p2p.failover import HUB, HUB_RETRY_S
 from echo2p2p.gossip import Swarm
 from echo2p2p.relay import MAX_NEIGHBOURS
@@ -159,16 +158,7 @@ class GossipDownload(Download):
         data = await link.want(self.held.key, index, self.held.manifest.chunks[index].wire_bytes)
         if data is None:
             return "unreachable" if link.reason is None or link.reason == "closed" else "stall"
-        try:
-            await self.store.add(self.held, index, data)
-        except SnapshotError as exc:
-            log.warning("chunk %d of v%d from %s: %s", index, self.held.manifest.version, source,
-                        exc)
-            return "corrupt"
-        self._bytes[source] += len(data)
-        began, _ = self._span.get(source, (asked, 0.0))
-        self._span[source] = (min(began, asked), time.monotonic())
-        return None
+        return await self._keep(index, source, data, asked)
 
     async def _fault(self, index: int, source: str, fault: str) -> None:
         manifest = self.held.manifest

@@ -1,4 +1,5 @@
-"""How an echo2p2p process starts: logging, quieter libraries, and the event loop (uvloop if any).
+"""How an echo2p2p process starts: logging, quieter libraries, and the event loop (uvloop if any);
+and the loop's clock, the `now` every shell hands its sans-IO core (`loop_now`).
 
 Shared by the `echo2-peer` and `echo2-hub` entry points; nothing else configures logging.
 """
@@ -28,3 +29,9 @@ def run(main: Coroutine[Any, Any, int]) -> int:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def loop_now() -> float:
+    """The running event loop's clock (monotonic seconds): what the shells pass their cores as
+    `now`, so that timers and the core agree on one clock."""
+    return asyncio.get_running_loop().time()

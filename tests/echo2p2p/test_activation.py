@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2p2p import activation
-from echo2p2p.activation import (Activator, Worker, activate_all, choose_active, exhaustive,
+from echo2p2p.activation import (Activator, PricedWorker, activate_all, choose_active, exhaustive,
                                  fastest_first, lp_lower_bound)
 from echo2p2p.errors import ConfigError
 
 
-def pool(*specs: tuple[float, float]) -> list[Worker]:
+def pool(*specs: tuple[float, float]) -> list[PricedWorker]:
     """Workers w0, w1, ... from (price $/h, rollouts/s) pairs."""
-    return [Worker(f"w{i}", float(p), float(mu)) for i, (p, mu) in enumerate(specs)]
+    return [PricedWorker(f"w{i}", float(p), float(mu)) for i, (p, mu) in enumerate(specs)]
 
 
 # Integer-valued throughputs sum exactly in any order, so feasibility has no rounding edge.
@@ -147,11 +147,12 @@ def test_lp_bound_below_the_optimum(ws, required):
 def noisy_trace(seed: int, ticks: int = 200):
     """30 priced workers and 3 volunteers; each tick every mu is its base times 1 +- 3 %."""
     rng = random.Random(seed)
-    base = [Worker(f"w{i:02d}", round(rng.uniform(0.5, 3.0), 2), rng.uniform(0.5, 3.0))
-            for i in range(30)] + [Worker(f"v{i}", 0.0, 0.3) for i in range(3)]
+    base = [PricedWorker(f"w{i:02d}", round(rng.uniform(0.5, 3.0), 2), rng.uniform(0.5, 3.0))
+            for i in range(30)] + [PricedWorker(f"v{i}", 0.0, 0.3) for i in range(3)]
     required = 0.4 * sum(w.rollouts_per_s for w in base)
     for _ in range(ticks):
-        yield [Worker(w.worker_id, w.price_per_hour, w.rollouts_per_s * rng.uniform(0.97, 1.03))
+        yield [PricedWorker(w.worker_id, w.price_per_hour,
+                            w.rollouts_per_s * rng.uniform(0.97, 1.03))
                for w in base], required
 
 
@@ -176,7 +177,7 @@ def test_leave_of_an_active_worker_replans_feasibly():
     """When an active paid worker leaves, the next plan excludes it and still covers the target,
     keeping the others that were active (a repair, not a reshuffle)."""
     rng = random.Random(7)
-    ws = [Worker(f"w{i:02d}", round(rng.uniform(0.5, 3), 2), rng.uniform(0.5, 3))
+    ws = [PricedWorker(f"w{i:02d}", round(rng.uniform(0.5, 3), 2), rng.uniform(0.5, 3))
           for i in range(40)]
     required = 0.3 * sum(w.rollouts_per_s for w in ws)
     activator = Activator()
@@ -195,10 +196,10 @@ def test_switch_only_for_a_real_saving():
     ws = pool((1.0, 1), (1.0, 1), (1.0, 1), (1.0, 1), (1.0, 1))
     activator = Activator(margin=0.0, patience=2)
     assert activator.replan(ws, 3.0).price_per_hour == 3.0
-    slightly = ws + [Worker("new", 0.94, 1)]  # 2.94 $/h: 2 % cheaper
+    slightly = ws + [PricedWorker("new", 0.94, 1)]  # 2.94 $/h: 2 % cheaper
     assert activator.replan(slightly, 3.0).price_per_hour == 3.0
     assert activator.replan(slightly, 3.0).price_per_hour == 3.0
-    much = ws + [Worker("big", 1.5, 3)]  # 1.5 $/h: 50 % cheaper
+    much = ws + [PricedWorker("big", 1.5, 3)]  # 1.5 $/h: 50 % cheaper
     assert activator.replan(much, 3.0).price_per_hour == 3.0  # once could be noise
     assert activator.replan(much, 3.0).active == ("big",)
 
@@ -208,17 +209,17 @@ def test_infeasible_then_feasible_again():
     activator = Activator(margin=0.0)
     small = pool((1, 1), (2, 1))
     assert not activator.replan(small, 5.0).feasible
-    grown = small + [Worker("big", 3.0, 10)]
+    grown = small + [PricedWorker("big", 3.0, 10)]
     assert activator.replan(grown, 5.0).active == ("big",)
 
 
 def test_worker_rejects_bad_values_by_name():
     """Negative or NaN prices and throughputs are refused, naming the field."""
     with pytest.raises(ConfigError) as info:
-        Worker("x", -1.0, 1.0)
+        PricedWorker("x", -1.0, 1.0)
     assert info.value.field == "price_per_hour"
     with pytest.raises(ConfigError) as info:
-        Worker("x", 1.0, math.nan)
+        PricedWorker("x", 1.0, math.nan)
     assert info.value.field == "rollouts_per_s"
 
 

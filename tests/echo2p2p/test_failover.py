@@ -87,6 +87,32 @@ def test_a_failed_source_past_the_wait_still_respects_the_hub_pause():
     assert f.route(0, 2.5) == HUB
 
 
+def test_requests_keep_a_window_per_source_and_end_as_told():
+    """At most `window` requests are out to a source at once, lowest chunk first; a chunk that
+    came is not asked again, a failed one is asked again once routed (here: of the hub, after
+    the replan wait), and the first failure of a peer source is to be reported."""
+    f = Failover(5, "me", replan_wait_s=1.0)
+    f.plan(plan([0, 0, 0, H, H], ["a"]), {"a"})
+    assert f.requests(0.0, window=2) == [(0, "a"), (1, "a"), (3, HUB), (4, HUB)]
+    assert f.requests(0.0, window=2) == [] and f.asked(2) is None and f.asked(1) == "a"
+    assert f.finished(0, "a", None, 0.5) is False
+    assert f.requests(0.5, window=2) == [(2, "a")]
+    assert f.finished(1, "a", "stall", 0.6) is True  # reported: chunks 1 and 2 wait
+    assert f.requests(0.7, window=2) == [] and f.waiting(0.7)
+    assert f.finished(2, "a", "slow", 0.8) is False  # in, and "a" was reported already
+    for i in (3, 4):
+        f.finished(i, HUB, None, 0.9)
+    assert not f.complete and f.requests(2.0, window=2) == [(1, HUB)]
+    assert f.finished(1, HUB, None, 2.5) is False and f.complete
+
+
+def test_a_resumed_download_wants_only_what_it_lacks():
+    """Told which chunks are missing, the failover asks for those alone."""
+    f = Failover(4, "me")
+    f.want([1, 3])
+    assert f.requests(0.0, window=4) == [(1, HUB), (3, HUB)]
+
+
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", HUB]), st.floats(0, 100)), max_size=20),
        st.floats(0, 200))
 def test_a_chunk_goes_only_to_a_healthy_source_or_the_hub(faults, now):

@@ -3,12 +3,9 @@ hub's dealing, and the emulated sweep's O(N) control traffic."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import struct
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +13,9 @@ from hypothesis import strategies as st
 
 from echo2p2p.gossip import HUB, Swarm, pack_bits, unpack_bits
 from echo2p2p.relay import MAX_NEIGHBOURS, Member, deal_seeds, gossip_plan
+
+from bench.emulated_peers import run_gossip, run_tracker
+from bench.emulation import Setup, gossip_announcement, manifest
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -330,23 +330,12 @@ def test_orphaned_seeds_are_dealt_by_measured_upload():
 # --- the emulated sweep --------------------------------------------------------------------
 
 
-def _sweep():
-    path = Path(__file__).resolve().parents[2] / "bench" / "gossip_sweep.py"
-    spec = importlib.util.spec_from_file_location("gossip_sweep", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_emulated_hub_control_is_o_n_for_gossip():
     """16 emulated peers: gossip's hub control messages are a few per peer whatever the chunk
     count, and its plans grow by 4 bytes per added chunk in all; the tracker's plans grow by
     4 bytes per chunk per peer. Both complete, and gossip's hub sends one copy."""
-    sweep = _sweep()
-    runs = {(name, n): run(sweep.Setup(16, n_chunks=n, chunk_bytes=(108 << 20) // n))
-            for n in (54, 108) for name, run in (("gossip", sweep.run_gossip),
-                                                  ("tracker", sweep.run_tracker))}
+    runs = {(name, n): run(Setup(16, n_chunks=n, chunk_bytes=(108 << 20) // n))
+            for n in (54, 108) for name, run in (("gossip", run_gossip), ("tracker", run_tracker))}
     assert all(r.complete for r in runs.values())
     g54, g108, t54, t108 = (runs[k] for k in (("gossip", 54), ("gossip", 108),
                                               ("tracker", 54), ("tracker", 108)))
@@ -359,9 +348,8 @@ def test_emulated_hub_control_is_o_n_for_gossip():
 
 def test_emulation_counts_the_real_announcement():
     """The sweep's gossip announcement is what messages.encode makes of the real message."""
-    sweep = _sweep()
-    man = sweep.manifest(10, 1 << 20)
-    encoded, plan_bytes = sweep.gossip_announcement(man, [1, 2], [])
+    man = manifest(10, 1 << 20)
+    encoded, plan_bytes = gossip_announcement(man, [1, 2], [])
     assert len(encoded) > plan_bytes >= len(struct.pack("<2I", 1, 2))
 
 

@@ -77,7 +77,7 @@ def test_noisy_rates_do_not_flap_the_active_set():
     time would change the set dozens of times; with the pool's hysteresis it barely moves."""
     import random
 
-    from echo2p2p.activation import Worker, choose_active
+    from echo2p2p.activation import PricedWorker, choose_active
 
     rng = random.Random(3)
     base = {f"w{i}": (0.3 + 0.1 * i, 2.0 + i) for i in range(12)}
@@ -93,7 +93,7 @@ def test_noisy_rates_do_not_flap_the_active_set():
         activated, standby = pool.replan(required, float(step))
         changes += len(activated) + len(standby)
         assert pool.plan.rollouts_per_s >= required  # never short of the requirement itself
-        now = set(choose_active([Worker(n, a.price_per_hour, a.rollouts_per_s)
+        now = set(choose_active([PricedWorker(n, a.price_per_hour, a.rollouts_per_s)
                                  for n, a in pool.accounts.items()], required, 0.1).active)
         fresh_changes += len(now ^ fresh)
         fresh = now

@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from echo2p2p.hub.versions import blob_version
 
+from tests.blob_versions import blob_version
 from tests.conftest import tracker, wait_until
 
 QUICK, SLOW = 60, 500

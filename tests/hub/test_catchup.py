@@ -23,11 +23,11 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.counters import PeerView
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.hub.tracker import VersionTracker
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.pool import Pool
 
+from tests.blob_versions import blob_version
 from tests.conftest import running_peers, tracker, wait_until
 
 KEY = signing.new_private_key()

@@ -17,12 +17,12 @@ from echo2p2p.errors import ConfigError, JoinRefused
 from echo2p2p.session import Session, Side
 from echo2p2p.hub.cli import main as hub_main
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.hub.tokens import TokenBook
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials
 
+from tests.blob_versions import blob_version
 from tests.conftest import tracker, wait_until
 
 

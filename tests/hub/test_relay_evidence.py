@@ -18,11 +18,11 @@ from echo2p2p import signing
 from echo2p2p.relay import owners_of
 from echo2p2p.session import Session, Side
 from echo2p2p.hub import relays as hub_relays
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, server_base
 
+from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker, wait_until
 from tests.peer.test_overlay import CHUNK, Peers, joined
 

@@ -17,9 +17,10 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.peers import PeerConn
 from echo2p2p.pool import Pool
 from echo2p2p.hub.tracker import VersionTracker
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.overlay.store import GONE
+
+from tests.blob_versions import blob_version
 
 KEY = bytes(range(32))
 BLOB = b"\1" * (1 << 18)

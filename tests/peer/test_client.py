@@ -7,13 +7,13 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.connection import Backoff
 from echo2p2p.peer.worker import Rollouts
 
+from tests.blob_versions import blob_version
 from tests.conftest import tracker
 
 

@@ -18,11 +18,11 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.hub.peers import PeerConn
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay import link as lk
 from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
+from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker, wait_until
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 

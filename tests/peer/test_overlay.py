@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 
 from echo2p2p.hub.server import Hub
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.store import GONE
 
+from tests.blob_versions import blob_version
 from tests.conftest import tracker, wait_until
 
 CHUNK = 16 << 10

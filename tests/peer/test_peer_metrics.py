@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 
 from echo2p2p.errors import ConfigError
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.metrics import MAX_REASONS, metrics_server, rejected_by_reason
 
+from tests.blob_versions import blob_version
 from tests.conftest import running_peers, tracker, wait_until
 from tests.hub.test_metrics import families, naming_faults, scrape, value
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from echo2p2p.hub.server import Hub
-from echo2p2p.hub.versions import blob_version
 
+from tests.blob_versions import blob_version
 from tests.conftest import tracker, wait_until
 from tests.peer.test_overlay import (CHUNK, Peers, holds, joined, kill_a_relay_mid_version,
                                      propagation)

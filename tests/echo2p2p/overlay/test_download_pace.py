@@ -12,10 +12,10 @@ from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 
+from tests.blob_versions import blob_version
 from tests.conftest import serving
 from tests.peer.test_overlay import CHUNK
 

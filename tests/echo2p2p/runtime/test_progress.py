@@ -21,11 +21,11 @@ from aiohttp import web
 
 from echo2p2p import signing
 from echo2p2p.hub.durable import Checkpoints
-from echo2p2p.hub.versions import blob_version
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.runtime.progress import LARGE_BYTES, progress_bar
 
+from tests.blob_versions import blob_version
 from tests.conftest import serving
 from tests.peer.test_model_from_hub import FILES, INDEX, fetch, model_server, welcome
 

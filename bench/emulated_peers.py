@@ -1,0 +1,315 @@
+"""The emulated peers of bench/gossip_sweep.py, each running a REAL pure core in the
+`bench.emulation` world through the calls its shell makes: `TrackerPeer` one
+`echo2p2p.failover.Failover` (`requests`, `finished`, `plan`, as `overlay.download.Download`),
+`GossipPeer` one `echo2p2p.gossip.Swarm` (`requests`, `got`, `failed`, `wake_at`, as
+`overlay.gossip_download.GossipDownload`). Only the transport is emulated. `run_tracker` and
+`run_gossip` broadcast one version to a `Setup`'s peers, the hub's side the real
+`echo2p2p.relay` plans.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections import Counter
+from collections.abc import Callable
+
+from echo2p2p import messages as m
+from echo2p2p.failover import HUB, Failover
+from echo2p2p.gossip import Swarm
+from echo2p2p.relay import Broadcast, Member, gossip_plan
+
+from bench.emulation import (HAD_FLUSH_S, VERIFY_S, WINDOW, Result, Setup, Uplink, World,
+                             frame_bytes, gossip_announcement)
+
+
+class TrackerPeer:
+    """A peer as `overlay.download.Download` drives `Failover`; its chunk server long-polls."""
+
+    def __init__(self, world: World, member: Member):
+        self.w, self.id = world, member.peer_id
+        self.up = Uplink(world.sim, world.rates[self.id])
+        self.held: set[int] = set()
+        self.waiting: dict[int, list] = {}  # chunk -> requesters long-polling for it
+        self.got_from: Counter = Counter()
+        self.done_at: float | None = None
+        self.failover: Failover | None = None
+        self.sending: dict[int, tuple[TrackerPeer, int]] = {}  # upload job -> (to, chunk)
+        self.gone = self.ticking = False
+
+    def announced(self, plan: m.RelayPlan) -> None:
+        self.failover = Failover(self.w.setup.n_chunks, self.id)
+        self.failover.plan(plan, {s.peer_id for s in plan.sources} | {HUB})
+        self.pump()
+
+    def replan(self, plan: m.RelayPlan) -> None:
+        if not self.gone:
+            self.failover.plan(plan, {s.peer_id for s in plan.sources} | {HUB})
+            self.pump()
+
+    def pump(self) -> None:
+        now = self.w.sim.now
+        for i, source in self.failover.requests(now, WINDOW):
+            if source == HUB:
+                self.w.hub_want(self, i)
+            else:
+                self.w.sim.at(now + self.w.lat(self.id, source), self.w.peers[source].request,
+                              self, i)
+        if self.failover.waiting(now) and not self.ticking:  # as Download.run wakes every 1 s
+            self.ticking = True
+            self.w.sim.at(self.w.sim.now + 1.0, self._tick)
+
+    def _tick(self) -> None:
+        self.ticking = False
+        if not self.gone:
+            self.pump()
+
+    def leave(self) -> None:
+        self.gone = True
+        lost = list(self.sending.values()) + [(r, i) for i, rs in self.waiting.items() for r in rs]
+        for requester, index in lost:
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, requester.id), requester.failed,
+                          self.id, index)
+        self.up.fail_all()
+        self.sending.clear()
+        self.waiting.clear()
+
+    def request(self, requester: TrackerPeer, index: int) -> None:
+        if self.gone:  # connection refused, one latency later
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, requester.id), requester.failed,
+                          self.id, index)
+        elif index in self.held:
+            self._send(requester, index)
+        else:
+            self.waiting.setdefault(index, []).append(requester)
+
+    def _send(self, requester: TrackerPeer, index: int) -> None:
+        back = self.w.lat(self.id, requester.id)
+
+        def done() -> None:
+            del self.sending[job]
+            self.w.sim.at(self.w.sim.now + back, requester.piece, self.id, index)
+        job = self.up.send(self.w.setup.chunk_bytes, done)
+        self.sending[job] = (requester, index)
+
+    def piece(self, source: str, index: int) -> None:
+        if not self.gone:
+            self.w.sim.at(self.w.sim.now + VERIFY_S, self._verified, source, index)
+
+    def _verified(self, source: str, index: int) -> None:
+        if self.gone or self.failover.asked(index) != source:
+            return  # a request that had failed already: Download dropped it
+        self.held.add(index)
+        self.failover.finished(index, source, None, self.w.sim.now)
+        self.got_from[source] += 1
+        for requester in self.waiting.pop(index, []):
+            self._send(requester, index)
+        if self.failover.complete and self.done_at is None:
+            self.w.reported(self)
+        self.pump()
+
+    def failed(self, source: str, index: int) -> None:
+        """A request failed (the source left, or the hub's route is gone): Download's path."""
+        if self.gone or self.failover.asked(index) != source:
+            return
+        if self.failover.finished(index, source, "unreachable", self.w.sim.now):  # RelayReport
+            self.w.control(len(m.encode(m.RelayReport(1, source, "unreachable", index))))
+        self.pump()
+
+
+def run_tracker(setup: Setup) -> Result:
+    w = World(setup, "tracker")
+    w.peers = {mb.peer_id: TrackerPeer(w, mb) for mb in w.members}
+    w.broadcast = Broadcast(1, None, setup.n_chunks, "pipelined")
+    plan = w.broadcast.start(w.members)
+    encoded = m.encode(m.VersionAnnouncement(w.man, plan, bytes(64)))
+    for peer in w.peers.values():
+        w.announce(peer, encoded, len(m.encode(plan)), plan)
+    return w.finish()
+
+
+class GossipPeer:
+    """A peer running `Swarm` over its links, as the gossip shell does."""
+
+    def __init__(self, world: World, member: Member):
+        self.w, self.id = world, member.peer_id
+        self.up = Uplink(world.sim, world.rates[self.id])
+        self.swarm: Swarm | None = None
+        self.linked: list[str] = []
+        self.early: dict[str, set[int]] = {}  # what links said before our announcement came
+        self.jobs: dict[tuple[str, int], int] = {}  # (requester, chunk) -> upload job
+        self.had: list[int] = []
+        self.last_flush, self.flush_at, self.wake = -1.0, None, None
+        self.got_from: Counter = Counter()
+        self.done_at: float | None = None
+        self.gone = False
+
+    def leave(self) -> None:
+        """SIGKILLed: every link sees its connection close one latency later."""
+        self.gone = True
+        for peer in self.linked:
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, peer), self.w.peers[peer].lost, self.id)
+        self.up.fail_all()
+        self.jobs.clear()
+
+    def more_seed(self, seed: list[int]) -> None:
+        if self.swarm is not None and not self.gone:
+            self.swarm.add_seed(seed)
+            self.pump()
+
+    def lost(self, peer: str) -> None:
+        self.linked.remove(peer)
+        if self.swarm is not None and not self.gone:
+            self.swarm.link_down(peer)
+            self.pump()
+
+    def send(self, to: str, tag: str, fn: Callable, *args, **record) -> None:
+        """A control frame over the link to `to`: counted, delivered one latency later."""
+        self.w.res.p2p_msgs += 1
+        self.w.res.p2p_bytes += frame_bytes(tag, **record)
+        self.w.sim.at(self.w.sim.now + self.w.lat(self.id, to), fn, *args)
+
+    def announced(self, seed: list[int], neighbours: list[m.RelaySource]) -> None:
+        self.swarm = Swarm(self.w.setup.n_chunks, self.id, seed)
+        for peer in self.linked:
+            self._open(peer)
+        for nb in neighbours:
+            self.w.dial(self.id, nb.peer_id)
+        self.pump()
+
+    def link_up(self, peer: str) -> None:
+        if self.gone or self.w.peers[peer].gone:
+            return
+        self.linked.append(peer)
+        if self.swarm is not None:
+            self._open(peer)
+            self.pump()
+
+    def _open(self, peer: str) -> None:
+        self.swarm.link_up(peer, reachable=peer not in self.w.natted)
+        if peer in self.early:
+            self.swarm.heard_had(peer, self.early.pop(peer))
+        held = sorted(set(range(self.w.setup.n_chunks)) - self.swarm.missing)
+        self.send(peer, "have", self.w.peers[peer].heard, self.id, held, bits=self.swarm.bitfield())
+
+    def heard(self, peer: str, indices: list[int]) -> None:
+        if self.gone or peer not in self.linked:
+            return
+        if self.swarm is None or peer not in self.swarm.links:
+            self.early.setdefault(peer, set()).update(indices)
+            return
+        self.swarm.heard_had(peer, indices)
+        self.pump()
+
+    def pump(self) -> None:
+        if self.gone:
+            return
+        now = self.w.sim.now
+        for i, source in self.swarm.requests(now):
+            if source == HUB:
+                self.w.hub_want(self, i)
+            else:
+                self.send(source, "want", self.w.peers[source].wanted, self.id, i, index=i)
+        wake = self.swarm.wake_at(now)
+        if wake is not None and (self.wake is None or wake < self.wake):
+            self.wake = wake
+            self.w.sim.at(wake, self._woke, wake)
+
+    def _woke(self, at: float) -> None:
+        if self.wake == at:
+            self.wake = None
+            self.pump()
+
+    def wanted(self, requester: str, index: int) -> None:
+        if self.gone or requester not in self.linked:
+            return  # the link is down; the requester learns it from the close
+        why = self.swarm.wanted(requester, index)
+        if why is not None:
+            raise AssertionError(f"{self.id} refused {requester}'s want of {index}: {why}")
+        back = self.w.lat(self.id, requester)
+
+        def done() -> None:
+            del self.jobs[(requester, index)]
+            self.swarm.served(requester, index)
+            self.w.sim.at(self.w.sim.now + back, self.w.peers[requester].piece, self.id, index)
+        self.jobs[(requester, index)] = self.up.send(self.w.setup.chunk_bytes, done,
+                                                     lambda: self.swarm.serve_rank(requester, index))
+
+    def cancelled(self, requester: str, index: int) -> None:
+        if self.gone:
+            return
+        job = self.jobs.pop((requester, index), None)
+        if job is not None:
+            self.up.cancel(job)
+        self.swarm.served(requester, index)
+
+    def piece(self, source: str, index: int) -> None:
+        if self.gone:
+            return
+        if source not in self.swarm.wants(index):
+            self.w.res.wasted_pieces += 1  # an endgame loser that was already on its way
+            return
+        self.w.sim.at(self.w.sim.now + VERIFY_S, self._verified, source, index)
+
+    def _verified(self, source: str, index: int) -> None:
+        if self.gone or source not in self.swarm.wants(index):
+            self.w.res.wasted_pieces += 1
+            return
+        self.got_from[source] += 1
+        for loser in self.swarm.got(index, source, self.w.sim.now):
+            if loser != HUB:
+                self.send(loser, "cancel", self.w.peers[loser].cancelled, self.id, index, index=index)
+        self.had.append(index)
+        self._flush_later()
+        if self.swarm.complete and self.done_at is None:
+            self.w.reported(self)
+        self.pump()
+
+    def _flush_later(self) -> None:
+        now = self.w.sim.now
+        if now - self.last_flush >= HAD_FLUSH_S or len(self.had) >= 64:
+            self._flush()
+        elif self.flush_at is None:
+            self.flush_at = self.last_flush + HAD_FLUSH_S
+            self.w.sim.at(self.flush_at, self._flush)
+
+    def _flush(self) -> None:
+        self.flush_at, self.last_flush = None, self.w.sim.now
+        if not self.had or self.gone:
+            return
+        packed = struct.pack(f"<{len(self.had)}I", *self.had)
+        for peer in self.swarm.links:
+            self.send(peer, "had", self.w.peers[peer].heard, self.id, list(self.had), indices=packed)
+        self.had = []
+
+    def failed(self, source: str, index: int) -> None:
+        if not self.gone:
+            self.swarm.failed(index, source, self.w.sim.now)
+            self.pump()
+
+
+def run_gossip(setup: Setup) -> Result:
+    w = World(setup, "gossip")
+    w.peers = {mb.peer_id: GossipPeer(w, mb) for mb in w.members}
+    links: set[frozenset] = set()
+
+    def dial(a: str, b: str) -> None:  # one link per pair, whoever dials first
+        pair = frozenset((a, b))
+        if a != b and pair not in links:
+            links.add(pair)
+            w.sim.at(w.sim.now + 2 * w.lat(a, b), establish, a, b)
+
+    def establish(a: str, b: str) -> None:
+        if w.peers[a].gone or w.peers[b].gone:
+            return
+        w.peers[a].link_up(b)
+        w.peers[b].link_up(a)
+    w.dial = dial
+    deals = w.deals = gossip_plan(w.members, setup.n_chunks, rng=random.Random(setup.seed + 2))
+    for peer in w.peers.values():
+        deal = deals[peer.id]
+        encoded, plan_bytes = gossip_announcement(w.man, deal.seed, deal.neighbours)
+        w.announce(peer, encoded, plan_bytes, deal.seed, deal.neighbours)
+    res = w.finish()
+    res.extra["links"] = len(links)
+    return res

@@ -1,0 +1,65 @@
+"""One chunk request to a chunk server, and what its answer means: the chunk's bytes or a fault.
+
+Both who fetch chunks over HTTP use it: a peer's download (`download.Download`, every chunk of a
+version from the hub or a relay) and the hub checking an accused relay (`hub.relays`). An answer
+maps to the faults a `RelayReport` names: a length other than the manifest's is "corrupt", no
+answer by the deadline "stall", an error or a refusal "unreachable". A 503 (the server is alive
+but does not hold the chunk yet) is PENDING, which each caller weighs its own way: a download
+asks again until its stall deadline, the hub's check calls it a stall. Nothing here checks a
+digest (the download verifies into its store, the hub against the signed manifest) or retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+MIN_RATE_BYTES_S = 256 << 10  # a transfer slower than this counts as stalled
+PENDING = "pending"  # the server answered 503: it does not hold the chunk yet
+
+
+@dataclass(frozen=True)
+class ChunkAnswer:
+    """The outcome of one chunk request; times are `time.monotonic()` readings."""
+
+    fault: str | None
+    """None: `data` is the chunk (its length checked); else PENDING, "corrupt", "stall" or
+    "unreachable"."""
+    sent: float
+    """When the request went out."""
+    done: float
+    """When the last byte came, or the fault was seen."""
+    first_byte: float = 0.0
+    """When the body began to arrive (0 without one)."""
+    data: bytes = b""
+
+
+async def fetch_chunk(http: aiohttp.ClientSession, url: str, wire_bytes: int, *, wait_s: float,
+                      deadline_s: float, headers: dict[str, str],
+                      timeout: aiohttp.ClientTimeout | None = None) -> ChunkAnswer:
+    """GET the chunk at `url` (`wire_bytes` long), letting the server wait up to `wait_s` for it,
+    all of it within `deadline_s`; `timeout`: aiohttp's per-socket limits, if any."""
+    options: dict[str, Any] = {"params": {"wait": str(wait_s)}, "headers": headers}
+    if timeout is not None:
+        options["timeout"] = timeout
+    sent = time.monotonic()
+    try:
+        async with asyncio.timeout(deadline_s):
+            async with http.get(url, **options) as resp:
+                if resp.status == 503:
+                    return ChunkAnswer(PENDING, sent, time.monotonic())
+                if resp.status != 200:
+                    return ChunkAnswer("unreachable", sent, time.monotonic())
+                if resp.content_length != wire_bytes:
+                    return ChunkAnswer("corrupt", sent, time.monotonic())
+                first_byte = time.monotonic()
+                data = await resp.content.readexactly(wire_bytes)
+                return ChunkAnswer(None, sent, time.monotonic(), first_byte, data)
+    except TimeoutError:
+        return ChunkAnswer("stall", sent, time.monotonic())
+    except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
+        return ChunkAnswer("unreachable", sent, time.monotonic())
