@@ -61,6 +61,38 @@ async def running_peers(url: str, n: int = 1, engines: list | None = None,
             stop.set()
 
 
+class Records(list):
+    """The records a hub logs (pass `records.append` as its `on_event`), with a wait for one.
+    Appended to on the event loop, as the hub logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._added = asyncio.Event()  # replaced at each record: a pulse
+
+    def append(self, record: dict) -> None:
+        super().append(record)
+        self._added.set()
+        self._added = asyncio.Event()
+
+    def first(self, event: str, **fields) -> dict | None:
+        """The first record of `event` with these field values, if logged yet."""
+        return next((r for r in self if r.get("event") == event
+                     and all(r.get(k) == v for k, v in fields.items())), None)
+
+    async def wait_for(self, event: str, timeout_s: float = 60.0, **fields) -> dict:
+        """The first record of `event` with these field values, once logged."""
+        async with asyncio.timeout(timeout_s):
+            while (found := self.first(event, **fields)) is None:
+                await self._added.wait()
+        return found
+
+
+async def wait_versions(peers: list[PeerClient], version: int, timeout_s: float = 60.0) -> None:
+    """Return once every peer's engine (a relay's store) holds `version` or a newer one."""
+    async with asyncio.timeout(timeout_s):
+        await asyncio.gather(*(p.wait_version(version) for p in peers))
+
+
 @contextlib.asynccontextmanager
 async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
@@ -72,7 +104,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     key = signing.new_private_key()
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
-    records: list[dict] = []
+    records = Records()
     hub = Hub(cfg, "run", task, problems, key, on_event=records.append,
               decode=CompletionDecoder(build_char_tokenizer()))
     if setup is not None:
