@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 
 import pytest
@@ -91,6 +91,21 @@ async def wait_versions(peers: list[PeerClient], version: int, timeout_s: float 
     """Return once every peer's engine (a relay's store) holds `version` or a newer one."""
     async with asyncio.timeout(timeout_s):
         await asyncio.gather(*(p.wait_version(version) for p in peers))
+
+
+async def wait_first(*waits: Awaitable, timeout_s: float = 60.0) -> None:
+    """Return once the first of `waits` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        assert done, "nothing awaited was done in time"
+        for task in done:
+            task.result()  # its error, if it raised
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
