@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -25,11 +26,21 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 
 
+# Directories of system tests: whole runs in several processes or long real training. They are
+# marked `system`, which the default run leaves out (pyproject.toml) and `pytest -m system` runs.
+SYSTEM_DIRS = ("chaos", "hostile", "vllm")
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the slow-marked tests")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).parts[0] in SYSTEM_DIRS:
+            item.add_marker(pytest.mark.system)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with pytest --slow")
