@@ -37,9 +37,9 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config, items):
-    tests = Path(__file__).parent
+    system = [Path(__file__).parent / name for name in SYSTEM_DIRS]
     for item in items:
-        if item.path.relative_to(tests).parts[0] in SYSTEM_DIRS:
+        if any(d in item.path.parents for d in system):
             item.add_marker(pytest.mark.system)
     if config.getoption("--slow"):
         return
@@ -120,7 +120,7 @@ async def wait_first(*waits: Awaitable, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
+async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, Records]]:
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
     plans their broadcast, and scores rollouts by the built-in tokenizer. `setup(hub)` runs
     before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
