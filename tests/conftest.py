@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -25,11 +26,21 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 
 
+# Directories of system tests: whole runs in several processes or long real training. They are
+# marked `system`, which the default run leaves out (pyproject.toml) and `pytest -m system` runs.
+SYSTEM_DIRS = ("chaos", "hostile", "vllm")
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the slow-marked tests")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config, items):
+    system = [Path(__file__).parent / name for name in SYSTEM_DIRS]
+    for item in items:
+        if any(d in item.path.parents for d in system):
+            item.add_marker(pytest.mark.system)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with pytest --slow")
@@ -61,8 +72,55 @@ async def running_peers(url: str, n: int = 1, engines: list | None = None,
             stop.set()
 
 
+class Records(list):
+    """The records a hub logs (pass `records.append` as its `on_event`), with a wait for one.
+    Appended to on the event loop, as the hub logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._added = asyncio.Event()  # replaced at each record: a pulse
+
+    def append(self, record: dict) -> None:
+        super().append(record)
+        self._added.set()
+        self._added = asyncio.Event()
+
+    def first(self, event: str, **fields) -> dict | None:
+        """The first record of `event` with these field values, if logged yet."""
+        return next((r for r in self if r.get("event") == event
+                     and all(r.get(k) == v for k, v in fields.items())), None)
+
+    async def wait_for(self, event: str, timeout_s: float = 60.0, **fields) -> dict:
+        """The first record of `event` with these field values, once logged."""
+        async with asyncio.timeout(timeout_s):
+            while (found := self.first(event, **fields)) is None:
+                await self._added.wait()
+        return found
+
+
+async def wait_versions(peers: list[PeerClient], version: int, timeout_s: float = 60.0) -> None:
+    """Return once every peer's engine (a relay's store) holds `version` or a newer one."""
+    async with asyncio.timeout(timeout_s):
+        await asyncio.gather(*(p.wait_version(version) for p in peers))
+
+
+async def wait_first(*waits: Awaitable, timeout_s: float = 60.0) -> None:
+    """Return once the first of `waits` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        assert done, "nothing awaited was done in time"
+        for task in done:
+            task.result()  # its error, if it raised
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @contextlib.asynccontextmanager
-async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, list[dict]]]:
+async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, Records]]:
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
     plans their broadcast, and scores rollouts by the built-in tokenizer. `setup(hub)` runs
     before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
@@ -72,7 +130,7 @@ async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, st
     key = signing.new_private_key()
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
-    records: list[dict] = []
+    records = Records()
     hub = Hub(cfg, "run", task, problems, key, on_event=records.append,
               decode=CompletionDecoder(build_char_tokenizer()))
     if setup is not None:

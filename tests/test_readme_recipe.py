@@ -107,7 +107,7 @@ def write_model_and_data(where: Path) -> None:
             f.write(json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
 
 
-@pytest.mark.slow
+@pytest.mark.system  # a hub and a peer process, as a user starts them
 def test_recipe_trains_as_written(tmp_path):
     hub_argv, peer_argv = recipe()
     write_model_and_data(tmp_path)

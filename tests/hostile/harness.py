@@ -45,6 +45,11 @@ def steps(run: HubRun) -> int:
     return sum(1 for r in run.records if "step" in r)
 
 
+async def wait_steps(run: HubRun, n: int, timeout_s: float) -> None:
+    """Return once the learner has taken `n` steps (the hub's step, as `finish_step` counts)."""
+    await asyncio.wait_for(run.hub.wait_step(n), timeout_s)
+
+
 def peer_id(run: HubRun, name: str) -> str:
     """The hub's id for the connected peer called `name` (what an attacker learns from the
     sources of a relay plan)."""
@@ -59,7 +64,7 @@ async def hub_and_honest_peer(cfg: HubConfig, **peer_overrides: Any
     """A training hub and one honest peer, once START_STEPS learner steps were taken."""
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1, **peer_overrides) as [honest]:
-        await wait_until(lambda: steps(run) >= START_STEPS, 120)
+        await wait_steps(run, START_STEPS, 120)
         yield run, honest
 
 
@@ -97,10 +102,10 @@ async def steps_per_min(run: HubRun, n_steps: int = 3, timeout_s: float = 180.0)
     """Learner steps per minute over the next `n_steps` steps, by the wall clock: the figure of
     the suite table's "steps/min without / with the attacker" column, measured in one run
     (before the attack, then during it). Never asserted: these machines are noisy."""
-    first = steps(run)
+    first = run.hub.statistics().step
     start = time.monotonic()
-    await wait_until(lambda: steps(run) >= first + n_steps, timeout_s)
-    return 60.0 * (steps(run) - first) / (time.monotonic() - start)
+    await wait_steps(run, first + n_steps, timeout_s)
+    return 60.0 * (run.hub.statistics().step - first) / (time.monotonic() - start)
 
 
 def cell_rate(without: float, with_: float) -> str:

@@ -20,7 +20,7 @@ from echo2p2p.peer.worker import Rollouts
 from tests.conftest import running_peers, wait_until
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
 from .harness import (START_STEPS, cell_rate, hub_alive, peer_id, run_events, steps,
-                      steps_per_min)
+                      steps_per_min, wait_steps)
 
 DEFAULT_FRACTION = HubConfig().trust.spot_check_fraction  # 0.05
 
@@ -46,7 +46,7 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
     cfg = accuracy_cfg(str(tmp_path / "run")).replace(spot_check_fraction=DEFAULT_FRACTION)
     async with start_hub(cfg, stream=None) as run, \
             running_peers(run.url, 1, torch_threads=1) as [honest]:
-        await wait_until(lambda: steps(run) >= START_STEPS, 120)
+        await wait_steps(run, START_STEPS, 120)
         without = await steps_per_min(run)
         forged: list[str] = []
         liar = PeerClient(PeerConfig(hub_url=run.url, name="liar", torch_threads=1),

@@ -65,7 +65,7 @@ async def test_a_peer_serving_corrupt_pieces_over_links_is_quarantined(tmp_path,
         since = mark(run, honest)
         async with running_peers(run.url, 1, torch_threads=1, engine="relay",
                                  name="liar") as [liar]:
-            await wait_until(lambda: liar.welcome is not None)
+            await asyncio.wait_for(liar.wait_welcomed(), 60)
             corrupt_links(liar)
             liar_id = liar.welcome.peer_id
             identity = run.hub.peer_views()[liar_id].identity
@@ -101,7 +101,7 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
         since = mark(run, honest)
         async with running_peers(run.url, 1, torch_threads=1, engine="relay",
                                  name="liar") as [liar]:
-            await wait_until(lambda: liar.welcome is not None)
+            await asyncio.wait_for(liar.wait_welcomed(), 60)
             silent_links(liar)
             liar_id = liar.welcome.peer_id
             await wait_until(lambda: run.hub.peer_views()[liar_id].relay == "failed", 240)

@@ -61,7 +61,7 @@ class StragglerEngine:
 
 async def test_slow_peer_rollouts_never_exceed_the_staleness_bound(hub_cfg):
     """S = 1 with one straggler: admitted lag is always <= S, and its stale rollouts are counted."""
-    cfg = hub_cfg.replace(max_steps=8, max_lag=1)
+    cfg = hub_cfg.replace(max_steps=8, max_lag=1, lease_timeout_s=30)  # the straggler's expire
     async with start_hub(cfg, stream=None) as run:
         engines = [None, StragglerEngine(run, cfg.staleness.max_lag)]
         async with running_peers(run.url, 2, engines=engines) as peers:
@@ -260,7 +260,7 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
     """A rollout whose engine produced a NaN logprob would close the connection at the hub (and
     again at every resend from the outbox): the peer drops it and asks for another lease, so it
     stays connected and its good rollouts are admitted."""
-    cfg = hub_cfg.replace(max_steps=3)
+    cfg = hub_cfg.replace(max_steps=3, lease_timeout_s=10)  # a dropped lease expires soon
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 1, engines=[NaNEngine(bad=2)]) as (peer,):
             await asyncio.wait_for(run.finished.wait(), 120)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from echo2p2p.hub.local_run import train_sync
 from echo2p2p.hub.run_setup import start_hub
 
@@ -12,6 +14,7 @@ from tests.conftest import running_peers
 STEPS = 40
 
 
+@pytest.mark.system  # 40 steps of real training, twice
 async def test_distributed_run_matches_synchronous_baseline(hub_cfg):
     """Hub + 2 peers over websockets at S = 2 and the in-process S = 0 loop, same learner and
     settings, both end within 0.1 held-out accuracy of each other after the same steps.

@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 WEIGHT_TOL = 2e-5
 
+pytestmark = pytest.mark.system  # torchrun launches ranks: processes, minutes in all
+
 
 def on_two_ranks(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "two.pt"

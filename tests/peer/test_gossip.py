@@ -23,7 +23,7 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until
+from tests.conftest import serving, tracker, wait_until, wait_versions
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -51,7 +51,7 @@ async def test_gossip_spreads_a_version_with_one_announcement_per_peer(hub_frame
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert all(c.fetcher.links.links for c in peers)
     assert hub_frames[("version", 1)] == 5
@@ -100,7 +100,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
             await hub.disconnect(peer_id, "control plane down")
         assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
         await asyncio.wait_for(hub.wait_peers(0), 60)
-        await wait_until(lambda: all(holds(c, 1) for c in peers))
+        await wait_versions(peers, 1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert not hub.peer_views()  # completed with no control connection at all
         cut.clear()
@@ -117,7 +117,7 @@ async def test_nated_peers_upload_over_the_links_they_open():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 6)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*public, *nated])
         assert all(c.served_url is None and c.meter.served_bytes > 0 for c in nated)
         nated_ids = {c.welcome.peer_id for c in nated}
@@ -162,7 +162,7 @@ async def test_hostile_neighbours_are_dropped_and_the_version_completes_from_oth
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: all(holds(c, 1) for c in honest))
+        await wait_versions(honest, 1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in honest)
         bad = {c.welcome.peer_id for c in peers[:3]}
         assert bad <= set().union(*(c.fetcher.links.banned for c in honest))
@@ -196,7 +196,7 @@ async def two_holding_v1(data: bytes):
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 2)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: holds(peer, 1) and holds(other, 1))
+        await wait_versions([peer, other], 1)
         yield hub, key, peer, other, records
 
 
@@ -303,7 +303,7 @@ async def test_a_false_gossip_accusation_costs_the_accused_nothing():
     async with two_holding_v1(data) as (hub, key, peer, other, records):
         accused = peer.welcome.peer_id
         await other.send(m.RelayReport(1, accused, "corrupt", 2, None))
-        await wait_until(lambda: any(r.get("event") == "relay_check" for r in records))
+        await records.wait_for("relay_check")
         (check,) = [r for r in records if r.get("event") == "relay_check"]
         assert check["verdict"] == "intact" and check["accused"] == accused
         conn = hub.peer_views()[accused]

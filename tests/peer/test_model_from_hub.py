@@ -56,6 +56,7 @@ def make_lab_model(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in directory.iterdir() if p.name in ALLOWED}
 
 
+@pytest.mark.system  # a peer process
 async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_path, monkeypatch):
     """A hub trains a lab's local directory, named relative to the hub's working directory; a
     peer process started in another directory, given only the hub URL, fetches the signed

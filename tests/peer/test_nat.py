@@ -17,7 +17,8 @@ import broadcast  # noqa: E402
 import netns  # noqa: E402
 
 WHY_NOT = netns.unavailable()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")
+pytestmark = [pytest.mark.system,  # processes in network namespaces
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")]
 
 
 def test_half_the_peers_behind_nat_still_upload_and_the_hub_sends_about_one_copy():

@@ -14,7 +14,7 @@ from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.store import GONE
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker, wait_until, wait_versions
 
 CHUNK = 16 << 10
 
@@ -67,7 +67,7 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) for c in [*relays, leaf])
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*relays, leaf])
         assert leaf.served_url is None and leaf.meter.served_bytes == 0
@@ -83,7 +83,7 @@ async def test_star_sends_everything_from_the_hub():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 3)
         hub.publish(blob_version(key, 1, os.urandom(256 << 10), chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
     record = propagation(records, 1)
     assert record["hub_upload_copies"] == pytest.approx(3.0, abs=0.01)
     assert record["bytes_from_peers"] == 0 and all(c.meter.served_bytes == 0 for c in relays)
@@ -106,7 +106,7 @@ async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
             assert not all(holds(c, 1) for c in relays), "the transfer was over before the kill"
             peers.kill(victim)
             survivors = [c for c in relays if c is not victim]
-            await wait_until(lambda: propagation(records, 1))
+            await records.wait_for("propagation", version=1)
             assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in survivors)
             if check is not None:
                 check(hub)
@@ -139,7 +139,7 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 4)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in relays[1:])
     reports = hub.statistics().relay_reports_by
     bad_id = next(pid for pid, n in reports if n == "corrupt")
@@ -164,10 +164,10 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
         await wait_until(lambda: len(hub.peer_views()) == 3 and all(
             p.stream_version == 1 for p in hub.peer_views().values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 2))
+        await records.wait_for("propagation", version=2)
         assert all(bytes(c.fetcher.store.stream(2)) == v2 for c in relays)
         async with Peers(url, 1) as (late,):
-            await wait_until(lambda: holds(late, 2))
+            await wait_versions([late], 2)
             assert bytes(late.fetcher.store.stream(2)) == v2
     record = propagation(records, 2)
     assert record["peers_on_delta"] == 3 and record["complete"]
@@ -197,6 +197,6 @@ async def test_a_failing_hub_request_is_retried_not_fatal():
             hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
             await joined(hub, 1)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-            await wait_until(lambda: holds(peer, 1))
+            await wait_versions([peer], 1)
             assert bytes(peer.fetcher.store.stream(1)) == data
     assert len(refused) == len(data) // CHUNK

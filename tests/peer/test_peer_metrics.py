@@ -34,8 +34,7 @@ async def test_relay_peers_say_what_they_fetched_and_passed_on():
         await wait_until(lambda: len(hub.peer_views()) == 3 and all(
             p.stream_version == 0 and p.relay != "unprobed" for p in hub.peer_views().values()))
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: any(r.get("event") == "propagation" and r["version"] == 1
-                                     for r in records))
+        await records.wait_for("propagation", version=1)
         scraped = [families(await scrape(http, p.metrics_url)) for p in peers]
     for peer, fams in zip(peers, scraped):
         fetcher = peer.fetcher

@@ -18,7 +18,8 @@ import broadcast  # noqa: E402
 import netns  # noqa: E402
 
 WHY_NOT = netns.unavailable()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")
+pytestmark = [pytest.mark.system,  # processes in network namespaces
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")]
 
 
 @pytest.mark.parametrize("relay", ["pipelined", "gossip"])

@@ -7,7 +7,7 @@ import os
 from echo2p2p.hub.server import Hub
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker
 from tests.peer.test_overlay import (CHUNK, Peers, holds, joined, kill_a_relay_mid_version,
                                      propagation)
 
@@ -22,7 +22,7 @@ async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 5)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: propagation(records, 1))
+        await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in [*ring, leaf])
         broadcast = hub.broadcasts()[(1, None)]
         assert len(broadcast.ring()) == 4  # the leaf is not in it

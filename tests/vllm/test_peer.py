@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from echo2p2p.hub.run_setup import start_hub
-from tests.conftest import wait_until
+from tests.conftest import wait_first
 from tests.peer.test_model_from_hub import make_lab_model
 
 from .conftest import vllm_env
@@ -27,7 +27,7 @@ async def vllm_peer_until_done(vllm_py, run, log_path, cwd=None, extra=()) -> st
             "--engine", "vllm", "--device", "cpu", "--listen", "", "--log-level", "info", *extra,
             cwd=cwd, env=vllm_env(), stdout=log_file, stderr=log_file)
     try:
-        await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 600)
+        await wait_first(run.finished.wait(), proc.wait(), timeout_s=600)
     finally:
         if proc.returncode is None:
             proc.terminate()

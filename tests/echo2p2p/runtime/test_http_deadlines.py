@@ -14,7 +14,7 @@ from aiohttp import web
 
 from echo2p2p.runtime import http_deadlines
 
-from tests.conftest import running_peers, serving, tracker, wait_until
+from tests.conftest import running_peers, serving, tracker
 
 DEADLINE_S = 0.3  # short, so that the tests below see the server's close quickly
 GUARD_S = 60.0  # a test that hangs fails here instead; it is not what the tests assert
@@ -107,6 +107,6 @@ async def test_hub_and_peer_servers_use_the_deadlines(monkeypatch):
         hub_port = int(url.rsplit(":", 1)[1].split("/")[0])
         assert await closed_by_server(hub_port, HALF_REQUEST)
         async with running_peers(url, 1, engine="relay", listen="127.0.0.1:0") as (peer,):
-            await wait_until(lambda: peer.served_url is not None)  # set as its server starts
+            await asyncio.wait_for(peer.wait_connected(), 60)  # its server starts first
             peer_port = int(peer.served_url.rsplit(":", 1)[1])
             assert await closed_by_server(peer_port, HALF_REQUEST)
