@@ -70,8 +70,8 @@ async def hub_main(args: argparse.Namespace) -> None:
     from echo2p2p import signing
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.app import serve
-    from echo2p2p.hub.server import Hub, TokenizedProblem
+    from echo2p2p.hub.serving.app import serve
+    from echo2p2p.hub.serving.server import Hub, TokenizedProblem
     from tests.blob_versions import blob_version
 
     cfg = HubConfig.from_flat(host=args.host, port=args.port, relay=args.relay, chunk_bytes=args.chunk_bytes,

@@ -3,7 +3,7 @@
 The model of bench/delta.py (a Qwen3-architecture model, >= 100 M parameters, or a small one
 with --quick) takes 16 AdamW steps at lr 1e-6; the hub's `Publisher` publishes each bf16 cast
 (full + delta against the previous, streams on disk as `start_hub` keeps them). For k = 1, 4
-and 16, `hub.catchup.build_catch_up` builds the catch-up delta v(16 - k) -> v16, as the hub
+and 16, `hub.overlay.catchup.build_catch_up` builds the catch-up delta v(16 - k) -> v16, as the hub
 does for a peer that holds v(16 - k) whole, and a receiver rebuilds v16 from it (chunk digests,
 then the stream digest: bit for bit).
 
@@ -44,8 +44,8 @@ def publish_steps(quick: bool, lr: float, directory: Path) -> tuple[list, int]:
 
     from echo2p2p import signing
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.publisher import Publisher
-    from echo2p2p.hub.versions import VersionFiles
+    from echo2p2p.hub.overlay.publisher import Publisher
+    from echo2p2p.hub.overlay.versions import VersionFiles
 
     torch.set_num_threads(2)
     model = build_model(quick)
@@ -78,7 +78,7 @@ def rebuild_s(snap, base) -> tuple[float, bytes]:
 
 
 def measure(published: list, link_mbps: float) -> list[dict]:
-    from echo2p2p.hub.catchup import build_catch_up
+    from echo2p2p.hub.overlay.catchup import build_catch_up
 
     newest = published[-1]
     streams = newest.bases.streams

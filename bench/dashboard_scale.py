@@ -1,9 +1,9 @@
 """The dashboard at scale: 100,000 steps of history and 1,000 peers, measured in Chromium.
 
-The server is the real one (`echo2p2p.hub.dashboard.serve_dashboard`) over a real `Hub` without
+The server is the real one (`echo2p2p.hub.view.dashboard.serve_dashboard`) over a real `Hub` without
 a learner: --peers peer connections that said hello and were welcomed (real `HubProtocol`s, no
 sockets; names, prices, rates, held versions and uploads of their own, a few quarantined, some
-on standby) and a real `echo2p2p.hub.feed.Feed` fed --steps run log step records, an evaluation
+on standby) and a real `echo2p2p.hub.view.feed.Feed` fed --steps run log step records, an evaluation
 every 10 steps and 200 propagation records, as the run log would hand them on. The page
 (Debian's /usr/bin/chromium, 1400x900) is opened once, and reports in its own clock
 (performance.now(), `window.dashboard.timings`):
@@ -39,13 +39,13 @@ from playwright.async_api import Page, async_playwright  # noqa: E402
 
 from echo2p2p import messages as m  # noqa: E402
 from echo2p2p.hub.config import HubConfig  # noqa: E402
-from echo2p2p.hub.dashboard import serve_dashboard, snapshot  # noqa: E402
-from echo2p2p.hub.feed import Feed, finite_json  # noqa: E402
-from echo2p2p.hub.peers import PeerConn  # noqa: E402
-from echo2p2p.hub.runlog import RunLog  # noqa: E402
-from echo2p2p.hub.server import Hub, TokenizedProblem  # noqa: E402
-from echo2p2p.hub.status import status  # noqa: E402
-from echo2p2p.hub.trainer import HubRun  # noqa: E402
+from echo2p2p.hub.view.dashboard import serve_dashboard, snapshot  # noqa: E402
+from echo2p2p.hub.view.feed import Feed, finite_json  # noqa: E402
+from echo2p2p.hub.serving.peers import PeerConn  # noqa: E402
+from echo2p2p.hub.view.runlog import RunLog  # noqa: E402
+from echo2p2p.hub.serving.server import Hub, TokenizedProblem  # noqa: E402
+from echo2p2p.hub.view.status import status  # noqa: E402
+from echo2p2p.hub.learning.loop import HubRun  # noqa: E402
 from echo2p2p.hub_protocol import HubProtocol  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 

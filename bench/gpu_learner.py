@@ -94,8 +94,8 @@ def rank_main(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.learner import Learner
-    from echo2p2p.hub.ranks import Ranks
+    from echo2p2p.hub.learning.learner import Learner
+    from echo2p2p.hub.learning.ranks import Ranks
     from echo2p2p.policy.model import load_policy
 
     ranks = Ranks.from_env(HubConfig.from_flat(prompts_per_step=args.groups, device=args.device))

@@ -124,9 +124,9 @@ def measure_learner(args: argparse.Namespace, engine: object) -> dict:
     from echo2p2p import signing
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.hub.config_sections import OverlayConfig
-    from echo2p2p.hub.learner import Learner
-    from echo2p2p.hub.publisher import Publisher
-    from echo2p2p.hub.versions import VersionFiles
+    from echo2p2p.hub.learning.learner import Learner
+    from echo2p2p.hub.overlay.publisher import Publisher
+    from echo2p2p.hub.overlay.versions import VersionFiles
     from echo2p2p.policy.model import load_policy
     from echo2p2p.rows import parse_samples
 

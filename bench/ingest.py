@@ -1,6 +1,6 @@
 """How fast the hub admits rollouts: 64 websocket peers on loopback, 256-token rollouts.
 
-The hub side is the real network shell (`echo2p2p.hub.server.Hub` behind aiohttp: session validation,
+The hub side is the real network shell (`echo2p2p.hub.serving.server.Hub` behind aiohttp: session validation,
 lease book, staleness check, each sample's token ids decoded and scored with the task verifier
 in the scorer's worker processes, buffer, acks); a drain task stands in for the learner and
 discards batches, so this measures ingest alone. The peers run in a second process (one event
@@ -16,7 +16,7 @@ Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "
 A rollout is one completion; a submission carries a group of G of them.
 
 With --dashboard-clients N the hub process also serves the live dashboard on the hub's loop
-(`echo2p2p.hub.dashboard`: a feed given a step record per drained batch, as the learner loop
+(`echo2p2p.hub.view.dashboard`: a feed given a step record per drained batch, as the learner loop
 gives it, and the status event every 2 s), and saturation phases alternate without and with
 N clients (0, N, N, 0 per round, after a warm-up) in a third process that behave as the page
 does: GET /, its static files and /api/snapshot once, then hold /events open and parse every
@@ -51,11 +51,11 @@ from echo2p2p.completions import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 from echo2p2p.hub.config import HubConfig  # noqa: E402
-from echo2p2p.hub.dashboard import STATIC, serve_dashboard  # noqa: E402
-from echo2p2p.hub.feed import Feed  # noqa: E402
-from echo2p2p.hub.runlog import RunLog  # noqa: E402
-from echo2p2p.hub.server import Hub, TokenizedProblem  # noqa: E402
-from echo2p2p.hub.trainer import HubRun  # noqa: E402
+from echo2p2p.hub.view.dashboard import STATIC, serve_dashboard  # noqa: E402
+from echo2p2p.hub.view.feed import Feed  # noqa: E402
+from echo2p2p.hub.view.runlog import RunLog  # noqa: E402
+from echo2p2p.hub.serving.server import Hub, TokenizedProblem  # noqa: E402
+from echo2p2p.hub.learning.loop import HubRun  # noqa: E402
 from echo2p2p.staleness import lag_versions  # noqa: E402
 from tests.conftest import wait_until  # noqa: E402
 

@@ -118,7 +118,7 @@ def make_groups(vocab: int, n_groups: int, group_size: int, prompt_tokens: int,
 
 def share_tokens(groups: list, vocab: int, world: int, rank: int, budget: int) -> tuple[int, int]:
     """(padded tokens of this rank's largest micro-batch at `budget`, rows it trains)."""
-    from echo2p2p.hub.batches import batch_rows, deal, micro_batches
+    from echo2p2p.hub.learning.batches import batch_rows, deal, micro_batches
 
     rows, _ = batch_rows(groups, vocab)
     mine = deal(rows, world)[rank] if world > 1 else rows
@@ -181,8 +181,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.learner import Learner
-    from echo2p2p.hub.ranks import Ranks
+    from echo2p2p.hub.learning.learner import Learner
+    from echo2p2p.hub.learning.ranks import Ranks
     from echo2p2p.policy.model import load_policy
 
     ranks = Ranks.from_env(HubConfig.from_flat(prompts_per_step=args.groups))

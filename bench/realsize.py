@@ -167,7 +167,8 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
                       rss: RssSampler) -> dict:
     """Hub + N_PEERS peer processes for args.steps steps, until every peer serves the last
     version; the run's facts for the tables."""
-    from echo2p2p.hub import run_setup, task_setup
+    from echo2p2p.hub.learning import run_setup
+    from echo2p2p.hub.tasks import task_setup
 
     cfg = hub_config(args, run_dir)
     baseline = rss.now("hub")  # Python, torch, transformers: before any model is loaded

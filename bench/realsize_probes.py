@@ -66,10 +66,10 @@ class Probes:
 
     @contextlib.contextmanager
     def installed(self):
-        from echo2p2p.hub.learner import Learner
-        from echo2p2p.hub.publisher import Publisher
-        from echo2p2p.hub.server import Hub
-        from echo2p2p.hub.tracker import VersionTracker
+        from echo2p2p.hub.learning.learner import Learner
+        from echo2p2p.hub.overlay.publisher import Publisher
+        from echo2p2p.hub.serving.server import Hub
+        from echo2p2p.hub.overlay.tracker import VersionTracker
 
         now = time.perf_counter
         saved = [(Learner, "step"), (Learner, "iter_weights"), (Publisher, "build"),

@@ -1,6 +1,6 @@
 """How far claimed behaviour logprobs land from the hub's recomputation, honest and forged.
 
-The built-in tiny model learns the addition task with the real learner (`echo2p2p.hub.learner.Learner`,
+The built-in tiny model learns the addition task with the real learner (`echo2p2p.hub.learning.learner.Learner`,
 the hub's defaults: lr 1e-3, G = 8, 8 groups a step). At every version the published bf16
 weights go into the hub's `SpotChecker` and into real CPU engines (`echo2p2p.policy.engines`, as peers run
 them), which generate real groups; each group's claimed logprobs are then checked under the
@@ -95,8 +95,8 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     from echo2p2p.rows import parse_samples
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.learner import Learner, encode_prompt
-    from echo2p2p.hub.spotcheck import SpotChecker
+    from echo2p2p.hub.learning.learner import Learner, encode_prompt
+    from echo2p2p.hub.serving.spotcheck import SpotChecker
     from echo2p2p.policy.engines import TransformersEngine
     from echo2p2p.policy.model import load_policy
 

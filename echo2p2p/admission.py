@@ -5,7 +5,7 @@ submission's lease, whether its peer is quarantined, the version it claims and t
 hub published, it returns one `Decision` (acknowledge a duplicate, repeat a rejection, wait for
 the verdict of the first submission, reject an unknown lease, refuse, call the version tag
 forged, turn it away as stale, or score it). The shell
-(`echo2p2p.hub.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
+(`echo2p2p.hub.serving.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
 made in this order, and the first that applies decides. No clock, no I/O, no scoring here.
 """
 

@@ -28,7 +28,7 @@ from .errors import RemoteProtocolError
 MAX_REWARD = 1e6  # a claimed reward: any task's or environment's, with room (the hub re-scores)
 MAX_NAME_CHARS = 128  # Hello.name: a hostname-pid or an operator's label
 MAX_DEVICE_CHARS = 64  # "cpu", "cuda:7", "mps"
-MAX_TOKEN_CHARS = 256  # join tokens are ~45 characters (echo2p2p.hub.tokens)
+MAX_TOKEN_CHARS = 256  # join tokens are ~45 characters (echo2p2p.hub.serving.tokens)
 MAX_URL_CHARS = 256  # Hello.listen_addr, http://HOST:PORT
 MAX_ID_CHARS = 64  # peer and lease ids, which the hub itself hands out ("p12", "L345")
 MAX_PRICE_PER_HOUR = 1000.0  # $/h: far above any rented GPU; also keeps the cost meter finite

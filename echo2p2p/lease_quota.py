@@ -8,7 +8,7 @@ learner below its batch until they expire, then takes them again. So:
 - a peer's cap on open leases starts at `start` and grows by one per group of its that was
   admitted; each lease it let expire takes `expiry_cost` off (never below 1: an honest peer
   whose first lease ran late can still work; an unproven peer's expiry also costs it trust,
-  `hub.leasing`). The hub applies the cap to the peer's identity (its join token's id when
+  `hub.serving.leasing`). The hub applies the cap to the peer's identity (its join token's id when
   tokens are required, else its connection) and to its address, each with its own `Standing`;
 - a peer is *proven* once it delivered more groups than it let expire. Leases of unproven
   peers are a probation share on top of the budget, `probation` of them in all and no more at

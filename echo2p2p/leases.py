@@ -11,7 +11,7 @@ other peers' leases. The hub's lease ids are random (`lease_ids`): none can be g
 Invariant: every problem handed out is, at any time, in exactly one of: pending (re-issue
 queue), an open lease, being judged (completed, no verdict yet), or done.
 
-Durability (the hub's journal and checkpoints, `echo2p2p.hub.durable`): `state()` is the whole book as
+Durability (the hub's journal and checkpoints, `echo2p2p.hub.learning.durable`): `state()` is the whole book as
 plain data, and every change after it is reported to `on_change` as a small tuple that `replay`
 applies to a restored book, so a hub killed at any moment comes back with the same leases. Open
 leases of a restored book are orphans: their peers reconnect under new ids, so any peer may

@@ -7,7 +7,7 @@ answers with a `Reject`, never an exception). Every row it returns holds: at lea
 finite behaviour logprob <= MAX_LOGPROB per id, and every id below the vocabulary size it was
 given; an episode's turns describe its ids and logprobs (`echo2p2p.episodes`). The learner
 and the spot-check take rows as they
-are and never re-validate them; the journal and checkpoints store them (`echo2p2p.hub.durable`).
+are and never re-validate them; the journal and checkpoints store them (`echo2p2p.hub.learning.durable`).
 
 Pure: no clock, no files, no tensors. Knows nothing of tokenizers (the vocabulary size is a
 number the caller passes) or of rewards (the hub scores rows; a peer's claimed reward stays on

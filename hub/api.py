@@ -58,8 +58,8 @@ class Run:
         self.dataset = None if dataset is None else [dict(row) for row in dataset]
 
     def setup(self, cfg: HubConfig | None = None) -> Any:
-        """The task and reward this run trains on (`hub.task_setup.TaskSetup`)."""
-        from .task_setup import open_setup
+        """The task and reward this run trains on (`hub.tasks.task_setup.TaskSetup`)."""
+        from .tasks.task_setup import open_setup
 
         return open_setup(cfg or self.config, reward=self.reward,
                           reward_weights=self.reward_weights, rows=self.dataset)
@@ -67,7 +67,7 @@ class Run:
     def serve(self, *, resume: str | Path | None = None) -> list[dict[str, Any]]:
         """Serve peers and train until max_steps; `resume`: a run directory to continue from
         its last checkpoint (its saved config, overridden by the fields given here)."""
-        from .demo import run_serve
+        from .cli.demo import run_serve
 
         cfg = self.config
         if resume is not None:
@@ -79,8 +79,8 @@ class Run:
              peer_python: str = "") -> list[dict[str, Any]]:
         """The hub and `peers` local peer processes (`engine`: transformers or vllm, under
         `peer_python`), with the demo's defaults for the fields not given."""
-        from .demo import peer_python as find_python
-        from .demo import run_demo
+        from .cli.demo import peer_python as find_python
+        from .cli.demo import run_demo
 
         if peers < 1:
             raise ValueError(f"peers must be >= 1, got {peers}")
@@ -108,8 +108,8 @@ def resume_config(run_dir: Path, overrides: Mapping[str, Any]) -> HubConfig:
 def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]:
     """`serve(ranks)` on this process's event loop, or, a rank other than 0 of a sharded
     learner (torchrun), follow rank 0 until it stops."""
-    from .ranks import Ranks
-    from .run_setup import follow_rank
+    from .learning.ranks import Ranks
+    from .learning.run_setup import follow_rank
 
     ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
     try:
@@ -130,7 +130,7 @@ def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:
     """torchrun ends every rank with SIGTERM when one of them fails: say so, and how to go on.
     Exits at once: a thread may be inside a collective that will never finish, and the run
     directory is consistent at any moment (its journal is flushed record by record)."""
-    from .demo import stop_local_peers
+    from .cli.demo import stop_local_peers
 
     where = run_dir or "RUN_DIR (the run directory the hub printed at start-up)"
 

@@ -26,7 +26,7 @@ from echo2p2p.staleness import check_schedule, default_publish_every
 
 
 DEFAULT_PORT = 8765
-TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.trackers)
+TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.view.experiment_trackers)
 
 
 @dataclass(frozen=True)

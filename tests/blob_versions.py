@@ -1,7 +1,7 @@
 """Versions made of bytes, not a model: what the overlay's tests and benchmarks publish.
 
 `blob_version(key, version, data)` is `data` as one uint8 tensor, signed with `key` exactly as
-the hub's publisher signs a model's weights (`hub.versions.signed_snapshot`), with a delta and
+the hub's publisher signs a model's weights (`hub.overlay.versions.signed_snapshot`), with a delta and
 catch-up bases when asked. Benchmarks import it as `tests.blob_versions` (bench/broadcast.py).
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import partial
 
 from echo2p2p import signing
-from echo2p2p.hub.versions import Bases, Published, signed_snapshot
+from echo2p2p.hub.overlay.versions import Bases, Published, signed_snapshot
 from echo2p2p.snapshot import auto_chunk_bytes
 
 

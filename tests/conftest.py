@@ -20,8 +20,8 @@ from echo2p2p import signing
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.tasks import AdditionTask
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.app import serve
-from echo2p2p.hub.server import Hub, TokenizedProblem
+from echo2p2p.hub.serving.app import serve
+from echo2p2p.hub.serving.server import Hub, TokenizedProblem
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 

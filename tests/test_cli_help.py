@@ -10,7 +10,8 @@ import inspect
 import pytest
 
 from echo2p2p.config import add_arguments, field_docs, sections
-from echo2p2p.hub import base_checkpoint, local_run
+from bench.assets import make_tiny_base
+from bench import sync_baseline
 from echo2p2p.hub import cli as hub_cli
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.peer import cli as peer_cli
@@ -66,8 +67,8 @@ def test_peer_help(path, capsys):
     assert out.startswith("usage: echo2-peer") and len(out) > 100
 
 
-@pytest.mark.parametrize("main", [base_checkpoint.main, local_run.main],
-                         ids=["echo2p2p.hub.base_checkpoint", "echo2p2p.hub.local_run"])
+@pytest.mark.parametrize("main", [make_tiny_base.main, sync_baseline.main],
+                         ids=["bench.assets.make_tiny_base", "bench.sync_baseline"])
 def test_module_entrypoints_help(main, capsys):
     """The `python -m` entrypoints answer `--help` as well."""
     assert _help(main, ["--help"], capsys).startswith("usage:")

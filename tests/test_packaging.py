@@ -29,7 +29,7 @@ def test_wheel_installs_only_echo2p2p(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"echo2p2p", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
-    for path in ("echo2p2p/hub/server.py", "echo2p2p/peer/client.py",
+    for path in ("echo2p2p/hub/serving/server.py", "echo2p2p/peer/client.py",
                  "echo2p2p/policy/assets/tiny-base/model.safetensors", "echo2p2p/overlay/store.py"):
         assert path in names, path
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

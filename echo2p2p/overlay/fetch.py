@@ -1,7 +1,7 @@
 """One chunk request to a chunk server, and what its answer means: the chunk's bytes or a fault.
 
 Both who fetch chunks over HTTP use it: a peer's download (`download.Download`, every chunk of a
-version from the hub or a relay) and the hub checking an accused relay (`hub.relays`). An answer
+version from the hub or a relay) and the hub checking an accused relay (`hub.overlay.relay_checks`). An answer
 maps to the faults a `RelayReport` names: a length other than the manifest's is "corrupt", no
 answer by the deadline "stall", an error or a refusal "unreachable". A 503 (the server is alive
 but does not hold the chunk yet) is PENDING, which each caller weighs its own way: a download

@@ -2,9 +2,9 @@
 
 `load_policy(name)` accepts the built-in name "tiny" (a character-level Qwen3 of 0.75 M
 parameters shipped in `echo2p2p/policy/assets/tiny-base`, made by
-`python -m echo2p2p.hub.base_checkpoint`), "tiny-takeaway" (the same model warmed up on the
+`python -m bench.assets.make_tiny_base`), "tiny-takeaway" (the same model warmed up on the
 take-away game, `echo2p2p/policy/assets/tiny-takeaway`, made by
-`python -m echo2p2p.hub.takeaway_base`), a local directory written by `save_pretrained`, or a
+`python -m bench.assets.make_takeaway_base`), a local directory written by `save_pretrained`, or a
 Hugging Face hub id. It returns the model in eval mode and a tokenizer with pad and eos tokens
 set. The built-in tokenizer is made in code (no download): one token per printable ASCII
 character plus tab and newline, and four special tokens.

@@ -13,7 +13,7 @@ time for an owner not yet measured or whose items are slow, as a program's run).
 An owner is over its budget while its items took more than `per_item_s` each on average and it
 used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
 are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
-refuses its submissions (`echo2p2p.hub.admission`) and the scorer fails what it has queued,
+refuses its submissions (`echo2p2p.hub.serving.admission`) and the scorer fails what it has queued,
 until what it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
 Pure bookkeeping: the caller measures the seconds and passes `now`.
 """

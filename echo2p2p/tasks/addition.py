@@ -24,7 +24,7 @@ from .base import Problem, check_split
 
 KIND = "addition"
 PARTIAL_KIND = "addition-partial"
-SPLIT_SEED = 0  # the shipped base (hub/base_checkpoint.py) trained on this split: keep it
+SPLIT_SEED = 0  # the shipped base (bench/assets/make_tiny_base.py) trained on this split: keep it
 
 
 def addition_reward(answer: str, completion: str) -> float:

@@ -370,7 +370,7 @@ def final_state(run_dir: Path) -> FinalState:
     import msgpack
 
     from echo2p2p.leases import LeaseBook
-    from echo2p2p.hub.durable import read_journal
+    from echo2p2p.hub.learning.durable import read_journal
 
     root = run_dir / "checkpoints"
     number = int((root / "LATEST").read_text())

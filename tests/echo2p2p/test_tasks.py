@@ -63,7 +63,7 @@ def _digest(problems) -> str:
 
 def test_default_addition_split_is_the_one_the_shipped_base_learned_on():
     """The default split is pinned: the shipped tiny base was warmed up on exactly this train
-    split (hub/base_checkpoint.py), so redrawing it would put warm-up sums in the held-out set."""
+    split (bench/assets/make_tiny_base.py), so redrawing it would put warm-up sums in the held-out set."""
     task = AdditionTask()
     assert task.split_seed == SPLIT_SEED == 0
     assert (len(task.problems("train")), len(task.problems("eval"))) == (4_500, 500)

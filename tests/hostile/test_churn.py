@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from echo2p2p.hub.catchup import MAX_ENTRIES
+from echo2p2p.hub.overlay.catchup import MAX_ENTRIES
 from echo2p2p.join_limits import REASONS
 
 from .attackers import raw_peer

@@ -3,7 +3,7 @@ links, one that advertises chunks and serves none, and one that fills honest pee
 with peer ids the hub never admitted.
 
 The first must end quarantined by the hub on the hub's own evidence (it fetches the contested
-piece over a gossip link itself, `hub.gossip_check`), not only banned by each peer it hurt; the
+piece over a gossip link itself, `hub.overlay.gossip_check`), not only banned by each peer it hurt; the
 second must be announced to nobody more; the third must take no slot at all: a `peers` entry
 needs the hub's ticket for its id, and a dialled end proves its id before its link counts.
 """

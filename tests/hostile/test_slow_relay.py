@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from echo2p2p.hub.counters import PeerView
+from echo2p2p.hub.serving.counters import PeerView
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER

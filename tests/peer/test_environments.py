@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from echo2p2p.errors import JoinRefused
-from echo2p2p.hub.task_setup import TaskSetup
-from echo2p2p.hub.run_setup import start_hub
+from echo2p2p.hub.tasks.task_setup import TaskSetup
+from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts

@@ -17,7 +17,7 @@ from aiohttp import web
 from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.frames import decode_frame, encode_frame
-from echo2p2p.hub.peers import PeerConn
+from echo2p2p.hub.serving.peers import PeerConn
 from echo2p2p.overlay import link as lk
 from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials

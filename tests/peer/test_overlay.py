@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from echo2p2p.hub.server import Hub
+from echo2p2p.hub.serving.server import Hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.store import GONE

@@ -1,6 +1,6 @@
 """A peer's own /metrics over HTTP: relay peers fetching and passing on a version from a hub as
 tracker, read back by prometheus_client's parser; the bound on the hub's reject reasons; the
-setting that turns it on. (A generating peer's /metrics is read in tests/hub/test_metrics.py.)"""
+setting that turns it on. (A generating peer's /metrics is read in tests/hub/view/test_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from echo2p2p.peer.metrics import MAX_REASONS, metrics_server, rejected_by_reaso
 
 from tests.blob_versions import blob_version
 from tests.conftest import running_peers, tracker, wait_until
-from tests.hub.test_metrics import families, naming_faults, scrape, value
+from tests.hub.view.test_metrics import families, naming_faults, scrape, value
 
 CHUNK = 16 << 10
 

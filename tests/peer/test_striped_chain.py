@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from echo2p2p.hub.server import Hub
+from echo2p2p.hub.serving.server import Hub
 
 from tests.blob_versions import blob_version
 from tests.conftest import tracker

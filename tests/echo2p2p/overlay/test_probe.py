@@ -7,7 +7,7 @@ import contextlib
 import aiohttp
 from aiohttp import web
 
-from echo2p2p.hub.relays import PROBE_BYTES, RelayCheck
+from echo2p2p.hub.overlay.relay_checks import PROBE_BYTES, RelayCheck
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH, TokenBucket, probe_handler
 
 

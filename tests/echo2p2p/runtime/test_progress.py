@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from echo2p2p import signing
-from echo2p2p.hub.durable import Checkpoints
+from echo2p2p.hub.learning.durable import Checkpoints
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.runtime.progress import LARGE_BYTES, progress_bar

@@ -1,0 +1,1 @@
+"""Makers of the shipped base checkpoints (offline, minutes on a CPU)."""

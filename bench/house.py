@@ -1,0 +1,115 @@
+"""The house drawn from its import graph: folders, their size, and the arrows between them.
+
+    python bench/house.py            # a table and a Mermaid graph (docs/architecture.md shows it)
+    python bench/house.py --json     # the same as one JSON object
+
+Every `import` of our own modules counts, wherever it is (top level, in a function, under
+TYPE_CHECKING). A folder is a package: the core's top-level modules are one box ("core"), each
+sub-package of echo2p2p/ and of hub/ is one, peer/ is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TREES = {"echo2p2p": "echo2p2p", "hub": "echo2p2p.hub", "peer": "echo2p2p.peer"}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the installed package."""
+    found = {}
+    for folder, package in TREES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Our modules that module `name` imports."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def box(name: str) -> str:
+    """The folder a module is drawn in."""
+    parts = name.split(".")
+    if parts[1:2] == ["hub"] and len(parts) > 2 and (ROOT / "hub" / parts[2]).is_dir():
+        return "hub/" + parts[2]
+    if parts[1:2] == ["hub"]:
+        return "hub"
+    if parts[1:2] == ["peer"]:
+        return "peer"
+    if len(parts) > 2:
+        return "echo2p2p/" + parts[1]
+    return "echo2p2p (core)"
+
+
+def house() -> dict:
+    found = modules()
+    known = set(found)
+    arrows: Counter[tuple[str, str]] = Counter()
+    sizes: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for name, path in found.items():
+        sizes[box(name)] += len(path.read_text().splitlines())
+        count[box(name)] += 1
+        for target in imports(name, path, known):
+            if box(target) != box(name):
+                arrows[box(name), box(target)] += 1
+    return {"folders": {b: {"modules": count[b], "lines": sizes[b]} for b in sorted(count)},
+            "arrows": [{"from": a, "to": b, "imports": n} for (a, b), n in sorted(arrows.items())]}
+
+
+def mermaid(drawn: dict) -> str:
+    ids = {name: f"n{i}" for i, name in enumerate(drawn["folders"])}
+    lines = ["graph TD"]
+    for name, info in drawn["folders"].items():
+        lines.append(f'  {ids[name]}["{name}<br/>{info["modules"]} modules, {info["lines"]} lines"]')
+    for a in drawn["arrows"]:
+        lines.append(f'  {ids[a["from"]]} -->|{a["imports"]}| {ids[a["to"]]}')
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    drawn = house()
+    if args.json:
+        print(json.dumps(drawn))
+        return
+    print(f"{'folder':<22} {'modules':>7} {'lines':>7}")
+    for name, info in drawn["folders"].items():
+        print(f"{name:<22} {info['modules']:>7} {info['lines']:>7}")
+    print()
+    print(mermaid(drawn))
+    print(json.dumps({"folders": len(drawn["folders"]), "arrows": len(drawn["arrows"])}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""`echo2-hub`: serve a training run, run the whole demo (hub + local peers) in one command, or
+plan the rollout capacity and the workers to rent for a run.
+
+Heavy imports (torch, transformers) happen after argument parsing, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from echo2p2p.config import add_arguments, resolve
+from echo2p2p.errors import ConfigError
+
+from echo2p2p.runtime import process
+
+from ..config import DEMO_DEFAULTS, HubConfig, help_texts
+from .plan import PlanConfig
+
+log = logging.getLogger(__name__)
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echo2-hub", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    docs = help_texts(HubConfig)
+    serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
+    demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
+    demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
+    demo.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                      help="the local peers' rollout engine (default: transformers); vllm runs "
+                           "them under the vLLM environment's Python (see --peer-python)")
+    demo.add_argument("--peer-python", metavar="PATH", default="",
+                      help="the Python the local peers run under (default: this one; with "
+                           "--engine vllm: $ECHO2_VLLM_PYTHON, else .venv-vllm/bin/python as "
+                           "made by .ci/vllm-env, else this one if it has vLLM)")
+    serve.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its last checkpoint, with its saved "
+                            "config (flags given here override it)")
+    for p in (serve, demo):
+        p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                       help="shard the learner over N local ranks: re-run this command under "
+                            "torchrun (python -m torch.distributed.run --nproc-per-node N); for "
+                            "several nodes run torchrun yourself on each "
+                            "(docs/guides/multi-gpu.md)")
+        p.add_argument("--config", type=Path, help="TOML file setting any of the fields below, "
+                                                   "in a [hub] table (or its [hub.SECTION] tables)")
+        p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
+        add_arguments(p, HubConfig, docs=docs)
+    demo.epilog = "demo defaults differ from serve: " + ", ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
+    plan = sub.add_parser("plan", help="offline: required rollout throughput, feasible S/kappa, "
+                                       "which workers to activate and what it costs")
+    plan.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_arguments(plan, PlanConfig, docs=help_texts(PlanConfig))
+    token = sub.add_parser("token", help="join tokens: create, list or revoke (serve --tokens FILE)")
+    token.add_argument("action", choices=("create", "list", "revoke"))
+    token.add_argument("token_id", nargs="?", help="for revoke: the id `list` shows")
+    token.add_argument("--file", type=Path, default=Path("tokens.json"),
+                       help="the token file (default: tokens.json)")
+    token.add_argument("--name", default="", help="for create: who the token is for")
+    _add_status_and_report(sub)
+    return parser
+
+
+def _add_status_and_report(sub: argparse._SubParsersAction) -> None:
+    """`status URL` (a running hub in the terminal) and `report RUN_DIR` (a run's figures)."""
+    status = sub.add_parser("status", help="a running hub in the terminal: step, reward, S, "
+                                           "busy, cost and its peers (--watch to refresh)")
+    status.add_argument("url", help="the hub's http(s)://HOST:PORT (its peers' port or its "
+                                    "dashboard's), with or without /status")
+    status.add_argument("--token", default=os.environ.get("ECHO2_DASHBOARD_TOKEN", ""),
+                        help="the dashboard's access token, which the peers' port needs too "
+                             "to show the peers (default: $ECHO2_DASHBOARD_TOKEN)")
+    status.add_argument("--ca-cert", default="", metavar="PEM",
+                        help="certificate authority to trust for an https hub with a private "
+                             "or self-signed certificate")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C, retrying a hub "
+                             "that does not answer")
+    status.add_argument("--count", type=int, default=0, metavar="N",
+                        help="with --watch: stop after N refreshes (0: never)")
+    status.add_argument("--timeout-s", type=float, default=5.0,
+                        help="seconds to wait for the hub's answer (default: 5)")
+    report = sub.add_parser("report", help="a run's figures as PNGs and one self-contained "
+                                           "HTML file (pip install 'echo2p2p[report]')")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="the run directory (its metrics.jsonl and config.json)")
+    report.add_argument("--out", type=Path, metavar="DIR",
+                        help="where the PNGs and report.html go (default: RUN_DIR/report)")
+
+
+def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
+    table = dict(defaults or {})
+    if getattr(args, "resume", None) is not None:
+        from ..api import saved_config
+
+        table.update(saved_config(args.resume))
+    if args.config is not None:
+        data = tomllib.loads(args.config.read_text())
+        table.update(data.get("hub", data))
+    return resolve(HubConfig, table, vars(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "token":
+        return _token(args)
+    if args.command == "status":
+        from ..view.watch import main as status
+
+        return status(args)
+    if args.command == "report":
+        from ..view.report import main as report
+
+        return report(args)
+    if getattr(args, "nproc_per_node", 0) and "WORLD_SIZE" not in os.environ:
+        return _under_torchrun(args.nproc_per_node, argv)
+    process.configure(args.log_level)
+    try:
+        cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
+    except (ConfigError, tomllib.TOMLDecodeError, OSError, ValueError) as exc:
+        print(f"echo2-hub: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "demo" and args.peers < 1:
+        print("echo2-hub: --peers must be >= 1", file=sys.stderr)
+        return 2
+    from ..api import Run
+    from ..learning.ranks import RankFailure
+
+    try:
+        run = Run(cfg)
+        if args.command == "demo":
+            run.demo(args.peers, engine=args.engine, peer_python=args.peer_python)
+        else:
+            run.serve(resume=args.resume)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except (ConfigError, FileNotFoundError) as exc:  # found on start: a bad TLS pair, no checkpoint
+        print(f"echo2-hub: {exc}", file=sys.stderr)
+        return 2
+    except (RankFailure, BaseExceptionGroup) as exc:  # the learner loop's task group wraps it
+        failure = exc if isinstance(exc, RankFailure) else _leaf(exc, RankFailure)
+        if failure is None:
+            raise
+        print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run.run_dir or 'RUN_DIR')}",
+              file=sys.stderr)
+        return 1
+
+
+def _leaf(group: BaseException, kind: type) -> BaseException | None:
+    """The first exception of `kind` inside (nested) exception groups."""
+    if isinstance(group, kind):
+        return group
+    for inner in getattr(group, "exceptions", ()):
+        if (found := _leaf(inner, kind)) is not None:
+            return found
+    return None
+
+
+def _under_torchrun(nproc: int, argv: list[str]) -> int:
+    """This command again, with N ranks on this node, under PyTorch's own launcher (its
+    rendezvous on a free local port, so two runs on one machine do not collide)."""
+    rest, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--nproc-per-node"):
+            skip = a == "--nproc-per-node" and not skip
+            continue
+        rest.append(a)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a free port
+               "--nproc-per-node", str(nproc), "-m", "echo2p2p.hub.cli", *rest]
+    return subprocess.run(command).returncode
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import run
+
+    try:
+        table = tomllib.loads(args.config.read_text()).get("plan", {}) if args.config else {}
+        print(run(resolve(PlanConfig, table, vars(args)), args.json))
+    except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
+        print(f"echo2-hub plan: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from ..serving.tokens import TokenBook
+
+    book = TokenBook(args.file)
+    try:
+        if args.action == "create":
+            print(book.create(args.name))
+            print(f"(shown once; the hub keeps only its hash, in {args.file})", file=sys.stderr)
+        elif args.action == "list":
+            for e in book.entries():
+                state = "revoked" if e["revoked"] is not None else "active"
+                print(f"{e['id']}  {state:7s}  {e['name']}")
+        elif not args.token_id:
+            print("echo2-hub token revoke: which token id? (see `echo2-hub token list`)",
+                  file=sys.stderr)
+            return 2
+        elif not book.revoke(args.token_id):
+            print(f"echo2-hub token revoke: no token {args.token_id!r} in {args.file}",
+                  file=sys.stderr)
+            return 2
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"echo2-hub token: cannot use {args.file}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""What a checkpoint keeps of the hub and how the hub comes back to it (`echo2p2p.hub.learning.durable`
+writes the files; the learner's weights are the trainer's).
+
+`hub_state` is the hub as plain data: run id, step, the next peer number, the lease table and
+data cursor, every admitted group not yet trained on (with the identity that sent it), and trust.
+`restore_hub` puts a state and the journal written after it back into a fresh hub's lease book,
+buffer and trust book. Groups the learner can no longer train on are kept: the staleness rule
+drops them when a batch is taken. Groups withdrawn (their peer was quarantined) stay out.
+No sockets, no clock (`now` is an argument), no files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echo2p2p.buffer import RolloutBuffer
+from echo2p2p.leases import LeaseBook
+from echo2p2p.trust import TrustBook
+
+from .durable import group_from_wire, group_to_wire
+
+
+def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer: RolloutBuffer,
+              trust: TrustBook) -> dict[str, Any]:
+    """What a checkpoint keeps of the hub, as plain data."""
+    return {"run_id": run_id, "step": step, "next_peer": next_peer,
+            "leases": leases.state(),
+            "buffer": [group_to_wire(g) for g in buffer.groups()],
+            "sources": buffer.sources(),
+            "trust": trust.state()}
+
+
+def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
+                buffer: RolloutBuffer, trust: TrustBook, now: float) -> int:
+    """Come back to `state` plus the `journal` after it: the lease table, the data cursor,
+    every admitted group not yet trained on, and trust. Returns the next peer number (a resumed
+    hub never hands out a peer id again)."""
+    next_peer = state["next_peer"]
+    leases.restore(state["leases"], now)
+    sources = state.get("sources", {})  # absent from checkpoints before withdrawals
+    for wire in state["buffer"]:
+        group = group_from_wire(wire)
+        buffer.put(group, sources.get(group.lease_id, ""))
+    trust.restore(state["trust"])
+    for kind, *record in journal:
+        if kind == "lease":
+            leases.replay(tuple(record), now)
+        elif kind == "peer":
+            next_peer = max(next_peer, record[0])
+        elif kind == "admit":  # (group, source); the source absent from journals before it
+            group = group_from_wire(record[0])
+            leases.replay(("done", group.lease_id), now)
+            buffer.put(group, record[1] if len(record) > 1 else "")
+        elif kind == "withdraw":
+            buffer.remove(set(record[0]))
+    return next_peer

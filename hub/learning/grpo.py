@@ -1,0 +1,150 @@
+"""GRPO maths: group-normalised advantages and a clipped, staleness-corrected surrogate loss.
+
+Pure functions over tensors; no state, no optimiser, no knowledge of peers or the wire. The
+learner (`echo2p2p.hub.learning.learner`) builds the batch and owns the optimiser.
+
+Simplifications chosen (in the spirit of nanochat's `scripts/chat_rl.py`):
+
+1. Advantage = (r - mean) / (std + eps) over the G samples of one prompt (GRPO, Shao et al.
+   2024, arXiv 2402.03300), one scalar per sample broadcast to all its tokens. Population std
+   (unbiased=False), so G = 2 gives +-1. A group whose rewards are all equal gets zeros and so
+   no policy gradient.
+2. No separate "old policy" pass. The behaviour logprobs a peer reports are the denominator of
+   the importance ratio; they come from a version up to S steps behind (and from bf16-rounded
+   weights), so the ratio corrects for staleness and for the rounding at once. This is PPO's
+   clipped surrogate (Schulman et al. 2017, arXiv 1707.06347) with the behaviour policy as the
+   anchor, i.e. a one-sided trust region around the data, not around the learner's last step.
+3. Dual clip (Ye et al. 2020, arXiv 1912.09729; verl's `clip_ratio_c = 3`): for A < 0 the loss
+   is capped at -c*A. Without it a single token whose ratio exploded (stale data, or a forged
+   behaviour logprob) gives an unbounded loss and a gradient that grad-norm clipping can only
+   rescale, not ignore. The log-ratio is also clamped to +-20 before exp so nothing overflows.
+4. Token-level mean over the whole batch (DAPO, Yu et al. 2025, arXiv 2503.14476): the summed
+   per-token loss is divided by the number of completion tokens in the batch, not averaged per
+   sequence first. Long completions then weigh in proportion to their length and the loss of a
+   micro-batch is comparable across micro-batches: pass `num_tokens` = tokens in the *whole*
+   batch and sum the micro-batch losses to get exactly the full-batch loss.
+5. Optional KL to a frozen reference with the k3 estimator exp(q - p) - (q - p) - 1 (Schulman,
+   "Approximating KL divergence", 2020), added per token inside the same token mean. Off by
+   default (kl_coef = 0), as in DAPO and Dr. GRPO.
+6. No entropy bonus, no length penalty, no std-free (Dr. GRPO) variant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: far past any clip range, still finite in fp32
+
+
+def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """(r - mean) / (std + eps) over one group; all-equal rewards give exact zeros."""
+    rewards = rewards.float()  # (G,)
+    if rewards.numel() < 2 or bool((rewards == rewards[0]).all()):
+        # exact test: mean() of equal floats is not always equal to them, and the rounding
+        # residue divided by std + eps would become a spurious +-1 advantage
+        return torch.zeros_like(rewards)
+    centred = rewards - rewards.mean()  # (G,)
+    return centred / (rewards.std(unbiased=False) + eps)  # (G,)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+) -> Tensor:
+    """(B, T) logprob of each token given its prefix under softmax(logits / T); 0 where masked.
+
+    Position t holds log p(input_ids[:, t] | input_ids[:, :t]). Position 0 has no prefix and is
+    always 0, so a completion mask must never select it (a prompt has at least one token).
+    Right padding is assumed: positions of real tokens then start at 0 and the causal mask keeps
+    padding out of every real token's view.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
+    logits = logits[:, :-1].float() / temperature  # (B, T-1, V): predicts tokens 1..T-1
+    targets = input_ids[:, 1:]  # (B, T-1)
+    # gather - logsumexp avoids materialising a second (B, T, V) log_softmax tensor
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    logprobs = picked - torch.logsumexp(logits, dim=-1)  # (B, T-1)
+    logprobs = torch.cat([logprobs.new_zeros(logprobs.shape[0], 1), logprobs], dim=1)  # (B, T)
+    return torch.where(completion_mask.bool(), logprobs, torch.zeros_like(logprobs))
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    dual_clip: float | None = 3.0,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped importance-ratio surrogate, token mean over `num_tokens` (default: mask.sum()).
+
+    logprobs, behaviour_logprobs, mask, ref_logprobs: (B, T); advantages: (B,) or (B, T).
+    Returns (scalar loss, stats). Stats are means over the masked tokens of *this* call
+    (weight them by stats["tokens"] to combine micro-batches): policy_loss (surrogate part,
+    token mean), clip_frac (tokens whose gradient the clip switched off), dual_clip_frac,
+    ratio_mean, ratio_max, kl (k3, 0 without a reference), tokens.
+    """
+    mask = mask.bool()  # (B, T)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)  # (B, T)
+    advantages = advantages.to(logprobs.dtype)
+    behaviour_logprobs = behaviour_logprobs.to(logprobs.dtype)
+
+    log_ratio = (logprobs - behaviour_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    unclipped = ratio * advantages  # (B, T)
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, T)
+    objective = torch.minimum(unclipped, clipped)  # (B, T)
+    dual_active = torch.zeros_like(mask)
+    if dual_clip is not None:
+        floor = dual_clip * advantages  # (B, T): only binds where A < 0
+        dual_active = (advantages < 0) & (objective < floor)
+        objective = torch.where(dual_active, floor, objective)
+    per_token = -objective  # (B, T)
+
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        kl = _k3(ref_logprobs.to(logprobs.dtype), logprobs)
+        per_token = per_token + kl_coef * kl
+
+    zero = torch.zeros_like(per_token)
+    denom = float(num_tokens) if num_tokens is not None else float(mask.sum().item())
+    denom = max(denom, 1.0)
+    loss = torch.where(mask, per_token, zero).sum() / denom
+    with torch.no_grad():
+        # the clip switched the gradient off where min() picked the (constant) clipped branch
+        stats = _token_means(mask, objective, mask & (clipped < unclipped),
+                             mask & dual_active, ratio, kl)
+    return loss, stats
+
+
+def _k3(ref_logprobs: Tensor, logprobs: Tensor) -> Tensor:
+    """(B, T) k3 estimator of KL(pi || ref) on samples drawn from (approximately) pi."""
+    delta = (ref_logprobs - logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # (B, T)
+    return torch.exp(delta) - delta - 1.0
+
+
+def _token_means(mask: Tensor, objective: Tensor, clip_active: Tensor, dual_active: Tensor,
+                 ratio: Tensor, kl: Tensor) -> dict[str, float]:
+    """`policy_loss`'s stats: means over the masked tokens (all (B, T))."""
+    zero = torch.zeros_like(objective)
+    n = int(mask.sum().item())
+    m = max(n, 1)
+    return {
+        "policy_loss": float(torch.where(mask, -objective, zero).sum().item() / m),
+        "clip_frac": float(clip_active.sum().item() / m),
+        "dual_clip_frac": float(dual_active.sum().item() / m),
+        "ratio_mean": float(torch.where(mask, ratio, zero).sum().item() / m) if n else 1.0,
+        "ratio_max": float(ratio[mask].max().item()) if n else 1.0,
+        "kl": float(torch.where(mask, kl, zero).sum().item() / m),
+        "tokens": float(n),
+    }

@@ -1,0 +1,175 @@
+"""The hub's learner loop: `HubRun`, its step record, publication, evaluation, checkpoint, resume.
+
+`HubRun.train` takes a batch of fresh groups, steps (in a worker thread, so the event loop keeps
+serving peers), tells the hub the step is done (the hub's `step` is the run's one step counter),
+publishes every kappa steps (`echo2p2p.hub.overlay.publisher`), evaluates every `eval_every` steps and
+logs one record per step. It stops after `max_steps` (0: never). The run is opened, built and
+served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a socket
+(`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+from echo2p2p.scoring.scorer import Scorer
+from echo2p2p.staleness import is_publish_version, lag_versions
+
+from ..config import HubConfig
+from ..serving.counters import HubStatistics
+from .durable import Checkpoints
+from ..serving.estimates import Estimates
+from ..overlay.publisher import Publisher
+from ..view.runlog import RunLog
+from ..serving.server import Hub
+from .step_record import step_record
+
+log = logging.getLogger(__name__)
+
+
+class HubRun:
+    """A running hub: the server, the learner, the publisher and the run log."""
+
+    def __init__(self, cfg: HubConfig, hub: Hub, learner: Any, tokenizer: Any, runlog: RunLog,
+                 signing_key: bytes, checkpoints: Checkpoints | None = None,
+                 eval_scorer: Scorer | None = None, publisher: Publisher | None = None,
+                 estimates: Estimates | None = None):
+        """`eval_scorer`: runs the task's reward on held-out completions (its own workers, so
+        that an evaluation's batch never queues ahead of admission); None: the hub's.
+        `publisher`: builds the versions (None: one signing with `signing_key`, no spot-checks).
+        `estimates`: the capacity model's inputs (None: fresh ones; the hub's propagation
+        records feed T_bcast into the caller's)."""
+        self.cfg = cfg
+        self.eval_scorer = eval_scorer or hub.scorer
+        self.checkpoints = checkpoints
+        self.resumed = False
+        self.signing_key = signing_key
+        self.publisher = publisher or Publisher(cfg.overlay, signing_key)
+        self.hub = hub
+        self.learner = learner
+        self.tokenizer = tokenizer
+        self.runlog = runlog
+        self.port = 0
+        self.dashboard_port: int | None = None  # None: no dashboard (cfg.view.dashboard_port -1)
+        self.records: list[dict[str, Any]] = []
+        self.finished = asyncio.Event()
+        self.estimates = estimates or Estimates(cfg)
+        self._start = time.perf_counter()  # the learner loop's start (train() sets it)
+        self._busy_s = 0.0  # seconds the learner stepped since
+        self._window: deque[tuple[float, int]] = deque(maxlen=6)  # (time, admitted samples)
+
+    @property
+    def url(self) -> str:
+        return f"{'wss' if self.cfg.network.tls_cert else 'ws'}://{self.cfg.network.host}:{self.port}/ws"
+
+    async def publish(self) -> None:
+        """Checkpoint if due (before peers can hold the version), build, sign and announce."""
+        if self.checkpoints is not None and self.publisher.published % self.cfg.run.checkpoint_every == 0:
+            await self.checkpoint()
+        import torch
+
+        dtype = getattr(torch, self.cfg.overlay.weights_dtype)
+        version = self.hub.step
+        built = await asyncio.to_thread(
+            lambda: self.publisher.build(version, self.learner.iter_weights(dtype)))
+        self.hub.publish(built)
+        log.debug("published v%d: %d wire bytes in full, %s as a delta", built.version,
+                  built.full.wire_bytes, built.delta.wire_bytes if built.delta else "none")
+
+    async def checkpoint(self) -> None:
+        """Take the hub's state and start a new journal in one go (nothing changes in between),
+        then write the checkpoint in a worker thread while peers are served. The learner is
+        idle meanwhile: the loop calls this between steps. The step is the hub's state's."""
+        number = self.checkpoints.next_number()
+        state = self.hub.checkpoint(self.checkpoints.journal(number))
+        start = time.perf_counter()
+        await asyncio.to_thread(self.checkpoints.write, number, self.learner.save, state)
+        log.debug("checkpoint %d at v%d in %.3f s", number, state["step"],
+                  time.perf_counter() - start)
+
+    def resume(self, saved: tuple[Path, dict[str, Any], list[list]]) -> None:
+        """Continue from a checkpoint and its journal (see hub.durable)."""
+        learner, state, journal = saved
+        self.learner.load(learner)
+        self.hub.restore(state, journal)
+        self.resumed = True
+        hub = self.hub.statistics()
+        record = {"event": "resume", "version": hub.step, "journal_records": len(journal),
+                  "queued_groups": hub.queued_groups, "open_leases": hub.open_leases}
+        self.runlog.event(record, f"resumed at v{hub.step}: {record['queued_groups']} admitted "
+                                  f"groups queued, {record['open_leases']} leases open, "
+                                  f"{len(journal)} journal records replayed")
+
+    async def evaluate(self) -> float:
+        problems = self.hub.task.problems("eval")[: self.cfg.tasks.eval_problems]
+        if self.hub.setup.env:  # greedy episodes of the held-out seeds
+            from .episode_eval import evaluate_episodes
+
+            return await asyncio.to_thread(
+                evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
+                max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts)
+
+        def score(items: list[tuple[Any, str]]) -> list[float]:  # (problem, completion text)
+            return self.eval_scorer.score_blocking(items).rewards
+
+        return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
+                                       max_new_tokens=self.cfg.grpo.max_new_tokens,
+                                       prompts=self.cfg.tasks.prompts)
+
+    async def train(self) -> None:
+        """The learner loop; returns after max_steps steps (never if 0)."""
+        cfg, hub = self.cfg, self.hub
+        if cfg.tasks.eval_every and not self.resumed:
+            acc = await self.evaluate()
+            record = {"event": "eval", "version": 0, "eval/accuracy": acc}
+            self.records.append(record)
+            self.runlog.event(record, f"base policy v0: held-out reward {acc:.3f}")
+        self._start = time.perf_counter()
+        self._busy_s = 0.0
+        self._window.append((self._start, 0))  # rates over the last 5 steps
+        while not cfg.run.max_steps or hub.step < cfg.run.max_steps:
+            batch = await hub.wait_batch()
+            step = hub.step
+            lags = Counter(lag_versions(step, g.version) for g in batch)
+            self.runlog.staleness.update(lags)
+            stats = await asyncio.to_thread(self.learner.step, batch)
+            self._busy_s += stats.step_s
+            hub.finish_step()
+            hub.dispatch()
+            if is_publish_version(hub.step, cfg.staleness.kappa):
+                await self.publish()
+            self.estimates.observe_train_step(stats.step_s)
+            hub.replan(self.estimates.required_rollouts_per_s())
+            record = self._record(step, batch, lags, stats)
+            if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0:
+                record["eval/accuracy"] = await self.evaluate()
+            self.records.append(record)
+            self.runlog.step(record)
+            if hub.step % 10 == 0:
+                self.runlog.event({"event": "cost", "step": hub.step, "peers": {
+                    pid: dict(view.account) for pid, view in hub.peer_views().items()}})
+        self.finished.set()
+
+    def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
+        """The run log record of learner step `step` (which produced version `hub.step`)."""
+        now, window, hub = time.perf_counter(), self._window, self.hub.statistics()
+        record = step_record(
+            step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
+            time_s=now - self._start,
+            rollouts_per_s=(hub.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
+            busy_frac=self._busy_s / max(now - self._start, 1e-9),
+            tokens_per_s=stats.tokens / max(now - window[-1][0], 1e-9),
+            capacity=self.capacity_metrics(hub))
+        window.append((now, hub.admitted_samples))
+        return record
+
+    def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]:
+        """The capacity estimates, and the busy fraction they predict for the active peers."""
+        hub = hub or self.hub.statistics()
+        return self.estimates.metrics(hub.active_rollouts_per_s, hub.required_rollouts_per_s)
+

@@ -1,0 +1,178 @@
+"""A hub run's set-up: the run directory, the task, the policy, the hub, the learner, serving.
+
+`start_hub(cfg)` is an async context manager: on entry the run directory is opened (or, with
+`resume`, its checkpoint and journal read back), the task and the policy loaded, the hub, the
+learner and the publisher built, version 0 (or the resumed one) published, the server and the
+dashboard listening and the learner loop (`echo2p2p.hub.learning.loop.HubRun.train`) running in the
+background; on exit everything it opened is closed. `follow_rank` sets up a learner rank other
+than 0 of a sharded learner. It knows nothing of a step: that is the loop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from echo2p2p.config import as_dict
+from echo2p2p.errors import ConfigError
+from echo2p2p.completions import CompletionDecoder
+from echo2p2p.scoring.scorer import Scorer
+from echo2p2p.overlay.tickets import Tickets
+
+from ..serving.app import serve
+from ..config import SECRETS, HubConfig
+from ..view.dashboard import dashboard, status_route
+from .durable import Checkpoints
+from ..serving.estimates import Estimates
+from ..overlay.model_files import ModelFiles, model_routes, token_facts
+from ..overlay.publisher import Publisher, load_or_make_key
+from .ranks import Leader, Ranks, follow
+from ..view.runlog import RunLog, propagation_line
+from ..serving.server import Hub
+from ..tasks.task_setup import TaskSetup, TokenizedProblem, open_setup
+from ..view.experiment_trackers import Trackers, open_trackers
+from .loop import HubRun
+from ..overlay.versions import VersionFiles
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
+                    ranks: Ranks | None = None, setup: TaskSetup | None = None
+                    ) -> AsyncIterator[HubRun]:
+    """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
+    train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
+    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them)."""
+    # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
+    # first: a directory without them is refused (ConfigError on "model") before any loading.
+    files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
+    run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+    hub, runlog = run.hub, run.runlog
+
+    files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
+    hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
+    routes = {"/status": status_route(run),
+              **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
+    try:
+        if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
+            await hub.scorer.start()
+        async with serve(hub, cfg.network.host, cfg.network.port, routes) as port, dashboard(run) as board:
+            run.port, run.dashboard_port = port, board
+            log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
+                     "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
+                     hub.setup.kind, cfg.staleness.max_lag, cfg.staleness.kappa, ranks.world if ranks else 1,
+                     runlog.run_dir, hub.hub_key.hex())
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
+                try:
+                    yield run
+                finally:
+                    for task_ in tasks:
+                        task_.cancel()
+    finally:
+        if isinstance(run.learner, Leader):
+            run.learner.close()
+        eval_scorer.close()
+        if hub.scorer is not None:
+            hub.scorer.close()  # serve() closed it already, unless it never started serving
+        hub.checkpoint(None)  # closes the journal
+        runlog.close()
+        trackers.close()  # wandb finishes its run
+
+
+def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
+    """The run's learner on `model` (sharded over `ranks`; every rank makes the same one)."""
+    from .learner import Learner
+
+    return Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
+                   temperature=cfg.grpo.temperature, pad_id=tokenizer.pad_token_id,
+                   micro_tokens=cfg.learner.learner_micro_tokens, ranks=ranks,
+                   precision=cfg.learner.learner_precision, checkpointing=cfg.learner.learner_checkpointing)
+
+
+def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
+    """The policy (fp32; `weights` False: on the meta device) and tokenizer."""
+    import torch
+
+    from echo2p2p.policy.model import load_policy
+
+    if cfg.learner.torch_threads:
+        torch.set_num_threads(cfg.learner.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tokenizer = load_policy(cfg.run.model, device=cfg.learner.device, weights=weights)
+    return model.float(), tokenizer
+
+
+def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
+    """A learner rank other than 0: the policy's architecture, the learner sharded over it with
+    rank 0's weights (`Ranks.shard`), then rank 0's calls."""
+    model, tokenizer = _load_policy(cfg, weights=False)
+    follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
+
+
+async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
+                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer, Trackers]:
+    """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
+    log, resumed from cfg.run.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
+    published; and the evaluation scorer and the trackers, which the caller closes."""
+    from .learner import encode_prompt
+    from ..serving.spotcheck import SpotChecker
+
+    saved = None
+    if resume:
+        if not cfg.run.run_dir:
+            raise ConfigError("run_dir", "--resume needs the run directory")
+        saved = await asyncio.to_thread(Checkpoints(Path(cfg.run.run_dir)).load)
+    run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
+    run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
+    # the run's config.json, without the secrets (a resumed run is given them again)
+    config = {"run_id": run_id, **{k: v for k, v in as_dict(cfg).items() if k not in SECRETS}}
+    runlog = RunLog(run_dir, config, stream)
+    # before the policy loads: a tracker's missing package is a ConfigError on report_to
+    trackers = await asyncio.to_thread(open_trackers, cfg.view, run_dir, run_id, config)
+    runlog.listeners += trackers.listeners
+    setup = setup or await asyncio.to_thread(open_setup, cfg)
+    await asyncio.to_thread(setup.check_runnable)
+    if setup.env and ranks is not None and cfg.tasks.eval_every:
+        raise ConfigError("eval_every", "held-out episodes are evaluated on one learner rank "
+                                        "only: set --eval-every 0 with --nproc-per-node")
+    task = setup.task
+    model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
+    prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))  # before any prompt is leased
+    # the spot-checker's copy first: the learner may shard the model in place
+    spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
+    learner = make_learner(cfg, model, tokenizer, ranks)
+    learner = Leader(learner, ranks) if ranks is not None else learner
+    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
+                for p in task.problems("train")]
+    key = load_or_make_key(run_dir / "hub_key")
+    estimates = Estimates(cfg)
+
+    def on_event(record: dict[str, Any]) -> None:
+        line = None
+        if record["event"] == "propagation":
+            if record["complete"]:  # T_bcast counts the reload (the paper's), when all did
+                estimates.observe_broadcast(record["t_bcast_s"] or record["done_s"])
+            line = propagation_line(record) if record["version"] % 10 == 5 else None
+        runlog.event(record, line)
+
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
+              decode=CompletionDecoder(tokenizer), setup=setup)
+    checkpoints = Checkpoints(run_dir) if cfg.run.checkpoint_every else None
+    eval_scorer = Scorer(setup.reward, timeout_s=cfg.scoring.score_timeout_s, name="eval-scorer")
+    # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the spot-checker
+    # (else one: the next delta's base), catch_up_versions + 1 as laggards' bases (hub.catchup).
+    on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
+                           keep_streams=max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1))
+    run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
+                 Publisher(cfg.overlay, key, spot, on_disk), estimates)
+    if saved is not None:
+        run.resume(saved)
+    await run.publish()
+    return run, eval_scorer, trackers

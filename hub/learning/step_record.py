@@ -1,0 +1,48 @@
+"""The run log record of one learner step, built from plain values.
+
+`step_record` lays out the record `hub.learning.loop` logs after every step (the run log, the
+dashboard's feed, /metrics' last-step gauges and the report read it): the learner's own
+metrics, the staleness of the batch, rates over the recent window, and the hub's totals from
+`Hub.statistics()`. It reads no part of the hub and no clock: the caller measures the times.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from ..serving.counters import HubStatistics
+
+
+def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], leases: list[str],
+                lags: Counter[int], *, time_s: float, rollouts_per_s: float, busy_frac: float,
+                tokens_per_s: float, capacity: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of learner step `step` (which produced version `hub.step`): `learner`, the
+    step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
+    `time_s` since the loop started; `rollouts_per_s` admitted over the recent window;
+    `busy_frac` of the time the learner stepped; `capacity`, the capacity model's metrics."""
+    scoring = hub.scoring
+    return {
+        "step": step, "version": hub.step, "time_s": round(time_s, 3),
+        **learner,
+        "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+        "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(leases),
+        "rollout/leases": leases,
+        "rollout/per_s": rollouts_per_s,
+        "rollout/admitted_groups_total": hub.admitted_groups,
+        "rollout/stale_on_arrival_total": hub.stale_on_arrival,
+        "rollout/stale_in_queue_total": hub.stale_in_queue,
+        "rollout/rejected_total": hub.rejected,
+        "rollout/spot_checked_total": hub.spot_checked,
+        "rollout/spot_failed_total": hub.spot_failed,
+        "rollout/withdrawn_total": hub.withdrawn_groups,
+        "hub/learner_busy_frac": busy_frac,
+        "hub/peers": hub.peers,
+        "hub/closed_for_protocol_total": hub.closed_for_protocol,
+        "hub/score_timeouts_total": scoring.timeouts if scoring else 0,
+        "hub/score_failures_total": scoring.failures if scoring else 0,
+        "train/tokens_per_s": tokens_per_s,
+        **capacity,
+        **hub.cost,
+    }

@@ -1,0 +1,308 @@
+"""The hub as the overlay's tracker: which versions it keeps and how each spreads to the peers.
+
+`VersionTracker.publish` announces each version to every ready peer (as a delta to those whose
+whole stream is at its base, else in full) with a relay plan per manifest
+(`echo2p2p.relay.Broadcast`); a late joiner, a peer back from a disconnect or a cold standby
+peer put to work catches up on the newest: as one delta from a version it holds whole
+(`hub.overlay.catchup`), else in full. Plans are re-dealt when a relaying peer leaves, is quarantined
+or fails the hub's own check; each peer's report of a finished transfer feeds the per-version
+propagation record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the
+peers' measured upload and the hub's send rate, from which the next version's T_bcast is
+predicted.
+It serves the hub's share of chunks (`chunk_lookup`). It never grants leases, judges rollouts
+or touches a socket: announcements go into each peer's outbox (`PeerConn.post`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from echo2p2p import messages as m
+from echo2p2p.capacity import broadcast_s
+from echo2p2p.overlay.store import GONE
+from echo2p2p.pool import Pool
+from echo2p2p.propagation import Propagation
+from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour_sample
+
+from .catchup import CatchUps
+from ..config_sections import OverlayConfig
+from ..serving.peers import PeerConn
+from .versions import Published, Snapshot
+
+log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
+
+
+class VersionTracker:
+    """Published versions, their broadcasts and propagation records, over the hub's peers."""
+
+    def __init__(self, overlay: OverlayConfig, peers: dict[str, PeerConn], pool: Pool, *,
+                 quarantined: Callable[[PeerConn], bool],
+                 on_event: Callable[[dict[str, Any]], None], now: Callable[[], float]):
+        """`peers`: the hub's connected peers (read, never changed here); `quarantined`: whether
+        a peer may no longer relay; `on_event`: the run log; `now`: the hub's clock."""
+        self.overlay = overlay
+        self.peers = peers
+        self.pool = pool
+        self._quarantined, self._on_event, self._now = quarantined, on_event, now
+        self.published: dict[int, Published] = {}  # the newest overlay.keep_versions
+        self.broadcasts: dict[tuple[int, int | None], Broadcast] = {}
+        self.propagation: dict[int, Propagation] = {}
+        self.hub_send_bps: float | None = None  # EWMA over the versions spread, bits/s
+        self.catchups = CatchUps(overlay.catch_up_versions, max_building=overlay.catch_up_builds)
+        # Gossip: (version, base) -> peer id -> its seed chunks, and the plan revision sent last.
+        self.seeds: dict[tuple[int, int | None], tuple[dict[str, list[int]], int]] = {}
+
+    @property
+    def newest(self) -> Published | None:
+        return self.published[max(self.published)] if self.published else None
+
+    @property
+    def newest_version(self) -> int | None:
+        return max(self.published) if self.published else None
+
+    def publish(self, version: Published) -> None:
+        """Make `version` the newest and announce it to every peer, with a relay plan."""
+        for old in list(self.propagation.values()):
+            self.report_propagation(old, final=True)  # superseded: say how far it got
+        self.published[version.version] = version
+        for old in sorted(self.published)[:-self.overlay.keep_versions]:
+            del self.published[old]
+        self.broadcasts = {k: b for k, b in self.broadcasts.items() if k[0] in self.published}
+        conns = [c for c in self.peers.values() if c.protocol.ready
+                 and (self.overlay.standby == "warm" or self.pool.is_active(c.peer_id))]
+        delta = version.delta
+        on_delta = [c for c in conns
+                    if delta is not None and c.stream_version == delta.manifest.base_version]
+        in_full = [c for c in conns if c not in on_delta]
+        self.propagation[version.version] = Propagation(
+            version.version, self._now(), {c.peer_id for c in conns}, on_delta=len(on_delta),
+            predicted_bcast_s=self.predicted_bcast_s(version, conns, len(on_delta)))
+        for snap, members in ((delta, on_delta), (version.full, in_full)):
+            if not members:
+                continue
+            if self.overlay.relay == "gossip":
+                self.announce_gossip(snap, members)
+                continue
+            broadcast = self._broadcast(snap)
+            broadcast.start([self.member(c) for c in members])
+            self.propagation[version.version].dealt.update(broadcast.dealt())
+            for conn in members:
+                conn.protocol.announce(version.version)
+                conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
+                                                snap.signature))
+
+    def announce_gossip(self, snap: Snapshot, conns: list[PeerConn], late: bool = False) -> None:
+        """Gossip: one announcement per peer with its seed chunks and a neighbour sample, and
+        nothing after it (no plan revisions, no lookups). Quarantined peers seed nothing; a
+        `late` joiner dials a sample of every peer here, and seeds nothing if another peer
+        here holds the (full) version whole, else everything (nobody else may have it)."""
+        manifest = snap.manifest
+        seeders = [c for c in conns if not late and not self._quarantined(c)]
+        if late and (manifest.base_version is not None or not any(
+                c.stream_version == manifest.version for c in self.peers.values())):
+            seeders = conns
+        deals = gossip_plan([self.member(c) for c in seeders], len(snap.chunks),
+                            hub_bps=self.hub_bps_estimate())
+        if not late:
+            if (prop := self.propagation.get(manifest.version)) is not None:
+                prop.dealt.update({pid: len(d.seed) for pid, d in deals.items()})
+            self.seeds[(manifest.version, manifest.base_version)] = (
+                {pid: list(d.seed) for pid, d in deals.items()}, 1)
+            self.seeds = {k: v for k, v in self.seeds.items() if k[0] in self.published}
+        everyone = [self.member(c) for c in (self.peers.values() if late else conns)]
+        for conn in conns:
+            deal = deals.get(conn.peer_id)
+            seed = deal.seed if deal is not None else []
+            gossip = m.GossipPlan(manifest.version, manifest.base_version,
+                                  m.pack_ids(seed),
+                                  deal.neighbours if deal is not None
+                                  else neighbour_sample(everyone, conn.peer_id))
+            conn.protocol.announce(manifest.version)
+            conn.post(m.VersionAnnouncement(manifest, m.RelayPlan(
+                manifest.version, manifest.base_version, 1, [], b"", gossip), snap.signature))
+
+    def predicted_bcast_s(self, version: Published, conns: list[PeerConn], on_delta: int
+                          ) -> float | None:
+        """The capacity model's T_bcast of `version` to `conns` (`echo2p2p.capacity.broadcast_s`)
+        from the hub's measured send rate and the peers' measured uploads (one not measured yet
+        counts as their mean); None while either is unknown."""
+        uploads = [c.upload_bps for c in conns if c.upload_bps]
+        if not uploads or not self.hub_send_bps:
+            return None
+        mean = sum(uploads) / len(uploads)
+        delta_bytes = version.delta.wire_bytes if version.delta else 0
+        nbytes = (on_delta * delta_bytes + (len(conns) - on_delta) * version.full.wire_bytes
+                  ) / len(conns)  # what the average peer fetches
+        return round(broadcast_s(nbytes, self.hub_send_bps, [c.upload_bps or mean for c in conns],
+                                 self.overlay.relay), 3)
+
+    def catch_up(self, conn: PeerConn) -> None:
+        """A late joiner, a peer back from a disconnect or a cold standby peer put to work pulls
+        the newest version: as one delta from a version it holds whole, when the hub keeps that
+        one's stream and the delta is smaller (`hub.overlay.catchup`), else in full."""
+        newest = self.newest
+        if newest is None or not conn.protocol.needs(newest.version):
+            return
+        conn.protocol.announce(newest.version)
+        base = self.catchups.base_for(newest, conn.stream_version, conn.hello.peer_key)
+        if base is None:
+            self._announce(conn, newest.full)
+        else:
+            self.catchups.delta(newest, base, lambda snap: self._caught_up(conn, newest, snap))
+
+    def _caught_up(self, conn: PeerConn, target: Published, delta: Snapshot | None) -> None:
+        """`conn`'s catch-up delta to `target` is ready (None: send it in full). The delta goes
+        first, then the version in full, pull-only: a peer that holds the delta's base fetches
+        the delta and ignores the second; one that lacks it (a wrong claim) takes the second."""
+        if self.newest is not target or self.peers.get(conn.peer_id) is not conn:
+            return  # a newer version was announced to it meanwhile, or it left
+        if delta is not None:
+            self._announce(conn, delta)
+        self._announce(conn, target.full, relays=delta is None)
+
+    def _announce(self, conn: PeerConn, snap: Snapshot, relays: bool = True) -> None:
+        """`snap` to one peer joining its broadcast (as a relay, if it may and `relays`)."""
+        if self.overlay.relay == "gossip":
+            self.announce_gossip(snap, [conn], late=True)
+            return
+        member = conn.member(relays=relays and not self._quarantined(conn))
+        broadcast = self._broadcast(snap)
+        if broadcast.members:
+            broadcast.join(member)
+        else:
+            broadcast.start([member])
+        conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
+                                        snap.signature))
+
+    def _broadcast(self, snap: Snapshot) -> Broadcast:
+        key = (snap.manifest.version, snap.manifest.base_version)
+        if key not in self.broadcasts:
+            self.broadcasts[key] = Broadcast(*key, len(snap.chunks), self.overlay.relay,
+                                             hub_bps=self.hub_bps_estimate())
+        return self.broadcasts[key]
+
+    def hub_bps_estimate(self) -> float | None:
+        """The hub's send rate, bits/s, that caps a slow peer's share (`relay.deal_seeds`): as
+        measured over the versions spread, else the configured upload cap, else (the first
+        version) the median of the peers' uplinks the hub probed at join; None: unknown."""
+        if self.hub_send_bps:
+            return self.hub_send_bps
+        if self.overlay.upload_limit_mbps:
+            return self.overlay.upload_limit_mbps * 1e6
+        rates = sorted(c.upload_bps for c in self.peers.values() if c.upload_bps)
+        return rates[len(rates) // 2] if rates else None
+
+    def member(self, conn: PeerConn) -> Member:
+        return conn.member(relays=not self._quarantined(conn))
+
+    # --- re-dealing ------------------------------------------------------------------
+
+    def route_around(self, peer_id: str) -> None:
+        """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members;
+        in gossip, its seed chunks to the other seeders (`reseed`)."""
+        self.reseed(peer_id)
+        for broadcast in self.broadcasts.values():
+            if broadcast.drop(peer_id) is None:
+                continue
+            for member in broadcast.members:
+                if (conn := self.peers.get(member)) is not None:
+                    conn.post(broadcast.plan(member))
+
+    def reseed(self, peer_id: str) -> None:
+        """Gossip: `peer_id` (left, quarantined or failed the hub's check) may not have passed
+        its seed chunks on; deal them among the other seeders still here, one plan revision
+        each, carrying only the added seeds. A receiver fetches one from the hub only if none
+        of its links holds it (`echo2p2p.gossip.Swarm`), so a seed already spread costs nothing."""
+        for (version, base), (deals, revision) in list(self.seeds.items()):
+            orphans = deals.pop(peer_id, [])
+            heirs = [c for pid in deals if (c := self.peers.get(pid)) is not None
+                     and not self._quarantined(c)]
+            if not orphans or not heirs or version not in self.propagation:
+                continue
+            self.seeds[(version, base)] = (deals, revision + 1)
+            for pid, added in deal_seeds([self.member(c) for c in heirs], orphans).items():
+                deals[pid] += added
+                gossip = m.GossipPlan(version, base, m.pack_ids(added), [])
+                self.peers[pid].post(m.RelayPlan(version, base, revision + 1, [], b"", gossip))
+
+    def peer_left(self, peer_id: str) -> None:
+        """`peer_id` left (already out of `peers`): re-deal its chunks, and report the versions
+        that have now reached every peer still here."""
+        self.route_around(peer_id)
+        for prop in list(self.propagation.values()):
+            self.report_propagation(prop)
+
+    # --- chunks and transfers --------------------------------------------------------
+
+    def snapshot(self, version: int, base: int | None) -> Snapshot | None:
+        """The published manifest (version, base) this hub still keeps, or the catch-up delta
+        (base -> version) it has cached, if any."""
+        pub = self.published.get(version)
+        snap = pub and (pub.full if base is None else pub.delta)
+        if snap is not None and snap.manifest.base_version == base:
+            return snap
+        return self.catchups.snapshot(version, base) if base is not None else None
+
+    async def chunk_lookup(self, version: int, base: int | None, index: int, wait_s: float) -> bytes:
+        """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
+        snap = self.snapshot(version, base)
+        if snap is None or not 0 <= index < len(snap.chunks):
+            return GONE
+        return snap.chunks[index]
+
+    def chunk_served(self, version: int, nbytes: int) -> None:
+        if (prop := self.propagation.get(version)) is not None:
+            prop.bytes_from_hub += nbytes
+            prop.hub_sent_after_s = self._now() - prop.started
+
+    def transfer_reported(self, conn: PeerConn, msg: m.TransferReport) -> None:
+        """`conn` has every chunk of a manifest: a base for its next delta, and progress."""
+        snap = self.snapshot(msg.version, msg.base_version)
+        if snap is None:
+            return
+        conn.protocol.note_whole(msg.version)
+        self.catchups.remember(conn.hello.peer_key, msg.version)  # for its next connection
+        prop = self.propagation.get(msg.version)
+        if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:
+            return  # not a version being tracked, or not the first report: nothing to count
+        prop.done_after_s[conn.peer_id] = self._now() - prop.started
+        prop.count(conn.peer_id, msg, snap.wire_bytes)
+        self.report_propagation(prop)
+
+    def holding_reported(self, conn: PeerConn, version: int) -> None:
+        """`conn`'s engine now serves `version`: it can generate with it and every older one
+        still being tracked (T_bcast counts the reload). Believed only for versions whose
+        transfer it reported (a claim alone would make T_bcast look short)."""
+        whole = conn.protocol.stream_version
+        for prop in list(self.propagation.values()):
+            if (prop.version <= version and whole is not None and prop.version <= whole
+                    and conn.peer_id in prop.expected and conn.peer_id not in prop.serving_after_s):
+                prop.serving_after_s[conn.peer_id] = self._now() - prop.started
+                self.report_propagation(prop)
+
+    def report_propagation(self, prop: Propagation, final: bool = False) -> None:
+        """Log how `prop`'s version spread, once every expected peer that is still here has it
+        and serves it (or, `final`, once a newer version supersedes it)."""
+        waiting = {p for p in prop.expected - prop.done_after_s.keys() if p in self.peers}
+        reloading = {p for p in prop.expected - prop.serving_after_s.keys() if p in self.peers}
+        if (waiting or reloading) and not final:
+            return
+        del self.propagation[prop.version]
+        if not prop.expected:
+            return  # published before any peer joined: nothing spread
+        for peer_id, rate in prop.upload_rates().items():
+            if (conn := self.peers.get(peer_id)) is not None:
+                conn.upload_bps = rate if not conn.upload_bps else 0.5 * (conn.upload_bps + rate)
+        if (rate := prop.hub_send_bps()) is not None:
+            self.hub_send_bps = rate if not self.hub_send_bps else 0.5 * (self.hub_send_bps + rate)
+        # Complete: every expected peer still here has it, and one at least did (when all
+        # left before finishing, there is no spread to time).
+        pub = self.published.get(prop.version)
+        record = prop.record(pub.full.wire_bytes if pub else 0,
+                             pub.delta.wire_bytes if pub and pub.delta else None,
+                             complete=not waiting and bool(prop.done_after_s))
+        record["peer_upload_mbps"] = {c.peer_id: round(c.upload_bps / 1e6, 2)
+                                      for c in self.peers.values() if c.upload_bps}
+        self._on_event(record)

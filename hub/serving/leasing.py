@@ -1,0 +1,104 @@
+"""What the hub adds to its lease book: quotas (`echo2p2p.lease_quota`: who holds which open
+leases, and what an expired lease costs its holder) and lease ids nobody can guess.
+
+`Quotas` counts, for one grant, the open leases the pure `may_grant` weighs (by the asking
+peer's identity, by its address, by unproven peers), and charges a lease that ran past its
+deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` event, through the
+`TrustGuard`). It never grants a lease itself (`Hub.dispatch` does).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from typing import Any
+
+from echo2p2p.lease_quota import Held, LeaseQuota, may_grant, proven
+from echo2p2p.leases import Lease, LeaseBook
+from echo2p2p.staleness import lease_budget
+
+from ..config import HubConfig
+from .peers import PeerConn
+from .quarantine import TrustGuard
+
+
+class Holdings:
+    """Open leases by holder's identity and address, and how many unproven peers hold."""
+
+    def __init__(self) -> None:
+        self.by_identity: Counter[str] = Counter()
+        self.by_address: Counter[str] = Counter()
+        self.unproven = 0
+
+    def add(self, holder: PeerConn, book: LeaseQuota) -> None:
+        """One more open lease of `holder`'s."""
+        self.by_identity[holder.identity] += 1
+        self.by_address[holder.address_key] += 1
+        self.unproven += not proven(book.standing(holder.identity))
+
+
+class Quotas:
+    """Lease quotas over the hub's peers and lease book."""
+
+    def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], leases: LeaseBook,
+                 guard: TrustGuard, counters: Any, book: LeaseQuota):
+        """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them)."""
+        self.book = book
+        # Unproven peers share one batch of leases on top of the budget (`may_grant`); with
+        # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
+        # could only be generated after the step it was taken from, and its group would pass
+        # as fresh with a version tag one ahead. There they share the budget, under their caps.
+        self.budget, self.probation = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag), \
+            cfg.grpo.prompts_per_step if cfg.staleness.max_lag else 0
+        self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
+
+    def holdings(self) -> Holdings:
+        """The open leases counted by holder, once: `Hub.dispatch` takes one per pass and
+        `add`s each lease it grants, instead of a walk over every open lease per grant."""
+        holdings = Holdings()
+        for lease in self.leases.open_leases():
+            if (holder := self.peers.get(lease.peer_id)) is not None:  # else a resumed hub's
+                holdings.add(holder, self.book)  # orphan: anyone's to complete
+        return holdings
+
+    def allows(self, conn: PeerConn, outstanding: int, holdings: Holdings | None = None) -> bool:
+        """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
+        groups and groups being judged; `holdings`: this dispatch's count, else made now)."""
+        book, h = self.book, holdings or self.holdings()
+        held = Held(h.by_identity[conn.identity], h.by_address[conn.address_key], h.unproven,
+                    outstanding)
+        return may_grant(book.standing(conn.identity), book.standing(conn.address_key), held,
+                         self.budget, self.probation, book.policy)
+
+    def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
+        """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to
+        the probation share) are extra, so a lease granted now is not dated a step later for
+        them (it would wait for a version that needs the very batch it was kept from)."""
+        return outstanding - min((holdings or self.holdings()).unproven, self.probation)
+
+    def left(self, conn: PeerConn) -> None:
+        """`conn` left: a standing kept for this connection alone is forgotten (its peer id is
+        never used again); its token's and its address's are kept."""
+        if conn.identity == conn.peer_id:
+            self.book.standings.pop(conn.identity, None)
+
+    def expired(self, late: list[Lease]) -> None:
+        """These leases ran past their deadlines: each holder held one from others for
+        nothing, which costs it quota, and trust unless it has delivered more groups than it
+        let expire (a hoarder pays every time; an honest peer running late now and then does
+        not walk into quarantine over a long run) or has not yet said it holds a version (an
+        honest peer still downloading the model or starting its engine; its quota, 1 at the
+        least, bounds what it holds meanwhile)."""
+        for lease in late:
+            if (conn := self.peers.get(lease.peer_id)) is None:
+                continue  # an orphan of a resumed hub
+            self.counters.leases_expired += 1
+            self.book.expired(conn.identity, conn.address_key)
+            if conn.held_version is not None and not proven(self.book.standing(conn.identity)):
+                self.guard.distrust(conn, "lease_expired")
+
+
+def new_lease_id() -> str:
+    """A random lease id (16 characters, 96 bits): naming one proves it was granted to you, and
+    ids say nothing of how many leases there were."""
+    return secrets.token_urlsafe(12)

@@ -1,0 +1,167 @@
+"""The hub's shell around one connected peer: its socket, its outbox and writer, how it relays.
+
+What the protocol knows of the peer (session, credits, versions held and announced) lives in its
+`echo2p2p.hub_protocol.HubProtocol`; `PeerConn` adds what is I/O or the hub's own judgement:
+the websocket and transport, the outbox a writer task drains under a deadline (`write_outbox`),
+heartbeats (`keep_alive`), the chunk server URL and whether the hub reached it, the measured
+upload. `close_connection` says why and closes, and cuts a peer that cannot even take that.
+No lease or version decision is made here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from echo2p2p import messages as m
+from echo2p2p.hub_protocol import HubProtocol
+from echo2p2p.overlay.tickets import server_base
+from echo2p2p.relay import Member
+from echo2p2p.session import Session, State
+
+log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
+
+CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
+
+
+@dataclass
+class PeerConn:
+    """The hub's view of one connected peer."""
+
+    peer_id: str
+    hello: m.Hello
+    ws: web.WebSocketResponse
+    protocol: HubProtocol
+    transport: asyncio.BaseTransport | None
+    remote: str | None = None  # its IP address
+    upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
+    relay: str = "unprobed"  # its chunk server: unprobed, ok (the hub reached it), failed, slow
+    outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
+
+    # What the protocol keeps, read where the hub's view of a peer is shown.
+    @property
+    def session(self) -> Session:
+        return self.protocol.session
+
+    @property
+    def credits(self) -> int:
+        return self.protocol.credits
+
+    @property
+    def held_version(self) -> int | None:
+        return self.protocol.held_version
+
+    @property
+    def held_max(self) -> int:
+        return self.protocol.held_max
+
+    @property
+    def stream_version(self) -> int | None:
+        return self.protocol.stream_version
+
+    @property
+    def announced(self) -> int:
+        return self.protocol.announced
+
+    @property
+    def identity(self) -> str:
+        """Whom trust is kept for: the join token's id (a peer cannot shed its record by
+        reconnecting), else this connection."""
+        token_id = self.hello.token.partition(".")[0]
+        return f"token:{token_id}" if token_id else self.peer_id
+
+    @property
+    def address_key(self) -> str:
+        """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`)."""
+        return f"addr:{address_group(self.remote)}" if self.remote else self.identity
+
+    @property
+    def server_url(self) -> str | None:
+        """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
+        return server_base(self.hello.listen_addr) if self.hello.listen_addr else None
+
+    def member(self, relays: bool = True) -> Member:
+        """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
+        `relays`: a quarantined peer only pulls)."""
+        relays = relays and self.relay == "ok"
+        return Member(self.peer_id, self.server_url if relays else None, self.upload_bps)
+
+    def post(self, msg: m.Message) -> None:
+        """Queue `msg` for this peer's writer task; never waits on the socket."""
+        frame = self.protocol.send(msg)
+        if frame is not None:  # else the connection is going: drop it
+            self.outbox.put_nowait(frame)
+
+    async def close(self, code: int, reason: str) -> None:
+        await close_connection(self.ws, self.protocol.session, code, reason, self.transport)
+
+
+async def write_outbox(conn: PeerConn, timeout_s: float) -> bool:
+    """Drain `conn`'s outbox into its socket until the socket goes (False) or a send stalls
+    past `timeout_s`: then the peer, which does not read, is cut off (True)."""
+    while True:
+        frame = await conn.outbox.get()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await conn.ws.send_bytes(frame)
+        except TimeoutError:
+            # A peer that does not read cannot take a Goodbye or a close frame either.
+            log.warning("cutting off %s: not reading, a send stalled for %.0f s",
+                        conn.peer_id, timeout_s)
+            if conn.transport is not None:
+                conn.transport.abort()
+            return True
+        except ConnectionError:
+            return False  # the socket is going; the reader sees it close
+        finally:
+            conn.outbox.task_done()
+
+
+async def keep_alive(conn: PeerConn, heartbeat_s: float, timeout_s: float,
+                     now: Callable[[], float], refusal: Callable[[], str | None]) -> None:
+    """Every `heartbeat_s`: close `conn` if it was silent for over `timeout_s`, or if
+    `refusal()` gives a reason it may no longer be here (its token was revoked); else send a
+    heartbeat."""
+    while True:
+        await asyncio.sleep(heartbeat_s)  # a timer, not a sync
+        if conn.protocol.silent_for(now()) > timeout_s:
+            await conn.close(m.CLOSE_TIMEOUT, f"silent for over {timeout_s:.0f} s")
+            return
+        if (why := refusal()) is not None:
+            await conn.close(m.CLOSE_UNAUTHORIZED, why)
+            return
+        conn.post(m.Heartbeat())
+
+
+async def close_connection(ws: web.WebSocketResponse, session: Session, code: int, reason: str,
+                           transport: asyncio.BaseTransport | None) -> None:
+    """Say why (Goodbye), then close with the same code and reason. A peer that does not read
+    cannot take even that, so after CLOSE_DEADLINE_S the connection is cut."""
+    try:
+        async with asyncio.timeout(CLOSE_DEADLINE_S):
+            if not ws.closed and session.state is not State.CLOSED:
+                try:
+                    await ws.send_bytes(session.send(m.Goodbye(code, reason)))
+                except ConnectionError:
+                    pass  # the socket is already going; the close below still says why
+            await ws.close(code=code, message=reason.encode()[:120])
+    except TimeoutError:
+        if transport is not None:
+            transport.abort()
+
+
+def address_group(remote: str | None) -> str | None:
+    """What the join limits and lease quotas count `remote` as: itself, or for IPv6 its /64
+    (one host's share)."""
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return remote
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is a.b.c.d
+        ip = ip.ipv4_mapped
+    return str(ip) if ip.version == 4 else str(ipaddress.ip_network((ip, 64), strict=False))

@@ -1,0 +1,182 @@
+"""Logprob spot-checks: recompute a peer's behaviour logprobs under the version it claims.
+
+The learner divides by the behaviour logprobs a peer reports, so a peer that forges them, or
+tags its rollout with a newer version than it used (to dodge the staleness rule), steers the
+importance ratio. For a sampled share of groups (every one of a new or distrusted peer's: the
+share is its trust record's, `echo2p2p.trust.check_fraction`) the hub loads the claimed version
+as peers load it (the published bf16 state cast into an fp32 model) and recomputes each
+completion token's logprob with `grpo.token_logprobs`, the learner's own function.
+
+The statistic, mean |claimed - recomputed| over a group's checked tokens, is the mean
+|log-ratio| a forgery adds; above `spot_check_tolerance` the group fails. bench/spotcheck.py
+(tiny model, real CPU engines, 8 real learner steps, 900 honest groups) measures per group:
+honest fp32 peers at most 2e-6; honest peers computing in bf16, as GPU engines do (bf16 logits
+round by ~0.06 near 10; vLLM and transformers differ by 1e-3 to 0.3 a token, ~0.05 over a
+sequence, vLLM issue #18352), median 2e-3, p99 0.03, max 0.11; near-0 logprobs median 0.21,
+shuffled 0.31. The default 0.2 is 1e5x the fp32 worst, 7x the bf16 p99 and 2x its worst
+(10x the p99.9 is out of reach: bf16 noise and the forgeries overlap on a model this sure of
+its answers), so honest vLLM peers pass; and it is near log(1 + clip_eps) = 0.18, so a forgery
+slipping under it moves the ratios about as much as the PPO clip bounds anyway. It fails 69 %
+of near-0 and 92 % of shuffled groups, and trust quarantines a peer that fails repeatedly.
+Real logprobs of an older published version under a newer tag fail only once the policy moved
+more than that (tiny model: median 0.008 a step back): as harmless as staleness within S. A
+tag never published fails always: the hub rejects one newer than its newest, and here one not
+kept fails with reason "version". MoE or FP8 peers differ more: raise the tolerance (~0.5).
+
+Memory, for P parameters: one fp32 model copy, 4P bytes on the learner's device, plus the last
+S + 1 published versions as the publisher hands them over. A hub started by `start_hub` keeps
+those on disk, memory-mapped (`hub.overlay.versions.VersionFiles`: (S + 1) x 2P bytes of files in bf16,
+~42 GB for a 7B model at S = 2, read back through the page cache when a check needs a version),
+so they cost no RAM the hub holds; given tensors in RAM (tests), they cost (S + 1) x 2P of it.
+`spot_check_tokens` = k compares k random tokens per sample and cuts the forward at the last:
+less compute, the same memory. For a large model: a small fraction, k of 16 to 64, a small S.
+Versions older than the first this process kept (a resumed hub) cannot be checked and pass.
+Knows nothing of peers, trust or sockets; the hub decides what a failed check costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import threading
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from echo2p2p.buffer import ScoredGroup
+from echo2p2p.policy.sampling import copy_state, nucleus_logprobs
+
+from ..learning import grpo
+from ..config import HubConfig
+
+
+@dataclass(frozen=True)
+class SpotResult:
+    """What one check found; `reason` None means the claim held (or could not be checked)."""
+
+    version: int  # the version the peer claimed
+    reason: str | None  # None | "logprob" (not reproduced) | "version" (never published here)
+    tokens: int = 0  # completion tokens compared
+    mean_abs_diff: float = 0.0  # nats, over those tokens
+    max_abs_diff: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.reason is None
+
+    def detail(self) -> dict[str, Any]:
+        """What a run log record says of the check."""
+        return {"version": self.version, "tokens": self.tokens,
+                "mean_abs_diff": round(self.mean_abs_diff, 6),
+                "max_abs_diff": round(self.max_abs_diff, 6)}
+
+
+class SpotChecker:
+    """The published weights of the last S + 1 versions and one model to recompute with."""
+
+    def __init__(self, model: torch.nn.Module, cfg: HubConfig):
+        """`model`: the learner's (copied, so its training is untouched)."""
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.keep_n = cfg.staleness.max_lag + 1  # every version a fresh rollout can carry
+        self.fraction, self.sample_tokens = cfg.trust.spot_check_fraction, cfg.trust.spot_check_tokens
+        self.tolerance, self.temperature, self.top_p = (
+            cfg.trust.spot_check_tolerance, cfg.grpo.temperature, cfg.grpo.top_p)
+        self._versions: dict[int, Mapping[str, torch.Tensor]] = {}
+        self._since: int | None = None  # the first version kept by this process
+        self._loaded: Mapping[str, torch.Tensor] | None = None  # the weights in self.model
+        self._draw = random.Random(cfg.run.seed)
+        self._positions = random.Random(cfg.run.seed + 1)
+        self._book = threading.Lock()  # _versions: written from the publisher's thread
+        # The model and the position draw: one check at a time, even when a cancelled check's
+        # thread still runs.
+        self._model_lock = threading.Lock()
+        self._turn = asyncio.Lock()  # checks queue here, not as threads in the executor
+
+    def keep(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """`weights` (what peers load for `version`) become checkable; the oldest beyond S + 1
+        go. The tensors are kept as they are, not copied: the caller must not modify them."""
+        with self._book:
+            self._versions[version] = weights
+            self._since = version if self._since is None else min(self._since, version)
+            for old in sorted(self._versions)[:-self.keep_n]:
+                del self._versions[old]
+
+    def wants(self, fraction: float | None = None) -> bool:
+        """Whether to check the next submission (a seeded draw), of a peer whose record calls
+        for checking `fraction` of its groups (None: `spot_check_fraction`, a clean record's)."""
+        return self._draw.random() < (self.fraction if fraction is None else fraction)
+
+    def check(self, group: ScoredGroup) -> Coroutine[Any, Any, SpotResult]:
+        """Recompute `group`'s logprobs under its claimed version; await the result. The
+        weights are looked up now, so a version dropped while the check waits still counts."""
+        with self._book:
+            weights, since = self._versions.get(group.version), self._since
+        return self._check(group, weights, since)
+
+    async def _check(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor] | None,
+                     since: int | None) -> SpotResult:
+        if weights is None:
+            unknowable = since is None or group.version < since
+            return SpotResult(group.version, None if unknowable else "version")
+        async with self._turn:
+            return await asyncio.to_thread(self._compare, group, weights)
+
+    def _compare(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]) -> SpotResult:
+        with self._model_lock, torch.no_grad():
+            return self._compare_locked(group, weights)
+
+    def _compare_locked(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]) -> SpotResult:
+        prompt = list(group.prompt_ids)
+        # (ids, claimed logprobs, completion positions to check); rows were validated at
+        # admission (echo2p2p.rows): non-empty, finite, ids in the vocabulary
+        rows = [(list(r.token_ids), r.behaviour(), self._pick(r.trained()))
+                for r in group.samples]
+        if not rows or not prompt:
+            return SpotResult(group.version, None)
+        p = len(prompt)
+        width = p + max(pos[-1] for _, _, pos in rows) + 1  # nothing after the last position
+        input_ids = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T), right-padded
+        attention = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+        checked = torch.zeros((len(rows), width), dtype=torch.bool)  # (B, T)
+        claimed_t = torch.zeros((len(rows), width), dtype=torch.float32)  # (B, T)
+        for i, (ids, claimed, pos) in enumerate(rows):
+            n = min(len(ids), width - p)
+            input_ids[i, :p + n] = torch.tensor(prompt + ids[:n])
+            attention[i, :p + n] = 1
+            checked[i, [p + j for j in pos]] = True
+            claimed_t[i, p:p + n] = torch.tensor(claimed[:n])
+        if self._loaded is not weights:
+            copy_state(self.model, weights)
+            self._loaded = weights
+        dev = next(self.model.parameters()).device
+        recomputed = self._logprobs(input_ids.to(dev), attention.to(dev), checked.to(dev))
+        # Clamped as the learner clamps a log-ratio: one token cannot make the mean infinite.
+        diff = (recomputed.cpu() - claimed_t).abs()[checked].clamp(max=grpo.LOG_RATIO_LIMIT)  # (N,)
+        mean, worst = float(diff.mean()), float(diff.max())
+        return SpotResult(group.version, "logprob" if mean > self.tolerance else None,
+                          int(diff.numel()), mean, worst)
+
+    def _pick(self, trained: list[bool]) -> list[int]:
+        """Sorted completion positions to check, among the model's (an episode's observation
+        tokens have no behaviour logprob): all, or `sample_tokens` drawn at random."""
+        mine = [j for j, t in enumerate(trained) if t]
+        if not self.sample_tokens or self.sample_tokens >= len(mine):
+            return mine
+        return sorted(self._positions.sample(mine, self.sample_tokens))
+
+    def _logprobs(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) logprobs of the sampling distribution, as the peer's engine defines them."""
+        if self.top_p >= 1:
+            return grpo.token_logprobs(self.model, input_ids, attention, mask, self.temperature)
+        # Nucleus sampling renormalises over the top-p set: the learner's plain softmax would
+        # fail every honest peer, so recompute what the peer's engine reports.
+        logits = self.model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        b, t, v = logits.shape  # (B, T-1, V)
+        lp = nucleus_logprobs(logits.reshape(b * t, v), self.temperature, self.top_p)
+        picked = lp.view(b, t, v).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        picked = torch.cat([picked.new_zeros(b, 1), picked], dim=1)  # (B, T)
+        return torch.where(mask, picked, torch.zeros_like(picked))

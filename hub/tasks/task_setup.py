@@ -1,0 +1,179 @@
+"""What a run trains on and how the hub scores it: the task, the reward, the environment.
+
+`open_setup(cfg, ...)` resolves one `TaskSetup` from the config (the CLI) or from Python objects
+(`echo2p2p.hub.api.Run`: reward functions, rows, a `datasets.Dataset`), in this order:
+- `env` names an installed multi-turn environment: its seeds are the task, episodes are scored
+  by replay, and peers (who play it) claim its rewards;
+- rows, or a JSONL `task` file whose rows have a "prompt": users' rows, scored by the reward
+  functions (`reward`; default "exact_match" against each row's "answer");
+- otherwise the built-in addition task, a question/answer JSONL file or a dataset (as before),
+  scored by the task's own reward unless `reward` names functions to use instead.
+Peers learn only the task's kind: one they can score themselves ("addition", "math", an
+environment's "env:<name>") makes their claimed rewards checkable; "custom" (users' functions,
+which never travel to a volunteer) they do not score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from echo2p2p.errors import ConfigError
+from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
+from echo2p2p.scoring.code import code_tests
+from echo2p2p.scoring.sandbox import sandbox_refusal
+from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
+                                      load_reward)
+from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
+                            RecordsTask)
+
+from ..config import HubConfig
+from .dataset_task import open_dataset_task
+
+RewardSpec = str | Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class TokenizedProblem:
+    """A problem and its prompt's ids, as the hub leases it."""
+
+    problem: Problem
+    prompt_ids: list[int]
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    task: Any  # problems by split, and a kind
+    reward: Any  # what the hub's scorers call (`echo2p2p.scoring.rewards`)
+    kind: str  # what the welcome tells peers
+    env_version: str = ""  # the environment's, with an environment ('' otherwise)
+
+    @property
+    def env(self) -> str:
+        return self.task.name if isinstance(self.task, EnvironmentTask) else ""
+
+    @property
+    def runs_programs(self) -> bool:
+        """The reward runs the completion's program (`code_tests`): its run time is the
+        completion's to choose, so the hub's answers are held (`ScoringConfig.code_answer_hold_s`)."""
+        funcs = getattr(self.reward, "funcs", ())
+        return BUILTIN["code_tests"] in funcs or code_tests in funcs
+
+    def check_runnable(self) -> None:
+        """Raise ConfigError("task") if this reward runs programs and the code sandbox cannot run
+        one on this machine: every sample would score 0 otherwise, with one warning each."""
+        if self.runs_programs and (why := sandbox_refusal()) is not None:
+            raise ConfigError("task", why)
+
+    @property
+    def peers_score(self) -> bool:
+        """Peers compute this reward themselves, so a claim above the hub's is a lie."""
+        return self.kind in REWARDS or bool(self.env)
+
+    @classmethod
+    def builtin(cls, task: Any) -> TaskSetup:
+        """A built-in task scored by its own reward."""
+        return cls(task, ByAnswer(task.reward), task.kind)
+
+
+def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | None = None,
+               reward_weights: Sequence[float] | None = None,
+               rows: Iterable[Mapping[str, Any]] | None = None) -> TaskSetup:
+    """The run's task and reward: from `cfg`, with Python objects given by the API overriding
+    cfg.scoring.reward / cfg.scoring.reward_weights / the task. ConfigError naming the field and the fix."""
+    funcs = _reward_functions(cfg, reward)
+    weights = list(reward_weights) if reward_weights is not None else _weights(cfg)
+    if cfg.tasks.env:
+        if funcs or rows is not None:
+            raise ConfigError("env", "an environment scores its episodes itself: drop "
+                                     "--reward and the dataset, or drop --env")
+        return _environment(cfg)
+    if rows is not None or _is_records_file(cfg.tasks.task):
+        try:
+            task = _records(cfg, rows)
+        except ValueError as exc:
+            raise ConfigError("task", f"{exc}: each row needs a 'prompt' (and the columns "
+                                      f"your reward functions read)") from None
+        return TaskSetup(task, _functions(funcs or [load_reward("exact_match")], weights),
+                         task.kind)
+    task = open_task(cfg)
+    if not funcs:
+        return TaskSetup.builtin(task)
+    return TaskSetup(task, _functions(funcs, weights), RecordsTask.kind)
+
+
+def open_task(cfg: HubConfig) -> Any:
+    """The built-in task `cfg` names: a dataset (`echo2p2p.hub.tasks.dataset_task`), the addition
+    task, or a JSONL math task from a path."""
+    if cfg.tasks.dataset:
+        return open_dataset_task(cfg.tasks)
+    spec = cfg.tasks.task  # the split is the task's own, never cfg.run.seed: the held-out set stays put
+    if spec == "addition":
+        return AdditionTask()
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError("task", f"{spec!r} is not 'addition' and not a JSONL file: give the "
+                                  f"path of one, or a dataset with --dataset")
+    with path.open(encoding="utf-8") as lines:
+        try:
+            return MathTask.from_lines(lines)
+        except ValueError as e:  # a bad row, named by its line
+            raise ConfigError("task", f"{spec}: {e}") from None
+
+
+def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> RecordsTask:
+    if rows is not None:
+        return RecordsTask(rows, eval_size=cfg.tasks.eval_problems)
+    with Path(cfg.tasks.task).open(encoding="utf-8") as lines:
+        return RecordsTask.from_lines(lines, eval_size=cfg.tasks.eval_problems)
+
+
+def _environment(cfg: HubConfig) -> TaskSetup:
+    try:
+        found = find_environment(cfg.tasks.env)
+    except EnvironmentMissing as exc:
+        raise ConfigError("env", str(exc)) from None
+    task = EnvironmentTask(found.name, found.version, found.factory,
+                           eval_size=cfg.tasks.eval_problems)
+    return TaskSetup(task, EpisodeReplay(found.factory), task.kind, found.version)
+
+
+def _reward_functions(cfg: HubConfig, given: Any) -> list[Callable[..., Any]]:
+    specs = given if given is not None else [s for s in cfg.scoring.reward.split(",") if s.strip()]
+    if callable(specs) or isinstance(specs, str):
+        specs = [specs]
+    try:
+        return [load_reward(s.strip()) if isinstance(s, str) else s for s in specs]
+    except ValueError as exc:
+        raise ConfigError("reward", str(exc)) from None
+
+
+def _weights(cfg: HubConfig) -> list[float] | None:
+    if not cfg.scoring.reward_weights:
+        return None
+    try:
+        return [float(w) for w in cfg.scoring.reward_weights.split(",")]
+    except ValueError:
+        raise ConfigError("reward_weights", f"comma-separated numbers, one per --reward "
+                                            f"function, got {cfg.scoring.reward_weights!r}") from None
+
+
+def _functions(funcs: list[Callable[..., Any]], weights: list[float] | None) -> RewardFunctions:
+    try:
+        return RewardFunctions(funcs, weights)
+    except ValueError as exc:
+        raise ConfigError("reward_weights" if "weight" in str(exc) else "reward",
+                          str(exc)) from None
+
+
+def _is_records_file(spec: str) -> bool:
+    """A JSONL task file whose first row has a "prompt" (question/answer rows are the math
+    task's)."""
+    path = Path(spec)
+    if spec == "addition" or not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as lines:
+        first = next((line for line in lines if line.strip()), "")
+    return '"prompt"' in first

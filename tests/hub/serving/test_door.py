@@ -1,0 +1,106 @@
+"""The hub's door: joins past an address's, a peer key's or a join token's limit are refused
+with 4005 and a reason before the token is even looked at (address) or the hub does any work;
+an honest peer's reconnect gets straight in; IPv6 addresses count by their /64.
+
+The first tests drive `Door` synchronously with explicit `now`; the last one runs a real hub
+and a real peer over 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from echo2p2p import messages as m
+from echo2p2p.errors import ConfigError
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.serving.counters import Counters
+from echo2p2p.hub.serving.door import Door
+from echo2p2p.hub.serving.peers import address_group
+from echo2p2p.hub.serving.tokens import TokenBook
+from echo2p2p.join_limits import REASONS
+from echo2p2p.peer.client import PeerClient
+from echo2p2p.peer.config import PeerConfig
+from echo2p2p.session import Session, Side
+
+from tests.conftest import tracker, wait_until
+
+CFG = HubConfig.from_flat(join_burst=3, joins_per_min=60, join_burst_per_key=2, joins_per_min_per_key=6)
+
+
+def hello(key: bytes = b"", token: str = "") -> m.Hello:
+    return m.Hello("p", "relay", "cpu", token=token, peer_key=key)
+
+
+def test_an_address_past_its_burst_is_refused_until_its_bucket_refills():
+    counters = Counters()
+    door = Door(CFG.limits, None, counters)
+    answers = [door.refusal(hello(bytes([i]) * 32), "10.0.0.1", [], 0.0) for i in range(4)]
+    assert answers == [None] * 3 + [(m.CLOSE_TOO_MANY, REASONS["address"])]
+    assert door.refusal(hello(b"x" * 32), "10.0.0.2", [], 0.0) is None  # another address
+    assert door.refusal(hello(b"y" * 32), "10.0.0.1", [], 1.0) is None  # a second later
+    assert counters.joins_too_often == 1 and counters.refused == 0
+
+
+def test_one_peer_key_past_its_burst_is_refused_from_any_address():
+    door = Door(CFG.limits, None, Counters())
+    answers = [door.refusal(hello(b"k" * 32), f"10.0.0.{i}", [], 0.0) for i in range(3)]
+    assert answers == [None, None, (m.CLOSE_TOO_MANY, REASONS["peer key"])]
+
+
+def test_a_bad_token_spends_the_address_only_and_a_good_one_is_limited_too(tmp_path):
+    """Hellos with a wrong token are refused 4004 (the address bucket pays: 3 tries, then
+    4005); a valid token shared by many addresses is held to its own bucket."""
+    book = TokenBook(tmp_path / "tokens.json")
+    token = book.create("lab")
+    counters = Counters()
+    door = Door(CFG.limits, book, counters)
+    wrong = [door.refusal(hello(token=token + "x"), "10.0.0.9", [], 0.0)[0] for _ in range(4)]
+    assert wrong == [m.CLOSE_UNAUTHORIZED] * 3 + [m.CLOSE_TOO_MANY]
+    good = [door.refusal(hello(token=token), f"10.0.1.{i}", [], 0.0) for i in range(4)]
+    assert good == [None] * 3 + [(m.CLOSE_TOO_MANY, REASONS["join token"])]
+    assert counters.refused == 3 and counters.joins_too_often == 2
+
+
+def test_ipv6_counts_by_its_64_and_mapped_ipv4_as_ipv4():
+    assert address_group("2001:db8:1:2::5") == address_group("2001:db8:1:2:ffff::1")
+    assert address_group("2001:db8:1:2::5") != address_group("2001:db8:1:3::5")
+    assert address_group("::ffff:192.0.2.7") == "192.0.2.7" == address_group("192.0.2.7")
+    assert address_group(None) is None and address_group("not an ip") == "not an ip"
+
+
+@pytest.mark.parametrize("field,value", [("joins_per_min", -1.0), ("joins_per_min", float("nan")),
+                                         ("join_burst", 0), ("catch_up_builds", 0)])
+def test_join_limits_are_checked(field, value):
+    with pytest.raises(ConfigError) as exc:
+        CFG.replace(**{field: value})
+    assert exc.value.field == field
+
+
+async def test_a_real_peer_gets_back_in_at_once_after_a_flood_was_refused():
+    """Past the burst, raw hellos from 127.0.0.1 are refused 4005 before a welcome; a real
+    peer that was already joined and lost its connection is welcomed again once the bucket has
+    a token: it retries on its own backoff, nothing special."""
+    async with tracker(join_burst=3, joins_per_min=120) as (hub, _, url, _):
+        stop = asyncio.Event()
+        peer = PeerClient(PeerConfig(hub_url=url, engine="relay", listen="", name="honest"))
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peer.run(stop))
+            await hub.wait_peers(1)
+            async with aiohttp.ClientSession() as http:
+                answers = []
+                for _ in range(3):
+                    async with http.ws_connect(url) as ws:
+                        session = Session(Side.PEER, 0.0)
+                        await ws.send_bytes(session.send(m.Hello("flood", "relay", "cpu")))
+                        answers.append(session.receive((await ws.receive()).data, 0.0))
+            welcomed = [a for a in answers if isinstance(a, m.Welcome)]
+            refused = [a for a in answers if isinstance(a, m.Goodbye)]
+            assert len(welcomed) == 2 and len(refused) == 1  # the honest peer took one token
+            assert (refused[0].code, refused[0].reason) == (m.CLOSE_TOO_MANY, REASONS["address"])
+            await hub.disconnect(next(iter(hub.peer_views())), "dropped")
+            await wait_until(lambda: peer.statistics().connections >= 2, 30)
+            await hub.wait_peers(1)
+            stop.set()
+        assert hub.statistics().joins_too_often >= 1

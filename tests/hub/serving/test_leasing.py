@@ -1,0 +1,87 @@
+"""The hub's lease quotas (`hub.serving.leasing.Quotas`) over a real lease book, trust guard and peer
+connections (no sockets: a quota never touches one): what a grant weighs, what an expired lease
+costs, what is forgotten when a connection leaves."""
+
+from echo2p2p import messages as m
+from echo2p2p.buffer import RolloutBuffer
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.serving.counters import Counters
+from echo2p2p.hub.serving.leasing import Quotas, new_lease_id
+from echo2p2p.hub.serving.peers import PeerConn
+from echo2p2p.hub.serving.quarantine import TrustGuard
+from echo2p2p.hub_protocol import HubProtocol
+from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
+from echo2p2p.leases import LeaseBook, shuffled_epochs
+from echo2p2p.trust import TrustBook
+
+CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8, probation 4
+
+
+def conn(peer_id: str, remote: str = "10.0.0.1") -> PeerConn:
+    return PeerConn(peer_id, m.Hello(peer_id, "transformers", "cpu"), None,
+                    HubProtocol(0.0, 1 << 20), None, remote=remote)
+
+
+def rig(*conns: PeerConn) -> tuple[Quotas, LeaseBook, TrustBook]:
+    leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0),
+                       lease_ids=new_lease_id)
+    trust = TrustBook()
+    guard = TrustGuard(trust, leases, RolloutBuffer(CFG.staleness.max_lag), Counters(),
+                       journal=lambda kind, *record: None, route_around=lambda peer_id: None,
+                       on_quarantine=lambda record: None)
+    peers = {c.peer_id: c for c in conns}
+    return Quotas(CFG, peers, leases, guard, Counters(),
+                  LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases))), leases, trust
+
+
+def grant_while_allowed(quotas: Quotas, leases: LeaseBook, c: PeerConn) -> int:
+    n = 0
+    while quotas.allows(c, leases.open_count) and n < 100:
+        leases.grant(c.peer_id, 0.0, 0)
+        n += 1
+    return n
+
+
+def test_a_new_peer_gets_its_start_and_an_address_shares_it():
+    a, b, far = conn("p1"), conn("p2"), conn("p3", remote="10.9.9.9")
+    quotas, leases, _ = rig(a, b, far)
+    assert grant_while_allowed(quotas, leases, a) == 2
+    assert grant_while_allowed(quotas, leases, b) == 0  # its address's new-peer share is taken
+    assert grant_while_allowed(quotas, leases, far) == 2  # another address: the probation's rest
+
+
+def test_a_proven_peer_gets_the_whole_budget_beside_hoarders():
+    good, hoarder = conn("p1"), conn("p2", remote="10.9.9.9")
+    quotas, leases, _ = rig(good, hoarder)
+    for _ in range(20):
+        quotas.book.delivered(good.identity, good.address_key)
+    assert grant_while_allowed(quotas, leases, hoarder) == 2
+    assert grant_while_allowed(quotas, leases, good) == 8  # the budget, none of it the hoarder's
+
+
+def test_an_expiry_costs_an_unproven_peer_trust_and_a_proven_one_only_quota():
+    """An unproven holder of a version pays trust; a proven one, and one still loading its
+    first version (an honest peer downloading the model), pay quota only."""
+    good, hoarder, loading = conn("p1"), conn("p2"), conn("p3")
+    quotas, leases, trust = rig(good, hoarder, loading)
+    for c in (good, hoarder):
+        c.protocol.note_held(0, 0)
+    for _ in range(5):
+        quotas.book.delivered(good.identity, good.address_key)
+    for c in (good, hoarder, loading):
+        leases.grant(c.peer_id, 0.0, 0)
+    quotas.expired(leases.expire(11.0))
+    assert trust.events[hoarder.identity]["lease_expired"] == 1
+    assert good.identity not in trust.events and loading.identity not in trust.events
+    assert quotas.book.standing(good.identity).expired == 1
+    assert quotas.book.standing(loading.identity).expired == 1
+    assert quotas.counters.leases_expired == 3
+
+
+def test_a_leaving_connection_is_forgotten_its_address_is_not():
+    c = conn("p1")
+    quotas, _, _ = rig(c)
+    quotas.book.expired(c.identity, c.address_key)
+    quotas.left(c)
+    assert quotas.book.standing(c.identity).expired == 0
+    assert quotas.book.standing(c.address_key).expired == 1

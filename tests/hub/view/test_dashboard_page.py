@@ -1,0 +1,203 @@
+"""The dashboard's page in a real headless Chromium (Debian's /usr/bin/chromium) over a real hub
+and real peers: it fills from the run, follows it live without a reload, honours the token,
+finds a restarted hub on the same port by itself, and stays bounded over a long run with many
+peers (the hub's real dashboard server and feed, its peers welcomed without sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+from playwright.async_api import Browser, Page, async_playwright
+
+from echo2p2p import messages as m
+from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.view.dashboard import serve_dashboard
+from echo2p2p.hub.view.feed import Feed
+from echo2p2p.hub.serving.peers import PeerConn
+from echo2p2p.hub.view.runlog import RunLog
+from echo2p2p.hub.serving.server import Hub, TokenizedProblem
+from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.learning.loop import HubRun
+from echo2p2p.hub_protocol import HubProtocol
+from echo2p2p.tasks import AdditionTask
+
+from tests.conftest import running_peers
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+WAIT_MS = 60_000
+TOKEN = "s3cret-token"
+HOSTILE_NAME = '<img src=x onerror="document.title=1">'  # a peer's name is any printable text
+CHARTS = ("chart-reward", "chart-busy", "chart-rate", "chart-staleness", "chart-cdf",
+          "chart-bcast", "chart-sources", "chart-wire", "chart-cost")
+
+# For each chart: its series that have a value, and canvas pixels painted in a series' colour
+# (the legend's marker has it), so axes and grid alone do not count as drawn.
+DRAWN = """(ids) => ids.map((id) => {
+  const plot = dashboard.charts[id].plot, canvas = document.querySelector('#' + id + ' canvas');
+  const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  const colours = [...document.querySelectorAll('#' + id + ' .u-marker')]
+    .map((m) => getComputedStyle(m).borderColor.match(/\\d+/g).map(Number));
+  const painted = colours.map(([r, g, b]) => {
+    let n = 0;
+    for (let i = 0; i < pixels.length; i += 4)
+      if (pixels[i] === r && pixels[i + 1] === g && pixels[i + 2] === b) n += 1;
+    return n;
+  });
+  const valued = plot.data.slice(1).map((s) => s.filter((v) => v !== null && v !== 0).length);
+  return {id, valued, painted};
+})"""
+
+
+@contextlib.asynccontextmanager
+async def chromium() -> AsyncIterator[Browser]:
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def open_page(browser: Browser, url: str) -> tuple[Page, list[str]]:
+    """`url` in a 1400x900 page, and the list its console errors and page errors go to."""
+    page = await browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    await page.goto(url)
+    await page.evaluate("window.loadedOnce = true")  # gone if the page ever reloads
+    return page, problems
+
+
+async def wait_for(page: Page, condition: str) -> None:
+    """Until the JS expression `condition` holds (as a function: the page's CSP forbids
+    evaluating a string)."""
+    await page.wait_for_function(f"() => {condition}", timeout=WAIT_MS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_page_fills_from_a_real_run_and_follows_it_live(hub_cfg):
+    """Opened before any step, the page draws every chart and the peers from the run's events
+    alone, without a reload; a page opened afterwards draws the same from the snapshot."""
+    cfg = hub_cfg.replace(dashboard_port=0, max_steps=3, eval_every=2, eval_problems=4)
+    async with start_hub(cfg, stream=None) as run, chromium() as browser:
+        url = f"http://127.0.0.1:{run.dashboard_port}/"
+        page, problems = await open_page(browser, url)
+        await wait_for(page, f"dashboard.state.runId === {run.hub.run_id!r}")
+        assert (await page.evaluate("dashboard.lengths()"))["steps"] == 0
+        async with running_peers(run.url, 2, price_per_hour=0.5):
+            await wait_for(page, "dashboard.lengths().steps === 3 && dashboard.lengths().evals === 2")
+            await wait_for(page, "dashboard.state.versions.some((r) => r.complete && r.t_bcast_s !== null)")
+            await wait_for(page, "['test-0', 'test-1'].every((name) => "
+                                 "document.querySelector('#peers tbody').textContent.includes(name))")
+            await page.evaluate("new Promise(requestAnimationFrame)")  # the last events drawn
+            assert await page.evaluate("window.loadedOnce") is True
+            assert await page.text_content("#tile-step") == "2"
+            assert await page.text_content("#connection") == "live"
+            live = await page.evaluate(DRAWN, CHARTS)
+            await page.fill("#peer-filter", "test-1")
+            await wait_for(page, "dashboard.lengths().rows === 1")
+            assert "test-1" in await page.text_content("#peers tbody")
+            fresh, fresh_problems = await open_page(browser, url)
+            await wait_for(fresh, "dashboard.timings.first_render_ms !== null")
+            held = await fresh.evaluate("dashboard.lengths()")
+            assert (held["steps"], held["evals"], held["rows"]) == (3, 2, 2)
+            assert held["versions"] >= 1
+    for chart in live:
+        assert any(chart["valued"]) and any(chart["painted"]), chart
+    assert problems == [] and fresh_problems == []
+
+
+async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cfg, tmp_path):
+    """With a dashboard token the page opened with ?token= works, and without it the browser
+    shows the hub's 401 reason. The hub goes and a new run starts on the same port: the page
+    says it is reconnecting, then live again (its token carried on), and draws the new run's
+    steps without a reload; its peers' names, markup as they are, show as text."""
+    cfg = hub_cfg.replace(dashboard_port=free_port(), dashboard_token=TOKEN, max_steps=2)
+    url = f"http://127.0.0.1:{cfg.view.dashboard_port}/"
+    async with chromium() as browser:
+        async with start_hub(cfg, stream=None) as first:
+            page, problems = await open_page(browser, url + "?token=" + TOKEN)
+            await wait_for(page, f"dashboard.state.runId === {first.hub.run_id!r}")
+            await wait_for(page, "document.getElementById('connection').textContent === 'live'")
+            refused = await browser.new_page()
+            response = await refused.goto(url)
+            assert response.status == 401
+            assert "token missing or wrong" in await refused.text_content("body")
+        await wait_for(page, "document.getElementById('connection').textContent === 'reconnecting'")
+        async with start_hub(cfg.replace(run_dir=str(tmp_path / "second")), stream=None) as second:
+            async with running_peers(second.url, 2, name=HOSTILE_NAME):
+                await wait_for(page, f"dashboard.state.runId === {second.hub.run_id!r}"
+                                     " && dashboard.lengths().steps === 2")
+                assert await page.text_content("#connection") == "live"
+                assert await page.evaluate("window.loadedOnce") is True
+                await wait_for(page, "dashboard.lengths().rows === 2")
+                assert HOSTILE_NAME in await page.text_content("#peers tbody")
+                assert await page.evaluate("document.querySelector('#peers img')") is None
+    assert first.hub.run_id != second.hub.run_id
+    # Chromium itself logs the cut stream and the refused reconnections while the hub is away
+    network = "Failed to load resource: net::ERR_"
+    assert all(p.startswith(network) for p in problems), problems
+
+
+def welcomed_peers(hub: Hub, n: int) -> None:
+    """`n` peers that said hello and were welcomed, without sockets (as the tracker's tests
+    make them), peer i generating i / 100 rollouts/s. No public face of the hub makes socket-less
+    peers: this rig writes its peer table and pool (private) by hand."""
+    now = asyncio.get_running_loop().time()  # the hub's clock
+    for i in range(n):
+        peer_id = f"p{i:04d}"
+        proto = HubProtocol(now, 1 << 20)
+        hello = m.Hello(f"peer-{i:04d}", "transformers", "cpu")
+        proto.receive_frame(m.encode(hello), now)
+        conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
+        conn.post(m.Welcome(peer_id, hub.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
+        hub._peers[peer_id] = conn
+        hub._pool.join(peer_id, hello.name, 0.0, True, now)
+        hub._pool.accounts[peer_id].rollouts_per_s = i / 100
+
+
+def step_record(step: int) -> dict:
+    return {"step": step, "version": step + 1, "time_s": float(step), "train/reward_mean": 0.5,
+            "hub/learner_busy_frac": 0.5, "rollout/per_s": 10.0, "rollout/staleness_mean": 0.0,
+            "rollout/staleness_hist": {"0": 4}, "cost/usd_total": 0.0, "cost/usd_per_hour": 0.0}
+
+
+async def test_page_stays_bounded_over_a_long_run_and_many_peers(tmp_path):
+    """A hub of 1,000 peers with 3,000 steps behind it, then 4,000 more live: the page keeps at
+    most 4,000 points a series (in step order, the newest as it came), shows 200 table rows
+    of the 1,000, and the filter and a column's sort reach all of them."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "long-run", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    welcomed_peers(hub, 1000)
+    feed = Feed()
+    for step in range(3000):
+        feed.record(step_record(step))
+    async with serve_dashboard(run, feed) as port, chromium() as browser:
+        page, problems = await open_page(browser, f"http://127.0.0.1:{port}/")
+        await wait_for(page, "dashboard.timings.first_render_ms !== null")
+        assert await page.text_content("#peer-count") == "the first 200 of 1000"
+        for step in range(3000, 7000):
+            feed.record(step_record(step))
+        await wait_for(page, "dashboard.state.last.step === 6999")
+        steps = await page.evaluate("dashboard.state.steps.step")
+        assert 2000 < len(steps) <= 4000 and steps[-1] == 6999
+        assert all(a < b for a, b in zip(steps, steps[1:]))
+        await page.click("th[data-key=rollouts_per_s]")  # a number column sorts high to low first
+        await wait_for(page, "document.querySelector('#peers tbody td').textContent === 'peer-0999'")
+        await page.fill("#peer-filter", "peer-000")
+        await wait_for(page, "dashboard.lengths().rows === 10")
+    run.runlog.close()
+    assert problems == []
