@@ -11,48 +11,16 @@ sub-package of echo2p2p/ and of hub/ is one, peer/ is one.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo's tests/
+from tests.test_core_boundary import import_arrows, our_modules  # noqa: E402  (one reading of imports)
+
 ROOT = Path(__file__).resolve().parents[1]
-TREES = {"echo2p2p": "echo2p2p", "hub": "echo2p2p.hub", "peer": "echo2p2p.peer"}
-
-
-def modules() -> dict[str, Path]:
-    """Dotted name -> file, for every module of the installed package."""
-    found = {}
-    for folder, package in TREES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join([package, *parts])] = path
-    return found
-
-
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Our modules that module `name` imports."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                out.add(target)
-    return out
+PACKAGES = {"echo2p2p": ROOT / "echo2p2p", "echo2p2p.hub": ROOT / "hub", "echo2p2p.peer": ROOT / "peer"}
 
 
 def box(name: str) -> str:
@@ -70,15 +38,14 @@ def box(name: str) -> str:
 
 
 def house() -> dict:
-    found = modules()
-    known = set(found)
+    found = our_modules(PACKAGES)
     arrows: Counter[tuple[str, str]] = Counter()
     sizes: Counter[str] = Counter()
     count: Counter[str] = Counter()
     for name, path in found.items():
         sizes[box(name)] += len(path.read_text().splitlines())
         count[box(name)] += 1
-        for target in imports(name, path, known):
+        for target in import_arrows(name, path, found):
             if box(target) != box(name):
                 arrows[box(name), box(target)] += 1
     return {"folders": {b: {"modules": count[b], "lines": sizes[b]} for b in sorted(count)},

@@ -10,7 +10,7 @@ the maths before RL teaches it the answer format: greedy exact-match accuracy st
 groups of 8 hold correct answers often (GRPO signal), and RL has a long way to climb. The warm-up
 stops once the probe's accuracy with the hedge forgiven reaches `--target-competence`. Saves
 model (safetensors, fp32) and tokenizer with save_pretrained, and prints both accuracies. CPU
-only, about 3 minutes on one thread. Its loop, `supervised_steps`, warms up `takeaway_base` too.
+only, about 3 minutes on one thread. Its loop, `supervised_steps`, warms up `make_takeaway_base` too.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def supervised_steps(model, pad_token_id: int, batch: Callable[[], list[Example]
                      steps: int, lr: float) -> Iterator[tuple[int, Any]]:
     """AdamW steps of next-token loss on `batch()` (a fresh batch each step), right padded;
     yields (step, loss tensor) after each, from 1. The warm-up of both built-in bases (this
-    one and `takeaway_base`): the caller probes, logs and stops between steps."""
+    one and `make_takeaway_base`): the caller probes, logs and stops between steps."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))

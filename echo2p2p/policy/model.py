@@ -22,9 +22,9 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTr
                           Qwen3Config, Qwen3ForCausalLM)
 
 BUILTIN_MODEL = "tiny"
-# Built-in name -> (its folder under assets/, the echo2p2p.hub script that makes it).
-BUILTIN_MODELS = {BUILTIN_MODEL: ("tiny-base", "base_checkpoint"),
-                  "tiny-takeaway": ("tiny-takeaway", "takeaway_base")}
+# Built-in name -> (its folder under assets/, the bench/assets script that makes it).
+BUILTIN_MODELS = {BUILTIN_MODEL: ("tiny-base", "bench.assets.make_tiny_base"),
+                  "tiny-takeaway": ("tiny-takeaway", "bench.assets.make_takeaway_base")}
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0..3
 CHARACTERS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # printable ASCII, space included
 
@@ -76,7 +76,7 @@ def model_source(name: str) -> str:
         if not (path / "config.json").is_file():
             maker = BUILTIN_MODELS[name][1]
             raise FileNotFoundError(f"built-in model {name!r} missing at {path}: run "
-                                    f"`python -m echo2p2p.hub.{maker} --out {path}`")
+                                    f"`python -m {maker} --out {path}` in a checkout")
         return str(path)
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
