@@ -67,10 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls
     class's source); defaults are left as None so TOML can sit underneath. A sectioned config's
     flags go in one argument group per section, titled with its name and described by its
     docstring's first line."""
-    for name, kind in sections(cls).items():
-        about = (kind.__doc__ or "").strip().splitlines()[0]
-        add_arguments(parser.add_argument_group(name, about), kind, skip, docs=docs)
-    if sections(cls):
+    if parts := sections(cls):
+        for name, kind in parts.items():
+            about = (kind.__doc__ or "").strip().splitlines()[0]
+            add_arguments(parser.add_argument_group(name, about), kind, skip, docs=docs)
         return
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -44,10 +44,10 @@ def public_status(run: HubRun) -> dict[str, Any]:
     """What /status on the peers' port answers without the dashboard token: what any peer
     learns from its welcome (run, hub key, version, S) and the step. No peer's name, address,
     trust or leases."""
-    hub = run.hub
+    hub, newest = run.hub, run.hub.snapshot()  # not statistics(): anyone may ask, often
     return {"run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
-            "published_version": hub.statistics().newest_version, "max_lag": run.cfg.staleness.max_lag,
-            "kappa": run.cfg.staleness.kappa, "public": True}
+            "published_version": None if newest is None else newest.manifest.version,
+            "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa, "public": True}
 
 
 def staleness(trained: Mapping[int, int], stats: HubStatistics) -> dict[str, dict[str, int]]:
