@@ -35,6 +35,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.runtime import process
 
 from .config import DEMO_DEFAULTS, HubConfig
+from .config_presets import all_sources, fill, flatten
 
 
 class Run:
@@ -42,9 +43,14 @@ class Run:
 
     def __init__(self, config: HubConfig | Mapping[str, Any] | None = None, *,
                  reward: Any = None, reward_weights: Sequence[float] | None = None,
-                 dataset: Iterable[Mapping[str, Any]] | None = None, **fields: Any):
-        """ConfigError naming the field (and the fix) for a bad value or an unknown name."""
-        table = as_dict(config) if isinstance(config, HubConfig) else dict(config or {})
+                 dataset: Iterable[Mapping[str, Any]] | None = None,
+                 sources: Mapping[str, str] | None = None, **fields: Any):
+        """ConfigError naming the field (and the fix) for a bad value or an unknown name.
+        The fields not given (a `HubConfig`'s: those at their default) take the model's preset
+        or derived values (`hub.config_presets`); `sources` says where the given ones came from
+        (the command line: "flag", "file PATH"; default "python")."""
+        table = dict(config or {}) if not isinstance(config, HubConfig) else {
+            k: v for k, v in as_dict(config).items() if v != as_dict(HubConfig())[k]}
         table.pop("run_id", None)
         if isinstance(reward, str):  # as the command line gives it: a config field
             fields["reward"], reward = reward, None
@@ -53,9 +59,17 @@ class Run:
         if reward_weights is not None and reward is None and not fields.get("reward"):
             raise ConfigError("reward_weights", "weights need reward functions to weigh")
         self._table = {**table, **fields}
-        self.config = resolve(HubConfig, self._table)
+        self._sources = dict(sources or {})
+        self.config, self.sources = self.resolved()
         self.reward, self.reward_weights = reward, reward_weights
         self.dataset = None if dataset is None else [dict(row) for row in dataset]
+
+    def resolved(self, defaults: Mapping[str, Any] | None = None) -> tuple[HubConfig, dict[str, str]]:
+        """The config (the fields given, the model's preset or derived values under them, then
+        `defaults`) and where each of its fields came from."""
+        table, sources = fill(self._table, self._sources, defaults)
+        cfg = resolve(HubConfig, table)
+        return cfg, all_sources(cfg, sources)
 
     def setup(self, cfg: HubConfig | None = None) -> Any:
         """The task and reward this run trains on (`hub.tasks.task_setup.TaskSetup`)."""
@@ -69,11 +83,14 @@ class Run:
         its last checkpoint (its saved config, overridden by the fields given here)."""
         from .cli.demo import run_serve
 
-        cfg = self.config
+        cfg, sources = self.config, self.sources
         if resume is not None:
             cfg = resume_config(Path(resume), self._table)
+            saved = f"file {Path(resume) / 'config.json'}"
+            given = flatten(self._table)
+            sources = {k: self._sources.get(k, "python") if k in given else saved for k in sources}
         return _launch(cfg, lambda ranks: run_serve(
-            cfg, Path(resume) if resume is not None else None, ranks, self.setup(cfg)))
+            cfg, Path(resume) if resume is not None else None, ranks, self.setup(cfg), sources))
 
     def demo(self, peers: int = 2, *, engine: str = "transformers",
              peer_python: str = "") -> list[dict[str, Any]]:
@@ -84,10 +101,11 @@ class Run:
 
         if peers < 1:
             raise ValueError(f"peers must be >= 1, got {peers}")
-        cfg = resolve(HubConfig, {**DEMO_DEFAULTS, **self._table})
+        cfg, sources = self.resolved(DEMO_DEFAULTS)
         python = find_python(engine, peer_python)
         return _launch(cfg, lambda ranks: run_demo(cfg, peers, engine=engine, python=python,
-                                                   ranks=ranks, setup=self.setup(cfg)))
+                                                   ranks=ranks, setup=self.setup(cfg),
+                                                   sources=sources))
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:

@@ -13,13 +13,15 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
-from echo2p2p.config import add_arguments, resolve
+from echo2p2p.config import add_arguments, owners, resolve
 from echo2p2p.errors import ConfigError
 
 from echo2p2p.runtime import process
 
 from ..config import DEMO_DEFAULTS, HubConfig, help_texts
+from ..config_presets import flatten, sources_table
 from .plan import PlanConfig
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", type=Path, help="TOML file setting any of the fields below, "
                                                    "in a [hub] table (or its [hub.SECTION] tables)")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
+        p.add_argument("--print-config", action="store_true",
+                       help="print the resolved config, each field with where its value came "
+                            "from (flag, file, the model's preset, derived from its size, "
+                            "default), and exit without starting")
         add_arguments(p, HubConfig, docs=docs)
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
@@ -97,16 +103,36 @@ def _add_status_and_report(sub: argparse._SubParsersAction) -> None:
                         help="where the PNGs and report.html go (default: RUN_DIR/report)")
 
 
-def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
-    table = dict(defaults or {})
+def given(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The fields the command line sets, flat (flags over the --config file over the config
+    --resume saved), and where each came from: "flag", "file PATH"."""
+    table: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def layer(values: dict[str, Any], source: str) -> None:
+        flat = flatten(values)
+        table.update(flat)
+        sources.update(dict.fromkeys(flat, source))
+
     if getattr(args, "resume", None) is not None:
         from ..api import saved_config
 
-        table.update(saved_config(args.resume))
+        layer(saved_config(args.resume), f"file {args.resume / 'config.json'}")
     if args.config is not None:
         data = tomllib.loads(args.config.read_text())
-        table.update(data.get("hub", data))
-    return resolve(HubConfig, table, vars(args))
+        layer(data.get("hub", data), f"file {args.config}")
+    fields = owners(HubConfig)
+    layer({k: v for k, v in vars(args).items() if k in fields and v is not None}, "flag")
+    return table, sources
+
+
+def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubConfig:
+    """The config the command line gives: the model's preset or derived values for the fields
+    it does not set, then `defaults`."""
+    from ..api import Run
+
+    table, sources = given(args)
+    return Run(table, sources=sources).resolved(defaults)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,19 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "nproc_per_node", 0) and "WORLD_SIZE" not in os.environ:
         return _under_torchrun(args.nproc_per_node, argv)
     process.configure(args.log_level)
+    from ..api import Run
+
     try:
-        cfg = load_config(args, DEMO_DEFAULTS if args.command == "demo" else None)
+        table, sources = given(args)
+        run = Run(table, sources=sources)
+        cfg, sources = run.resolved(DEMO_DEFAULTS if args.command == "demo" else None)
     except (ConfigError, tomllib.TOMLDecodeError, OSError, ValueError) as exc:
         print(f"echo2-hub: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(sources_table(cfg, sources, full=True))
+        return 0
     if args.command == "demo" and args.peers < 1:
         print("echo2-hub: --peers must be >= 1", file=sys.stderr)
         return 2
-    from ..api import Run
     from ..learning.ranks import RankFailure
 
     try:
-        run = Run(cfg)
         if args.command == "demo":
             run.demo(args.peers, engine=args.engine, peer_python=args.peer_python)
         else:

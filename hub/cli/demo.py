@@ -38,12 +38,13 @@ def stop_local_peers() -> None:
 
 
 async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None,
-                    setup: Any = None) -> list[dict[str, Any]]:
+                    setup: Any = None, sources: Any = None) -> list[dict[str, Any]]:
     """Serve until max_steps; the step records. `resume`: the run directory to continue
     (cfg.run.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
-    reward (`hub.tasks.task_setup`; None: as cfg names them)."""
+    reward (`hub.tasks.task_setup`; None: as cfg names them); `sources`: where each field of
+    cfg came from (`hub.config_presets`)."""
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
-                         setup=setup) as run:
+                         setup=setup, sources=sources) as run:
         await run.finished.wait()
         _summary(run)
     return run.records
@@ -75,9 +76,9 @@ def peer_python(engine: str, given: str = "") -> str:
 
 async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
                    python: str = sys.executable, ranks: Any = None,
-                   setup: Any = None) -> list[dict[str, Any]]:
+                   setup: Any = None, sources: Any = None) -> list[dict[str, Any]]:
     """`run_serve`, with `n_peers` local `echo2-peer join` processes."""
-    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup) as run:
+    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup, sources=sources) as run:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
               f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, G={cfg.grpo.group_size}, "
               f"{cfg.grpo.prompts_per_step} prompts/step, "

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from echo2p2p.overlay.tickets import Tickets
 
 from ..serving.app import serve
 from ..config import SECRETS, HubConfig
+from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
 from .durable import Checkpoints
 from ..serving.estimates import Estimates
@@ -44,15 +45,19 @@ log = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
-                    ranks: Ranks | None = None, setup: TaskSetup | None = None
-                    ) -> AsyncIterator[HubRun]:
+                    ranks: Ranks | None = None, setup: TaskSetup | None = None,
+                    sources: Mapping[str, str] | None = None) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
-    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them)."""
+    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
+    `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
     # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
     # first: a directory without them is refused (ConfigError on "model") before any loading.
     files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
+    sources = all_sources(cfg, sources)
+    log.info("%s", sources_table(cfg, sources))  # before anything loads
     run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+    write_sources(run.runlog.run_dir, sources)
     hub, runlog = run.hub, run.runlog
 
     files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
