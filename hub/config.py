@@ -4,6 +4,8 @@
 of the hub is given the section it reads (`cfg.staleness.max_lag`, `Door(cfg.limits, ...)`).
 Outside, names stay flat: flags (`--lr`), TOML keys (`lr = 0.01`, or in a `[hub.grpo]` table),
 `Run(lr=...)`, `HubConfig.from_flat(lr=...)`, `cfg.replace(lr=...)` and the saved config.json.
+The fields a user does not set take the model's preset or values derived from its size
+(`echo2p2p.hub.config_presets`, which also says where each value came from).
 Light to import: `--help` is answered before anything heavy loads.
 """
 

@@ -15,9 +15,9 @@ file or Python) are filled, under what they set, by:
 
 Precedence, highest first: flag > file > python > preset > derived > default. `fill` applies
 it and keeps a source per field ("flag", "file PATH", "python", "preset NAME", "derived (...)",
-"default", "default (demo)"); `sources_table` prints the resolved config with them (logged as a hub
-starts, and by `echo2-hub serve --print-config`), and `write_sources` saves them in the run
-directory as config_sources.json.
+"default", "default (demo)"); `sources_table` prints the resolved config with them (logged as
+a hub starts, and by `echo2-hub serve --print-config`), and `write_sources` saves them in the
+run directory as config_sources.json.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ class RunConfig:
     """The run: the policy trained, its seed and length, where it is saved."""
 
     model: str = "tiny"
-    """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory."""
+    """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory. The fields
+    you do not set take a built-in model's preset, or for any other model an lr and
+    max_new_tokens derived from its size (`--print-config` shows where each value came from)."""
     seed: int = 0
     """Seed for prompt order and per-peer sampling seeds. Not the task's train/eval split: that
     is fixed, so runs on any seed hold out the same problems (none the base was warmed up on)."""
@@ -246,7 +248,8 @@ class GrpoConfig:
     prompts_per_step: int = 8
     """Prompt groups in one learner batch."""
     lr: float = 1e-3
-    """AdamW learning rate."""
+    """AdamW learning rate. Unset: the built-in model's preset, or for another model of N
+    parameters 1e-6 x sqrt(1e9 / N) within 5e-7 .. 5e-6 (1e-3 below 10 M, as the built-in)."""
     clip_eps: float = 0.2
     """PPO-style clip range of the importance ratio pi_theta / pi_behaviour."""
     kl_coef: float = 0.0
@@ -256,7 +259,8 @@ class GrpoConfig:
     top_p: float = 1.0
     """Nucleus sampling on peers. Below 1 the behaviour logprobs no longer match the policy."""
     max_new_tokens: int = 8
-    """Cap on completion length, in tokens."""
+    """Cap on completion length, in tokens. Unset: the built-in model's preset, or for another
+    model 256 (8 below 10 M parameters, as the built-in)."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "prompts_per_step", "max_new_tokens"):

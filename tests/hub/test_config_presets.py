@@ -20,7 +20,7 @@ from echo2p2p.hub.config import DEMO_DEFAULTS, HubConfig
 from echo2p2p.hub.config_presets import (PRESETS, derive, gguf_parameter_count, model_size,
                                          parameter_count)
 from echo2p2p.hub.learning.run_setup import start_hub
-from echo2p2p.policy.model import builtin_dir
+from echo2p2p.policy.model import BUILTIN_MODELS, builtin_dir
 
 # SmolLM2-135M-Instruct's config.json (the sizes that matter); 134,515,008 parameters.
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
@@ -55,6 +55,12 @@ def test_a_built_in_models_preset_applies_to_what_the_user_did_not_set():
     cfg, sources = run.resolved(DEMO_DEFAULTS)
     assert cfg.tasks.eval_every == 5 and sources["eval_every"] == "preset smollm2-135m"
     assert cfg.run.max_steps == DEMO_DEFAULTS["max_steps"] and sources["max_steps"] == "default (demo)"
+
+
+def test_every_built_in_model_has_a_preset():
+    """A built-in name is no directory to read a size from: without a preset it would train
+    with the tiny model's values."""
+    assert set(BUILTIN_MODELS) <= set(PRESETS)
 
 
 def test_the_tiny_models_preset_is_todays_defaults():
