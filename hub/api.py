@@ -49,8 +49,8 @@ class Run:
         The fields not given (a `HubConfig`'s: those at their default) take the model's preset
         or derived values (`hub.config_presets`); `sources` says where the given ones came from
         (the command line: "flag", "file PATH"; default "python")."""
-        table = dict(config or {}) if not isinstance(config, HubConfig) else {
-            k: v for k, v in as_dict(config).items() if v != as_dict(HubConfig())[k]}
+        table = dict(config or {}) if not isinstance(config, HubConfig) else dict(
+            as_dict(config).items() - as_dict(HubConfig()).items())  # what it changed
         table.pop("run_id", None)
         if isinstance(reward, str):  # as the command line gives it: a config field
             fields["reward"], reward = reward, None

@@ -80,6 +80,9 @@ def test_a_flag_and_a_file_beat_the_preset_and_say_so(tmp_path):
     assert run.config.grpo.temperature == 1.0 and run.sources["temperature"] == "preset smollm2-135m"
     python = Run(model="smollm2-135m", lr=4e-6)
     assert python.config.grpo.lr == 4e-6 and python.sources["lr"] == "python"
+    # a HubConfig's fields at their default are not set: the preset's lr, not tiny's
+    built = Run(HubConfig.from_flat(model="smollm2-135m", max_lag=3))
+    assert built.config.grpo.lr == PRESETS["smollm2-135m"]["lr"] and built.sources["max_lag"] == "python"
 
 
 def test_a_presets_task_gives_way_to_a_dataset_or_environment_the_user_names():
