@@ -66,6 +66,7 @@ async def test_a_gguf_file_trains_through_the_hub_and_a_peer(hub_cfg, tmp_path, 
 
     from echo2p2p.hub.learning.run_setup import start_hub
     from echo2p2p.policy.gguf_cache import cache_root
+    from echo2p2p.policy.model import model_source
 
     gguf = smollm2_gguf()
     monkeypatch.setenv("ECHO2_CACHE_DIR", str(tmp_path / "hub-cache"))
@@ -110,3 +111,7 @@ async def test_a_gguf_file_trains_through_the_hub_and_a_peer(hub_cfg, tmp_path, 
     assert {"config.json", "tokenizer.json", "chat_template.jinja"} <= held
     assert not any(n.endswith((".gguf", ".safetensors")) for n in held), held
     assert not (tmp_path / "peer-echo2-cache").exists()  # the peer converted nothing
+    # The built-in name is the same file, so the same entry, found without converting again.
+    mtime = (converted / "model.safetensors").stat().st_mtime_ns
+    assert model_source("smollm2-135m") == str(converted)
+    assert (converted / "model.safetensors").stat().st_mtime_ns == mtime

@@ -61,17 +61,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def converted_dir(gguf: Path, root: Path | None = None) -> Path:
-    """The model directory converted from the GGUF file `gguf`, under `root` (cache_root()):
-    converted now unless already there. ConfigError on "model" for a file that is not GGUF,
-    missing packages or a cache that cannot be written."""
+def converted_dir(gguf: Path) -> Path:
+    """The model directory converted from the GGUF file `gguf`, in the cache: converted now
+    unless already there. ConfigError on "model" for a file that is not GGUF, missing packages
+    or a cache that cannot be written."""
     gguf = Path(gguf)
     if not is_gguf(gguf):
         raise ConfigError("model", f"{gguf} is a file but not a GGUF file (it does not start "
                                    "with the GGUF magic): give a .gguf file, a model directory "
                                    "written by save_pretrained, a built-in name or a hub id")
     digest = file_sha256(gguf)
-    entry = (root or cache_root()) / "models" / f"gguf-{digest[:16]}"
+    entry = cache_root() / "models" / f"gguf-{digest[:16]}"
     if finished(entry, digest):
         return entry
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
