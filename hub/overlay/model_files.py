@@ -13,10 +13,10 @@ started: a request names a key of an in-memory table, never a path, so no reques
 another file (no traversal, no symlink swapped in later). A directory without config.json or a
 tokenizer file is refused at start-up (ConfigError on "model"). Where the directory comes from
 is the policy loader's rule (`echo2p2p.policy.model.model_source`): the shipped built-in
-checkpoint for "tiny", the cached conversion of a GGUF file (a path, or the built-in
-"smollm2-135m"), so peers get a plain model directory and never read GGUF, a local directory,
-or the snapshot of a Hugging Face hub id in the local cache (never downloaded here). Knows nothing of tickets: whoever builds the routes passes
-`authorize`.
+checkpoint for "tiny", a local directory, the snapshot of a Hugging Face hub id in the local
+cache (never downloaded here), or for a GGUF file (a path, or the built-in "smollm2-135m") the
+directory it was converted into once, so peers get plain model files and never read GGUF.
+Knows nothing of tickets: whoever builds the routes passes `authorize`.
 """
 
 from __future__ import annotations
