@@ -34,9 +34,10 @@ class RunConfig:
     """The run: the policy trained, its seed and length, where it is saved."""
 
     model: str = "tiny"
-    """Policy to train: "tiny" (built-in), a HF hub id, or a local model directory. The fields
-    you do not set take a built-in model's preset, or for any other model an lr and
-    max_new_tokens derived from its size (`--print-config` shows where each value came from)."""
+    """Policy to train: a built-in ("tiny", "smollm2-135m"), a GGUF file (converted once,
+    cached), a HF hub id, or a local model directory. The fields you do not set take a built-in
+    model's preset, or for any other model an lr and max_new_tokens derived from its size
+    (`--print-config` shows where each value came from)."""
     seed: int = 0
     """Seed for prompt order and per-peer sampling seeds. Not the task's train/eval split: that
     is fixed, so runs on any seed hold out the same problems (none the base was warmed up on)."""

