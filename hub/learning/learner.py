@@ -1,8 +1,9 @@
 """The GRPO learner: turns batches of scored groups into new policy weights.
 
-Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness,
-versions or the clock (the hub decides what goes into a batch and counts the steps: one
-`step` call is one step, even when nothing in the batch could be trained on).
+Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness
+or the clock (the hub decides what goes into a batch and counts the steps: one `step` call is
+one step, even when nothing in the batch could be trained on; a group's version is only the
+label its `off_policy` diagnostics are tallied under: the hub turns them into lags).
 
 Samples arrive as `echo2p2p.rows.SampleRow`s, parsed and validated once at admission (finite
 logprobs <= 0, ids in the vocabulary, lengths): the learner trusts them, with cheap asserts.
@@ -236,8 +237,7 @@ class Learner:
 
     def _micro_step(self, rows: Sequence[Row], num_tokens: int, bucket: list[int]
                     ) -> tuple[Tensor, dict[str, float], tuple[Tensor, Tensor]]:
-        """Loss of one micro-batch, normalised by the whole batch's token count, its stats and
-        its `off_policy.tally` (rows bucketed by `bucket[row.group]`)."""
+        """Loss (over the whole batch's tokens), stats and `off_policy.tally` of a micro-batch."""
         dev = self.device
         input_ids, attention, completion, behaviour, advantages = (
             t.to(dev) for t in padded(rows, self.pad_id))

@@ -16,6 +16,13 @@ clamped to +-`grpo.LOG_RATIO_LIMIT` as the loss clamps it, and the importance ra
   drawn from the behaviour policy mu it estimates KL(mu || pi_learner), is >= 0 per token and 0
   only where d = 0. `mismatch_abs_mean` and `mismatch_abs_max` are the mean and max of |d|.
 
+The learner's logprobs are log_softmax(logits / T) at the run's temperature, what the engines
+report (`echo2p2p.policy.sampling.nucleus_logprobs`) while top_p = 1. With top_p < 1 the
+engines report logprobs renormalised over the nucleus, d = log(nucleus mass) < 0 on every
+token even with perfect engines, and the mismatch measures the truncation as much as the
+engines (the loss's ratio carries the same bias). Rows whose advantage is 0 get no forward
+(no gradient without a KL term), so they are not in these numbers either.
+
 The learner sums per-version `Tally`s over its micro-batches (and ranks) and `summary` turns
 them into the step record's keys; a statistic with no tokens behind it is left out, never NaN.
 """

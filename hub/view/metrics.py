@@ -108,8 +108,8 @@ RATIO_GAUGES = (
                                                   "step's trained tokens, by lag."),
     ("ratio_min", "echo2_importance_ratio_min", "Smallest importance ratio of the last step."),
     ("ratio_max", "echo2_importance_ratio_max", "Largest importance ratio of the last step."),
-    ("clip_frac", "echo2_importance_clip_ratio", "Share of the last step's trained tokens whose "
-                                                 "ratio lies outside [1 - clip_eps, 1 + clip_eps]."),
+    ("clip_frac", "echo2_importance_clip_ratio", "Share of the last step's trained tokens "
+                                                 "whose ratio is outside 1 +- clip_eps."),
     ("n_tokens", "echo2_importance_tokens", "Trained tokens of the last step, by lag."),
 )
 # (capacity_metrics key, name, help)

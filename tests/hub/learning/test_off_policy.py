@@ -71,7 +71,8 @@ def test_without_lag_zero_tokens_the_mismatch_is_absent_and_nothing_is_nan():
 def test_micro_batches_combine_to_the_whole_batchs_tally():
     """Tallies of two halves, combined, are the tally of the whole (sums add, maxima max)."""
     d = torch.tensor([[0.1, -0.3], [0.5, 0.0]])
-    zeros, mask, bucket = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool), torch.tensor([0, 0])
+    zeros, mask = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
+    bucket = torch.tensor([0, 0])
     whole = off_policy.tally(d, zeros, mask, bucket, 1, 0.2)
     halves = off_policy.combined(off_policy.tally(d[:1], zeros[:1], mask[:1], bucket[:1], 1, 0.2),
                                  off_policy.tally(d[1:], zeros[1:], mask[1:], bucket[1:], 1, 0.2))
