@@ -98,8 +98,8 @@ def tally(logprobs: Tensor, behaviour: Tensor, mask: Tensor, bucket: Tensor, buc
 def summary(sums: Tensor, maxes: Tensor, lags: Sequence[int]) -> dict[str, Any]:
     """The step record's diagnostics from summed tallies; `lags[k]` is bucket k's lag. Flat
     keys over every bucket (ratio_*, clip_*), `mismatch_*` over lag 0 only (with
-    `mismatch_tokens`, how many), and `by_lag`
-    {"0": {...}, ...} for the lags that had tokens. Keys without tokens behind them are absent."""
+    `mismatch_tokens`, how many), and `by_lag` {"0": {...}, ...} for the lags that had tokens.
+    Keys without tokens behind them are absent."""
     merged: dict[int, tuple[Tensor, Tensor]] = {}
     for k, lag in enumerate(lags):  # two versions never share a lag, but merge if they did
         merged[lag] = combined(merged.get(lag, tuple(t[0] for t in empty(1))),
