@@ -40,11 +40,11 @@ def train_sync(*, model: str = HUB.run.model, steps: int, seed: int = HUB.run.se
                eval_every: int = HUB.tasks.eval_every, eval_problems: int = HUB.tasks.eval_problems,
                weights_dtype: Any = HUB.overlay.weights_dtype, on_step: OnStep | None = None,
                score_timeout_s: float = HUB.scoring.score_timeout_s, prompts: Any = None) -> list[dict]:
-    """`steps` synchronous GRPO steps on the hub's AdditionTask (`seed` orders its prompts and
-    seeds sampling; its split is fixed); one record per step: step, version (the one the step
-    produced), reward_mean (of the samples it trained on, drawn from version `step`), gen_s, the
-    learner's `train/...` metrics, and eval_accuracy (greedy, held-out) when version % eval_every
-    == 0 or at the last step; the first also holds eval_accuracy_initial (version 0) when
+    """`steps` synchronous GRPO steps on the hub's AdditionTask (`seed` orders its prompts and seeds
+    sampling; its split is fixed); one record per step: step, version (the one the step produced),
+    reward_mean (of the samples it trained on, drawn from version `step`), gen_s, the learner's
+    `train/...` and off-policy (lag 0) metrics, eval_accuracy (greedy, held-out) when version %
+    eval_every == 0 or at the last step; the first also holds eval_accuracy_initial (version 0) when
     eval_every > 0. `weights_dtype`: a torch dtype or its name. Rewards: the hub's, keyed by
     problem, in a worker process (`score_timeout_s` each). `prompts`: a `PromptFormat` ("auto")."""
     import torch
@@ -82,9 +82,9 @@ def train_sync(*, model: str = HUB.run.model, steps: int, seed: int = HUB.run.se
                                sampling, prompts)
             gen_s = time.perf_counter() - t0
             stats = learner.step(groups)
-            record: dict[str, Any] = {"step": step, "version": step + 1,
-                                      "reward_mean": stats.reward_mean, "gen_s": gen_s,
-                                      **stats.metrics()}
+            record: dict[str, Any] = {"step": step, "version": step + 1, "gen_s": gen_s,
+                                      "reward_mean": stats.reward_mean, **stats.metrics(),
+                                      **stats.off_policy.summary(lambda version: step - version)}
             if step == 0 and initial is not None:
                 record["eval_accuracy_initial"] = initial
             if eval_every and ((step + 1) % eval_every == 0 or step == steps - 1):

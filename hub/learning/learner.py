@@ -1,8 +1,9 @@
 """The GRPO learner: turns batches of scored groups into new policy weights.
 
-Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness,
-versions or the clock (the hub decides what goes into a batch and counts the steps: one
-`step` call is one step, even when nothing in the batch could be trained on).
+Owns the fp32 master weights and the AdamW state; knows nothing of peers, leases, staleness
+or the clock (the hub decides what goes into a batch and counts the steps: one `step` call is
+one step, even when nothing in the batch could be trained on; a group's version is only the
+label its `off_policy` diagnostics are tallied under: the hub turns them into lags).
 
 Samples arrive as `echo2p2p.rows.SampleRow`s, parsed and validated once at admission (finite
 logprobs <= 0, ids in the vocabulary, lengths): the learner trusts them, with cheap asserts.
@@ -40,7 +41,7 @@ from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.policy.prompts import PLAIN, PromptFormat
 
-from . import grpo
+from . import grpo, off_policy
 from .batches import Row, batch_rows, deal, left_padded, micro_batches, padded
 
 if TYPE_CHECKING:
@@ -73,10 +74,12 @@ class StepStats:
     dropped_groups: int  # groups the hub built wrong, discarded whole
     skipped: bool  # no optimiser update (nothing to train on, or a non-finite gradient)
     step_s: float  # seconds in forward, backward and the optimiser
+    off_policy: off_policy.Tally | None = None  # ratios by behaviour version (trained rows)
 
     def metrics(self) -> dict[str, float]:
-        """Flat `train/...` metrics for a logger."""
-        out = {f"train/{k}": float(v) for k, v in asdict(self).items() if k != "loss"}
+        """Flat `train/...` metrics for a logger (`off_policy` is not one: see its `summary`)."""
+        out = {f"train/{k}": float(v) for k, v in asdict(self).items()
+               if k not in ("loss", "off_policy")}
         out["train/loss"] = self.loss
         out["train/policy_loss"] = self.policy_loss
         return out
@@ -153,7 +156,8 @@ class Learner:
 
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        sums, ratio_max, trained = self._accumulate(trainable, num_tokens)
+        versions, bucket = off_policy.buckets([g.version for g in groups])  # the hub knows lags
+        sums, ratio_max, trained, diag = self._accumulate(trainable, num_tokens, bucket)
         grad_norm, skipped = 0.0, True
         if trained:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
@@ -188,26 +192,28 @@ class Learner:
             dropped_groups=info["dropped_groups"],
             skipped=skipped,
             step_s=step_s,
+            off_policy=off_policy.Tally(tuple(versions), *diag),
         )
 
-    def _accumulate(self, trainable: Sequence[Row], num_tokens: int
-                    ) -> tuple[dict[str, float], float, int]:
+    def _accumulate(self, trainable: Sequence[Row], num_tokens: int, bucket: list[int]
+                    ) -> tuple[dict[str, float], float, int, tuple[Tensor, Tensor]]:
         """Backward over this rank's micro-batches of `trainable`, gradients summed over all
         of them and all ranks: (token-weighted sums of the micro-batch statistics, the largest
-        ratio, trained tokens), over all ranks."""
+        ratio, trained tokens, the `off_policy.tally` by `bucket[row.group]`), over all ranks."""
         keys = ("loss", "policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl")
-        sums = dict.fromkeys(keys, 0.0)
-        ratio_max, trained = -math.inf, 0
+        sums, ratio_max, trained = dict.fromkeys(keys, 0.0), -math.inf, 0
+        diag = off_policy.empty(max(bucket, default=-1) + 1)  # every version is some group's
         mine, runs = self._plan(trainable)
         # FSDP averages gradients over the ranks; the loss is a sum over them
         scale = 1.0 if self.ranks is None else float(self.ranks.world)
         for i in range(runs):
             if i >= len(mine):  # every rank runs as many as the busiest: a weightless one
-                loss, _ = self._micro_step(trainable[:1], num_tokens)
+                loss, _, _ = self._micro_step(trainable[:1], num_tokens, bucket)
                 (loss * 0.0).backward()
                 continue
-            loss, stats = self._micro_step(mine[i], num_tokens)
+            loss, stats, part = self._micro_step(mine[i], num_tokens, bucket)
             (loss * scale).backward()
+            diag = off_policy.combined(diag, part)
             n = stats["tokens"]
             trained += int(n)
             sums["loss"] += float(loss.item())
@@ -217,7 +223,8 @@ class Learner:
         if self.ranks is not None:
             totals, ratio_max = self.ranks.all_sum([*sums.values(), trained], ratio_max)
             sums, trained = dict(zip(keys, totals[:-1])), int(totals[-1])
-        return sums, ratio_max, trained
+            diag = self.ranks.all_sum_max(*diag)
+        return sums, ratio_max, trained, diag
 
     def _plan(self, trainable: Sequence[Row]) -> tuple[list[list[Row]], int]:
         """This rank's micro-batches, and how many the busiest rank runs. Every rank deals the
@@ -228,8 +235,9 @@ class Learner:
         shares = [micro_batches(s, self.micro_tokens) for s in deal(trainable, self.ranks.world)]
         return shares[self.ranks.rank], max(len(s) for s in shares)
 
-    def _micro_step(self, rows: Sequence[Row], num_tokens: int) -> tuple[Tensor, dict[str, float]]:
-        """Loss of one micro-batch, normalised by the whole batch's token count."""
+    def _micro_step(self, rows: Sequence[Row], num_tokens: int, bucket: list[int]
+                    ) -> tuple[Tensor, dict[str, float], tuple[Tensor, Tensor]]:
+        """Loss (over the whole batch's tokens), stats and `off_policy.tally` of a micro-batch."""
         dev = self.device
         input_ids, attention, completion, behaviour, advantages = (
             t.to(dev) for t in padded(rows, self.pad_id))
@@ -242,11 +250,13 @@ class Learner:
                 with torch.no_grad():
                     ref = grpo.token_logprobs(
                         self.reference, input_ids, attention, completion, self.temperature)
-        return grpo.policy_loss(
+        loss, stats = grpo.policy_loss(
             logprobs, behaviour, advantages, completion,
             clip_eps=self.clip_eps, ref_logprobs=ref, kl_coef=self.kl_coef,
             num_tokens=num_tokens,
         )
+        return loss, stats, off_policy.tally(logprobs, behaviour, completion, torch.tensor(
+            [bucket[r.group] for r in rows]), max(bucket) + 1, self.clip_eps)  # bucket: (B,)
 
     # --- publishing, checkpoints and evaluation ----------------------------------------
 
@@ -370,7 +380,6 @@ def encode_prompt(tokenizer, prompt: str, prompts: PromptFormat = PLAIN) -> list
     """Prompt token ids exactly as the hub leases them, rendered by `prompts` (the run's
     `TasksConfig.prompts`; default plain text, no special tokens added)."""
     return prompts.encode(tokenizer, prompt)
-
 
 
 def hold_step_time(learner: Learner, seconds: float, real_s: list[float] | None = None) -> None:

@@ -158,13 +158,15 @@ class HubRun:
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
         """The run log record of learner step `step` (which produced version `hub.step`)."""
         now, window, hub = time.perf_counter(), self._window, self.hub.statistics()
+        tally = getattr(stats, "off_policy", None)  # None: a learner without diagnostics
+        diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None
         record = step_record(
             step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
             time_s=now - self._start,
             rollouts_per_s=(hub.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
             busy_frac=self._busy_s / max(now - self._start, 1e-9),
             tokens_per_s=stats.tokens / max(now - window[-1][0], 1e-9),
-            capacity=self.capacity_metrics(hub))
+            capacity=self.capacity_metrics(hub), off_policy=diagnostics)
         window.append((now, hub.admitted_samples))
         return record
 

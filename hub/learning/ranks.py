@@ -158,6 +158,14 @@ class Ranks:
         dist.all_reduce(top, op=dist.ReduceOp.MAX)
         return t[:-1].tolist(), float(top.item())
 
+    def all_sum_max(self, sums: torch.Tensor, maxes: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sums` summed and `maxes` maximised elementwise over the ranks (CPU tensors back)."""
+        sums, maxes = sums.to(self.device), maxes.to(self.device)
+        dist.all_reduce(sums)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        return sums.cpu(), maxes.cpu()
+
     def send(self, call: tuple) -> None:
         """Rank 0: the call every other rank makes next (`follow`)."""
         dist.broadcast_object_list([call], src=0, group=self.control)

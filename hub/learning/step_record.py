@@ -2,8 +2,9 @@
 
 `step_record` lays out the record `hub.learning.loop` logs after every step (the run log, the
 dashboard's feed, /metrics' last-step gauges and the report read it): the learner's own
-metrics, the staleness of the batch, rates over the recent window, and the hub's totals from
-`Hub.statistics()`. It reads no part of the hub and no clock: the caller measures the times.
+metrics and off-policy diagnostics, the staleness of the batch, rates over the recent window,
+and the hub's totals from `Hub.statistics()`. It reads no part of the hub and no clock: the
+caller measures the times.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from ..serving.counters import HubStatistics
 
 def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], leases: list[str],
                 lags: Counter[int], *, time_s: float, rollouts_per_s: float, busy_frac: float,
-                tokens_per_s: float, capacity: Mapping[str, Any]) -> dict[str, Any]:
+                tokens_per_s: float, capacity: Mapping[str, Any],
+                off_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of learner step `step` (which produced version `hub.step`): `learner`, the
     step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
     `time_s` since the loop started; `rollouts_per_s` admitted over the recent window;
-    `busy_frac` of the time the learner stepped; `capacity`, the capacity model's metrics."""
+    `busy_frac` of the time the learner stepped; `capacity`, the capacity model's metrics;
+    `off_policy`, the step's off-policy diagnostics by lag (`hub.learning.off_policy.summary`:
+    mismatch_kl, mismatch_abs_mean/max, ratio_mean/min/max, clip_frac, by_lag)."""
     scoring = hub.scoring
     return {
         "step": step, "version": hub.step, "time_s": round(time_s, 3),
@@ -45,4 +49,5 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
         "train/tokens_per_s": tokens_per_s,
         **capacity,
         **hub.cost,
+        **(off_policy or {}),
     }

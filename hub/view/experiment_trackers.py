@@ -4,9 +4,10 @@ Each tracker is a run log listener (`echo2p2p.hub.view.runlog.RunLog.listeners`)
 `points` takes from a record, under the run log's own names: a learner step's numbers at its
 step (`train/reward_mean`, `hub/learner_busy_frac`, `rollout/per_s`, ...), its staleness
 histogram as one curve per lag (`rollout/staleness_hist/1`: groups trained at lag 1; at most
-S + 1 curves), an evaluation's `eval/accuracy` at its version (the base policy at 0), and a
-version's propagation (`propagation/t90_s`, `propagation/serving/t90_s`,
-`propagation/bytes_from_hub`, ...) against the version. Lists (a step's leases) and per-peer
+S + 1 curves) and so its off-policy diagnostics (`by_lag/1/ratio_mean`), an evaluation's
+`eval/accuracy` at its version (the base policy at 0), and a version's propagation
+(`propagation/t90_s`, `propagation/serving/t90_s`, `propagation/bytes_from_hub`, ...) against
+the version. Lists (a step's leases) and per-peer
 tables (cost events, peers' upload rates: unbounded, and named by peers) are not charted.
 
 A tracker never holds the learner loop up for long: `wandb.log` hands the row to wandb's own

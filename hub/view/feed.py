@@ -31,7 +31,8 @@ QUEUE_BYTES = 4 << 20  # serialised events a client may have waiting before it i
 STEP_SERIES = {"step": "step", "time_s": "time_s", "reward": "train/reward_mean",
                "busy": "hub/learner_busy_frac", "rollouts_per_s": "rollout/per_s",
                "staleness_mean": "rollout/staleness_mean", "usd_total": "cost/usd_total",
-               "usd_per_hour": "cost/usd_per_hour"}
+               "usd_per_hour": "cost/usd_per_hour", "mismatch_kl": "mismatch_kl",
+               "ratio_mean": "ratio_mean", "clip_frac": "clip_frac"}
 VERSION_KEYS = ("version", "peers", "t50_s", "t90_s", "t100_s", "t_bcast_s", "predicted_bcast_s",
                 "cdf_s", "bytes_from_hub", "bytes_from_peers", "full_wire_bytes",
                 "delta_wire_bytes", "peers_on_delta", "complete")

@@ -94,6 +94,23 @@ STEP_GAUGES = (
     ("rollout/staleness_mean", "echo2_trained_lag_mean_versions", "Mean lag, in versions, of the "
                                                                   "groups the last step trained on."),
     ("time_s", "echo2_train_elapsed_seconds", "Seconds since the learner loop started."),
+    ("mismatch_kl", "echo2_mismatch_kl", "Engine mismatch of the last step: mean k3 KL (nats) "
+                    "of the peers' logprobs from the learner's, on lag-0 tokens."),
+    ("mismatch_abs_mean", "echo2_mismatch_abs_logprob_mean", "Mean |learner - peer| logprob "
+                          "(nats) of the last step's lag-0 tokens."),
+    ("mismatch_abs_max", "echo2_mismatch_abs_logprob_max", "Largest |learner - peer| logprob "
+                         "(nats) of the last step's lag-0 tokens."),
+)
+# (by_lag key, name, help): the last step's importance ratios, one series per lag ("all": the
+# step's every trained token); at most S + 2 series, lags past S are never trained.
+RATIO_GAUGES = (
+    ("ratio_mean", "echo2_importance_ratio_mean", "Mean pi_learner / pi_behaviour of the last "
+                                                  "step's trained tokens, by lag."),
+    ("ratio_min", "echo2_importance_ratio_min", "Smallest importance ratio of the last step."),
+    ("ratio_max", "echo2_importance_ratio_max", "Largest importance ratio of the last step."),
+    ("clip_frac", "echo2_importance_clip_ratio", "Share of the last step's trained tokens "
+                                                 "whose ratio is outside 1 +- clip_eps."),
+    ("n_tokens", "echo2_importance_tokens", "Trained tokens of the last step, by lag."),
 )
 # (capacity_metrics key, name, help)
 CAPACITY_GAUGES = (
@@ -197,6 +214,7 @@ class RunCollector:
         last = records[-1] if records and "step" in records[-1] else {}
         for key, name, doc in STEP_GAUGES:
             yield gauge(name, doc, last.get(key))
+        yield from ratio_gauges(last)
         evaluation = self.watch.evaluation or {}
         yield gauge("echo2_eval_accuracy", "Held-out reward of the newest evaluated version.",
                      evaluation.get("eval/accuracy"))
@@ -302,6 +320,16 @@ def lag_histogram(name: str, doc: str, lags: Counter[int], bounds: range) -> Met
     return HistogramMetricFamily(name, doc, buckets=[*buckets, ("+Inf", sum(lags.values()))],
                                  sum_value=sum(lag * n for lag, n in lags.items()))
 
+
+def ratio_gauges(record: Mapping[str, Any]) -> Iterator[Metric]:
+    """The importance-ratio gauges of a step record, labelled by lag (and "all")."""
+    by_lag = {**record.get("by_lag", {}), "all": record}
+    for key, name, doc in RATIO_GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=["lag"])
+        for lag, values in by_lag.items():
+            if values.get(key) is not None:
+                family.add_metric([lag], values[key])
+        yield family
 
 
 def metrics_handler(run: HubRun, max_peer_series: int = MAX_PEER_SERIES

@@ -19,7 +19,7 @@
   const PLOT_HEIGHT = 210;  // pixels of a chart's canvas, axes included; its legend goes below
   const TEXT_MAX = 48;  // characters of a peer's name or engine shown
   const STEP_KEYS = ["step", "time_s", "reward", "busy", "rollouts_per_s", "staleness_mean",
-    "usd_total", "usd_per_hour"];
+    "usd_total", "usd_per_hour", "mismatch_kl", "ratio_mean", "clip_frac"];
   const PEER_STATES = ["active", "standby", "quarantined"];
   const BLUE = "#1f6fb4", ORANGE = "#e07b12", GREEN = "#2b9348", RED = "#c0392b", PURPLE = "#7b4fb3";
 
@@ -393,6 +393,7 @@
 
   const xAxis = (label) => axis(label, null, {size: 40});
   const integers = (u, splits) => splits.map((v) => Number.isInteger(v) ? String(v) : "");
+  const small = (v) => (v > 0 && v < 0.01 ? v.toExponential(1) : v.toPrecision(2));
 
   function line(label, stroke, extra) {
     return Object.assign({label, stroke, width: 2, points: {show: false}, spanGaps: true}, extra || {});
@@ -427,6 +428,19 @@
       data: [state.steps.step, state.steps.rollouts_per_s],
     }),
     "chart-staleness": stalenessChart,
+    // mismatch: lag-0 tokens only (the engines' numerics); ratio, clip: every lag (staleness too)
+    "chart-offpolicy": () => ({
+      series: [{label: "step"},
+        line("engine mismatch KL", RED, {points: {show: true, size: 4, fill: RED}}),
+        line("importance ratio (mean)", BLUE, {scale: "ratio"}),
+        line("clipped share", PURPLE, {scale: "ratio", dash: [6, 4]})],
+      axes: [xAxis("step"), axis("mismatch KL (nats)", small),
+        axis("ratio / share", null, {side: 1, scale: "ratio", grid: {show: false}})],
+      scales: {y: {range: (u, min, max) => [0, Math.max(1e-6, (max ?? 0) * 1.1)]},
+        ratio: {range: (u, min, max) => [0, Math.max(1.2, (max ?? 1) * 1.1)]}},
+      data: [state.steps.step, state.steps.mismatch_kl, state.steps.ratio_mean,
+        state.steps.clip_frac],
+    }),
     "chart-cdf": cdfChart,
     "chart-bcast": () => versionChart([
       line("T_bcast (90 % serving)", BLUE, {points: {show: true, size: 5, fill: BLUE}}),

@@ -253,6 +253,7 @@ def test_train_sync_smoke(tmp_path):
     for r in records:
         assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
         assert r["train/groups"] == 2.0 and r["train/dropped_samples"] == 0.0
+        assert set(r.get("by_lag", {})) <= {"0"} and r.get("mismatch_kl", 0.0) >= 0.0  # synchronous
     assert 0.0 <= records[-1]["eval_accuracy"] <= 1.0
 
 

@@ -49,6 +49,9 @@ def assert_same(a: dict, b: dict) -> None:
     for x, y in zip(a["stats"][-len(b["stats"]):], b["stats"], strict=True):
         for k in ("loss", "grad_norm", "clip_frac", "kl", "ratio_mean", "ratio_max", "tokens"):
             assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-7), k
+        tallies = x["off_policy"], y["off_policy"]  # summed over micro-batches and ranks
+        assert tallies[0]["versions"] == tallies[1]["versions"]
+        assert all(torch.allclose(tallies[0][k], tallies[1][k], rtol=1e-4) for k in ("sums", "maxes"))
     assert a["texts"] == b["texts"]
 
 

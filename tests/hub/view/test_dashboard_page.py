@@ -32,8 +32,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 WAIT_MS = 60_000
 TOKEN = "s3cret-token"
 HOSTILE_NAME = '<img src=x onerror="document.title=1">'  # a peer's name is any printable text
-CHARTS = ("chart-reward", "chart-busy", "chart-rate", "chart-staleness", "chart-cdf",
-          "chart-bcast", "chart-sources", "chart-wire", "chart-cost")
+CHARTS = ("chart-reward", "chart-busy", "chart-rate", "chart-staleness", "chart-offpolicy",
+          "chart-cdf", "chart-bcast", "chart-sources", "chart-wire", "chart-cost")
 
 # For each chart: its series that have a value, and canvas pixels painted in a series' colour
 # (the legend's marker has it), so axes and grid alone do not count as drawn.

@@ -45,7 +45,9 @@ def charted(records: list[dict]) -> dict[str, dict[int, float]]:
             for key, value in r.items():
                 if isinstance(value, dict):  # rollout/staleness_hist: groups by lag
                     for sub, number in value.items():
-                        put(f"{key}/{sub}", r["step"], number)
+                        for inner, n in (number.items() if isinstance(number, dict) else
+                                         [(None, number)]):  # by_lag: ratios by lag
+                            put(f"{key}/{sub}" + (f"/{inner}" if inner else ""), r["step"], n)
                 elif key != "step":
                     put(key, r["step"], value)
         elif r["event"] == "eval":
@@ -67,7 +69,7 @@ async def test_tensorboard_charts_every_number_of_the_run_log(hub_cfg):
     cfg = hub_cfg.replace(max_steps=6, eval_every=3, report_to="tensorboard")
     want = charted(await run_briefly(cfg))
     assert {"train/reward_mean", "eval/accuracy", "hub/learner_busy_frac",
-            "rollout/staleness_hist/0", "propagation/t90_s"} <= set(want)
+            "rollout/staleness_hist/0", "propagation/t90_s", "by_lag/0/ratio_mean"} <= set(want)
     events = EventAccumulator(str(Path(cfg.run.run_dir) / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert set(events.Tags()["scalars"]) == set(want)

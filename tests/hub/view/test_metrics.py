@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from echo2p2p.runtime.prometheus import label_text
 from echo2p2p.hub.view.metrics import (MAX_PEER_SERIES, lag_histogram, labelled_peers,
-                                  metrics_handler)
+                                  metrics_handler, ratio_gauges)
 from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
@@ -118,6 +118,10 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
     assert value(live, "echo2_learner_busy_ratio") == last["hub/learner_busy_frac"]
     assert value(live, "echo2_eval_accuracy") == last["eval/accuracy"]
     assert value(live, "echo2_eval_version") == 3
+    assert value(live, "echo2_mismatch_kl") == last.get("mismatch_kl")  # None: no lag-0 token
+    assert value(live, "echo2_importance_ratio_mean", lag="all") == last["ratio_mean"]
+    for lag, by_lag in last["by_lag"].items():
+        assert value(live, "echo2_importance_clip_ratio", lag=lag) == by_lag["clip_frac"]
     trained = sum(int(n) for r in run.records if "step" in r for n in r["rollout/staleness_hist"].values())
     assert trained == 3 * cfg.grpo.prompts_per_step
     assert value(live, "echo2_trained_group_lag_versions_count") == trained
@@ -182,6 +186,22 @@ def test_peer_sent_text_is_cut_to_a_safe_label():
     """A hostile name keeps only [A-Za-z0-9._-] and at most 32 characters."""
     assert label_text('evil"} 1\n# TYPE x counter<script>' * 3) == "evil___1___TYPE_x_counter_script"
     assert label_text("node-7.lab_a") == "node-7.lab_a"
+
+
+def test_importance_ratio_gauges_have_a_series_per_lag_and_one_for_all():
+    """A step record's by_lag becomes one labelled series per lag plus "all"; a record without
+    diagnostics lists the families with no samples."""
+    record = {"ratio_mean": 1.1, "ratio_min": 0.5, "ratio_max": 2.0, "clip_frac": 0.25,
+              "by_lag": {"0": {"n_tokens": 3, "ratio_mean": 1.0, "ratio_min": 0.9,
+                               "ratio_max": 1.1, "clip_frac": 0.0},
+                         "2": {"n_tokens": 1, "ratio_mean": 1.4, "ratio_min": 1.4,
+                               "ratio_max": 1.4, "clip_frac": 1.0}}}
+    fams = {f.name: f for f in ratio_gauges(record)}
+    assert value(fams, "echo2_importance_ratio_mean", lag="2") == 1.4
+    assert value(fams, "echo2_importance_clip_ratio", lag="all") == 0.25
+    assert value(fams, "echo2_importance_tokens", lag="0") == 3
+    assert value(fams, "echo2_importance_tokens", lag="all") is None
+    assert all(not f.samples for f in ratio_gauges({}))
 
 
 def test_the_naming_check_sees_bad_names():
