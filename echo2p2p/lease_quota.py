@@ -15,6 +15,20 @@ learner below its batch until they expire, then takes them again. So:
   one address than its cap, so no set of hoarders, however many connections, holds a lease of
   the learner's budget: proven peers always have all of it.
 
+A peer's queue. A peer works through its leases one at a time (`leases_in_flight` of them
+queued, so its engine never idles), so a lease's timeout must not run while the lease waits
+behind the peer's other leases: a slow engine would then see its queued leases expire, its
+finished groups rejected and its quota cut, for no fault of its own. Two rules, over the hub's
+own measurement of the peer's seconds per group (its admitted samples over the time it spent on
+them, `hub.serving.admission`; what a peer says of its speed is never used):
+
+- `paced_cap`: a peer holds no more open leases than it can finish inside one lease timeout at
+  its measured pace (at least 1);
+- `queue_wait_s`: a lease's deadline counts from when the peer can be expected to start it, its
+  place in the peer's queue times the measured seconds per group (a peer not measured yet:
+  a whole timeout per lease ahead), and that wait is capped at one timeout, so every lease
+  expires at most two timeouts after its grant: a peer that stops working still loses them all.
+
 Pure: plain counts in, a bool out. The hub keeps the standings and counts the open leases.
 """
 
@@ -103,3 +117,19 @@ class LeaseQuota:
         for key in keys:
             s = self.standing(key)
             self.standings[key] = replace(s, expired=s.expired + 1)
+
+
+def paced_cap(group_s: float | None, timeout_s: float) -> int | None:
+    """Open leases a peer measured at `group_s` seconds per group may hold: as many as it
+    finishes inside `timeout_s`, at least 1; None (no cap of this kind) before it was measured."""
+    if not group_s or group_s <= 0:
+        return None
+    return max(1, int(timeout_s // group_s))
+
+
+def queue_wait_s(ahead: int, group_s: float | None, timeout_s: float) -> float:
+    """Seconds a lease granted now may wait before its timeout starts: `ahead` leases of its
+    peer's are before it, each taking `group_s` (None, not measured yet: `timeout_s`, the most
+    an honest one may take), capped at one `timeout_s`."""
+    per_lease_s = group_s if group_s and group_s > 0 else timeout_s
+    return min(max(ahead, 0) * per_lease_s, timeout_s)

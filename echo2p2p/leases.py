@@ -118,14 +118,16 @@ class LeaseBook(Generic[P]):
     def open_leases(self) -> Iterator[Lease[P]]:
         return iter(self._open.values())
 
-    def grant(self, peer_id: str, now: float, min_version: int) -> Lease[P]:
+    def grant(self, peer_id: str, now: float, min_version: int, wait_s: float = 0.0) -> Lease[P]:
+        """A lease of the next problem for `peer_id`, due `wait_s` + the timeout from `now`
+        (`wait_s`: how long it may wait behind its peer's other leases, `lease_quota.queue_wait_s`)."""
         if self._pending:
             index, queued = self._pending.popleft(), True
         else:
             index, queued = next(self._order), False
             self._drawn += 1
         lease_id = self._lease_ids() if self._lease_ids else f"L{self._next_id}"
-        lease = self._open_lease(lease_id, peer_id, index, now, min_version)
+        lease = self._open_lease(lease_id, peer_id, index, now, min_version, wait_s)
         self._next_id += 1
         self._granted += 1
         self.on_change(("grant", lease.lease_id, index, min_version, queued))
@@ -253,8 +255,8 @@ class LeaseBook(Generic[P]):
     # --- internals -------------------------------------------------------------------------
 
     def _open_lease(self, lease_id: str, peer_id: str, index: int, now: float,
-                    min_version: int) -> Lease[P]:
-        lease = Lease(lease_id, peer_id, self._problems[index], now + self._timeout_s,
+                    min_version: int, wait_s: float = 0.0) -> Lease[P]:
+        lease = Lease(lease_id, peer_id, self._problems[index], now + wait_s + self._timeout_s,
                       min_version, now, index)
         self._open[lease_id] = lease
         return lease
