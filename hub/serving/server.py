@@ -193,9 +193,10 @@ class Hub:
         self.dispatch()
 
     async def expire_leases(self) -> None:
-        """Forever: re-issue leases whose deadline passed."""
+        """Forever: re-issue leases whose deadline passed, and tell the rejections not told."""
         while True:
             await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))  # a timer, not a sync
+            self._admission.rejections.flush(loop_now())  # the summary of rejections, if due
             if late := self._leases.expire(loop_now()):
                 self._quotas.expired(late)  # hoarding costs
                 self.dispatch()
