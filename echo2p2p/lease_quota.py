@@ -19,15 +19,20 @@ A peer's queue. A peer works through its leases one at a time (`leases_in_flight
 queued, so its engine never idles), so a lease's timeout must not run while the lease waits
 behind the peer's other leases: a slow engine would then see its queued leases expire, its
 finished groups rejected and its quota cut, for no fault of its own. Two rules, over the hub's
-own measurement of the peer's seconds per group (its admitted samples over the time it spent on
-them, `hub.serving.admission`; what a peer says of its speed is never used):
+own measurement of the peer's seconds per group (its samples over the time it spent on them,
+`hub.serving.admission`; what a peer says of its speed is never used), and one over its progress:
 
 - `paced_cap`: a peer holds no more open leases than it can finish inside one lease timeout at
   its measured pace (at least 1);
 - `queue_wait_s`: a lease's deadline counts from when the peer can be expected to start it, its
-  place in the peer's queue times the measured seconds per group (a peer not measured yet:
-  a whole timeout per lease ahead), and that wait is capped at one timeout, so every lease
-  expires at most two timeouts after its grant: a peer that stops working still loses them all.
+  place in the peer's queue times the measured seconds per group, at most a whole timeout per
+  lease ahead (the same for a peer not measured yet);
+- progress renews: each group a peer delivers moves its other open leases' deadlines to a
+  timeout from then (`LeaseBook.renew`), so a peer whose pace drops (a long completion, a busy
+  machine) keeps the leases it is working through; never past `latest_s` after the grant, a
+  whole timeout per lease ahead and its own, so a peer that delivers some groups and sits on
+  others loses those. A peer that stops working loses every lease within a timeout of its last
+  delivery (or of the lease's first deadline).
 
 Pure: plain counts in, a bool out. The hub keeps the standings and counts the open leases.
 """
@@ -130,6 +135,12 @@ def paced_cap(group_s: float | None, timeout_s: float) -> int | None:
 def queue_wait_s(ahead: int, group_s: float | None, timeout_s: float) -> float:
     """Seconds a lease granted now may wait before its timeout starts: `ahead` leases of its
     peer's are before it, each taking `group_s` (None, not measured yet: `timeout_s`, the most
-    an honest one may take), capped at one `timeout_s`."""
-    per_lease_s = group_s if group_s and group_s > 0 else timeout_s
-    return min(max(ahead, 0) * per_lease_s, timeout_s)
+    an honest one may take), at most `timeout_s` each."""
+    per_lease_s = min(group_s, timeout_s) if group_s and group_s > 0 else timeout_s
+    return max(ahead, 0) * per_lease_s
+
+
+def latest_s(ahead: int, timeout_s: float) -> float:
+    """The latest a lease with `ahead` of its peer's leases before it may be due, from its
+    grant, however its peer's deliveries renew it: a whole timeout for each and for itself."""
+    return (max(ahead, 0) + 1) * timeout_s

@@ -107,8 +107,9 @@ class Admission:
         Returns whether lease budget came free, or the judging of the submission to run (its
         scoring is queued already), which returns whether it admitted the group."""
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
-        if lease is not None:
+        if lease is not None:  # progress: its queued leases are due a timeout from now
             self._measure(conn, lease.granted, len(msg.samples), now)
+            self.leases.renew(conn.peer_id, now)
         decision = decide_submission(
             outcome, lease is not None, self.trust.quarantined(conn),
             conn.protocol.claims_unpublished(msg.version, newest_version),

@@ -18,7 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from echo2p2p.lease_quota import Held, LeaseQuota, may_grant, paced_cap, proven, queue_wait_s
+from echo2p2p.lease_quota import (Held, LeaseQuota, latest_s, may_grant, paced_cap, proven,
+                                  queue_wait_s)
 from echo2p2p.leases import Lease, LeaseBook
 from echo2p2p.staleness import lease_budget
 
@@ -88,11 +89,13 @@ class Quotas:
         rate = self.rates(peer_id)
         return self.group_size / rate if rate > 0 else None
 
-    def wait_s(self, conn: PeerConn, holdings: Holdings) -> float:
+    def wait_s(self, conn: PeerConn, holdings: Holdings) -> tuple[float, float]:
         """How long a lease granted to `conn` now may wait behind its open ones before its
-        timeout runs (`echo2p2p.lease_quota.queue_wait_s`)."""
-        return queue_wait_s(holdings.by_peer[conn.peer_id], self.group_s(conn.peer_id),
-                            self.timeout_s)
+        timeout runs, and the latest its peer's deliveries may renew it to, from now
+        (`echo2p2p.lease_quota.queue_wait_s`, `latest_s`)."""
+        ahead = holdings.by_peer[conn.peer_id]
+        return (queue_wait_s(ahead, self.group_s(conn.peer_id), self.timeout_s),
+                latest_s(ahead, self.timeout_s))
 
     def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
         """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to

@@ -168,7 +168,7 @@ class Hub:
                 lease = self._leases.grant(conn.peer_id, now, lease_min_version(
                     self.step, self._training, self._quotas.ahead(outstanding, holdings),
                     cfg.grpo.prompts_per_step, cfg.staleness.max_lag),
-                    self._quotas.wait_s(conn, holdings))  # its place in the peer's queue
+                    *self._quotas.wait_s(conn, holdings))  # its place in the peer's queue
                 holdings.add(conn, self._quotas.book)
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)

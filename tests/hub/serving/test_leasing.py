@@ -102,6 +102,6 @@ def test_a_slow_peer_holds_what_it_finishes_in_a_timeout_and_its_queued_leases_w
         quotas.book.delivered(slow.identity, slow.address_key)  # its standing allows plenty
     holdings, deadlines = quotas.holdings(), []
     while quotas.allows(slow, leases.open_count, holdings):
-        deadlines.append(leases.grant(slow.peer_id, 0.0, 0, quotas.wait_s(slow, holdings)).deadline)
+        deadlines.append(leases.grant(slow.peer_id, 0.0, 0, *quotas.wait_s(slow, holdings)).deadline)
         holdings.add(slow, quotas.book)
     assert deadlines == [10.0, 14.0]
