@@ -27,7 +27,7 @@ own measurement of the peer's seconds per group (its samples over the time it sp
 - `queue_wait_s`: a lease's deadline counts from when the peer can be expected to start it, its
   place in the peer's queue times the measured seconds per group, at most a whole timeout per
   lease ahead (the same for a peer not measured yet);
-- progress renews: each group a peer delivers moves its other open leases' deadlines to a
+- progress renews: each group of a peer's admitted moves its other open leases' deadlines to a
   timeout from then (`LeaseBook.renew`), so a peer whose pace drops (a long completion, a busy
   machine) keeps the leases it is working through; never past `latest_s` after the grant, a
   whole timeout per lease ahead and its own, so a peer that delivers some groups and sits on

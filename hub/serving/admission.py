@@ -107,9 +107,8 @@ class Admission:
         Returns whether lease budget came free, or the judging of the submission to run (its
         scoring is queued already), which returns whether it admitted the group."""
         outcome, lease = self.leases.complete(msg.lease_id, conn.peer_id)
-        if lease is not None:  # progress: its queued leases are due a timeout from now
+        if lease is not None:
             self._measure(conn, lease.granted, len(msg.samples), now)
-            self.leases.renew(conn.peer_id, now)
         decision = decide_submission(
             outcome, lease is not None, self.trust.quarantined(conn),
             conn.protocol.claims_unpublished(msg.version, newest_version),
@@ -290,6 +289,9 @@ class Admission:
         log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
         self.buffer.put(group, conn.identity)  # withdrawn if the identity is quarantined
         self.leases.admitted(group.lease_id)
+        # Progress (a group that passed, not any submission: a peer cannot keep leases alive
+        # by sending rubbish): its queued leases are due a timeout from now.
+        self.leases.renew(conn.peer_id, loop_now())
         self.quota.delivered(conn.identity, conn.address_key)
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
