@@ -175,7 +175,9 @@ class Hub:
                 p = lease.problem
                 conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
-                    cfg.grpo.group_size, lease.deadline - now, lease.min_version))
+                    # The latest it may be answered: sooner only if the peer stops delivering
+                    # (its admitted groups renew it, `echo2p2p.lease_quota`).
+                    cfg.grpo.group_size, lease.latest - now, lease.min_version))
 
     def replan(self, required: float | None) -> None:
         """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).

@@ -25,7 +25,7 @@ LEASE_TIMEOUT_S = 4.0  # shorter than the 4 leases the slow peer queues (4 x 1.5
 
 class SlowEngine:
     """The honest rollouts, each group taking GENERATE_S longer: an engine on a slow machine.
-    Notes (lease id, deadline_s the hub gave, seconds from its arrival to its group made)."""
+    Notes, for each group, its lease id and the seconds from the lease's arrival to the group."""
 
     def __init__(self, honest: Rollouts):
         self.honest = honest
