@@ -15,6 +15,25 @@ learner below its batch until they expire, then takes them again. So:
   one address than its cap, so no set of hoarders, however many connections, holds a lease of
   the learner's budget: proven peers always have all of it.
 
+A peer's queue. A peer works through its leases one at a time (`leases_in_flight` of them
+queued, so its engine never idles), so a lease's timeout must not run while the lease waits
+behind the peer's other leases: a slow engine would then see its queued leases expire, its
+finished groups rejected and its quota cut, for no fault of its own. Two rules, over the hub's
+own measurement of the peer's seconds per group (its samples over the time it spent on them,
+`hub.serving.admission`; what a peer says of its speed is never used), and one over its progress:
+
+- `paced_cap`: a peer holds no more open leases than it can finish inside one lease timeout at
+  its measured pace (at least 1);
+- `queue_wait_s`: a lease's deadline counts from when the peer can be expected to start it, its
+  place in the peer's queue times the measured seconds per group, at most a whole timeout per
+  lease ahead (the same for a peer not measured yet);
+- progress renews: each group of a peer's admitted moves its other open leases' deadlines to a
+  timeout from then (`LeaseBook.renew`), so a peer whose pace drops (a long completion, a busy
+  machine) keeps the leases it is working through; never past `latest_s` after the grant, a
+  whole timeout per lease ahead and its own, so a peer that delivers some groups and sits on
+  others loses those. A peer that stops working loses every lease within a timeout of its last
+  delivery (or of the lease's first deadline).
+
 Pure: plain counts in, a bool out. The hub keeps the standings and counts the open leases.
 """
 
@@ -103,3 +122,25 @@ class LeaseQuota:
         for key in keys:
             s = self.standing(key)
             self.standings[key] = replace(s, expired=s.expired + 1)
+
+
+def paced_cap(group_s: float | None, timeout_s: float) -> int | None:
+    """Open leases a peer measured at `group_s` seconds per group may hold: as many as it
+    finishes inside `timeout_s`, at least 1; None (no cap of this kind) before it was measured."""
+    if not group_s or group_s <= 0:
+        return None
+    return max(1, int(timeout_s // group_s))
+
+
+def queue_wait_s(ahead: int, group_s: float | None, timeout_s: float) -> float:
+    """Seconds a lease granted now may wait before its timeout starts: `ahead` leases of its
+    peer's are before it, each taking `group_s` (None, not measured yet: `timeout_s`, the most
+    an honest one may take), at most `timeout_s` each."""
+    per_lease_s = min(group_s, timeout_s) if group_s and group_s > 0 else timeout_s
+    return max(ahead, 0) * per_lease_s
+
+
+def latest_s(ahead: int, timeout_s: float) -> float:
+    """The latest a lease with `ahead` of its peer's leases before it may be due, from its
+    grant, however its peer's deliveries renew it: a whole timeout for each and for itself."""
+    return (max(ahead, 0) + 1) * timeout_s

@@ -62,6 +62,7 @@ class Lease(Generic[P]):
     min_version: int
     granted: float = 0.0  # when, in the same clock
     index: int = 0  # of `problem` in the book's problem list
+    latest: float = float("inf")  # `renew` never moves the deadline past this
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,21 @@ class LeaseBook(Generic[P]):
     def open_leases(self) -> Iterator[Lease[P]]:
         return iter(self._open.values())
 
-    def grant(self, peer_id: str, now: float, min_version: int) -> Lease[P]:
+    def grant(self, peer_id: str, now: float, min_version: int, wait_s: float = 0.0,
+              latest_s: float | None = None) -> Lease[P]:
+        """A lease of the next problem for `peer_id`, due `wait_s` + the timeout from `now`
+        (`wait_s`: how long it may wait behind its peer's other leases,
+        `lease_quota.queue_wait_s`), and never renewed past `latest_s` from `now` (None: its
+        first deadline)."""
         if self._pending:
             index, queued = self._pending.popleft(), True
         else:
             index, queued = next(self._order), False
             self._drawn += 1
         lease_id = self._lease_ids() if self._lease_ids else f"L{self._next_id}"
-        lease = self._open_lease(lease_id, peer_id, index, now, min_version)
+        lease = self._open_lease(lease_id, peer_id, index, now, min_version, wait_s)
+        if latest_s is not None:
+            lease = self._open[lease_id] = replace(lease, latest=max(now + latest_s, lease.deadline))
         self._next_id += 1
         self._granted += 1
         self.on_change(("grant", lease.lease_id, index, min_version, queued))
@@ -182,6 +190,14 @@ class LeaseBook(Generic[P]):
             self._drop(lease)
         self._expired_n += len(late)
         return late
+
+    def renew(self, peer_id: str, now: float) -> None:
+        """`peer_id` delivered a group at `now`: it is working through its queue, so each of
+        its open leases is due no sooner than a timeout from now (never past its `latest`)."""
+        for lease_id, lease in self._open.items():
+            if lease.peer_id == peer_id and lease.deadline < now + self._timeout_s:
+                self._open[lease_id] = replace(
+                    lease, deadline=max(lease.deadline, min(now + self._timeout_s, lease.latest)))
 
     def release_peer(self, peer_id: str) -> list[Lease[P]]:
         """A peer left: its open leases go back to the queue at once."""
@@ -253,9 +269,10 @@ class LeaseBook(Generic[P]):
     # --- internals -------------------------------------------------------------------------
 
     def _open_lease(self, lease_id: str, peer_id: str, index: int, now: float,
-                    min_version: int) -> Lease[P]:
-        lease = Lease(lease_id, peer_id, self._problems[index], now + self._timeout_s,
-                      min_version, now, index)
+                    min_version: int, wait_s: float = 0.0) -> Lease[P]:
+        deadline = now + wait_s + self._timeout_s
+        lease = Lease(lease_id, peer_id, self._problems[index], deadline, min_version, now, index,
+                      deadline)
         self._open[lease_id] = lease
         return lease
 

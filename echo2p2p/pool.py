@@ -89,6 +89,11 @@ class Pool:
             account.rollouts_per_s = rollouts_per_s if not old else \
                 (1 - weight) * old + weight * rollouts_per_s
 
+    def rollouts_per_s(self, peer_id: str) -> float:
+        """`peer_id`'s measured generation rate (0.0: not measured yet, or not here)."""
+        account = self.accounts.get(peer_id)
+        return account.rollouts_per_s if account is not None else 0.0
+
     def admitted(self, peer_id: str, completions: int) -> None:
         """`completions` of `peer_id`'s were admitted (for $ per rollout; a peer gone: nothing)."""
         if (account := self.accounts.get(peer_id)) is not None:

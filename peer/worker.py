@@ -159,7 +159,12 @@ class RolloutWorker:
 
     async def _rollout(self, lease: m.LeaseGrant, deadline: float) -> m.RolloutSubmission | None:
         """The lease's rollout, or None when it cannot be made in time with a fresh enough
-        version (the hub re-issues it) or the hub would refuse it."""
+        version (the hub re-issues it) or the hub would refuse it. A lease whose deadline (the
+        latest the hub may take it) passed while it waited in the queue is not generated: the
+        hub has re-issued it and would reject its group."""
+        if loop_now() >= deadline:
+            log.info("dropping lease %s: its deadline passed while it was queued", lease.lease_id)
+            return None
         if not await self._wait_version_until(lease.min_version, deadline):
             return None
         self._draw += 1

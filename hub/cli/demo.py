@@ -1,7 +1,10 @@
 """Run a hub until it is done (`serve`), or a hub plus N local peer processes (`demo`).
 
 The demo's peers are real `echo2-peer join` processes talking to the hub over loopback
-websockets; they are stopped when the learner reaches `max_steps`. With the vLLM engine they
+websockets; they are stopped when the learner reaches `max_steps`, and when the demo is
+stopped: SIGTERM or SIGINT (Ctrl-C) ends the run cleanly (checkpoint, run log) and stops them,
+a second one exits at once; each peer runs in a process group of its own and, on Linux, is sent
+SIGTERM by the kernel if the demo dies without a word (killed, crashed). With the vLLM engine they
 run under the vLLM environment's Python (`peer_python`): vLLM pins a transformers of its own,
 so on a CPU machine it lives in a venv of its own (`.ci/vllm-env`).
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -77,8 +81,10 @@ def peer_python(engine: str, given: str = "") -> str:
 async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
                    python: str = sys.executable, ranks: Any = None,
                    setup: Any = None, sources: Any = None) -> list[dict[str, Any]]:
-    """`run_serve`, with `n_peers` local `echo2-peer join` processes."""
-    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup, sources=sources) as run:
+    """`run_serve`, with `n_peers` local `echo2-peer join` processes, until `max_steps` or a
+    SIGTERM or SIGINT; the peers are stopped either way."""
+    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup, sources=sources) as run, \
+            _stopped_by_signals() as stopped:
         print(f"hub listening on {run.url}; starting {n_peers} local peers "
               f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, G={cfg.grpo.group_size}, "
               f"{cfg.grpo.prompts_per_step} prompts/step, "
@@ -87,13 +93,22 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
         if engine == "vllm":  # one core's worth of KV cache, in GiB
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the run's
-        peers = [await asyncio.create_subprocess_exec(
-            python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
-            "--engine", engine, "--device", "cpu", "--torch-threads", "1",
-            "--log-level", "warning", env=env) for i in range(n_peers)]
-        LOCAL_PEERS.extend(proc.pid for proc in peers)
+        peers: list[asyncio.subprocess.Process] = []
         try:
-            await run.finished.wait()
+            for i in range(n_peers):
+                peers.append(await asyncio.create_subprocess_exec(
+                    python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
+                    "--engine", engine, "--device", "cpu", "--torch-threads", "1",
+                    "--log-level", "warning", env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent))
+                LOCAL_PEERS.append(peers[-1].pid)
+            finished = asyncio.ensure_future(run.finished.wait())
+            try:
+                await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                finished.cancel()
+            if stopped.done():
+                print(f"stopped by {stopped.result()}: stopping the peers and the hub", flush=True)
         finally:
             for proc in peers:
                 if proc.returncode is None:
@@ -104,9 +119,45 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
     return run.records
 
 
+@contextlib.asynccontextmanager
+async def _stopped_by_signals() -> Any:
+    """A future that SIGTERM or SIGINT completes with the signal's name, for a clean stop;
+    the handlers are removed by the first (a second signal acts as it would without them)."""
+    loop = asyncio.get_running_loop()
+    stopped: asyncio.Future[str] = loop.create_future()
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def stop(sig: signal.Signals) -> None:
+        for s in signals:
+            loop.remove_signal_handler(s)
+        if not stopped.done():
+            stopped.set_result(sig.name)
+
+    for sig in signals:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        yield stopped
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        stopped.cancel()
+
+
+def _die_with_parent() -> None:
+    """In a peer process before it runs: the kernel sends it SIGTERM when the demo dies
+    (Linux prctl PR_SET_PDEATHSIG; elsewhere the demo's own stop is all there is)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def _summary(run: HubRun) -> None:
     evals = [(r["version"], r["eval/accuracy"]) for r in run.records if "eval/accuracy" in r]
     if evals:
         (v0, a0), (v1, a1) = evals[0], evals[-1]
         print(f"held-out reward: v{v0} {a0:.3f} -> v{v1} {a1:.3f} ({a1 - a0:+.3f}); "
               f"run log in {run.runlog.run_dir}/metrics.jsonl", flush=True)
+    if rejected := run.hub.statistics().rejected_by:
+        told = ", ".join(f"{reason} {n}" for reason, n in sorted(rejected.items(),
+                                                                  key=lambda kv: -kv[1]))
+        print(f"groups rejected: {sum(rejected.values())} ({told}); admitted: "
+              f"{run.hub.statistics().admitted_groups}", flush=True)

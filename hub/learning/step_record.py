@@ -38,6 +38,7 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
         "rollout/stale_on_arrival_total": hub.stale_on_arrival,
         "rollout/stale_in_queue_total": hub.stale_in_queue,
         "rollout/rejected_total": hub.rejected,
+        "rollout/rejected_by": dict(hub.rejected_by),
         "rollout/spot_checked_total": hub.spot_checked,
         "rollout/spot_failed_total": hub.spot_failed,
         "rollout/withdrawn_total": hub.withdrawn_groups,

@@ -19,7 +19,9 @@ What to do with a submission before scoring is decided by `echo2p2p.admission.de
 (a value); `Admission` executes it, over the collaborators its constructor names (lease book,
 buffer, pool, trust guard, quota book, scorer, spot-checker, journal). It never grants leases:
 `submit` returns whether lease budget came free, or the judging to run, whose result says so
-(the hub dispatches); it never touches a socket (answers go to `PeerConn.post`).
+(the hub dispatches); it never touches a socket (answers go to `PeerConn.post`). Every group it
+turns away is counted by its reason (`Counters.rejected_by`) and told in the log, the first of
+each reason at once and the rest in a summary at most once a minute (`hub.serving.rejections`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from echo2p2p import messages as m
 from echo2p2p.admission import Action, decide_submission
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
 from echo2p2p.lease_quota import LeaseQuota
-from echo2p2p.leases import LeaseBook
+from echo2p2p.leases import Completion, LeaseBook
 from echo2p2p.pool import Pool
 from echo2p2p.rows import SampleRow, parse_samples
+from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import OverBudget
 from echo2p2p.staleness import lag_versions
 
@@ -46,6 +49,7 @@ from ..learning.durable import group_to_wire
 from .held import Held
 from .peers import PeerConn
 from .quarantine import TrustGuard
+from .rejections import RejectionLog
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
     from echo2p2p.scoring.scorer import Scored, Scorer
@@ -92,6 +96,7 @@ class Admission:
         self.counters, self.trust, self.quota = counters, trust, quota
         self.scorer, self.spot = scorer, spot
         self._journal, self._on_event = journal, on_event
+        self.rejections = RejectionLog()  # the log lines of `_rejected` (the hub flushes it)
         self.admitted = asyncio.Event()  # set on every admission (Hub.wait_batch clears it)
 
     def submit(self, conn: PeerConn, msg: m.RolloutSubmission, step: int,
@@ -117,6 +122,9 @@ class Admission:
             self.counters.duplicates += 1
         elif action is Action.REJECT:
             self.counters.rejected += 1
+            # A resubmission hears the first one's reason again, but that group was counted.
+            self._rejected(conn, msg.lease_id, "already_rejected"
+                           if outcome is Completion.REJECTED else decision.reason)
             conn.post(m.Reject(msg.lease_id, decision.reason))
         elif action is Action.REFUSE:
             if decision.reason == "unscorable":  # a hub built without the run's tokenizer
@@ -131,6 +139,7 @@ class Admission:
             self.leases.requeue(lease, decision.reason)
             self.counters.stale_on_arrival += 1
             self.counters.stale_lags[lag_versions(step, msg.version)] += 1
+            self._rejected(conn, msg.lease_id, decision.reason)
             conn.post(m.Reject(msg.lease_id, decision.reason))
             return True
         else:
@@ -264,9 +273,15 @@ class Admission:
         and keep the scorer busy for nothing."""
         self.leases.requeue(lease, reason)
         self.counters.rejected += 1
+        self._rejected(conn, lease.lease_id, reason)
         conn.post(m.Reject(lease.lease_id, reason))
         if reason in BAD_ROLLOUTS:
             self.trust.distrust(conn, "bad_rollout")
+
+    def _rejected(self, conn: PeerConn, lease_id: str, reason: str) -> None:
+        """A group of `conn`'s was turned away for `reason`: counted by it, and told."""
+        self.counters.rejected_by[reason] += 1
+        self.rejections.rejected(reason, lease_id, conn.peer_id, loop_now())
 
     def _admit(self, conn: PeerConn, group: ScoredGroup) -> None:
         """Queue `group` for the learner and acknowledge it, journaled first."""
@@ -274,6 +289,9 @@ class Admission:
         log.debug("admitted %s (v%d) from %s", group.lease_id, group.version, conn.peer_id)
         self.buffer.put(group, conn.identity)  # withdrawn if the identity is quarantined
         self.leases.admitted(group.lease_id)
+        # Progress (a group that passed, not any submission: a peer cannot keep leases alive
+        # by sending rubbish): its queued leases are due a timeout from now.
+        self.leases.renew(conn.peer_id, loop_now())
         self.quota.delivered(conn.identity, conn.address_key)
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)

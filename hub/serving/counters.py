@@ -48,6 +48,8 @@ class Counters:
     scoring_refused: int = 0  # rollouts refused unscored: their peer was over its scoring budget
     relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
+    # Every group turned away, by reason: `rejected` ones and stale ones (`hub.serving.admission`).
+    rejected_by: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
         """The running totals (the histograms left out), as `HubStatistics` takes them."""
@@ -91,6 +93,7 @@ class HubStatistics:
     queue_sources: Mapping[str, str]  # lease id -> identity of the peer that made it, of those
     stale_in_queue: int  # admitted groups aged out of the queue untrained
     dropped_lags: Mapping[int, int]  # lag in versions -> groups dropped as stale (arrival, queue)
+    rejected_by: Mapping[str, int]  # reason -> groups turned away for it (rejected and stale)
     relay_reports_by: Mapping[tuple[str, str], int]  # (accused peer, fault) -> reports heard
     relays_failed: frozenset[str]  # identities whose chunk server failed the hub's own check
     quarantined: frozenset[str]  # identities quarantined
@@ -147,6 +150,7 @@ def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], coun
         drawn_problems=lease_stats.drawn_total, queue=tuple(buffer.groups()),
         queue_sources=buffer.sources(), stale_in_queue=buffer.statistics().dropped_stale_total,
         dropped_lags=dict(counters.stale_lags + buffer.dropped_lags),
+        rejected_by=dict(counters.rejected_by),
         relay_reports_by=dict(counters.relay_reports), relays_failed=frozenset(relays_failed),
         quarantined=quarantined,
         trust_events={who: dict(events) for who, events in trust.events.items()},

@@ -1,8 +1,12 @@
 """What the hub adds to its lease book: quotas (`echo2p2p.lease_quota`: who holds which open
-leases, and what an expired lease costs its holder) and lease ids nobody can guess.
+leases, and what an expired lease costs its holder), deadlines that count from when a lease can
+start, and lease ids nobody can guess.
 
 `Quotas` counts, for one grant, the open leases the pure `may_grant` weighs (by the asking
-peer's identity, by its address, by unproven peers), and charges a lease that ran past its
+peer's identity, by its address, by unproven peers, by the peer itself against what it can
+finish in one lease timeout at the pace the hub measured: `paced_cap`), says how long a lease
+granted now may wait behind its peer's others before its timeout runs (`queue_wait_s`, so no
+lease expires for sitting queued behind a slow generation), and charges a lease that ran past its
 deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` event, through the
 `TrustGuard`). It never grants a lease itself (`Hub.dispatch` does).
 """
@@ -11,9 +15,11 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from echo2p2p.lease_quota import Held, LeaseQuota, may_grant, proven
+from echo2p2p.lease_quota import (Held, LeaseQuota, latest_s, may_grant, paced_cap, proven,
+                                  queue_wait_s)
 from echo2p2p.leases import Lease, LeaseBook
 from echo2p2p.staleness import lease_budget
 
@@ -23,15 +29,18 @@ from .quarantine import TrustGuard
 
 
 class Holdings:
-    """Open leases by holder's identity and address, and how many unproven peers hold."""
+    """Open leases by holder's connection, identity and address, and how many unproven peers
+    hold."""
 
     def __init__(self) -> None:
+        self.by_peer: Counter[str] = Counter()
         self.by_identity: Counter[str] = Counter()
         self.by_address: Counter[str] = Counter()
         self.unproven = 0
 
     def add(self, holder: PeerConn, book: LeaseQuota) -> None:
         """One more open lease of `holder`'s."""
+        self.by_peer[holder.peer_id] += 1
         self.by_identity[holder.identity] += 1
         self.by_address[holder.address_key] += 1
         self.unproven += not proven(book.standing(holder.identity))
@@ -41,9 +50,12 @@ class Quotas:
     """Lease quotas over the hub's peers and lease book."""
 
     def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], leases: LeaseBook,
-                 guard: TrustGuard, counters: Any, book: LeaseQuota):
-        """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them)."""
-        self.book = book
+                 guard: TrustGuard, counters: Any, book: LeaseQuota,
+                 rates: Callable[[str], float] = lambda peer_id: 0.0):
+        """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them);
+        `rates`: a peer's generation rate as the hub measured it, completions/s (0: not yet)."""
+        self.book, self.rates = book, rates
+        self.timeout_s, self.group_size = cfg.staleness.lease_timeout_s, cfg.grpo.group_size
         # Unproven peers share one batch of leases on top of the budget (`may_grant`); with
         # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
         # could only be generated after the step it was taken from, and its group would pass
@@ -67,8 +79,23 @@ class Quotas:
         book, h = self.book, holdings or self.holdings()
         held = Held(h.by_identity[conn.identity], h.by_address[conn.address_key], h.unproven,
                     outstanding)
-        return may_grant(book.standing(conn.identity), book.standing(conn.address_key), held,
-                         self.budget, self.probation, book.policy)
+        paced = paced_cap(self.group_s(conn.peer_id), self.timeout_s)
+        return (paced is None or h.by_peer[conn.peer_id] < paced) and may_grant(
+            book.standing(conn.identity), book.standing(conn.address_key), held, self.budget,
+            self.probation, book.policy)
+
+    def group_s(self, peer_id: str) -> float | None:
+        """Seconds `peer_id` takes per group, as measured (None: not measured yet)."""
+        rate = self.rates(peer_id)
+        return self.group_size / rate if rate > 0 else None
+
+    def wait_s(self, conn: PeerConn, holdings: Holdings) -> tuple[float, float]:
+        """How long a lease granted to `conn` now may wait behind its open ones before its
+        timeout runs, and the latest its peer's deliveries may renew it to, from now
+        (`echo2p2p.lease_quota.queue_wait_s`, `latest_s`)."""
+        ahead = holdings.by_peer[conn.peer_id]
+        return (queue_wait_s(ahead, self.group_s(conn.peer_id), self.timeout_s),
+                latest_s(ahead, self.timeout_s))
 
     def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
         """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to

@@ -121,7 +121,8 @@ class Hub:
             AdmissionRules.of(cfg, self.setup, decode.vocab_size if decode is not None else None),
             self._leases, self._buffer, self._pool, self._counters, self._guard, quota,
             scorer=self.scorer, spot=spot, journal=self._journal, on_event=self._dated)
-        self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota)
+        self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota,
+                              self._pool.rollouts_per_s)
         self.chunk_lookup = self._tracker.chunk_lookup  # the hub's chunks (tests wrap it)
 
     def publish(self, version: Published) -> None:
@@ -163,16 +164,20 @@ class Hub:
                         not self._quotas.allows(conn, outstanding, holdings):
                     ready.remove(conn)
                     continue
-                lease = self._leases.grant(conn.peer_id, loop_now(), lease_min_version(
+                now = loop_now()
+                lease = self._leases.grant(conn.peer_id, now, lease_min_version(
                     self.step, self._training, self._quotas.ahead(outstanding, holdings),
-                    cfg.grpo.prompts_per_step, cfg.staleness.max_lag))
+                    cfg.grpo.prompts_per_step, cfg.staleness.max_lag),
+                    *self._quotas.wait_s(conn, holdings))  # its place in the peer's queue
                 holdings.add(conn, self._quotas.book)
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem
                 conn.post(m.LeaseGrant(
                     lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
-                    cfg.grpo.group_size, cfg.staleness.lease_timeout_s, lease.min_version))
+                    # The latest it may be answered: sooner only if the peer stops delivering
+                    # (its admitted groups renew it, `echo2p2p.lease_quota`).
+                    cfg.grpo.group_size, lease.latest - now, lease.min_version))
 
     def replan(self, required: float | None) -> None:
         """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).
@@ -190,9 +195,10 @@ class Hub:
         self.dispatch()
 
     async def expire_leases(self) -> None:
-        """Forever: re-issue leases whose deadline passed."""
+        """Forever: re-issue leases whose deadline passed, and tell the rejections not told."""
         while True:
             await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))  # a timer, not a sync
+            self._admission.rejections.flush(loop_now())  # the summary of rejections, if due
             if late := self._leases.expire(loop_now()):
                 self._quotas.expired(late)  # hoarding costs
                 self.dispatch()

@@ -186,6 +186,11 @@ class RunCollector:
         stale.add_metric(["arrival"], stats.stale_on_arrival)
         stale.add_metric(["queue"], stats.stale_in_queue)
         yield stale
+        rejected = CounterMetricFamily("echo2_groups_rejected", "Groups turned away (stale ones "
+                                       "included), by the hub's reason.", labels=["reason"])
+        for reason, n in sorted(stats.rejected_by.items()):  # the hub's own words: bounded
+            rejected.add_metric([reason], n)
+        yield rejected
         relays = CounterMetricFamily("echo2_relay_reports", "Accusations of a relay heard from "
                                      "peers, by fault.", labels=["reason"])
         for reason in m.RELAY_FAULTS:  # the only reasons the hub keeps

@@ -5,7 +5,8 @@ budget. Values are worked by hand below."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echo2p2p.lease_quota import Held, LeaseQuota, QuotaPolicy, Standing, cap, may_grant, proven
+from echo2p2p.lease_quota import (Held, LeaseQuota, QuotaPolicy, Standing, cap, may_grant,
+                                  latest_s, paced_cap, proven, queue_wait_s)
 
 POLICY = QuotaPolicy(start=2, max_open=64, expiry_cost=2)
 NEW = Standing()
@@ -88,3 +89,26 @@ def test_without_a_probation_share_unproven_peers_take_leases_inside_the_budget(
     assert not may_grant(NEW, NEW, held(unproven=0, outstanding=4), 4, 0, POLICY)
     assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=2, outstanding=2), 4, 0, POLICY)
 
+
+
+def test_a_peer_holds_what_it_finishes_in_one_timeout_at_its_measured_pace():
+    assert paced_cap(None, 60.0) is None  # not measured: the standing's cap alone
+    assert paced_cap(20.0, 60.0) == 3
+    assert paced_cap(25.0, 60.0) == 2
+    assert paced_cap(90.0, 60.0) == 1  # slower than the timeout: still one at a time
+    assert paced_cap(0.5, 60.0) == 120  # a fast peer: the standing's cap decides
+
+
+def test_a_queued_lease_waits_for_the_ones_ahead_of_it_at_most_a_timeout_each():
+    assert queue_wait_s(0, 20.0, 60.0) == 0.0  # nothing ahead: the timeout runs at once
+    assert queue_wait_s(2, 20.0, 60.0) == 40.0
+    assert queue_wait_s(2, 90.0, 60.0) == 120.0  # slower than the timeout: a timeout each
+    assert queue_wait_s(1, None, 60.0) == 60.0  # not measured: a whole timeout per lease ahead
+    assert queue_wait_s(3, None, 60.0) == 180.0
+    assert latest_s(0, 60.0) == 60.0 and latest_s(3, 60.0) == 240.0
+
+
+@given(st.integers(0, 100), st.one_of(st.none(), st.floats(0.001, 1e4)), st.floats(0.1, 1e4))
+def test_a_first_deadline_is_never_past_the_latest_renewal(ahead, group_s, timeout_s):
+    assert 0.0 <= queue_wait_s(ahead, group_s, timeout_s) + timeout_s <= \
+        latest_s(ahead, timeout_s) * (1 + 1e-12)

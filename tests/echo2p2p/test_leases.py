@@ -173,3 +173,20 @@ def test_checkpoint_plus_journal_restores_the_book(cut, ops):
     # the next problems drawn are the same: the data cursor survived
     assert [restored.grant("x", now, 0).problem for _ in range(6)] == \
         [live.grant("x", now, 0).problem for _ in range(6)]
+
+
+def test_a_delivery_renews_its_peers_queued_leases_up_to_their_latest_and_no_one_elses():
+    """Leases due 10 s after their grant (timeout 10): p1's delivery at 8 s moves its other
+    leases to 18 s, not past the latest each was granted with; p2's lease is not renewed; with
+    no delivery after, they expire at those deadlines."""
+    book = LeaseBook(list(range(10)), 10.0, shuffled_epochs(10, 0))
+    first = book.grant("p1", 0.0, 0)
+    queued = book.grant("p1", 0.0, 0, 0.0, 30.0)
+    capped = book.grant("p1", 0.0, 0, 0.0, 15.0)
+    other = book.grant("p2", 0.0, 0, 0.0, 30.0)
+    book.complete(first.lease_id, "p1")
+    book.renew("p1", 8.0)
+    due = {lease.lease_id: lease.deadline for lease in book.open_leases()}
+    assert due == {queued.lease_id: 18.0, capped.lease_id: 15.0, other.lease_id: 10.0}
+    assert {lease.lease_id for lease in book.expire(15.0)} == {capped.lease_id, other.lease_id}
+    assert [lease.lease_id for lease in book.expire(18.0)] == [queued.lease_id]
