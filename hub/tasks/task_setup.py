@@ -17,6 +17,7 @@ which peers never see, by a package they need not have) they do not score.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask
 
 from ..config import HubConfig
 from .dataset_task import open_dataset_task
+
+log = logging.getLogger(__name__)
 
 RewardSpec = str | Callable[..., Any]
 
@@ -133,7 +136,7 @@ def open_task(cfg: HubConfig) -> Any:
 def _generator_task(cfg: HubConfig) -> ReasoningTask:
     """The reasoning-gym generator `--task rg:<name>` names; ConfigError naming the field."""
     try:
-        return ReasoningTask(cfg.tasks.task.removeprefix(KIND_PREFIX), cfg.tasks.generator_args,
+        task = ReasoningTask(cfg.tasks.task.removeprefix(KIND_PREFIX), cfg.tasks.generator_args,
                              eval_size=cfg.tasks.eval_problems)
     except ImportError:
         raise ConfigError("task", "rg:<name> tasks need reasoning-gym: pip install "
@@ -142,6 +145,13 @@ def _generator_task(cfg: HubConfig) -> ReasoningTask:
         raise ConfigError("task", str(exc)) from None
     except ValueError as exc:
         raise ConfigError("task_args", str(exc)) from None
+    held = len(task.problems("eval"))
+    log.info("%s: %d problems to train on, %d distinct questions held out", task.kind,
+             len(task.problems("train")), held)
+    if held < cfg.tasks.eval_problems:
+        log.warning("%s makes few distinct questions: %d held out, not --eval-problems %d "
+                    "(at most half of them)", task.kind, held, cfg.tasks.eval_problems)
+    return task
 
 
 def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> RecordsTask:

@@ -34,6 +34,14 @@ def test_generator_task_scored_by_the_hubs_workers():
     assert scored.failed == scored.timed_out == 0
 
 
+def test_few_distinct_questions_are_said_in_the_log(caplog):
+    """products of two digits makes 100 questions: 50 are held out, and the log says why."""
+    setup = open_setup(HubConfig.from_flat(task="rg:products", task_args=SUMS, eval_problems=64))
+    assert len(setup.task.problems("eval")) == 50
+    assert "rg:products makes few distinct questions: 50 held out, not --eval-problems 64" \
+        in caplog.text
+
+
 def test_users_reward_functions_read_the_generated_row():
     """--reward exact_match on a generator's task reads each entry's "answer"."""
     setup = open_setup(HubConfig.from_flat(task="rg:chain_sum", task_args=SUMS, eval_problems=4,
