@@ -127,7 +127,7 @@ class ReasoningTask:
 class GeneratorScore:
     """`score(problem, completion)`: the generator's `score_answer` on the extracted answer
     against the problem's entry (`Problem.row`). Picklable: the generator is rebuilt, once,
-    in the process that scores. Raises on a score that is not a number in [0, 1] (a scorer
+    where it is unpickled (a scoring worker, as it starts). Raises on a score that is not a number in [0, 1] (a scorer
     counts that sample as failed and scores it 0)."""
 
     def __init__(self, name: str, args: Mapping[str, Any]):
@@ -147,7 +147,10 @@ class GeneratorScore:
         return {"name": self.name, "args": self.args}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.name, self.args, self._dataset = state["name"], state["args"], None
+        """Opens the generator now: in a scoring worker that is while it starts, not within the
+        first completion's deadline (importing reasoning-gym takes a second or more)."""
+        self.name, self.args = state["name"], state["args"]
+        self._dataset = open_generator(self.name, self.args, seed=EVAL_SEED, size=1)
 
 
 def _problem(problem_id: str, entry: Mapping[str, Any]) -> Problem:
