@@ -38,7 +38,7 @@ EVAL_DRAWS_PER_PROBLEM = 20  # draws tried per held-out problem wanted, when que
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_LEAD_IN = re.compile(r"^(?:the\s+(?:final\s+)?answer\s+is|(?:final\s+)?answer\s*:)\s*", re.I)
+_LEAD_IN = re.compile(r"^(?:the\s+(?:final\s+)?answer\s+is:?|(?:final\s+)?answer\s*:)\s*", re.I)
 
 
 def extract_answer(completion: str, entry: Mapping[str, Any]) -> str:

@@ -65,6 +65,7 @@ def test_prompt_is_the_question_and_the_instruction(sums):
     ("<answer>dog, cat</answer>", "4", "dog, cat"),  # the tag wins over the number rule
     ("I think\nAnswer: blue.", "blue", "blue"),
     ("thinking...\nThe answer is Paris.\n\n", "Paris", "Paris"),
+    ("The final answer is: Paris", "Paris", "Paris"),
     ("no number at all", "7", "no number at all"),
     ("", "7", ""),
     ("3 apples and 2.5 pears", "2.5", "2.5"),
