@@ -127,8 +127,8 @@ class ReasoningTask:
 class GeneratorScore:
     """`score(problem, completion)`: the generator's `score_answer` on the extracted answer
     against the problem's entry (`Problem.row`). Picklable: the generator is rebuilt, once,
-    where it is unpickled (a scoring worker, as it starts). Raises on a score that is not a number in [0, 1] (a scorer
-    counts that sample as failed and scores it 0)."""
+    where it is unpickled (a scoring worker, as it starts). Raises on a score that is not a
+    number in [0, 1] (a scorer counts that sample as failed and scores it 0)."""
 
     def __init__(self, name: str, args: Mapping[str, Any]):
         self.name, self.args = name, dict(args)
