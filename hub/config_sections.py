@@ -94,8 +94,12 @@ class TasksConfig:
     """What to train on: a task, a dataset or an environment, its prompts and held-out set."""
 
     task: str = "addition"
-    """Task: "addition" (built-in) or a path to a JSONL file with question/answer fields
-    (leave it when --dataset names the task)."""
+    """Task: "addition" (built-in), a path to a JSONL file with question/answer fields, or
+    "rg:<name>", a reasoning-gym generator ("rg:basic_arithmetic"; pip install
+    reasoning-gym), scored by the generator (leave it when --dataset names the task)."""
+    task_args: str = ""
+    """JSON object of the reasoning-gym generator's config keywords, with --task rg:<name>:
+    '{"min_digits": 1, "max_digits": 2}' ('' = the generator's defaults)."""
     dataset: str = ""
     """A Hugging Face dataset as the task, read offline with the `datasets` library (pip install
     'echo2p2p[data]'): a local .parquet, .jsonl/.json, .csv or .arrow file, a folder of them or
@@ -154,6 +158,7 @@ class TasksConfig:
             raise ConfigError("env", f"--env {self.env!r} and --{'dataset' if self.dataset else 'task'}"
                                      f" both name what to train on: set one of them")
         self._check_dataset()
+        self.generator_args  # noqa: B018 - validates task_args
         self.prompts  # noqa: B018 - validates prompt_format and chat_template_args
 
     def _check_dataset(self) -> None:
@@ -172,6 +177,22 @@ class TasksConfig:
         if self.dataset_eval_split == self.dataset_split:
             raise ConfigError("dataset_eval_split", f"is --dataset-split {self.dataset_split!r} "
                               f"too: name another split, or '' to hold out rows of it")
+
+    @property
+    def generator_args(self) -> dict:
+        """--task-args as keywords (only with --task rg:<name>); ConfigError("task_args")."""
+        if not self.task_args:
+            return {}
+        if not self.task.startswith("rg:"):
+            raise ConfigError("task_args", "only applies with --task rg:<name>")
+        try:
+            args = json.loads(self.task_args)
+        except json.JSONDecodeError as e:
+            raise ConfigError("task_args", f"not JSON ({e.msg}): write a JSON object such as "
+                                           f"'{{\"min_digits\": 1, \"max_digits\": 2}}'") from None
+        if not isinstance(args, dict):
+            raise ConfigError("task_args", f"must be a JSON object, got {self.task_args!r}")
+        return args
 
     @property
     def prompts(self) -> PromptFormat:

@@ -23,10 +23,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "echo2p2p"
 
-CORE_STDLIB = {"__future__", "argparse", "ast", "collections", "dataclasses", "enum", "hashlib",
-               "heapq", "json", "math", "operator", "random", "re", "string", "struct",
+CORE_STDLIB = {"__future__", "argparse", "ast", "collections", "dataclasses", "difflib", "enum",
+               "hashlib", "heapq", "json", "math", "operator", "random", "re", "string", "struct",
                "textwrap", "types", "typing", "urllib"}
-CORE_THIRD_PARTY = {"cryptography", "msgpack", "numpy", "zstandard", "math_verify"}
+# verifiers of the built-in tasks: math-verify, and reasoning-gym's generators (pure functions of
+# config, seed and index, imported only when an rg: task is opened)
+CORE_THIRD_PARTY = {"cryptography", "msgpack", "numpy", "zstandard", "math_verify",
+                    "reasoning_gym"}
 IO_COMMON = {"collections", "contextlib", "dataclasses", "logging", "math", "sys", "time",
              "typing", "__future__"}
 SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON

@@ -9,6 +9,8 @@ Reward: `math_verify` when it is installed (gold first; both timeouts off, becau
 signal-based timeout breaks outside the main thread and peers score in worker threads), else a
 normalised exact match of the last number-like token (or of the whole text when neither side has
 one). Either way the text inside the last <answer>...</answer> is scored, if there is one.
+math-verify warns, once per process, that its timeouts are off; every scoring worker and peer
+is a process of its own, so that one record of its two loggers is dropped (`_quiet_timeouts`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import random
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .answers import last_boxed
 from .base import Problem, check_split
@@ -31,8 +34,25 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 try:  # optional dependency: pip install echo2p2p[math]
     from math_verify import parse as _mv_parse
     from math_verify import verify as _mv_verify
+    from math_verify.grader import logger as _mv_grader_log
+    from math_verify.parser import logger as _mv_parser_log
 except ImportError:  # pragma: no cover - depends on the environment
-    _mv_parse = _mv_verify = None
+    _mv_parse = _mv_verify = _mv_grader_log = _mv_parser_log = None
+
+
+def _not_the_timeout_notice(record: Any) -> bool:
+    """False for math-verify's "Timeout is disabled as ... is None" warning (off on purpose)."""
+    return not str(record.msg).startswith("Timeout is disabled")
+
+
+def _quiet_timeouts() -> None:
+    """Drop that one warning of math-verify's parser and grader loggers, nothing else."""
+    for logger in (_mv_parser_log, _mv_grader_log):
+        if logger is not None and _not_the_timeout_notice not in logger.filters:
+            logger.addFilter(_not_the_timeout_notice)
+
+
+_quiet_timeouts()
 
 
 def _answer_part(text: str) -> str:

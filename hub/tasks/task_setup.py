@@ -6,15 +6,18 @@
   by replay, and peers (who play it) claim its rewards;
 - rows, or a JSONL `task` file whose rows have a "prompt": users' rows, scored by the reward
   functions (`reward`; default "exact_match" against each row's "answer");
-- otherwise the built-in addition task, a question/answer JSONL file or a dataset (as before),
-  scored by the task's own reward unless `reward` names functions to use instead.
+- otherwise the built-in addition task, a question/answer JSONL file, a dataset or a
+  reasoning-gym generator ("rg:<name>"), scored by the task's own reward (a generator's: its
+  own scorer, `GeneratorScore`) unless `reward` names functions to use instead.
 Peers learn only the task's kind: one they can score themselves ("addition", "math", an
 environment's "env:<name>") makes their claimed rewards checkable; "custom" (users' functions,
-which never travel to a volunteer) they do not score.
+which never travel to a volunteer) and "rg:<name>" (scored against the generator's whole entry,
+which peers never see, by a package they need not have) they do not score.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +31,12 @@ from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFu
                                       load_reward)
 from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
                             RecordsTask)
+from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask
 
 from ..config import HubConfig
 from .dataset_task import open_dataset_task
+
+log = logging.getLogger(__name__)
 
 RewardSpec = str | Callable[..., Any]
 
@@ -74,7 +80,9 @@ class TaskSetup:
 
     @classmethod
     def builtin(cls, task: Any) -> TaskSetup:
-        """A built-in task scored by its own reward."""
+        """A built-in task scored by its own reward (a generator's task: by its scorer)."""
+        if isinstance(task, ReasoningTask):
+            return cls(task, task.scorer(), task.kind)
         return cls(task, ByAnswer(task.reward), task.kind)
 
 
@@ -106,12 +114,14 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
 
 def open_task(cfg: HubConfig) -> Any:
     """The built-in task `cfg` names: a dataset (`echo2p2p.hub.tasks.dataset_task`), the addition
-    task, or a JSONL math task from a path."""
+    task, a reasoning-gym generator, or a JSONL math task from a path."""
     if cfg.tasks.dataset:
         return open_dataset_task(cfg.tasks)
     spec = cfg.tasks.task  # the split is the task's own, never cfg.run.seed: the held-out set stays put
     if spec == "addition":
         return AdditionTask()
+    if spec.startswith(KIND_PREFIX):
+        return _generator_task(cfg)
     path = Path(spec)
     if not path.is_file():
         raise ConfigError("task", f"{spec!r} is not 'addition' and not a JSONL file: give the "
@@ -121,6 +131,27 @@ def open_task(cfg: HubConfig) -> Any:
             return MathTask.from_lines(lines)
         except ValueError as e:  # a bad row, named by its line
             raise ConfigError("task", f"{spec}: {e}") from None
+
+
+def _generator_task(cfg: HubConfig) -> ReasoningTask:
+    """The reasoning-gym generator `--task rg:<name>` names; ConfigError naming the field."""
+    try:
+        task = ReasoningTask(cfg.tasks.task.removeprefix(KIND_PREFIX), cfg.tasks.generator_args,
+                             eval_size=cfg.tasks.eval_problems)
+    except ImportError:
+        raise ConfigError("task", "rg:<name> tasks need reasoning-gym: pip install "
+                                  "reasoning-gym") from None
+    except LookupError as exc:
+        raise ConfigError("task", str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError("task_args", str(exc)) from None
+    held = len(task.problems("eval"))
+    log.info("%s: %d problems to train on, %d distinct questions held out", task.kind,
+             len(task.problems("train")), held)
+    if held < cfg.tasks.eval_problems:
+        log.warning("%s makes few distinct questions: %d held out, not --eval-problems %d "
+                    "(at most half of them)", task.kind, held, cfg.tasks.eval_problems)
+    return task
 
 
 def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> RecordsTask:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import logging
 import pathlib
 import re
 
@@ -163,6 +164,21 @@ def test_math_task_empty_input():
 def test_math_reward(gold, completion, expected):
     """Math reward compares final answers after normalisation (or via math_verify)."""
     assert reward_fn("math")(gold, completion) == expected
+
+
+def test_math_reward_says_nothing_about_its_timeouts(monkeypatch, capfd, caplog):
+    """math-verify's "Timeout is disabled" warning (once per process: each scoring worker and
+    peer) is dropped; its other records are not."""
+    mv_parser = pytest.importorskip("math_verify.parser")
+    mv_grader = pytest.importorskip("math_verify.grader")
+    monkeypatch.setattr(mv_parser, "TIMEOUT_WARNING_SHOWN", False)  # as in a fresh process
+    monkeypatch.setattr(mv_grader, "TIMEOUT_WARNING_SHOWN", False)
+    with caplog.at_level(logging.DEBUG):
+        assert reward_fn("math")("72", "The answer is \\boxed{72}.") == 1.0
+        mv_parser.logger.warning("another warning")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == \
+           ["another warning"]
+    assert "Timeout" not in capfd.readouterr().err
 
 
 def test_normalize_answer():

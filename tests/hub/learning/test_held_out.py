@@ -23,19 +23,24 @@ def _rows_file(path, n: int = 60):
 def _task_fields(kind: str, tmp_path) -> dict:
     if kind == "addition":
         return {}
+    if kind == "rg":
+        return {"task": "rg:chain_sum", "eval_problems": 10,
+                "task_args": '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}'}
     path = _rows_file(tmp_path / "rows.jsonl")
     if kind == "jsonl":
         return {"task": str(path)}
     return {"dataset": str(path), "eval_problems": 10}
 
 
-@pytest.mark.parametrize("kind", ["addition", "jsonl", "dataset"])
+@pytest.mark.parametrize("kind", ["addition", "jsonl", "dataset", "rg"])
 def test_held_out_set_does_not_move_with_the_run_seed(kind, tmp_path, monkeypatch):
     """open_task holds out the same problems, and trains on the same ones, for run seeds 0, 1
-    and 7: the built-in task, a JSONL task and a dataset task alike."""
+    and 7: the built-in task, a JSONL task, a dataset task and a reasoning-gym generator alike."""
     if kind == "dataset":  # `datasets` writes an arrow copy of what it reads: keep it in tmp_path
         datasets = pytest.importorskip("datasets")
         monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    if kind == "rg":
+        pytest.importorskip("reasoning_gym")
     fields = _task_fields(kind, tmp_path)
     tasks = [open_task(HubConfig.from_flat(seed=seed, **fields)) for seed in RUN_SEEDS]
     evals = [[p.id for p in task.problems("eval")] for task in tasks]
