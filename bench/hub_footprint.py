@@ -6,9 +6,11 @@ the model loaded (fp32), a `Learner` built as `echo2-hub serve` builds it (micro
 `LearnerConfig`), then --steps steps on G groups x N samples x (prompt + completion) random
 tokens, rewards varying within each group so that every sample is trained. Reported: RSS after
 loading, the step peak, the micro-batch token budget used, and the hub's predicted RAM
-(`echo2p2p.learner_size.hub_footprint`, learner part) beside it.
+(`echo2p2p.hub.learning.run_setup.predicted_footprint`) beside it: its runtime, learner state and
+micro-batch parts (what this process holds; the hub adds the spot-checker's copy and the version
+being published); --checkpoint: the bytes of one learner checkpoint too (12 P predicted).
 
-    python bench/hub_footprint.py --model /tmp/smol/m [--steps 2] [--micro-tokens N]
+    python bench/hub_footprint.py --model /tmp/smol/m [--steps 2] [--micro-tokens N] [--checkpoint]
     python bench/hub_footprint.py --model tiny
 
 Ends with one JSON line {"bench": "hub_footprint", ...}. MALLOC_MMAP_THRESHOLD_=65536 is set
@@ -24,6 +26,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,15 +73,23 @@ def worker(args: argparse.Namespace) -> dict:
         groups.append(ScoredGroup(f"l{g}", f"p{g}", prompt, 0, rows, rewards))
     steps = [learner.step(groups) for _ in range(args.steps)]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    checkpoint = 0
+    if args.checkpoint:  # what one checkpoint of the learner writes (weights and AdamW state)
+        with tempfile.TemporaryDirectory() as tmp:
+            learner.save(Path(tmp) / "learner")
+            checkpoint = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
     predicted = predicted_footprint(cfg, shape)
     return {"model": args.model, "params": shape.params, "vocab": shape.vocab,
             "micro_tokens": learner.micro_tokens, "base_rss": base, "loaded_rss": loaded,
-            "peak_rss": peak, "step_s": [round(s.step_s, 2) for s in steps],
+            "peak_rss": peak, "predicted_learner": sum(
+                predicted.ram_parts[k] for k in ("runtime", "learner state", "micro-batch")),
+            "step_s": [round(s.step_s, 2) for s in steps],
             "loss": [s.loss for s in steps], "predicted_ram": predicted.ram_bytes,
             "predicted_disk": predicted.disk_bytes, "predicted_ram_parts": predicted.ram_parts,
             "checkpoint_every": cfg.run.checkpoint_every,
             "catch_up_versions": cfg.overlay.catch_up_versions,
-            "disk_per_version": predicted.disk_per_version_bytes}
+            "disk_per_version": predicted.disk_per_version_bytes,
+            "checkpoint_bytes": checkpoint}
 
 
 def main() -> None:
@@ -91,6 +102,7 @@ def main() -> None:
     p.add_argument("--completion-tokens", type=int, default=64)
     p.add_argument("--micro-tokens", type=int, default=0, help="0: the config's default")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--checkpoint", action="store_true", help="also measure one checkpoint's bytes")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -104,8 +116,9 @@ def main() -> None:
     print(f"{result['model']}: P={result['params'] / 1e6:.1f} M, vocab {result['vocab']}, "
           f"micro-batch {result['micro_tokens']} tokens; RSS loaded "
           f"{result['loaded_rss'] / gib:.2f} GiB, step peak {result['peak_rss'] / gib:.2f} GiB, "
-          f"predicted hub RAM {result['predicted_ram'] / gib:.2f} GiB "
-          f"(ratio {result['peak_rss'] / result['predicted_ram']:.2f}); step s {result['step_s']}")
+          f"predicted: this learner process {result['predicted_learner'] / gib:.2f} GiB (ratio "
+          f"{result['peak_rss'] / result['predicted_learner']:.2f}), the whole hub "
+          f"{result['predicted_ram'] / gib:.2f} GiB; step s {result['step_s']}")
     print(json.dumps({"bench": "hub_footprint", **result}))
 
 

@@ -46,8 +46,8 @@ class RunConfig:
     """Checkpoint (weights, optimizer, leases, queued rollouts, trust) before every this many
     published versions, for `serve --resume` (0 = never). With 1 a resumed hub never rolls
     back past a version peers hold; with more, a kill costs the rollouts of the versions since
-    the last checkpoint, and each checkpoint writes about 16 bytes per parameter (fp32 weights
-    and AdamW moments)."""
+    the last checkpoint, and each checkpoint writes about 12 bytes per parameter (fp32 weights
+    and AdamW moments). Raised for a big model by checkpoint_bytes_per_version."""
     checkpoint_bytes_per_version: int = 256 * 2 ** 20
     """Checkpoints write at most about this many bytes per published version on average:
     checkpoint_every is raised to ceil(12 P / this) for a model of P parameters (SmolLM2-135M:
@@ -348,7 +348,8 @@ class OverlayConfig:
     catch_up_versions: int = 16
     """A peer up to this many versions behind (back from a disconnect, or from cold standby)
     catches up with one delta from the version it holds instead of the newest in full; the hub
-    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full."""
+    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full.
+    Lowered for a big model by catch_up_disk_bytes."""
     catch_up_disk_bytes: int = 2 ** 30
     """Disk for the streams kept for catch-up: catch_up_versions is lowered so that they fit
     (2P bytes each; never below max_lag + 2), a laggard further back takes the newest version

@@ -85,11 +85,12 @@ def test_learner_micro_batches_within_the_memory_budget():
 @pytest.mark.system
 def test_predicted_ram_within_a_factor_of_two_of_a_measured_step():
     """A learner step of the built-in model on a batch that fills its micro-batch (4096 padded
-    tokens): the process's peak RSS is within a factor 2 of the predicted hub RAM."""
+    tokens): the process's peak RSS is within a factor 2 of the prediction's learner parts
+    (runtime, learner state, micro-batch)."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "hub_footprint.py"), "--model", "tiny", "--steps", "2",
          "--prompt-tokens", "16", "--completion-tokens", "48", "--micro-tokens", "4096"],
         capture_output=True, text=True, timeout=600, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["micro_tokens"] == 4096
-    assert 0.5 <= result["peak_rss"] / result["predicted_ram"] <= 2.0, result
+    assert 0.5 <= result["peak_rss"] / result["predicted_learner"] <= 2.0, result
