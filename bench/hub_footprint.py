@@ -13,6 +13,12 @@ being published); --checkpoint: the bytes of one learner checkpoint too (12 P pr
     python bench/hub_footprint.py --model /tmp/smol/m [--steps 2] [--micro-tokens N] [--checkpoint]
     python bench/hub_footprint.py --model tiny
 
+Measured on 2 shared cores (ratio = peak / predicted learner parts): SmolLM2-135M (/tmp/smol/m,
+fp32, 801-token micro-batches, 1 group x 8 x (60 + 64), 2 steps): peak 3.42 GB against 4.90
+(0.70; the whole hub 5.98 predicted), one checkpoint 1.73 GB (12 P = 1.61); before the memory
+budget, the issue's 8 x 8 batch in one 7,936-token micro-batch was killed for memory at 16.1 GB
+in its first step (25.1 predicted). tiny, --micro-tokens 4096: 0.62 GiB against 0.75 (0.83).
+
 Ends with one JSON line {"bench": "hub_footprint", ...}. MALLOC_MMAP_THRESHOLD_=65536 is set
 for the worker, so freed tensors leave the RSS and the peak follows the tensors.
 """

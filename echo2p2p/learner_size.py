@@ -1,9 +1,11 @@
 """What a learner of P parameters on W ranks costs: memory per rank, step time, publication time.
 
 Pure arithmetic for `echo2-hub plan` and for the hub's footprint predicted at start
-(`hub_footprint`: its RAM and disk for a model and config); the constants are measured by `bench/learner_memory.py`
-(memory, step speed-up) and `bench/realsize.py` (publication stages), on CPU, and are stated
-where they are defined. Bytes per parameter of the trained state (FSDP2 shards all of it):
+(`hub_footprint`: its RAM and disk for a model and config, `*_within`: micro-batches, checkpoint
+cadence and catch-up depth within their budgets); the constants are measured by
+`bench/learner_memory.py` (memory, step speed-up) and `bench/realsize.py` (publication stages),
+on CPU, and are stated where they are defined; `bench/hub_footprint.py` checks the prediction
+against a real model's step. Bytes per parameter of the trained state (FSDP2 shards all of it):
 fp32 master weights 4, gradients 4, AdamW's two moments 8: 16 P / W per rank.
 """
 
