@@ -1,8 +1,11 @@
 """What a learner of P parameters on W ranks costs: memory per rank, step time, publication time.
 
-Pure arithmetic for `echo2-hub plan`; the constants are measured by `bench/learner_memory.py`
-(memory, step speed-up) and `bench/realsize.py` (publication stages), on CPU, and are stated
-where they are defined. Bytes per parameter of the trained state (FSDP2 shards all of it):
+Pure arithmetic for `echo2-hub plan` and for the hub's footprint predicted at start
+(`hub_footprint`: its RAM and disk for a model and config, `*_within`: micro-batches, checkpoint
+cadence and catch-up depth within their budgets); the constants are measured by
+`bench/learner_memory.py` (memory, step speed-up) and `bench/realsize.py` (publication stages),
+on CPU, and are stated where they are defined; `bench/hub_footprint.py` checks the prediction
+against a real model's step. Bytes per parameter of the trained state (FSDP2 shards all of it):
 fp32 master weights 4, gradients 4, AdamW's two moments 8: 16 P / W per rank.
 """
 
@@ -18,6 +21,11 @@ ACTIVATION_BYTES = 121.0
 one layer's worth while it is recomputed plus each layer's input (4 bytes; measured 4.4)."""
 LOGIT_BYTES_PER_TOKEN_VOCAB = 12.0
 """fp32 logits (measured 0.99 x T x vocab x 4 kept), their logsumexp and gradient in flight."""
+RUNTIME_BYTES = 0.6e9
+"""A hub process before any model: python, torch, transformers, the server (measured ~0.5 GB)."""
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (gradients are not saved)
+STREAM_BYTES_PER_PARAM = 2  # a published version's raw stream, bf16
+
 FULL_CODING_BPS = 230e6  # raw bytes/s per core: zstd + blake2b of a full version (realsize.py)
 DELTA_CODING_BPS = 390e6  # raw bytes/s per core: the delta codec against the previous version
 CAST_BPS = 2.3e9  # bf16 bytes out per second on one core: the cast of the gathered tensors
@@ -32,6 +40,15 @@ class ModelShape:
     hidden: int = 0
     layers: int = 0
     vocab: int = 0
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        """The shape of a transformers causal LM (its `config` and parameters; a model on the
+        meta device will do)."""
+        sizes = [p.numel() for p in model.parameters()]
+        config = model.config
+        return cls(sum(sizes), max(sizes, default=0), config.hidden_size,
+                   config.num_hidden_layers, config.vocab_size)
 
 
 def memory_per_rank_bytes(shape: ModelShape, ranks: int, micro_tokens: int,
@@ -76,3 +93,81 @@ def publish_s(params: int, ranks: int, hub_cores: int, interconnect_bps: float,
     if delta:
         coding += 2 * params / (DELTA_CODING_BPS * hub_cores)
     return gather + cast + coding
+
+
+def micro_batch_bytes_per_token(shape: ModelShape, checkpointing: bool = False) -> float:
+    """Bytes one padded token of a micro-batch costs in a learner step: its activations kept
+    for the backward (all layers, or one plus each layer's input with checkpointing) and its
+    fp32 logits over the vocabulary (`LOGIT_BYTES_PER_TOKEN_VOCAB`)."""
+    layers = (ACTIVATION_BYTES + 4 * shape.layers if checkpointing
+              else ACTIVATION_BYTES * shape.layers)
+    return shape.hidden * layers + shape.vocab * LOGIT_BYTES_PER_TOKEN_VOCAB
+
+
+def micro_tokens_within(shape: ModelShape, budget_bytes: float, most: int,
+                        checkpointing: bool = False) -> int:
+    """Padded tokens per micro-batch: at most `most`, and few enough that their activations and
+    logits fit in `budget_bytes` (at least 1: a longer sample still goes alone)."""
+    per_token = micro_batch_bytes_per_token(shape, checkpointing)
+    return max(1, min(most, int(budget_bytes // per_token))) if per_token > 0 else most
+
+
+def checkpoint_every_within(params: int, every: int, budget_bytes: float) -> int:
+    """Versions between checkpoints: `every`, raised so that checkpoints (12 P bytes each)
+    write at most about `budget_bytes` per published version on average (0: no budget)."""
+    if every == 0 or budget_bytes <= 0:
+        return every
+    return max(every, math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / budget_bytes))
+
+
+def catch_up_versions_within(params: int, most: int, max_lag: int, budget_bytes: float) -> int:
+    """How far back a laggard still gets a delta: `most`, lowered so that the streams kept for
+    it (2 P bytes each) fit in `budget_bytes` (0: no budget), but never below max_lag + 2 (a
+    peer just past the staleness window still gets one); beyond, it takes the newest in full."""
+    if budget_bytes <= 0:
+        return most
+    fit = int(budget_bytes // max(STREAM_BYTES_PER_PARAM * params, 1)) - 1
+    return min(most, max(max_lag + 2, fit))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The hub's predicted peak RAM and disk, in bytes, and what they are made of."""
+
+    ram_bytes: float
+    disk_bytes: float
+    ram_parts: dict[str, float]
+    disk_parts: dict[str, float]
+    disk_per_version_bytes: float  # written per published version, on average
+
+    def line(self) -> str:
+        """One line for the hub's log."""
+        gb = 1e9
+        ram = ", ".join(f"{k} {v / gb:.2f}" for k, v in self.ram_parts.items() if v)
+        disk = ", ".join(f"{k} {v / gb:.2f}" for k, v in self.disk_parts.items() if v)
+        return (f"predicted hub footprint: RAM {self.ram_bytes / gb:.1f} GB ({ram}), disk "
+                f"{self.disk_bytes / gb:.1f} GB ({disk}), about {self.disk_per_version_bytes / gb:.2f} "
+                f"GB written per version")
+
+
+def hub_footprint(shape: ModelShape, micro_tokens: int, *, checkpointing: bool = False,
+                  kl: bool = False, spot_check: bool = True, kept_streams: int = 1,
+                  kept_versions: int = 3, checkpoint_every: int = 1) -> Footprint:
+    """The peak RAM and disk of a hub training `shape` on one learner rank (this process):
+    the learner (`memory_per_rank_bytes`: 16 P of state, one micro-batch of `micro_tokens`),
+    the spot-checker's fp32 copy (4 P), the version being published (its bf16 stream and
+    delta, 2 x 2 P) and the runtime; on disk the kept streams (2 P each), the served versions'
+    chunk files (at most 2 x 2 P each: full and delta) and, with checkpoints (`checkpoint_every`
+    > 0), two checkpoints of 12 P while a new one is written before the old goes."""
+    p = shape.params
+    micro = (memory_per_rank_bytes(shape, 1, micro_tokens, checkpointing, kl)
+             - STATE_BYTES_PER_PARAM * p - (4 * p if kl else 0) - 4 * shape.largest)
+    ram = {"learner state": STATE_BYTES_PER_PARAM * p + (4 * p if kl else 0),
+           "micro-batch": micro, "spot-checker": 4 * p if spot_check else 0.0,
+           "publication": 2 * STREAM_BYTES_PER_PARAM * p, "runtime": RUNTIME_BYTES}
+    stream = STREAM_BYTES_PER_PARAM * p
+    checkpoint = CHECKPOINT_BYTES_PER_PARAM * p
+    disk = {"checkpoints": 2 * checkpoint if checkpoint_every else 0.0,
+            "streams": kept_streams * stream, "chunks": kept_versions * 2 * stream}
+    per_version = 2 * stream + (checkpoint / checkpoint_every if checkpoint_every else 0.0)
+    return Footprint(sum(ram.values()), sum(disk.values()), ram, disk, per_version)

@@ -49,11 +49,15 @@ class RunConfig:
     """Checkpoint (weights, optimizer, leases, queued rollouts, trust) before every this many
     published versions, for `serve --resume` (0 = never). With 1 a resumed hub never rolls
     back past a version peers hold; with more, a kill costs the rollouts of the versions since
-    the last checkpoint, and each checkpoint writes about 16 bytes per parameter (fp32 weights
-    and AdamW moments)."""
+    the last checkpoint, and each checkpoint writes about 12 bytes per parameter (fp32 weights
+    and AdamW moments). Raised for a big model by checkpoint_bytes_per_version."""
+    checkpoint_bytes_per_version: int = 256 * 2 ** 20
+    """Checkpoints write at most about this many bytes per published version on average:
+    checkpoint_every is raised to ceil(12 P / this) for a model of P parameters (SmolLM2-135M:
+    every 7th version; the built-in tiny model: every version). 0 = exactly checkpoint_every."""
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "checkpoint_every"):
+        for name in ("max_steps", "checkpoint_every", "checkpoint_bytes_per_version"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
 
@@ -370,7 +374,12 @@ class OverlayConfig:
     catch_up_versions: int = 16
     """A peer up to this many versions behind (back from a disconnect, or from cold standby)
     catches up with one delta from the version it holds instead of the newest in full; the hub
-    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full."""
+    keeps this many older streams for it (mapped files: 2P bytes of disk each). 0 = always in full.
+    Lowered for a big model by catch_up_disk_bytes."""
+    catch_up_disk_bytes: int = 2 ** 30
+    """Disk for the streams kept for catch-up: catch_up_versions is lowered so that they fit
+    (2P bytes each; never below max_lag + 2), a laggard further back takes the newest version
+    in full (SmolLM2-135M at S = 2: 4 versions). 0 = exactly catch_up_versions."""
     catch_up_builds: int = 1
     """Catch-up deltas the hub encodes at once (off the event loop; each is shared by every peer
     on the same base); a peer that would need another meanwhile gets the newest in full."""
@@ -391,7 +400,7 @@ class OverlayConfig:
         if not 0 <= self.catch_up_versions <= 1024:
             raise ConfigError("catch_up_versions", f"must be in [0, 1024], got {self.catch_up_versions}")
         for name, least in (("anchor_every", 1), ("keep_versions", 2), ("catch_up_builds", 1),
-                            ("upload_limit_mbps", 0)):
+                            ("upload_limit_mbps", 0), ("catch_up_disk_bytes", 0)):
             if not getattr(self, name) >= least:  # NaN too
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
         if self.standby not in ("warm", "cold"):
@@ -410,6 +419,11 @@ class LearnerConfig:
     """Padded tokens (samples x the longest) per learner micro-batch; a longer sample goes
     alone. The step's activation memory follows this budget, not the batch's longest completion:
     lower it if a step runs out of memory, raise it for speed."""
+    learner_micro_bytes: int = 2 * 2 ** 30
+    """Memory for one micro-batch's activations and fp32 logits: learner_micro_tokens is lowered
+    so that they fit, counting the model's hidden size, layers and vocabulary
+    (`echo2p2p.learner_size.micro_batch_bytes_per_token`; SmolLM2-135M: about 800 tokens).
+    0 = exactly learner_micro_tokens."""
     learner_precision: str = "fp32"
     """fp32, or bf16: the learner computes in bf16 over fp32 master weights (gradients reduced
     in fp32 when sharded). Less memory and faster on GPUs, logprobs rounded (the ratio absorbs it)."""
@@ -423,6 +437,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if self.learner_micro_tokens < 1:
             raise ConfigError("learner_micro_tokens", f"must be >= 1, got {self.learner_micro_tokens}")
+        if self.learner_micro_bytes < 0:
+            raise ConfigError("learner_micro_bytes", f"must be >= 0 (0 = no budget), got {self.learner_micro_bytes}")
         if self.learner_precision not in ("fp32", "bf16"):
             raise ConfigError("learner_precision", f"fp32 or bf16, got {self.learner_precision!r}")
         if not 0 < self.learner_timeout_s < float("inf"):

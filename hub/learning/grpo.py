@@ -63,13 +63,40 @@ def token_logprobs(
     padding out of every real token's view.
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    logits = logits[:, :-1].float() / temperature  # (B, T-1, V): predicts tokens 1..T-1
-    targets = input_ids[:, 1:]  # (B, T-1)
-    # gather - logsumexp avoids materialising a second (B, T, V) log_softmax tensor
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    logprobs = picked - torch.logsumexp(logits, dim=-1)  # (B, T-1)
+    # position t predicts token t + 1; the last predicts nothing (a stand-in target, its
+    # logprob dropped, so its gradient is exactly 0): no slice of the logits, whose backward
+    # would allocate another (B, T, V)
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # (B, T)
+    logprobs = _TargetLogprob.apply(logits, targets, temperature)[:, :-1]  # (B, T-1)
     logprobs = torch.cat([logprobs.new_zeros(logprobs.shape[0], 1), logprobs], dim=1)  # (B, T)
     return torch.where(completion_mask.bool(), logprobs, torch.zeros_like(logprobs))
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log softmax(logits / T)[target] over the vocabulary, in fp32. The (B, T, V) logits are
+    the largest tensors of a step on a real vocabulary: this keeps them alone for the backward
+    and computes the gradient, g (onehot - softmax) / T, in one more (B, T, V) buffer, where
+    autograd's own graph of gather - logsumexp kept the scaled copy and made several."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+        scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+        lse = torch.logsumexp(scaled, dim=-1)  # (B, T)
+        picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        scale = grad.unsqueeze(-1).float() / ctx.temperature  # (B, T, 1)
+        out = logits.to(torch.float32, copy=True)  # (B, T, V): becomes the gradient in place
+        if ctx.temperature != 1.0:
+            out.div_(ctx.temperature)
+        out.sub_(lse.unsqueeze(-1)).exp_().mul_(-scale)  # -g softmax / T
+        out.scatter_add_(-1, targets.unsqueeze(-1), scale)  # + g onehot / T
+        return out.to(logits.dtype), None, None
 
 
 def policy_loss(

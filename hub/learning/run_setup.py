@@ -15,11 +15,14 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
+from echo2p2p.learner_size import (Footprint, ModelShape, catch_up_versions_within,
+                                   checkpoint_every_within, hub_footprint, micro_tokens_within)
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
@@ -92,13 +95,50 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
-    """The run's learner on `model` (sharded over `ranks`; every rank makes the same one)."""
+    """The run's learner on `model` (sharded over `ranks`; every rank makes the same one, with
+    micro-batches within `learner_micro_bytes` for this model's shape)."""
     from .learner import Learner
 
     return Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
                    temperature=cfg.grpo.temperature, pad_id=tokenizer.pad_token_id,
-                   micro_tokens=cfg.learner.learner_micro_tokens, ranks=ranks,
+                   micro_tokens=micro_tokens(cfg, ModelShape.of(model)), ranks=ranks,
                    precision=cfg.learner.learner_precision, checkpointing=cfg.learner.learner_checkpointing)
+
+
+def micro_tokens(cfg: HubConfig, shape: ModelShape) -> int:
+    """Padded tokens per learner micro-batch: learner_micro_tokens, lowered to fit
+    learner_micro_bytes (no budget: 0)."""
+    learner = cfg.learner
+    if not learner.learner_micro_bytes:
+        return learner.learner_micro_tokens
+    return micro_tokens_within(shape, learner.learner_micro_bytes, learner.learner_micro_tokens,
+                               learner.learner_checkpointing)
+
+
+def fit_to_model(cfg: HubConfig, shape: ModelShape) -> HubConfig:
+    """`cfg` with the checkpoint cadence and the catch-up depth within their disk budgets for
+    a model of this shape (`checkpoint_bytes_per_version`, `catch_up_disk_bytes`)."""
+    run, overlay = cfg.run, cfg.overlay
+    every = checkpoint_every_within(shape.params, run.checkpoint_every, run.checkpoint_bytes_per_version)
+    back = catch_up_versions_within(shape.params, overlay.catch_up_versions, cfg.staleness.max_lag,
+                                    overlay.catch_up_disk_bytes)
+    return replace(cfg, run=replace(run, checkpoint_every=every),
+                   overlay=replace(overlay, catch_up_versions=back))
+
+
+def kept_streams(cfg: HubConfig) -> int:
+    """Published streams kept on disk: S + 1 for the spot-checker (else one: the next delta's
+    base), catch_up_versions + 1 as laggards' bases (hub.catchup)."""
+    spot = cfg.trust.spot_check_fraction > 0
+    return max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1)
+
+
+def predicted_footprint(cfg: HubConfig, shape: ModelShape) -> Footprint:
+    """The hub's peak RAM and disk for this model under `cfg` (fitted: `fit_to_model`)."""
+    return hub_footprint(shape, micro_tokens(cfg, shape),
+                         checkpointing=cfg.learner.learner_checkpointing, kl=cfg.grpo.kl_coef > 0,
+                         spot_check=cfg.trust.spot_check_fraction > 0, kept_streams=kept_streams(cfg),
+                         kept_versions=cfg.overlay.keep_versions, checkpoint_every=cfg.run.checkpoint_every)
 
 
 def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
@@ -119,6 +159,23 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
     rank 0's weights (`Ranks.shard`), then rank 0's calls."""
     model, tokenizer = _load_policy(cfg, weights=False)
     follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
+
+
+def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubConfig:
+    """`cfg` fitted to the model (`fit_to_model`); the predicted footprint logged, and kept in
+    the run log as a `footprint` record (what /status and the run summary can show)."""
+    cfg = fit_to_model(cfg, shape)
+    footprint, tokens = predicted_footprint(cfg, shape), micro_tokens(cfg, shape)
+    runlog.event({"event": "footprint", "version": 0, "checkpoint_every": cfg.run.checkpoint_every,
+                  "catch_up_versions": cfg.overlay.catch_up_versions,
+                  "learner_micro_tokens": tokens, "params": shape.params,
+                  "predicted_ram_bytes": footprint.ram_bytes,
+                  "predicted_disk_bytes": footprint.disk_bytes,
+                  "predicted_disk_per_version_bytes": footprint.disk_per_version_bytes})
+    log.info("%s; checkpoint every %d version(s), catch-up deltas from up to %d versions back, "
+             "learner micro-batches of %d tokens", footprint.line(), cfg.run.checkpoint_every,
+             cfg.overlay.catch_up_versions, tokens)
+    return cfg
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
@@ -149,6 +206,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
                                         "only: set --eval-every 0 with --nproc-per-node")
     task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
+    cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog)
     prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
@@ -171,10 +229,8 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
               decode=CompletionDecoder(tokenizer), setup=setup)
     checkpoints = Checkpoints(run_dir) if cfg.run.checkpoint_every else None
     eval_scorer = Scorer(setup.reward, timeout_s=cfg.scoring.score_timeout_s, name="eval-scorer")
-    # Published versions on disk, memory-mapped (hub.versions): S + 1 streams for the spot-checker
-    # (else one: the next delta's base), catch_up_versions + 1 as laggards' bases (hub.catchup).
     on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
-                           keep_streams=max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1))
+                           keep_streams=kept_streams(cfg))  # memory-mapped (hub.versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
                  Publisher(cfg.overlay, key, spot, on_disk), estimates)
     if saved is not None:

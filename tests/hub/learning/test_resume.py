@@ -129,6 +129,9 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
     log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
     resumed = [r for r in log if r.get("event") == "resume"]
     assert len(resumed) == 1 and resumed[0]["version"] == 3
+    footprint = [r for r in log if r.get("event") == "footprint"]  # predicted at each start
+    assert len(footprint) == 2 and footprint[0]["checkpoint_every"] == 1  # the tiny model's
+    assert footprint[0]["predicted_ram_bytes"] > 16 * footprint[0]["params"] > 0
     trained_after = [lid for r in run2.records if "step" in r for lid in r["rollout/leases"]]
     assert [r["step"] for r in run2.records if "step" in r] == [3, 4, 5]
     assert not trained_before & set(trained_after)
