@@ -4,7 +4,10 @@ The commands are read out of README.md under the recipe marker, run from a direc
 `./my-model` (a model directory written by `save_pretrained`: the built-in tiny model's, saved
 afresh) and `./my-data.jsonl`, with three flags appended so a CPU finishes in seconds: a free
 port for the hub (and the peer's URL on it), `--max-steps 2` and a shorter completion cap. The
-defaults table is checked against the parser, whose defaults are the config's.
+defaults table is checked against the parser, whose defaults are the config's (the built-in tiny
+model's), and its "your model" column against the rule that derives values from a model's size
+(hub/config_presets.py): the flags it says are derived are exactly the derived fields, at the
+values stated for a 1 B model.
 """
 
 from __future__ import annotations
@@ -41,18 +44,28 @@ def recipe() -> tuple[list[str], list[str]]:
     return hub[0], peer[0]
 
 
-def documented_defaults() -> dict[str, str]:
+def documented_rows() -> list[tuple[str, str, str]]:
+    """(flag, default, "your model" cell) of each row of the README's table of defaults."""
     table = re.search(r"<!-- recipe-defaults[^>]*-->\n(.*?)\n\n", README, re.S)
     assert table, "README lost its table of defaults"
-    rows = re.findall(r"^\| `(--[a-z-]+)` \| `([^`]*)` \|", table.group(1), re.M)
-    return dict(rows)
+    return re.findall(r"^\| `(--[a-z-]+)` \| `([^`]*)` \| ([^|]*) \|", table.group(1), re.M)
+
+
+def documented_defaults() -> dict[str, str]:
+    return {flag: default for flag, default, _ in documented_rows()}
+
+
+def flags_hook():
+    """docs/hooks/flags.py, the flag reference's generator."""
+    spec = importlib.util.spec_from_file_location("flags_hook", ROOT / "docs/hooks/flags.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook
 
 
 def parser_defaults() -> dict[str, str]:
     """Each `serve` flag's default as the flag reference renders it (docs/hooks/flags.py)."""
-    spec = importlib.util.spec_from_file_location("flags_hook", ROOT / "docs/hooks/flags.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = flags_hook()
     serve = hook.subcommand("echo2-hub", "serve")
     return {flag: hook._help_and_default(action)[1].strip("`")
             for action in serve._actions for flag in action.option_strings}
@@ -72,6 +85,24 @@ def test_documented_defaults_are_the_parsers():
     assert {"--lr", "--max-new-tokens", "--group-size", "--prompts-per-step"} <= set(documented)
     for flag, default in documented.items():
         assert same_value(actual[flag], default), (flag, actual[flag], default)
+
+
+def test_documented_model_values_are_the_rule():
+    """A row's "your model" cell is "the same" for a field the size rule leaves alone, else
+    the rule's value for a 1 B model, in backticks."""
+    from echo2p2p.hub.config_presets import derive
+
+    serve = flags_hook().subcommand("echo2-hub", "serve")
+    dests = {flag: action.dest for action in serve._actions for flag in action.option_strings}
+    derived, said = derive(1_000_000_000), {}
+    for flag, _, cell in documented_rows():
+        if cell.strip() == "the same":
+            assert dests[flag] not in derived, (flag, "is derived from the model's size")
+        else:
+            said[dests[flag]] = re.match(r"`([^`]*)`", cell.strip()).group(1)
+    assert set(said) == set(derived), (said, derived)
+    for field, value in said.items():
+        assert same_value(value, str(derived[field])), (field, value, derived[field])
 
 
 def test_recipe_flags_exist():
