@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 out="${1:?usage: bench/gpu_real_learning.sh OUT.json [bench/real_learning.py flags]}"
 shift
 python="${PYTHON:-.venv/bin/python}"
-if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+if ! nvidia-smi -L >/dev/null 2>&1 \
+   || ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     echo "gpu_real_learning: no CUDA device visible to $python: this bench needs a GPU" \
          "(on a CPU machine run: python bench/real_learning.py --quick)" >&2
     exit 2

@@ -180,13 +180,18 @@ def trl_config(cfg: Any, steps: int, out_dir: str) -> Any:
 def run_trl(config: dict[str, Any], steps: int, eval_every: int) -> dict[str, Any]:
     """TRL's GRPOTrainer on the hub's run config: its curve (step, minutes of training, accuracy;
     evaluation time left out), seconds per step and final accuracy."""
+    import contextlib
+
     import datasets
-    from transformers import TrainerCallback
+    import torch
+    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
     from echo2p2p.policy.model import load_policy
 
     cfg, setup, stream, held_out = hub_setup({**config, "max_steps": steps})
+    if cfg.learner.torch_threads:  # as the hub's learner: the demo's default is 1
+        torch.set_num_threads(cfg.learner.torch_threads)
     model, tokenizer = load_policy(cfg.run.model)
     prompts = [tokenizer.decode(cfg.tasks.prompts.encode(tokenizer, p.prompt)) for p in stream]
     rows = datasets.Dataset.from_list([{"prompt": t, "idx": i} for i, t in enumerate(prompts)])
@@ -217,7 +222,9 @@ def run_trl(config: dict[str, Any], steps: int, eval_every: int) -> dict[str, An
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(
             cfg, steps, tempfile.mkdtemp(prefix="trl-")), train_dataset=rows,
             processing_class=tokenizer, callbacks=[Evaluations()])
-        trainer.train()
+        trainer.remove_callback(PrinterCallback)  # its dicts would break stdout's one line
+        with contextlib.redirect_stdout(sys.stderr):
+            trainer.train()
     finally:
         close()
     return {"curve": curve, "step_s": clock["steps_s"], "minutes": clock["train_s"] / 60}
@@ -225,13 +232,14 @@ def run_trl(config: dict[str, Any], steps: int, eval_every: int) -> dict[str, An
 
 def summary(model: str, task: str, s2: dict, s0: dict | None, trl: dict | None,
             wall_min: float) -> dict[str, Any]:
-    """The JSON line: the keys the issue names first, then the curves and timings."""
+    """The JSON line: the keys the issue names first (`minutes`: the S = 2 demo's, start to
+    end), then the curves (step, learner-loop minutes, accuracy) and timings."""
     curve = s2["curve"]
     base, final, n = curve[0][2], curve[-1][2], s2["config"].get("eval_problems", 0)
     target, ratio = sync_vs_async(s0["curve"], curve) if s0 else (None, None)
     out = {
         "model": model, "task": task, "base_acc": base, "final_acc": final, "eval_n": n,
-        "stderr": binomial_stderr(final, n), "minutes": wall_min, "steps": curve[-1][0],
+        "stderr": binomial_stderr(final, n), "minutes": s2["wall_min"], "steps": curve[-1][0],
         "trl_final_acc": trl["curve"][-1][2] if trl else None,
         "sync_vs_async_time_ratio": ratio, "mismatch_kl_mean": mean_of(s2["records"], "mismatch_kl"),
     }
@@ -239,7 +247,7 @@ def summary(model: str, task: str, s2: dict, s0: dict | None, trl: dict | None,
     out["hyper"] = HYPER
     out["curve_s2"] = curve
     out["s2_minutes"] = curve[-1][1]
-    out["s2_wall_minutes"] = s2["wall_min"]
+    out["bench_minutes"] = wall_min
     if s0:
         out.update(curve_s0=s0["curve"], s0_minutes=s0["curve"][-1][1],
                    s0_wall_minutes=s0["wall_min"], time_to_accuracy_target=target)

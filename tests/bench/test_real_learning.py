@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,23 @@ def test_the_bench_on_the_tiny_model_ends_with_its_json_line(tmp_path):
         assert 0.0 <= result[key] <= 1.0, key
     for arm in ("curve_s2", "curve_s0", "curve_trl"):
         assert [step for step, _, _ in result[arm]] == [0, 1, 2], arm
+
+
+def test_the_gpu_script_fails_fast_without_cuda(tmp_path):
+    """Without CUDA the GPU bench exits 2 at once, saying it needs a GPU, and writes nothing."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("an NVIDIA driver is here: the script would run the bench")
+    done = subprocess.run(["bash", "bench/gpu_real_learning.sh", str(tmp_path / "out.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    assert done.returncode == 2 and "needs a GPU" in done.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_plot_draws_the_three_arms(tmp_path):
+    """The full mode's figure is written from the JSON line's curves."""
+    pytest.importorskip("matplotlib")
+    out = {"model": "m", "task": "t", "eval_n": 8, "curve_s2": [(0, 0.0, 0.2), (4, 1.0, 0.4)],
+           "curve_s0": [(0, 0.0, 0.2), (4, 2.0, 0.35)], "curve_trl": [(0, 0.0, 0.2), (4, 3.0, 0.3)]}
+    bench.plot(out, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 1000
