@@ -52,8 +52,10 @@ HYPER = {
 }
 # The arms' lengths and evaluation, by mode. Measured per step on this machine: see --help.
 MODES = {
-    "quick": {"steps": 12, "trl_steps": 12, "eval_every": 4, "eval_n": 200, "peers": 2},
-    "full": {"steps": 40, "trl_steps": 40, "eval_every": 5, "eval_n": 200, "peers": 2},
+    "quick": {"steps": 12, "s0_steps": 12, "trl_steps": 12, "eval_every": 4, "eval_n": 200,
+              "peers": 2},
+    "full": {"steps": 40, "s0_steps": 40, "trl_steps": 40, "eval_every": 5, "eval_n": 200,
+             "peers": 2},
 }
 QUIET = {"PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error",
          "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is not None:
             mode[key] = getattr(args, key)
     if args.steps is not None:
-        mode["trl_steps"] = args.steps
+        mode["s0_steps"] = mode["trl_steps"] = args.steps
     mode["extra_flags"] = [part for f in args.hub_flag for part in f.split("=", 1)]
     for item in args.set:
         key, _, value = item.partition("=")
@@ -338,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         HYPER[key] = type(HYPER[key])(float(value) if isinstance(HYPER[key], float) else value)
     arms = set(args.arms.split(","))
     start = time.perf_counter()
-    flags = [hub_flags(args.model, args.task, args.task_args, mode["steps"], mode, lag)
-             for lag in (HYPER["max_lag"], 0)]
+    flags = [hub_flags(args.model, args.task, args.task_args, mode[steps], mode, lag)
+             for steps, lag in (("steps", HYPER["max_lag"]), ("s0_steps", 0))]
     with tempfile.TemporaryDirectory(prefix="real-learning-") as tmp:
         s2 = run_ours(flags[0], Path(tmp) / "s2", f"S={HYPER['max_lag']}")
         s0 = run_ours(flags[1], Path(tmp) / "s0", "S=0") if "s0" in arms else None
