@@ -93,12 +93,13 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
         if engine == "vllm":  # one core's worth of KV cache, in GiB
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the run's
+        device = "cuda" if cfg.learner.device.startswith("cuda") else "cpu"  # the learner's kind
         peers: list[asyncio.subprocess.Process] = []
         try:
             for i in range(n_peers):
                 peers.append(await asyncio.create_subprocess_exec(
                     python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
-                    "--engine", engine, "--device", "cpu", "--torch-threads", "1",
+                    "--engine", engine, "--device", device, "--torch-threads", "1",
                     "--log-level", "warning", env=env, start_new_session=True,
                     preexec_fn=_die_with_parent))
                 LOCAL_PEERS.append(peers[-1].pid)
