@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.policy.prompts import MODES as PROMPT_FORMATS
@@ -91,6 +92,18 @@ class NetworkConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert" if not self.tls_cert else "tls_key",
                               "--tls-cert and --tls-key go together")
+
+
+def _json_object(name: str, text: str, example: str) -> dict[str, Any]:
+    """The JSON object the field `name` holds; ConfigError naming the field and an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(name, f"not JSON ({e.msg}): write a JSON object such as "
+                                f"'{example}'") from None
+    if not isinstance(value, dict):
+        raise ConfigError(name, f"must be a JSON object, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -189,14 +202,7 @@ class TasksConfig:
             return {}
         if not self.task.startswith("rg:"):
             raise ConfigError("task_args", "only applies with --task rg:<name>")
-        try:
-            args = json.loads(self.task_args)
-        except json.JSONDecodeError as e:
-            raise ConfigError("task_args", f"not JSON ({e.msg}): write a JSON object such as "
-                                           f"'{{\"min_digits\": 1, \"max_digits\": 2}}'") from None
-        if not isinstance(args, dict):
-            raise ConfigError("task_args", f"must be a JSON object, got {self.task_args!r}")
-        return args
+        return _json_object("task_args", self.task_args, '{"min_digits": 1, "max_digits": 2}')
 
     @property
     def prompts(self) -> PromptFormat:
@@ -204,14 +210,8 @@ class TasksConfig:
         tokenizer at start-up."""
         args = {}
         if self.chat_template_args:
-            try:
-                args = json.loads(self.chat_template_args)
-            except json.JSONDecodeError as e:
-                raise ConfigError("chat_template_args", f"not JSON ({e.msg}): write a JSON "
-                                  f"object such as '{{\"enable_thinking\": false}}'") from None
-            if not isinstance(args, dict):
-                raise ConfigError("chat_template_args", f"must be a JSON object, got "
-                                                        f"{self.chat_template_args!r}")
+            args = _json_object("chat_template_args", self.chat_template_args,
+                                '{"enable_thinking": false}')
         if self.prompt_format not in PROMPT_FORMATS:
             raise ConfigError("prompt_format", f"one of {', '.join(PROMPT_FORMATS)}, got "
                                                f"{self.prompt_format!r}")

@@ -32,6 +32,7 @@ import aiohttp
 from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.errors import SnapshotError
+from echo2p2p.policy.gguf_cache import install_entry
 from echo2p2p.model_index import (MAX_INDEX_BYTES, ModelIndex, file_digest, index_digest,
                                   parse_index)
 from echo2p2p.runtime.progress import progress_bar
@@ -139,15 +140,7 @@ def _install(target: Path, files: Mapping[str, bytes], index: ModelIndex) -> Non
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        if target.exists() and not _holds(target, index):
-            stale = tmp.with_name(tmp.name + ".stale")
-            os.rename(target, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _holds(target, index):  # not a peer that won the race: a real failure
-                raise
+        install_entry(tmp, target, lambda entry: _holds(entry, index))
     except OSError as exc:
         raise SnapshotError(f"cannot write the model cache {target.parent} ({exc.strerror}): "
                             "set --model-cache to a writable directory") from None

@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -90,7 +91,7 @@ def converted_dir(gguf: Path) -> Path:
         tmp.chmod(0o755)  # mkdtemp makes it private; the entry is as readable as the cache
         convert(gguf, tmp)
         (tmp / SOURCE).write_text(json.dumps({"gguf": gguf.name, "sha256": digest}) + "\n")
-        install(tmp, entry, digest)
+        install_entry(tmp, entry, lambda e: finished(e, digest))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
@@ -104,17 +105,18 @@ def finished(entry: Path, digest: str) -> bool:
         return False
 
 
-def install(tmp: Path, entry: Path, digest: str) -> None:
-    """Rename the finished `tmp` into place as `entry`. A damaged entry there is replaced; a
-    whole one another process installed meanwhile is kept (and `tmp` left to the caller)."""
-    if entry.exists() and not finished(entry, digest):
+def install_entry(tmp: Path, entry: Path, whole: Callable[[Path], bool]) -> None:
+    """Rename the finished directory `tmp` into place as the cache entry `entry` (this cache's,
+    and the peer's model-files cache's). A damaged entry there (not `whole`) is replaced; a whole
+    one another process installed meanwhile is kept (and `tmp` left to the caller)."""
+    if entry.exists() and not whole(entry):
         stale = tmp.with_name(tmp.name + ".stale")
         os.rename(entry, stale)
         shutil.rmtree(stale, ignore_errors=True)
     try:
         os.rename(tmp, entry)
     except OSError:
-        if not finished(entry, digest):  # not another process that won the race: a failure
+        if not whole(entry):  # not another process that won the race: a failure
             raise
 
 

@@ -19,7 +19,7 @@ import pytest
 from echo2p2p.errors import ConfigError
 from echo2p2p.model_index import ALLOWED, encode_index, parse_index
 from echo2p2p.policy import gguf_cache, model
-from echo2p2p.policy.gguf_cache import SOURCE, finished, install
+from echo2p2p.policy.gguf_cache import SOURCE, finished, install_entry
 from echo2p2p.policy.model import BUILTIN_MODELS, load_policy, model_source
 
 HIDDEN, FFN, KV = 64, 128, 32
@@ -165,12 +165,12 @@ def test_of_two_conversions_at_once_the_first_rename_wins(tmp_path):
         (tmp / SOURCE).write_text(json.dumps({"sha256": digest}))
         return tmp
 
-    install(converted("first"), entry, digest)
+    install_entry(converted("first"), entry, lambda e: finished(e, digest))
     loser = converted("second")
-    install(loser, entry, digest)
+    install_entry(loser, entry, lambda e: finished(e, digest))
     assert (entry / "config.json").read_text() == "first" and loser.is_dir()  # the caller's to drop
     (entry / SOURCE).unlink()  # damaged
-    install(converted("third"), entry, digest)
+    install_entry(converted("third"), entry, lambda e: finished(e, digest))
     assert (entry / "config.json").read_text() == "third" and finished(entry, digest)
 
 
