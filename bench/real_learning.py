@@ -316,8 +316,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-flag", action="append", default=[], metavar="FLAG=VALUE",
                    help="one more echo2-hub demo flag for our arms, e.g. --hub-flag=--engine=vllm")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
-    p.add_argument("--plot", type=Path, default=ROOT / "bench" / "real_learning.png",
-                   help="the PNG of the full mode")
+    p.add_argument("--plot", type=Path, help="write the curves' PNG here (the full mode always "
+                                             "does: bench/real_learning.png by default)")
+    p.add_argument("--runs", type=Path, help="keep our arms' run directories here (default: a "
+                                             "temporary directory, removed)")
     return p
 
 
@@ -353,12 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     flags = [hub_flags(args.model, args.task, args.task_args, mode[steps], mode, lag)
              for steps, lag in (("steps", HYPER["max_lag"]), ("s0_steps", 0))]
     with tempfile.TemporaryDirectory(prefix="real-learning-") as tmp:
-        s2 = run_ours(flags[0], Path(tmp) / "s2", f"S={HYPER['max_lag']}")
-        s0 = run_ours(flags[1], Path(tmp) / "s0", "S=0") if "s0" in arms else None
+        runs = args.runs or Path(tmp)
+        s2 = run_ours(flags[0], runs / "s2", f"S={HYPER['max_lag']}")
+        s0 = run_ours(flags[1], runs / "s0", "S=0") if "s0" in arms else None
         trl = run_trl(s2["config"], mode["trl_steps"], mode["eval_every"]) if "trl" in arms else None
     out = summary(args.model, args.task, s2, s0, trl, (time.perf_counter() - start) / 60)
-    if not args.quick:
-        plot(out, args.plot)
+    if args.plot or not args.quick:
+        plot(out, args.plot or ROOT / "bench" / "real_learning.png")
     line = json.dumps(out)
     if args.out:
         args.out.write_text(line + "\n")
