@@ -305,7 +305,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="the <= 40-minute bench (else: full)")
     p.add_argument("--model", default=MODEL, help=f"--model of the hub (default: {MODEL})")
     p.add_argument("--task", default=TASK, help=f"--task of the hub (default: {TASK})")
-    p.add_argument("--task-args", default=TASK_ARGS, help="--task-args of the hub, a JSON object")
+    p.add_argument("--task-args", help="--task-args of the hub, a JSON object (default: the "
+                                       "preset's with the preset's task, else none)")
     p.add_argument("--steps", type=int, help="learner steps of every arm (default: the mode's)")
     p.add_argument("--eval-n", type=int, help="held-out problems (default: the mode's)")
     p.add_argument("--eval-every", type=int, help="steps between evaluations")
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             parser().error(f"--set {item}: not one of {', '.join(HYPER)}")
         HYPER[key] = type(HYPER[key])(float(value) if isinstance(HYPER[key], float) else value)
     arms = set(args.arms.split(","))
+    if args.task_args is None:
+        args.task_args = TASK_ARGS if args.task == TASK else ""
     start = time.perf_counter()
     flags = [hub_flags(args.model, args.task, args.task_args, mode[steps], mode, lag)
              for steps, lag in (("steps", HYPER["max_lag"]), ("s0_steps", 0))]
