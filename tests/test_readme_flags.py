@@ -32,7 +32,7 @@ PROGRAMS = {"echo2-hub": hub_parser, "echo2-peer": peer_parser,
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 PROGRAM = re.compile(r"(?<![\w./-])(echo2-hub|echo2-peer|echo2p2p\.hub\.cli|echo2p2p\.peer\.cli)"
-                     r"(?![\w.-])")
+                     r"(?![\w.:-])")  # `echo2-hub: ...` is a message, not a command
 END = re.compile(r"\s(?:#|&&|\|\|?|;)")  # a comment or the next command in the shell line
 FLAG = re.compile(r"--?[A-Za-z]")  # an option, not a negative number
 ANY_FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
