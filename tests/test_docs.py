@@ -176,3 +176,22 @@ def test_architecture_cites_names_that_exist():
         elif (called or len(parts) > 1 or name[:1].isupper()) and parts[-1] not in defined:
             missing.append(name)
     assert not missing, f"docs/architecture.md names what the code does not define: {missing}"
+
+
+def test_capacity_guide_states_what_the_plan_drops_at_a_smaller_s(capsys, monkeypatch):
+    """The capacity guide's "the example above with `--max-lag N`: P % would be dropped, and
+    cost-aware's busy fraction falls to B" is what `echo2-hub plan` prints for that example."""
+    from echo2p2p.hub.cli import main
+
+    page = (ROOT / "docs" / "guides" / "capacity.md").read_text()
+    example = re.search(r"<!-- plan-example[^>]*-->\n```\n\$ echo2-hub (.+?)\n", page).group(1)
+    said = re.search(r"example above with `--max-lag (\d+)`: (\d+) % would be dropped, and\s+"
+                     r"cost-aware's busy fraction falls to\s+([\d.]+)\)", page)
+    assert said, "the capacity guide lost its --max-lag example"
+    argv = re.sub(r"--max-lag \d+", f"--max-lag {said.group(1)}", example).split()
+    monkeypatch.chdir(ROOT)
+    assert main(argv + ["--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["S"] == int(said.group(1))
+    assert round(100 * plan["stale_frac"]) == int(said.group(2)), plan["stale_frac"]
+    assert f"{plan['policies']['cost-aware']['busy_frac']:.2f}" == said.group(3), plan["policies"]
