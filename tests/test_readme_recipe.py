@@ -212,3 +212,30 @@ def test_try_it_shows_what_the_readme_says(tmp_path):
     evals = [(r.get("version"), r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
     assert evals[0] == (0, base), evals
     assert evals[-1][0] == steps and abs(evals[-1][1] - about) <= 0.08, evals
+
+
+def test_getting_started_states_the_size_rule_at_135m():
+    """Getting started's "(LR and TOKENS at 135 M)" is the size rule's value for SmolLM2-135M."""
+    from echo2p2p.hub.config_presets import derive
+
+    page = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    said = re.search(r"\(([\d.e-]+) and (\d+) at 135 M\)", page)
+    assert said, "getting started lost its 135 M example"
+    derived = derive(135_000_000)
+    assert (float(said.group(1)), int(said.group(2))) == (derived["lr"], derived["max_new_tokens"])
+
+
+def test_demo_takes_every_serve_flag_but_the_ones_getting_started_names():
+    """Getting started: "`echo2-hub demo --peers N` ... stopping after `--max-steps` (N by
+    default); it takes every flag `serve` takes but `--resume`": true of the parsers."""
+    from echo2p2p.hub.config import DEMO_DEFAULTS
+
+    page = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    said = re.search(r"stopping after `--max-steps` \((\d+) by default\); it takes every flag "
+                     r"`serve` takes but ((?:`--[a-z-]+`(?:, | and )?)+)\.", page)
+    assert said, "getting started lost what demo takes"
+    hook = flags_hook()
+    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
+                   for name in ("serve", "demo"))
+    assert serve - demo == set(re.findall(r"`(--[a-z-]+)`", said.group(2)))
+    assert DEMO_DEFAULTS["max_steps"] == int(said.group(1))
