@@ -239,3 +239,20 @@ def test_demo_takes_every_serve_flag_but_the_ones_getting_started_names():
                    for name in ("serve", "demo"))
     assert serve - demo == set(re.findall(r"`(--[a-z-]+)`", said.group(2)))
     assert DEMO_DEFAULTS["max_steps"] == int(said.group(1))
+
+
+def test_flag_reference_says_what_demo_adds_and_lacks():
+    """The flag reference: "`echo2-hub demo` takes the same flags but X, plus Y ... for its
+    local peers, and stops after N steps"."""
+    from echo2p2p.hub.config import DEMO_DEFAULTS
+
+    page = " ".join((ROOT / "docs" / "reference" / "flags.md").read_text().split())
+    said = re.search(r"`echo2-hub demo` takes the same flags but (.*?), plus (.*?) for its local "
+                     r"peers, and stops after (\d+) steps", page)
+    assert said, "the flag reference lost what demo takes"
+    hook = flags_hook()
+    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
+                   for name in ("serve", "demo"))
+    flags = [set(re.findall(r"`(--[a-z-]+)", said.group(i))) for i in (1, 2)]
+    assert (serve - demo, demo - serve) == tuple(flags)
+    assert DEMO_DEFAULTS["max_steps"] == int(said.group(3))
