@@ -9,8 +9,8 @@ from the program's name (`echo2-hub`, `echo2-peer`, or `-m echo2p2p.hub.cli` /
 be an option of that subcommand, spelled out in full: argparse would take an unambiguous prefix,
 a reader copying it should not have to. A command naming no subcommand is checked against the
 program's top-level options. A flag named alone in the text (`--standby cold`) must be an option
-of some subcommand of either program, or one of another tool's that the pages name (`OTHERS`).
-So a renamed or mistyped flag on any page fails here.
+of some subcommand of either program, of a script under bench/, or one of another tool's that
+the pages name (`OTHERS`). So a renamed or mistyped flag on any page fails here.
 """
 
 from __future__ import annotations
@@ -30,18 +30,15 @@ PROGRAMS = {"echo2-hub": hub_parser, "echo2-peer": peer_parser,
             "echo2p2p.hub.cli": hub_parser, "echo2p2p.peer.cli": peer_parser}
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
-INLINE = re.compile(r"`([^`\n]+)`")
+INLINE = re.compile(r"`((?:[^`\n]|\n(?!\n))+)`")  # a span may wrap, within its paragraph
 PROGRAM = re.compile(r"(?<![\w./-])(echo2-hub|echo2-peer|echo2p2p\.hub\.cli|echo2p2p\.peer\.cli)"
                      r"(?![\w.:-])")  # `echo2-hub: ...` is a message, not a command
 END = re.compile(r"\s(?:#|&&|\|\|?|;)")  # a comment or the next command in the shell line
 FLAG = re.compile(r"--?[A-Za-z]")  # an option, not a negative number
 ANY_FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
-# Other tools' flags the pages show, with the tool: pip, mkdocs, torchrun and the benches.
+# Other tools' flags the pages show, with the tool (the benches' own are read from bench/).
 OTHERS = {"--no-deps": "pip", "--strict": "mkdocs build", "--standalone": "torchrun",
-          "--nnodes": "torchrun", "--rdzv-backend": "torchrun", "--rdzv-endpoint": "torchrun",
-          "--dashboard-clients": "bench/ingest.py", "--rounds": "bench/ingest.py",
-          "--seconds": "bench/ingest.py", "--plot": "bench", "--quick": "bench",
-          "--spot-fraction": "bench", "--strategies": "bench"}
+          "--nnodes": "torchrun", "--rdzv-backend": "torchrun", "--rdzv-endpoint": "torchrun"}
 
 
 def snippets(text: str) -> Iterator[str]:
@@ -49,7 +46,7 @@ def snippets(text: str) -> Iterator[str]:
     span outside the blocks."""
     for block in FENCE.findall(text):
         yield from block.replace("\\\n", " ").splitlines()
-    yield from INLINE.findall(FENCE.sub("", text))
+    yield from (" ".join(span.split()) for span in INLINE.findall(FENCE.sub("", text)))
 
 
 def commands(line: str) -> Iterator[list[str]]:
@@ -106,8 +103,14 @@ def test_every_documented_flag_exists():
     assert not wrong, "\n".join(wrong)
 
 
+def bench_flags() -> set[str]:
+    """Every option a script under bench/ adds to its parser."""
+    return {flag for path in (ROOT / "bench").rglob("*.py")
+            for flag in re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", path.read_text())}
+
+
 def test_every_flag_named_in_the_text_exists():
-    known = every_flag() | set(OTHERS)
+    known = every_flag() | bench_flags() | set(OTHERS)
     wrong = [f"{page.relative_to(ROOT)}: {flag}" for page in PAGES
              for line in snippets(page.read_text()) for flag in ANY_FLAG.findall(line)
              if flag not in known]
@@ -126,7 +129,7 @@ def test_the_commands_are_found():
 
 def test_a_mistyped_flag_is_caught():
     page = ("Run\n\n```sh\n$ echo2-hub serve --model ./m \\\n    --max-lagg 4  # S\n```\n\n"
-            "then `echo2-peer join ws://h:1/ws --price-per-hour=1 --pricee 2 && echo2-hub "
+            "then `echo2-peer join ws://h:1/ws --price-per-hour=1 --pricee 2 && echo2-hub\n"
             "demo --peers 2`, `echo2-hub serv --lr 1`, "
             "`torchrun -m echo2p2p.hub.cli demo --max-step 3` and `echo2-hub --max-lag 2`.")
     assert unknown_flags(page) == [
