@@ -29,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PROGRAMS = {"echo2-hub": hub_parser, "echo2-peer": peer_parser,
             "echo2p2p.hub.cli": hub_parser, "echo2p2p.peer.cli": peer_parser}
 
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)  # indented too (lists)
 INLINE = re.compile(r"`((?:[^`\n]|\n(?!\n))+)`")  # a span may wrap, within its paragraph
 PROGRAM = re.compile(r"(?<![\w./-])(echo2-hub|echo2-peer|echo2p2p\.hub\.cli|echo2p2p\.peer\.cli)"
                      r"(?![\w.:-])")  # `echo2-hub: ...` is a message, not a command
