@@ -9,7 +9,8 @@ takes a visible time to travel. Per standby mode:
 1. once the paid peer is on standby, count the chunk bytes it downloads over --standby-steps
    learner steps (warm: every version, mostly as deltas; cold: nothing);
 2. stop the free peer: the hub re-plans and activates the paid one. Time from its activation
-   until it holds the newest version, and until its first rollout is admitted (the learner
+   until it holds the newest version (and the chunk bytes it downloads meanwhile: a delta from
+   what it holds, or the version in full), and until its first rollout is admitted (the learner
    starves meanwhile: nobody else generates). The second includes waiting for lease budget,
    which frees up when the learner finishes its current step.
 
@@ -17,7 +18,7 @@ takes a visible time to travel. Per standby mode:
 
 Prints a table, then one JSON line: {"bench": "standby", "full_version_bytes": ...,
 "warm": {"standby_bytes_per_version": ..., "wake_to_current_version_s": ...,
-"wake_to_first_rollout_s": ...}, "cold": {...}}.
+"wake_to_first_rollout_s": ..., "wake_bytes": ...}, "cold": {...}}.
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ async def measure(mode: str, args: argparse.Namespace, run_dir: str) -> dict:
                 versions = hub.step - step  # kappa = 1 at S = 2: one version per step
             admitted = hub.peer_views()[paid_id].account["admitted"]
             woke = await until(lambda: hub.peer_views()[paid_id].state == "active")
-            newest = hub.statistics().newest_version
+            newest, got = hub.statistics().newest_version, paid.statistics().downloaded_bytes
             current = await until(lambda: (paid.version or 0) >= newest)
+            wake_bytes = paid.statistics().downloaded_bytes - got
             first = await until(lambda: hub.peer_views()[paid_id].account["admitted"] > admitted)
             full_bytes = hub.snapshot().wire_bytes
     return {"standby_bytes_per_version": round(standby_bytes / versions),
             "wake_to_current_version_s": round(max(current - woke, 0.0), 3),
-            "wake_to_first_rollout_s": round(first - woke, 3), "full_version_bytes": full_bytes}
+            "wake_to_first_rollout_s": round(first - woke, 3), "wake_bytes": wake_bytes,
+            "full_version_bytes": full_bytes}
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -108,10 +111,10 @@ if __name__ == "__main__":
     full = results["warm"].pop("full_version_bytes")
     results["cold"].pop("full_version_bytes")
     print(f"{'standby':8s} {'bytes/version on standby':>25s} {'wake to newest':>15s} "
-          f"{'wake to 1st rollout':>20s}")
+          f"{'wake to 1st rollout':>20s} {'bytes to catch up':>18s}")
     for mode, r in results.items():
         print(f"{mode:8s} {r['standby_bytes_per_version']:25d} {r['wake_to_current_version_s']:14.3f}s "
-              f"{r['wake_to_first_rollout_s']:19.3f}s")
+              f"{r['wake_to_first_rollout_s']:19.3f}s {r['wake_bytes']:18d}")
     print(f"a full version is {full} bytes: {8 * full / args.rate_mbps / 1e6:.2f} s at "
           f"{args.rate_mbps:g} Mbit/s; learner step {args.train_step_s:g} s")
     print(json.dumps({"bench": "standby", "rate_mbps": args.rate_mbps,

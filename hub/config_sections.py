@@ -387,7 +387,9 @@ class OverlayConfig:
     """Cap on the hub's chunk upload, in Mbit/s (0 = no cap)."""
     standby: str = "warm"
     """What standby peers receive: warm (every version, so they can start at once when
-    activated) or cold (nothing until activated, then the newest version in full)."""
+    activated) or cold (nothing until activated, then the newest version: one delta from the
+    version the peer holds if within catch_up_versions, else, or if a newer version comes out
+    while that delta is encoded, in full)."""
 
     def __post_init__(self) -> None:
         if self.relay not in STRATEGIES:

@@ -178,3 +178,81 @@ def test_getting_started_shows_the_same_recipe():
     page = (ROOT / "docs" / "getting-started.md").read_text().replace("\\\n", " ")
     for argv in recipe():
         assert " ".join(argv) in " ".join(page.split()), argv[:2]
+
+
+def try_it() -> tuple[list[str], float, float, int]:
+    """README's "Try it": its demo command, and what it says the run shows: the base policy's
+    held-out accuracy, and about what after how many learner steps."""
+    section = re.search(r"## Try it\n(.*?)\n## ", README, re.S)
+    assert section, "README lost its Try it section"
+    command_line = re.search(r"```sh\n(.*?)\n```", section.group(1), re.S).group(1)
+    demo = [shlex.split(part) for part in command_line.split("&&") if "echo2-hub" in part]
+    said = re.search(r"answers (0\.\d+) of the held-out sums correctly, about (0\.\d+)\s+"
+                     r"after (\d+) learner steps", section.group(1))
+    assert len(demo) == 1 and said, "README's Try it lost its command or its figures"
+    return demo[0], float(said.group(1)), float(said.group(2)), int(said.group(3))
+
+
+@pytest.mark.system  # the demo as a user starts it: a hub and 2 peer processes, a few steps
+def test_try_it_shows_what_the_readme_says(tmp_path):
+    """The held-out accuracy of the base policy is the README's (greedy, a fixed held-out set),
+    and after its number of steps within 0.08 of its "about" figure (three standard errors
+    of a 256-problem accuracy). The terminal shows a line a step and the dashboard's address."""
+    argv, base, about, steps = try_it()
+    with open(tmp_path / "demo.log", "w") as out:
+        done = subprocess.run(command(argv) + ["--max-steps", str(steps)], cwd=tmp_path,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=300,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = (tmp_path / "demo.log").read_text()
+    assert done.returncode == 0, log[-3000:]
+    assert re.search(r"dashboard on http://127\.0\.0\.1:\d+/", log), log[-3000:]
+    assert len(re.findall(r"^step +\d+ +v\d+ +reward", log, re.M)) == steps, log[-3000:]
+    [metrics] = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+    records = map(json.loads, metrics.read_text().splitlines())
+    evals = [(r.get("version"), r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    assert evals[0] == (0, base), evals
+    assert evals[-1][0] == steps and abs(evals[-1][1] - about) <= 0.08, evals
+
+
+def test_getting_started_states_the_size_rule_at_135m():
+    """Getting started's "(LR and TOKENS at 135 M)" is the size rule's value for SmolLM2-135M."""
+    from echo2p2p.hub.config_presets import derive
+
+    page = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    said = re.search(r"\(([\d.e-]+) and (\d+) at 135 M\)", page)
+    assert said, "getting started lost its 135 M example"
+    derived = derive(135_000_000)
+    assert (float(said.group(1)), int(said.group(2))) == (derived["lr"], derived["max_new_tokens"])
+
+
+def test_demo_takes_every_serve_flag_but_the_ones_getting_started_names():
+    """Getting started: "`echo2-hub demo --peers N` ... stopping after `--max-steps` (N by
+    default); it takes every flag `serve` takes but `--resume`": true of the parsers."""
+    from echo2p2p.hub.config import DEMO_DEFAULTS
+
+    page = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    said = re.search(r"stopping after `--max-steps` \((\d+) by default\); it takes every flag "
+                     r"`serve` takes but ((?:`--[a-z-]+`(?:, | and )?)+)\.", page)
+    assert said, "getting started lost what demo takes"
+    hook = flags_hook()
+    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
+                   for name in ("serve", "demo"))
+    assert serve - demo == set(re.findall(r"`(--[a-z-]+)`", said.group(2)))
+    assert DEMO_DEFAULTS["max_steps"] == int(said.group(1))
+
+
+def test_flag_reference_says_what_demo_adds_and_lacks():
+    """The flag reference: "`echo2-hub demo` takes the same flags but X, plus Y ... for its
+    local peers, and stops after N steps"."""
+    from echo2p2p.hub.config import DEMO_DEFAULTS
+
+    page = " ".join((ROOT / "docs" / "reference" / "flags.md").read_text().split())
+    said = re.search(r"`echo2-hub demo` takes the same flags but (.*?), plus (.*?) for its local "
+                     r"peers, and stops after (\d+) steps", page)
+    assert said, "the flag reference lost what demo takes"
+    hook = flags_hook()
+    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
+                   for name in ("serve", "demo"))
+    flags = [set(re.findall(r"`(--[a-z-]+)", said.group(i))) for i in (1, 2)]
+    assert (serve - demo, demo - serve) == tuple(flags)
+    assert DEMO_DEFAULTS["max_steps"] == int(said.group(3))
