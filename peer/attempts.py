@@ -4,7 +4,7 @@ The client's reconnect loop hands each failed attempt to `Attempts.failed`, whic
 the text of the retry line, or with a `HubNotFound` to give up with (one sentence: the cause and
 the fix). Given up on, before any welcome: an answer that is not a websocket (a wrong path, the
 dashboard's port, another server: probed once to say which), a host name that does not resolve
-DNS_ATTEMPTS times in a row, a certificate we do not trust. Everything else may come back and
+DNS_ATTEMPTS times in a row, a certificate we do not trust, no TLS for a wss:// URL. Everything else may come back and
 is retried: no hub listening yet, a timeout, a hub restarting, a proxy's 5xx. So is everything
 once a hub has welcomed us at this URL: a name that resolved once, a path that answered once.
 aiohttp's own texts are not shown: they say `ssl:default` even for ws://. Owns no timer.
@@ -54,6 +54,11 @@ class Attempts:
                 return HubNotFound(
                     f"hub {self.address}'s TLS certificate is not trusted ({_cert_reason(exc)}): "
                     f"pass the PEM of the authority that signed it with --ca-cert")
+            if isinstance(exc, aiohttp.ClientSSLError):
+                return HubNotFound(
+                    f"no TLS at {self.address} ({getattr(exc.os_error, 'reason', exc.strerror)}):"
+                    f" a hub serves wss:// only with --tls-cert; join ws://{self.address}"
+                    f"{self.path} if it has none")
             if isinstance(exc, aiohttp.WSServerHandshakeError) and not _retried(exc.status):
                 return await self._not_a_hub(http, exc.status)
         return self.describe(exc)
@@ -64,7 +69,7 @@ class Attempts:
             return f"host {exc.host} not found ({exc.strerror})"
         if isinstance(exc, aiohttp.ClientConnectorError):
             refused = isinstance(exc.os_error, ConnectionRefusedError)
-            why = "connection refused: no hub listening there yet" if refused else exc.strerror
+            why = "connection refused: nothing listens on that port" if refused else exc.strerror
             return f"hub {self.address} not reachable ({why})"
         if isinstance(exc, aiohttp.WSServerHandshakeError):
             return f"hub {self.address} not ready (it answered HTTP {exc.status} on {self.path})"

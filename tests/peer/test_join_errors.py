@@ -23,6 +23,7 @@ from echo2p2p.peer.attempts import DNS_ATTEMPTS
 from echo2p2p.tasks import AdditionTask
 
 from tests.conftest import tracker
+from tests.hub.serving.test_join_auth import self_signed
 
 # A relay needs no model; no chunk server: nothing of the peer's own is listening.
 PEER = (sys.executable, "-m", "echo2p2p.peer.cli", "join")
@@ -94,7 +95,8 @@ async def test_the_dashboards_port_is_named_as_such(tmp_path):
 
 
 async def test_another_server_is_no_hub():
-    """A web server that is not a hub at all (404 everywhere, or 200 without a websocket)."""
+    """A web server that is not a hub at all (404 everywhere, 200 without a websocket, no TLS
+    for a wss:// URL)."""
     async def page(request: web.Request) -> web.Response:
         return web.Response(text="<html>hello</html>", content_type="text/html")
 
@@ -106,6 +108,8 @@ async def test_another_server_is_no_hub():
                        "no hub's peer endpoint is there")
         code, err = await join(f"ws://127.0.0.1:{port}/page")
         assert_gave_up(code, err, f"127.0.0.1:{port} answered HTTP 200 on /page")
+        code, err = await join(f"wss://127.0.0.1:{port}/ws")
+        assert_gave_up(code, err, f"no TLS at 127.0.0.1:{port}", f"join ws://127.0.0.1:{port}/ws")
 
 
 async def test_an_unknown_host_is_given_up_after_a_few_look_ups():
@@ -157,3 +161,14 @@ async def test_a_refused_token_ends_the_peer(tmp_path):
         assert_gave_up(code, err, "join token not recognised", "`echo2-hub token create`",
                        "--token")
         assert hub.statistics().refused == 2
+
+
+async def test_an_untrusted_certificate_names_the_flag(tmp_path):
+    """A wss:// hub whose certificate no trusted authority signed (self-signed), joined without
+    --ca-cert: exit 1, the sentence names --ca-cert."""
+    cert, key_file = self_signed(tmp_path)
+    async with tracker(tls_cert=cert, tls_key=key_file) as (hub, _, url, _):
+        code, err = await join(url)
+        assert_gave_up(code, err, f"hub {url.split('/')[2]}'s TLS certificate is not trusted",
+                       "--ca-cert")
+        assert hub.statistics().refused == 0 and not hub.peer_views()
