@@ -4,9 +4,9 @@ The client's reconnect loop hands each failed attempt to `Attempts.failed`, whic
 the text of the retry line, or with a `HubNotFound` to give up with (one sentence: the cause and
 the fix). Given up on, before any welcome: an answer that is not a websocket (a wrong path, the
 dashboard's port, another server: probed once to say which), a host name that does not resolve
-DNS_ATTEMPTS times in a row, a certificate we do not trust, no TLS for a wss:// URL. Everything else may come back and
-is retried: no hub listening yet, a timeout, a hub restarting, a proxy's 5xx. So is everything
-once a hub has welcomed us at this URL: a name that resolved once, a path that answered once.
+DNS_ATTEMPTS times in a row, a certificate we do not trust, no TLS for a wss:// URL. All else
+may come back and is retried: no hub listening yet, a timeout, a hub restarting, a proxy's 5xx.
+So is everything once a hub has welcomed us at this URL (a name resolved, a path answered).
 aiohttp's own texts are not shown: they say `ssl:default` even for ws://. Owns no timer.
 """
 
