@@ -5,6 +5,8 @@
     ├── ProtocolError          a frame or message broke the wire protocol
     │   ├── LocalProtocolError   we broke it: a bug on our side
     │   └── RemoteProtocolError  the other side broke it: close that one connection
+    ├── JoinRefused            a peer may not join, and retrying cannot help (its token, its env)
+    │   └── HubNotFound          no hub at the URL given (unknown host, not a peer endpoint)
     ├── SnapshotError          a weight snapshot or chunk failed verification
     └── ScoringError           the reward function's worker process cannot run (or was closed)
 
@@ -50,7 +52,15 @@ class RemoteProtocolError(ProtocolError):
 
 
 class JoinRefused(Echo2Error):
-    """The hub refused this peer for good (its join token): retrying cannot help."""
+    """This peer cannot join, and retrying cannot help: the hub refused its join token, the run
+    needs an environment it lacks, or there is no hub at its URL (`HubNotFound`)."""
+
+
+class HubNotFound(JoinRefused):
+    """No hub a peer can join at the URL given, and retrying cannot help: its host name does not
+    resolve, what answers there is not a hub's peer endpoint (a wrong path, the dashboard's
+    port), or it has no TLS or a certificate we do not trust. The message is one sentence with
+    the fix."""
 
 
 class SnapshotError(Echo2Error):

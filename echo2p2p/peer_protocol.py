@@ -20,6 +20,8 @@ from .errors import JoinRefused, RemoteProtocolError
 from .session import Session, Side
 
 Key = tuple[int, int | None]  # (version, base_version) of one manifest
+# After a refusal for our join token (the hub's reason says what was wrong with it): the fix.
+TOKEN_FIX = "; the hub's operator makes tokens (`echo2-hub token create`): pass yours with --token"
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class PeerProtocol:
         welcome = self.session.receive(data, now)
         if isinstance(welcome, m.Goodbye):
             if welcome.code == m.CLOSE_UNAUTHORIZED:
-                raise JoinRefused(f"hub {self.hub_url} refused us: {welcome.reason}")
+                raise JoinRefused(f"hub {self.hub_url} refused us: {welcome.reason}{TOKEN_FIX}")
             raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
         if not isinstance(welcome, m.Welcome):  # the session's table allows nothing else
             raise RemoteProtocolError(f"unexpected {welcome.TYPE} before the welcome",
@@ -131,7 +133,7 @@ class PeerProtocol:
         msg = self.session.receive(data, now)
         if isinstance(msg, m.Goodbye):
             if msg.code == m.CLOSE_UNAUTHORIZED:
-                raise JoinRefused(f"hub {self.hub_url} sent us away: {msg.reason}")
+                raise JoinRefused(f"hub {self.hub_url} sent us away: {msg.reason}{TOKEN_FIX}")
             return HubLeft(msg.code, msg.reason)
         if isinstance(msg, m.LeaseGrant):
             return LeaseGranted(msg, now + msg.deadline_s)

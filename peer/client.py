@@ -38,6 +38,7 @@ from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironm
                                            require_environment)
 from echo2p2p.tasks import REWARDS
 
+from .attempts import Attempts
 from .chunk_server import chunk_server
 from .config import PeerConfig, normalize_url
 from .connection import Backoff, HubConnection, connect, hub_base_url
@@ -49,6 +50,10 @@ from .swapper import Swapper
 from .worker import MakesRollouts, RolloutWorker, Rollouts
 
 log = logging.getLogger(__name__)
+
+# At most one INFO summary a minute, by time and not every N versions: versions come several a
+# second (the tiny demo) or one in minutes (a 7B run), and a peer whose versions stopped says so.
+SUMMARY_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class PeerClient:
         self._welcomed = asyncio.Event()
         self._connections = self._acked = 0
         self._rejected: Counter[str] = Counter()
+        self._summarized = (0.0, 0)  # (when, versions fetched) at the last summary (or start)
 
     @property
     def version(self) -> int | None:
@@ -123,27 +129,36 @@ class PeerClient:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Stay joined until `stop` is set: connect, serve, and reconnect with backoff. Raises
-        JoinRefused if the hub refuses our join token: retrying would not help."""
+        JoinRefused if retrying cannot help: the hub refuses our join token, or there is no hub
+        at our URL (`HubNotFound`, see `attempts`)."""
         stop = stop or asyncio.Event()
         refused: JoinRefused | None = None
         backoff = Backoff(self.cfg.reconnect_max_s)
+        attempts = Attempts(self.url, self.cfg.connect_timeout_s)
+        self._summarized = (loop_now(), self.fetcher.versions_fetched)
         tls = ssl.create_default_context(cafile=self.cfg.ca_cert or None)
         connector = aiohttp.TCPConnector(ssl=tls,
                                          socket_factory=socket_factory(self.cfg.tcp_congestion))
         async with aiohttp.ClientSession(connector=connector) as http, \
                 metrics_server(self) as self.metrics_url, self._chunk_server(), self._workers():
             while not stop.is_set():
+                failure: BaseException | None = None
                 try:
                     if await self._connection_until(http, stop):
                         backoff.reset()
                 except* JoinRefused as group:
                     refused = _first(group)
                 except* (aiohttp.ClientError, OSError, TimeoutError, ProtocolError) as group:
-                    log.warning("hub %s unreachable or broke off: %s", self.url, _first(group))
+                    failure = _first(group)
+                why = f"the connection to hub {attempts.address} ended"
+                if failure is not None and refused is None:  # HubNotFound: no retry can work
+                    why = await attempts.failed(http, failure, welcomed=self._connections > 0)
+                    refused = why if isinstance(why, JoinRefused) else None
                 if refused is not None or stop.is_set():
                     break
                 delay = backoff.delay()
-                log.info("reconnecting in %.1f s", delay)
+                log.log(logging.WARNING if failure else logging.INFO, "%s; retrying in %.1f s",
+                        why, delay)
                 try:
                     await asyncio.wait_for(stop.wait(), delay)  # a timer that stop cuts short
                 except TimeoutError:
@@ -349,9 +364,19 @@ class PeerClient:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)  # a timer, not a sync
             await conn.send(m.Heartbeat())
-            s = self.statistics()
-            log.info("holding v%s; %d rollout groups submitted, %d acked, rejected: %s",
-                     s.version, s.submitted, s.acked, s.rejected or "none")
+            now = loop_now()
+            if now - self._summarized[0] >= SUMMARY_EVERY_S:
+                log.info("%s", self._summary(now))
+
+    def _summary(self, now: float) -> str:
+        """The periodic INFO line: the version held, how many came since the last, the rollouts."""
+        s, fetched = self.statistics(), self.fetcher.versions_fetched
+        (since_s, before), self._summarized = self._summarized, (now, fetched)
+        held = (f"holding v{s.version} ({fetched - before} versions fetched in the last "
+                f"{now - since_s:.0f} s)" if s.version is not None
+                else "waiting for the first version")
+        return (f"{held}; {s.submitted} rollout groups submitted, {s.acked} acked, "
+                f"rejected: {s.rejected or 'none'}")
 
 
 def _build_engine(cfg: PeerConfig, source: str) -> Any:

@@ -153,8 +153,8 @@ class Fetcher:
                 self._protocol.download_ended(held.manifest)
             if self._download is not None and self._download[0] is download:
                 self._download = None
-        log.info("v%d complete in %.2f s (%d bytes from the hub, %d from peers)", version,
-                 stats.download_s, stats.bytes_from_hub, stats.bytes_from_peers)
+        log.debug("v%d complete in %.2f s (%d bytes from the hub, %d from peers)", version,
+                  stats.download_s, stats.bytes_from_hub, stats.bytes_from_peers)
         await send(m.TransferReport(
             version, held.manifest.base_version, stats.download_s, stats.bytes_from_hub,
             stats.bytes_from_peers, stats.sources))

@@ -73,10 +73,14 @@ class Swapper:
             if staged is None:
                 continue
             version, state = staged
+            first = self.version is None
             if state is None:
                 self.version = version
             else:
                 await asyncio.to_thread(self._load, version, state)
+            # INFO for the first version only: one a step is DEBUG, the client sums them up.
+            log.log(logging.INFO if first else logging.DEBUG, "now holding v%d%s", version,
+                    " (the first version)" if first else "")
             self._changed()
             await self._send(m.VersionHeld(version))
 
@@ -85,7 +89,6 @@ class Swapper:
             self.engine.load_weights(state)
             self.version = version
         self.loaded += 1
-        log.debug("now generating with v%d", version)
 
     def _set_version(self, version: int | None) -> None:
         self.version = version

@@ -41,7 +41,8 @@ BYZANTINE = Path(__file__).resolve().parent / "byzantine_peer.py"
 # Small and fast everywhere: the tiny built-in model, one torch thread per process.
 HUB_FLAGS = ("--prompts-per-step", "4", "--group-size", "4", "--eval-every", "0",
              "--torch-threads", "1", "--seed", "1", "--log-level", "debug")
-PEER_FLAGS = ("--torch-threads", "1", "--log-level", "info", "--listen", "127.0.0.1:0",
+# debug: `versions_held` reads the peers' per-version "vN complete in" lines, which are DEBUG.
+PEER_FLAGS = ("--torch-threads", "1", "--log-level", "debug", "--listen", "127.0.0.1:0",
               "--reconnect-max-s", "1", "--relay-stall-s", "3")
 
 

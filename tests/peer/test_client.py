@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
 from echo2p2p.overlay.store import ChunkStore
+from echo2p2p.peer import client
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.connection import Backoff
 from echo2p2p.peer.worker import Rollouts
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker
+from tests.conftest import tracker, wait_until
 
 
 def relay_peer(url: str) -> PeerClient:
@@ -94,3 +97,35 @@ def test_the_parts_a_peer_is_given_stay_in_place_across_a_new_run():
     assert peer.fetcher.store is not first
     assert peer.worker.rollouts == "the liar's rollouts"
     assert isinstance(wrapped[0], Rollouts) and wrapped[0].swapper is peer.swapper
+
+
+async def test_the_log_says_the_first_version_then_sums_up(caplog, monkeypatch):
+    """At INFO a peer says which version it holds first, then only sums up (at most every
+    SUMMARY_EVERY_S, here at every heartbeat): `waiting for the first version` before it has
+    one, never `vNone`; the versions after the first are DEBUG lines, and the summaries count
+    them."""
+    monkeypatch.setattr(client, "SUMMARY_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="echo2p2p.peer")
+
+    def said(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.INFO and text in r.getMessage()]
+
+    async with tracker() as (hub, key, url, _):
+        peer = PeerClient(PeerConfig(hub_url=url, engine="relay", listen="", heartbeat_s=0.05))
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peer.run(stop))
+            try:
+                await wait_until(lambda: said("waiting for the first version"), 30)
+                for version in range(3):
+                    hub.publish(blob_version(key, version, bytes([version + 1]) * 40_000))
+                    await asyncio.wait_for(peer.wait_version(version), 30)
+                await wait_until(lambda: said("holding v2 ("), 30)
+            finally:
+                stop.set()
+    assert said("now holding") == ["now holding v0 (the first version)"]
+    assert not said("complete in") and not said("vNone")
+    fetched = [int(n) for line in said("holding v")
+               for n in re.findall(r"(\d+) versions fetched", line)]
+    assert sum(fetched) == 3, said("holding v")
