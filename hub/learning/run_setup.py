@@ -27,7 +27,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
 
-from ..serving.app import serve
+from ..serving.app import bind, serve
 from ..config import SECRETS, HubConfig
 from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
@@ -54,12 +54,20 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
     `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
-    # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
-    # first: a directory without them is refused (ConfigError on "model") before any loading.
-    files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
-    sources = all_sources(cfg, sources)
-    log.info("%s", sources_table(cfg, sources))  # before anything loads
-    run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+    # The ports first: a busy one fails the start at once, before the run directory exists.
+    with contextlib.ExitStack() as sockets:
+        sock = sockets.enter_context(bind(cfg.network.host, cfg.network.port, "port",
+                                          cfg.overlay.tcp_congestion))
+        board_sock = None if cfg.view.dashboard_port < 0 else sockets.enter_context(
+            bind(cfg.view.dashboard_host, cfg.view.dashboard_port, "dashboard_port"))
+        # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section
+        # 9), read next: a directory without them is refused (ConfigError on "model") before
+        # any loading.
+        files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
+        sources = all_sources(cfg, sources)
+        log.info("%s", sources_table(cfg, sources))  # before anything loads
+        run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+        sockets.pop_all()  # closed below, after the servers (closing twice is harmless)
     write_sources(run.runlog.run_dir, sources)
     hub, runlog = run.hub, run.runlog
 
@@ -70,7 +78,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
             await hub.scorer.start()
-        async with serve(hub, cfg.network.host, cfg.network.port, routes) as port, dashboard(run) as board:
+        async with serve(hub, cfg.network.host, cfg.network.port, routes, sock=sock) as port, \
+                dashboard(run, board_sock) as board:
             run.port, run.dashboard_port = port, board
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
                      "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
@@ -84,6 +93,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                     for task_ in tasks:
                         task_.cancel()
     finally:
+        for listener in (sock, board_sock):
+            if listener is not None:
+                listener.close()
         if isinstance(run.learner, Leader):
             run.learner.close()
         eval_scorer.close()
