@@ -226,7 +226,7 @@ def _plan(args: argparse.Namespace) -> int:
         table = read_toml(args.config).get("plan", {}) if args.config else {}
         print(run(resolve(PlanConfig, table, vars(args)), args.json))
     except (ConfigError, OSError) as exc:
-        return process.failed("echo2-hub plan", exc, args.debug)
+        return process.failed("echo2-hub", exc, args.debug)
     return 0
 
 
@@ -234,9 +234,8 @@ def _token(args: argparse.Namespace) -> int:
     from ..serving.tokens import TokenBook
 
     book = TokenBook(args.file)
-    prog = f"echo2-hub token {args.action}"
     if args.action != "create" and not args.file.is_file():
-        return process.failed(prog, FileNotFoundError(
+        return process.failed("echo2-hub", FileNotFoundError(
             f"no token file {args.file}: `echo2-hub token create --file {args.file}` makes "
             f"one, or pass --file with the one `serve --tokens` reads"), args.debug)
     try:
@@ -248,17 +247,18 @@ def _token(args: argparse.Namespace) -> int:
                 state = "revoked" if e["revoked"] is not None else "active"
                 print(f"{e['id']}  {state:7s}  {e['name']}")
         elif not args.token_id:
-            print(f"{prog}: which token id? (see `echo2-hub token list`)", file=sys.stderr)
+            print("echo2-hub: token revoke: which token id? (see `echo2-hub token list`)",
+                  file=sys.stderr)
             return 1
         elif not book.revoke(args.token_id):
-            print(f"{prog}: no token {args.token_id!r} in {args.file} (see `echo2-hub token "
-                  f"list --file {args.file}`)", file=sys.stderr)
+            print(f"echo2-hub: no token {args.token_id!r} in {args.file} (see `echo2-hub "
+                  f"token list --file {args.file}`)", file=sys.stderr)
             return 1
         else:
             print(f"revoked {args.token_id} in {args.file}: a hub serving it refuses the token "
                   f"from now on and sends its peers away at their next heartbeat")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return process.failed(prog, OSError(f"cannot use {args.file}: {exc}"), args.debug)
+        return process.failed("echo2-hub", OSError(f"cannot use {args.file}: {exc}"), args.debug)
     return 0
 
 
