@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
@@ -27,7 +28,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
 
-from ..serving.app import bind, serve
+from ..serving.app import bind, serve, tls_context
 from ..config import SECRETS, HubConfig
 from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
@@ -54,7 +55,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
     `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
-    # The ports first: a busy one fails the start at once, before the run directory exists.
+    # The ports first (and the TLS pair they serve): a busy one fails the start at once,
+    # before the run directory exists.
+    tls_context(cfg.network.tls_cert, cfg.network.tls_key)
     with contextlib.ExitStack() as sockets:
         sock = sockets.enter_context(bind(cfg.network.host, cfg.network.port, "port",
                                           cfg.overlay.tcp_congestion))
@@ -66,7 +69,13 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
         sources = all_sources(cfg, sources)
         log.info("%s", sources_table(cfg, sources))  # before anything loads
-        run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+        run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
+        made = _new_run_dir(cfg, resume, run_id)
+        try:
+            run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup, run_id)
+        except BaseException:
+            _remove(made)
+            raise
         sockets.pop_all()  # closed below, after the servers (closing twice is harmless)
     write_sources(run.runlog.run_dir, sources)
     hub, runlog = run.hub, run.runlog
@@ -96,6 +105,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         for listener in (sock, board_sock):
             if listener is not None:
                 listener.close()
+        if not run.port:  # it never served: a new run's directory goes again
+            _remove(made)
         if isinstance(run.learner, Leader):
             run.learner.close()
         eval_scorer.close()
@@ -104,6 +115,25 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         hub.checkpoint(None)  # closes the journal
         runlog.close()
         trackers.close()  # wandb finishes its run
+
+
+def _new_run_dir(cfg: HubConfig, resume: bool, run_id: str) -> Path | None:
+    """The directory this start will make for a new run (the run's, or the first of its parents
+    that is not there yet); None for a resumed run or a directory that exists already: those
+    are never removed."""
+    run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
+    if resume or run_dir.exists():
+        return None
+    while not run_dir.parent.exists():  # runs/ too, if this start makes it
+        run_dir = run_dir.parent
+    return run_dir
+
+
+def _remove(run_dir: Path | None) -> None:
+    """A new run's directory, made by a start that failed before it served: nothing of it is
+    left behind (its config.json and run log say nothing a user could resume from)."""
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
@@ -191,10 +221,12 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer, Trackers]:
+                    setup: TaskSetup | None = None, run_id: str = ""
+                    ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
-    log, resumed from cfg.run.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
-    published; and the evaluation scorer and the trackers, which the caller closes."""
+    log, resumed from cfg.run.run_dir's checkpoint if `resume` (else a new run, `run_id`),
+    version 0 (or the resumed one) published; and the evaluation scorer and the trackers,
+    which the caller closes."""
     from .learner import encode_prompt
     from ..serving.spotcheck import SpotChecker
 
@@ -203,7 +235,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
         if not cfg.run.run_dir:
             raise ConfigError("run_dir", "--resume needs the run directory")
         saved = await asyncio.to_thread(Checkpoints(Path(cfg.run.run_dir)).load)
-    run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
+    run_id = saved[1]["run_id"] if saved else run_id or uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
     # the run's config.json, without the secrets (a resumed run is given them again)
     config = {"run_id": run_id, **{k: v for k, v in as_dict(cfg).items() if k not in SECRETS}}

@@ -55,6 +55,16 @@ def test_a_busy_port_is_one_line_and_leaves_no_run_directory(tmp_path, busy_port
     assert list(tmp_path.iterdir()) == []  # no run directory, no runs/
 
 
+def test_a_start_that_fails_after_making_its_run_directory_removes_it(tmp_path):
+    """A new run's directory (runs/ too, when the start made it) goes again when the start fails
+    before serving: here the tiny model has no chat template for --prompt-format chat, which is
+    found once the tokenizer has loaded, after the run directory was made."""
+    line = one_line(run(tmp_path, "serve", "--prompt-format", "chat", "--port", "0",
+                        "--log-level", "warning"))
+    assert "'prompt_format'" in line and "chat template" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_debug_shows_the_traceback(tmp_path, busy_port):
     """--debug trades the one line for the traceback, with the same exit code."""
     done = run(tmp_path, "serve", "--port", str(busy_port), "--run-dir", str(tmp_path / "run"),

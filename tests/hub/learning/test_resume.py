@@ -147,3 +147,4 @@ def test_resume_without_a_run_or_a_checkpoint_says_so(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "x", "port": 0}))
     assert main(["serve", "--resume", str(tmp_path)]) == 1
     assert "no checkpoint in" in capsys.readouterr().err
+    assert (tmp_path / "config.json").is_file()  # a failed resume never removes the run's files
