@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     docs = help_texts(HubConfig)
     short = "%(prog)s [options]"  # the full list of flags is --help's (over 60 lines)
-    serve = sub.add_parser("serve", usage=short, help="train, serving rollout peers over websockets")
+    serve = sub.add_parser("serve", usage=short,
+                           help="train, serving rollout peers over websockets")
     demo = sub.add_parser("demo", usage=short,
                           help="hub + N local peer processes on the built-in model and task")
     demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")

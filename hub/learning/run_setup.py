@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
@@ -55,28 +56,19 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
     `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
-    # The ports first (and the TLS pair they serve): a busy one fails the start at once,
-    # before the run directory exists.
-    tls_context(cfg.network.tls_cert, cfg.network.tls_key)
-    with contextlib.ExitStack() as sockets:
-        sock = sockets.enter_context(bind(cfg.network.host, cfg.network.port, "port",
-                                          cfg.overlay.tcp_congestion))
-        board_sock = None if cfg.view.dashboard_port < 0 else sockets.enter_context(
-            bind(cfg.view.dashboard_host, cfg.view.dashboard_port, "dashboard_port"))
+    sock, board_sock = listeners = _listeners(cfg)  # a busy port fails here, at once
+    try:
         # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section
         # 9), read next: a directory without them is refused (ConfigError on "model") before
         # any loading.
         files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
         sources = all_sources(cfg, sources)
         log.info("%s", sources_table(cfg, sources))  # before anything loads
-        run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
-        made = _new_run_dir(cfg, resume, run_id)
-        try:
-            run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup, run_id)
-        except BaseException:
-            _remove(made)
-            raise
-        sockets.pop_all()  # closed below, after the servers (closing twice is harmless)
+        run, eval_scorer, trackers, made = await _open_new_or_resumed(cfg, stream, resume,
+                                                                      ranks, setup)
+    except BaseException:
+        _close(listeners)
+        raise
     write_sources(run.runlog.run_dir, sources)
     hub, runlog = run.hub, run.runlog
 
@@ -102,9 +94,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                     for task_ in tasks:
                         task_.cancel()
     finally:
-        for listener in (sock, board_sock):
-            if listener is not None:
-                listener.close()
+        _close(listeners)  # after the servers (closing twice is harmless)
         if not run.port:  # it never served: a new run's directory goes again
             _remove(made)
         if isinstance(run.learner, Leader):
@@ -115,6 +105,40 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         hub.checkpoint(None)  # closes the journal
         runlog.close()
         trackers.close()  # wandb finishes its run
+
+
+def _listeners(cfg: HubConfig) -> tuple[socket.socket, socket.socket | None]:
+    """The peers' and the dashboard's (None: no dashboard) listeners, bound before the run
+    directory is made or anything loads, and the TLS pair they serve checked: a ConfigError
+    naming the port and the fix when one is in use."""
+    tls_context(cfg.network.tls_cert, cfg.network.tls_key)
+    sock = bind(cfg.network.host, cfg.network.port, "port", cfg.overlay.tcp_congestion)
+    try:
+        return sock, (None if cfg.view.dashboard_port < 0 else
+                      bind(cfg.view.dashboard_host, cfg.view.dashboard_port, "dashboard_port"))
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _close(listeners: tuple[socket.socket | None, ...]) -> None:
+    for listener in listeners:
+        if listener is not None:
+            listener.close()
+
+
+async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
+                               setup: TaskSetup | None) -> tuple[HubRun, Scorer, Trackers,
+                                                                 Path | None]:
+    """`_open_run`, and the directory it made for a new run (`_new_run_dir`), which is
+    removed again if it fails."""
+    run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
+    made = _new_run_dir(cfg, resume, run_id)
+    try:
+        return (*await _open_run(cfg, stream, resume, ranks, setup, run_id), made)
+    except BaseException:
+        _remove(made)
+        raise
 
 
 def _new_run_dir(cfg: HubConfig, resume: bool, run_id: str) -> Path | None:
@@ -224,9 +248,8 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
                     setup: TaskSetup | None = None, run_id: str = ""
                     ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
-    log, resumed from cfg.run.run_dir's checkpoint if `resume` (else a new run, `run_id`),
-    version 0 (or the resumed one) published; and the evaluation scorer and the trackers,
-    which the caller closes."""
+    log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
+    (or the resumed one) published; and the evaluation scorer and trackers (the caller's)."""
     from .learner import encode_prompt
     from ..serving.spotcheck import SpotChecker
 
