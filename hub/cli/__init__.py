@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the token file (default: tokens.json)")
     token.add_argument("--name", default="", help="for create: who the token is for")
     _add_status_and_report(sub)
-    for command in sub.choices.values():
+    for command in (serve, demo, plan, token):  # status and report say their own failures
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of a failure (else one line naming the "
                                   "cause and the fix)")

@@ -16,7 +16,7 @@ import logging
 import shutil
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,14 +47,17 @@ from ..overlay.versions import VersionFiles
 
 log = logging.getLogger(__name__)
 
+Setup = TaskSetup | Callable[[], TaskSetup] | None  # the task and reward, or what makes them
+
 
 @contextlib.asynccontextmanager
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
-                    ranks: Ranks | None = None, setup: TaskSetup | None = None,
+                    ranks: Ranks | None = None, setup: Setup = None,
                     sources: Mapping[str, str] | None = None) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
-    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
+    others run `follow_rank`). `setup`: the task and reward, or what makes it once the ports are
+    bound (None: as `cfg` names them).
     `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
     sock, board_sock = listeners = _listeners(cfg)  # a busy port fails here, at once
     try:
@@ -128,7 +131,7 @@ def _close(listeners: tuple[socket.socket | None, ...]) -> None:
 
 
 async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
-                               setup: TaskSetup | None) -> tuple[HubRun, Scorer, Trackers,
+                               setup: Setup) -> tuple[HubRun, Scorer, Trackers,
                                                                  Path | None]:
     """`_open_run`, and the directory it made for a new run (`_new_run_dir`), which is
     removed again if it fails."""
@@ -245,7 +248,7 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: TaskSetup | None = None, run_id: str = ""
+                    setup: Setup = None, run_id: str = ""
                     ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
@@ -266,6 +269,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     # before the policy loads: a tracker's missing package is a ConfigError on report_to
     trackers = await asyncio.to_thread(open_trackers, cfg.view, run_dir, run_id, config)
     runlog.listeners += trackers.listeners
+    setup = await asyncio.to_thread(setup) if callable(setup) else setup
     setup = setup or await asyncio.to_thread(open_setup, cfg)
     await asyncio.to_thread(setup.check_runnable)
     if setup.env and ranks is not None and cfg.tasks.eval_every:
