@@ -133,8 +133,10 @@ def _close(listeners: tuple[socket.socket | None, ...]) -> None:
 async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
                                setup: Setup) -> tuple[HubRun, Scorer, Trackers,
                                                                  Path | None]:
-    """`_open_run`, and the directory it made for a new run (`_new_run_dir`), which is
-    removed again if it fails."""
+    """`_open_run` (with the task and reward `setup` makes, if it makes them), and the
+    directory it made for a new run (`_new_run_dir`), which is removed again if it fails."""
+    if callable(setup):  # made now that the ports are bound: a dataset may take a while
+        setup = await asyncio.to_thread(setup)
     run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
     made = _new_run_dir(cfg, resume, run_id)
     try:
@@ -248,7 +250,7 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: Setup = None, run_id: str = ""
+                    setup: TaskSetup | None = None, run_id: str = ""
                     ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
@@ -269,7 +271,6 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     # before the policy loads: a tracker's missing package is a ConfigError on report_to
     trackers = await asyncio.to_thread(open_trackers, cfg.view, run_dir, run_id, config)
     runlog.listeners += trackers.listeners
-    setup = await asyncio.to_thread(setup) if callable(setup) else setup
     setup = setup or await asyncio.to_thread(open_setup, cfg)
     await asyncio.to_thread(setup.check_runnable)
     if setup.env and ranks is not None and cfg.tasks.eval_every:
