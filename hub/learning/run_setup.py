@@ -131,8 +131,7 @@ def _close(listeners: tuple[socket.socket | None, ...]) -> None:
 
 
 async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
-                               setup: Setup) -> tuple[HubRun, Scorer, Trackers,
-                                                                 Path | None]:
+                               setup: Setup) -> tuple[HubRun, Scorer, Trackers, Path | None]:
     """`_open_run` (with the task and reward `setup` makes, if it makes them), and the
     directory it made for a new run (`_new_run_dir`), which is removed again if it fails."""
     if callable(setup):  # made now that the ports are bound: a dataset may take a while
