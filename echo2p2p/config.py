@@ -197,9 +197,12 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
             command = action.choices.get(getattr(args, action.dest, None), parser)
     flags = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
     hints = []
-    for arg in extra:
-        close = difflib.get_close_matches(arg.split("=")[0], flags, n=1, cutoff=0.8)
-        if arg.startswith("-") and close:
+    for arg in filter(lambda a: a.startswith("--"), extra):
+        name = arg.split("=")[0]
+        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.8)
+        if name in flags:  # given before the subcommand's name
+            hints.append(f"{name} goes after the subcommand: {command.prog} {name} ...")
+        elif close:
             hints.append(f"did you mean {close[0]}?")
     command.error(f"unrecognized arguments: {' '.join(extra)}"
                   + (f" ({'; '.join(hints)})" if hints else ""))

@@ -132,6 +132,13 @@ def test_a_mistyped_flag_gets_the_subcommands_usage_and_a_suggestion(tmp_path):
     assert peer.returncode == 2 and "did you mean --device?" in peer.stderr
 
 
+def test_a_subcommands_flag_before_the_subcommand_is_pointed_at(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        hub_cli.main(["--debug", "serve"])
+    assert exit_.value.code == 2
+    assert "--debug goes after the subcommand: echo2-hub serve --debug" in capsys.readouterr().err
+
+
 def test_token_files_that_are_not_there_and_a_revocation_are_said(tmp_path):
     line = one_line(run(tmp_path, "token", "list", "--file", "nosuch.json"))
     assert "no token file nosuch.json" in line and "token create" in line
