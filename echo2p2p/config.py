@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import dataclasses
 import textwrap
 import typing
@@ -181,3 +182,27 @@ def _convert(name: str, value: Any, typ: Any) -> Any:
     except (TypeError, ValueError):
         pass
     raise ConfigError(name, f"expected {typ.__name__}, got {value!r}")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, except that an unknown flag is reported by the subcommand it
+    was given to (its usage, not the top level's), with the closest flag it has: `--max-lagg`
+    -> "did you mean --max-lag?". Exits 2, as argparse does for any usage error."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = parser
+    for action in parser._actions:  # argparse keeps its subcommands nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            command = action.choices.get(getattr(args, action.dest, None), parser)
+    flags = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    hints = []
+    for arg in filter(lambda a: a.startswith("--"), extra):
+        name = arg.split("=")[0]
+        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.8)
+        if name in flags:  # given before the subcommand's name
+            hints.append(f"{name} goes after the subcommand: {command.prog} {name} ...")
+        elif close:
+            hints.append(f"did you mean {close[0]}?")
+    command.error(f"unrecognized arguments: {' '.join(extra)}"
+                  + (f" ({'; '.join(hints)})" if hints else ""))

@@ -90,7 +90,8 @@ class Run:
             given = flatten(self._table)
             sources = {k: self._sources.get(k, "python") if k in given else saved for k in sources}
         return _launch(cfg, lambda ranks: run_serve(
-            cfg, Path(resume) if resume is not None else None, ranks, self.setup(cfg), sources))
+            cfg, Path(resume) if resume is not None else None, ranks, lambda: self.setup(cfg),
+            sources))  # the setup is made once the ports are bound: a dataset may take a while
 
     def demo(self, peers: int = 2, *, engine: str = "transformers",
              peer_python: str = "") -> list[dict[str, Any]]:
@@ -104,7 +105,7 @@ class Run:
         cfg, sources = self.resolved(DEMO_DEFAULTS)
         python = find_python(engine, peer_python)
         return _launch(cfg, lambda ranks: run_demo(cfg, peers, engine=engine, python=python,
-                                                   ranks=ranks, setup=self.setup(cfg),
+                                                   ranks=ranks, setup=lambda: self.setup(cfg),
                                                    sources=sources))
 
 
@@ -113,6 +114,9 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
     the checkpoint's, not a field)."""
     import json
 
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no run to resume in {run_dir}: it has no config.json (give "
+                                f"--resume the run directory the hub printed when it started)")
     saved = json.loads((run_dir / "config.json").read_text())
     saved.pop("run_id", None)
     return {**saved, "run_dir": str(run_dir)}

@@ -12,11 +12,14 @@ Light to import: `--help` is answered before anything heavy loads.
 from __future__ import annotations
 
 import inspect
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from echo2p2p import config as configs
 from echo2p2p.config import field_docs
+from echo2p2p.errors import ConfigError
 
 from .config_sections import (GrpoConfig, LearnerConfig, LimitsConfig, NetworkConfig,
                               OverlayConfig, RunConfig, ScoringConfig, StalenessConfig,
@@ -72,3 +75,21 @@ def help_texts(cls: type) -> dict[str, str]:
     the text)."""
     kinds = configs.sections(cls).values() or (cls,)
     return {name: doc for kind in kinds for name, doc in field_docs(inspect.getsource(kind)).items()}
+
+
+def read_toml(path: Path, field: str = "config") -> dict[str, Any]:
+    """The TOML file at `path`; ConfigError on `field` (the flag that named it) when it is
+    missing, unreadable or not TOML, naming the file and the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(field, f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # "Invalid value (at line 3, column 7)"
+        what, _, where = str(exc).rpartition(" (at ")
+        where = where.rstrip(")") if what else ""
+        raise ConfigError(field, f"{path}: {where + ': ' if where else ''}{what or exc}"
+                                 " (not valid TOML)") from None

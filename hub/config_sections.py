@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from echo2p2p.errors import ConfigError
+from echo2p2p.policy.devices import check_device
 from echo2p2p.policy.prompts import MODES as PROMPT_FORMATS
 from echo2p2p.policy.prompts import PromptFormat
 from echo2p2p.pool import POLICIES
@@ -445,6 +446,7 @@ class LearnerConfig:
             raise ConfigError("learner_precision", f"fp32 or bf16, got {self.learner_precision!r}")
         if not 0 < self.learner_timeout_s < float("inf"):
             raise ConfigError("learner_timeout_s", f"must be > 0 and finite, got {self.learner_timeout_s}")
+        check_device(self.device)  # a CUDA device on a CPU-only torch fails here, not mid-load
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from echo2p2p.config import add_arguments, resolve
+from echo2p2p.config import add_arguments, parse_args, resolve
 from echo2p2p.errors import ConfigError, JoinRefused
 
 from echo2p2p.runtime import process
@@ -20,11 +20,15 @@ from .config import GROUPS, PeerConfig, help_texts
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="echo2-peer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="echo2-peer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    join = sub.add_parser("join", help="join a hub and generate rollouts until stopped")
+    join = sub.add_parser("join", usage="%(prog)s HUB_URL [options]",
+                          help="join a hub and generate rollouts until stopped")
     join.add_argument("hub_url", help="the hub: ws://HOST:PORT/ws, http://HOST:PORT or HOST:PORT")
     join.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
+    join.add_argument("--debug", action="store_true",
+                      help="show the traceback of a failure (else one line naming the cause and "
+                           "the fix)")
     docs = help_texts(PeerConfig)
     for title, (about, names) in GROUPS.items():
         add_arguments(join.add_argument_group(title, about), PeerConfig, skip=("hub_url",),
@@ -34,13 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, client: Callable[[PeerConfig], Any] | None = None) -> int:
     """`client`: makes the peer from its config (default: a `PeerClient`)."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     process.configure(args.log_level)
     try:
         cfg = resolve(PeerConfig, None, vars(args))
-    except ConfigError as exc:
-        print(f"echo2-peer: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # exit code 1: one line naming the field and the fix
+        return process.failed("echo2-peer", exc, args.debug)
     return process.run(_join(cfg, client))
 
 

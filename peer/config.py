@@ -19,6 +19,7 @@ from echo2p2p import messages as m
 from echo2p2p.bounds import check_from_peer
 from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError, RemoteProtocolError
+from echo2p2p.policy.devices import check_device
 from echo2p2p.runtime.tcp import check_congestion
 from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
 
@@ -143,6 +144,8 @@ class PeerConfig:
         if self.advertise and not self.advertise.startswith(("http://", "https://")):
             raise ConfigError("advertise", f"expected http://HOST:PORT, got {self.advertise!r}")
         self.listen_host_port  # noqa: B018  (parsed now, so a bad address fails at start)
+        if self.engine != "relay":  # a relay runs no model
+            check_device(self.device)  # before joining: a CPU-only torch cannot take "cuda"
         for name in ("connect_timeout_s", "reconnect_max_s", "heartbeat_s", "hub_timeout_s",
                      "relay_stall_s", "score_timeout_s"):
             if not getattr(self, name) > 0:

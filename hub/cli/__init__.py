@@ -11,16 +11,15 @@ import logging
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from echo2p2p.config import add_arguments, owners, resolve
+from echo2p2p.config import add_arguments, owners, parse_args, resolve
 from echo2p2p.errors import ConfigError
 
 from echo2p2p.runtime import process
 
-from ..config import DEMO_DEFAULTS, HubConfig, help_texts
+from ..config import DEMO_DEFAULTS, HubConfig, help_texts, read_toml
 from ..config_presets import flatten, sources_table
 from .plan import PlanConfig
 
@@ -29,11 +28,14 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="echo2-hub", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="echo2-hub", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     docs = help_texts(HubConfig)
-    serve = sub.add_parser("serve", help="train, serving rollout peers over websockets")
-    demo = sub.add_parser("demo", help="hub + N local peer processes on the built-in model and task")
+    short = "%(prog)s [options]"  # the full list of flags is --help's (over 60 lines)
+    serve = sub.add_parser("serve", usage=short,
+                           help="train, serving rollout peers over websockets")
+    demo = sub.add_parser("demo", usage=short,
+                          help="hub + N local peer processes on the built-in model and task")
     demo.add_argument("--peers", type=int, default=2, help="local peer processes to start (default: 2)")
     demo.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                       help="the local peers' rollout engine (default: transformers); vllm runs "
@@ -61,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(p, HubConfig, docs=docs)
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
-    plan = sub.add_parser("plan", help="offline: required rollout throughput, feasible S/kappa, "
-                                       "which workers to activate and what it costs")
+    plan = sub.add_parser("plan", usage=short, help="offline: required rollout throughput, "
+                          "feasible S/kappa, which workers to activate and what it costs")
     plan.add_argument("--config", type=Path, help="TOML file setting any of the fields below")
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_arguments(plan, PlanConfig, docs=help_texts(PlanConfig))
@@ -73,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the token file (default: tokens.json)")
     token.add_argument("--name", default="", help="for create: who the token is for")
     _add_status_and_report(sub)
+    for command in (serve, demo, plan, token):  # status and report say their own failures
+        command.add_argument("--debug", action="store_true",
+                             help="show the traceback of a failure (else one line naming the "
+                                  "cause and the fix)")
     return parser
 
 
@@ -119,7 +125,7 @@ def given(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
 
         layer(saved_config(args.resume), f"file {args.resume / 'config.json'}")
     if args.config is not None:
-        data = tomllib.loads(args.config.read_text())
+        data = read_toml(args.config)
         layer(data.get("hub", data), f"file {args.config}")
     fields = owners(HubConfig)
     layer({k: v for k, v in vars(args).items() if k in fields and v is not None}, "flag")
@@ -136,8 +142,11 @@ def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubCo
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 a failure named in one line (a bad config, a busy port, a missing
+    file; the traceback with --debug), 2 a usage error (argparse's), 130 Ctrl-C; a bug of ours
+    still ends in its traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.command == "plan":
         return _plan(args)
     if args.command == "token":
@@ -159,15 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         table, sources = given(args)
         run = Run(table, sources=sources)
         cfg, sources = run.resolved(DEMO_DEFAULTS if args.command == "demo" else None)
-    except (ConfigError, tomllib.TOMLDecodeError, OSError, ValueError) as exc:
-        print(f"echo2-hub: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError, ValueError) as exc:
+        return process.failed("echo2-hub", exc, args.debug)
     if args.print_config:
         print(sources_table(cfg, sources, full=True))
         return 0
     if args.command == "demo" and args.peers < 1:
-        print("echo2-hub: --peers must be >= 1", file=sys.stderr)
-        return 2
+        return process.failed("echo2-hub", ConfigError("peers", "must be >= 1"), args.debug)
     from ..learning.ranks import RankFailure
 
     try:
@@ -178,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    except (ConfigError, FileNotFoundError) as exc:  # found on start: a bad TLS pair, no checkpoint
-        print(f"echo2-hub: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, FileNotFoundError) as exc:  # found on start: a busy port, no checkpoint
+        return process.failed("echo2-hub", exc, args.debug)
     except (RankFailure, BaseExceptionGroup) as exc:  # the learner loop's task group wraps it
         failure = exc if isinstance(exc, RankFailure) else _leaf(exc, RankFailure)
         if failure is None:
@@ -218,11 +224,10 @@ def _plan(args: argparse.Namespace) -> int:
     from .plan import run
 
     try:
-        table = tomllib.loads(args.config.read_text()).get("plan", {}) if args.config else {}
+        table = read_toml(args.config).get("plan", {}) if args.config else {}
         print(run(resolve(PlanConfig, table, vars(args)), args.json))
-    except (ConfigError, tomllib.TOMLDecodeError, OSError) as exc:
-        print(f"echo2-hub plan: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError) as exc:
+        return process.failed("echo2-hub", exc, args.debug)
     return 0
 
 
@@ -230,6 +235,10 @@ def _token(args: argparse.Namespace) -> int:
     from ..serving.tokens import TokenBook
 
     book = TokenBook(args.file)
+    if args.action != "create" and not args.file.is_file():
+        return process.failed("echo2-hub", FileNotFoundError(
+            f"no token file {args.file}: `echo2-hub token create --file {args.file}` makes "
+            f"one, or pass --file with the one `serve --tokens` reads"), args.debug)
     try:
         if args.action == "create":
             print(book.create(args.name))
@@ -239,16 +248,18 @@ def _token(args: argparse.Namespace) -> int:
                 state = "revoked" if e["revoked"] is not None else "active"
                 print(f"{e['id']}  {state:7s}  {e['name']}")
         elif not args.token_id:
-            print("echo2-hub token revoke: which token id? (see `echo2-hub token list`)",
+            print("echo2-hub: token revoke: which token id? (see `echo2-hub token list`)",
                   file=sys.stderr)
-            return 2
+            return 1
         elif not book.revoke(args.token_id):
-            print(f"echo2-hub token revoke: no token {args.token_id!r} in {args.file}",
-                  file=sys.stderr)
-            return 2
+            print(f"echo2-hub: no token {args.token_id!r} in {args.file} (see `echo2-hub "
+                  f"token list --file {args.file}`)", file=sys.stderr)
+            return 1
+        else:
+            print(f"revoked {args.token_id} in {args.file}: a hub serving it refuses the token "
+                  f"from now on and sends its peers away at their next heartbeat")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"echo2-hub token: cannot use {args.file}: {exc}", file=sys.stderr)
-        return 2
+        return process.failed("echo2-hub", OSError(f"cannot use {args.file}: {exc}"), args.debug)
     return 0
 
 

@@ -22,7 +22,6 @@ workers stay warm), from the learner's uplink and theirs (`echo2p2p.capacity.bro
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,12 +37,16 @@ from echo2p2p.learner_size import (ModelShape, least_ranks, memory_per_rank_byte
 from echo2p2p.relay import STRATEGIES
 from echo2p2p.staleness import default_publish_every
 
+from ..config import read_toml
+
 
 @dataclass(frozen=True)
 class PlanConfig:
-    workers: str = "examples/workers.toml"
+    workers: str = ""
     """TOML file of candidate workers: [[worker]] tables with id, price_per_hour, rollouts_per_s,
-    upload_mbps and optionally count (that many identical workers)."""
+    upload_mbps and optionally count (that many identical workers); the repository's
+    examples/workers.toml is one. '' = none: the throughput and schedules only, no choice of
+    workers (T_bcast then counts one worker)."""
     model_bytes: float = 0.0
     """Bytes of one published version (bf16: 2 per parameter); 0 = the size of --model."""
     model: str = "tiny"
@@ -117,8 +120,9 @@ class PlanConfig:
 
 
 def load_workers(path: Path) -> list[PricedWorker]:
-    """The [[worker]] tables of a TOML file, `count` expanded; ConfigError names a bad entry."""
-    tables = tomllib.loads(path.read_text()).get("worker", [])
+    """The [[worker]] tables of a TOML file, `count` expanded; ConfigError names a bad entry,
+    or the file when it is missing or not TOML."""
+    tables = read_toml(path, "workers").get("worker", [])
     if not tables:
         raise ConfigError("workers", f"{path}: no [[worker]] tables")
     workers = []
@@ -197,7 +201,7 @@ def plan(cfg: PlanConfig, workers: list[PricedWorker], shape: ModelShape) -> dic
         "stale_frac": round(stale, 3),
         "policies": {},
     }
-    if not need.feasible:
+    if not need.feasible or not workers:
         return out
     required = need.rollouts_per_s
     out["lp_bound_per_hour"] = lp_lower_bound(workers, required * (1 + cfg.margin))
@@ -238,7 +242,10 @@ def render(p: dict[str, Any], cfg: PlanConfig) -> str:
         f"predicted lag of trained rollouts: mean {p['mean_lag']:.2f} steps; "
         f"{p['stale_frac']:.0%} would be older than S and dropped",
     ]
-    if p["feasible"]:
+    if p["feasible"] and not p["policies"]:
+        lines.append("which workers to rent: pass --workers FILE, a TOML file of [[worker]] "
+                     "tables (the repository's examples/workers.toml is one)")
+    elif p["feasible"]:
         lines.append(f"{'policy':14s} {'workers':>7s} {'rollouts/s':>10s} {'busy':>5s} "
                      f"{'$/h':>8s} {'$/1k rollouts':>13s}")
         for name, q in p["policies"].items():
@@ -251,6 +258,6 @@ def render(p: dict[str, Any], cfg: PlanConfig) -> str:
 
 
 def run(cfg: PlanConfig, as_json: bool) -> str:
-    workers = load_workers(Path(cfg.workers))
+    workers = load_workers(Path(cfg.workers)) if cfg.workers else []
     result = plan(cfg, workers, model_shape(cfg))
     return json.dumps(result, default=str) if as_json else render(result, cfg)

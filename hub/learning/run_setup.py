@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
 
-from ..serving.app import serve
+from ..serving.app import bind, serve, tls_context
 from ..config import SECRETS, HubConfig
 from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
@@ -45,21 +47,31 @@ from ..overlay.versions import VersionFiles
 
 log = logging.getLogger(__name__)
 
+Setup = TaskSetup | Callable[[], TaskSetup] | None  # the task and reward, or what makes them
+
 
 @contextlib.asynccontextmanager
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
-                    ranks: Ranks | None = None, setup: TaskSetup | None = None,
+                    ranks: Ranks | None = None, setup: Setup = None,
                     sources: Mapping[str, str] | None = None) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
-    others run `follow_rank`). `setup`: the task and reward (None: as `cfg` names them).
+    others run `follow_rank`). `setup`: the task and reward, or what makes it once the ports are
+    bound (None: as `cfg` names them).
     `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
-    # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section 9), read
-    # first: a directory without them is refused (ConfigError on "model") before any loading.
-    files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
-    sources = all_sources(cfg, sources)
-    log.info("%s", sources_table(cfg, sources))  # before anything loads
-    run, eval_scorer, trackers = await _open_run(cfg, stream, resume, ranks, setup)
+    sock, board_sock = listeners = _listeners(cfg)  # a busy port fails here, at once
+    try:
+        # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section
+        # 9), read next: a directory without them is refused (ConfigError on "model") before
+        # any loading.
+        files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
+        sources = all_sources(cfg, sources)
+        log.info("%s", sources_table(cfg, sources))  # before anything loads
+        run, eval_scorer, trackers, made = await _open_new_or_resumed(cfg, stream, resume,
+                                                                      ranks, setup)
+    except BaseException:
+        _close(listeners)
+        raise
     write_sources(run.runlog.run_dir, sources)
     hub, runlog = run.hub, run.runlog
 
@@ -70,7 +82,8 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
             await hub.scorer.start()
-        async with serve(hub, cfg.network.host, cfg.network.port, routes) as port, dashboard(run) as board:
+        async with serve(hub, cfg.network.host, cfg.network.port, routes, sock=sock) as port, \
+                dashboard(run, board_sock) as board:
             run.port, run.dashboard_port = port, board
             log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
                      "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
@@ -84,6 +97,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                     for task_ in tasks:
                         task_.cancel()
     finally:
+        _close(listeners)  # after the servers (closing twice is harmless)
+        if not run.port:  # it never served: a new run's directory goes again
+            _remove(made)
         if isinstance(run.learner, Leader):
             run.learner.close()
         eval_scorer.close()
@@ -92,6 +108,60 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         hub.checkpoint(None)  # closes the journal
         runlog.close()
         trackers.close()  # wandb finishes its run
+
+
+def _listeners(cfg: HubConfig) -> tuple[socket.socket, socket.socket | None]:
+    """The peers' and the dashboard's (None: no dashboard) listeners, bound before the run
+    directory is made or anything loads, and the TLS pair they serve checked: a ConfigError
+    naming the port and the fix when one is in use."""
+    tls_context(cfg.network.tls_cert, cfg.network.tls_key)
+    sock = bind(cfg.network.host, cfg.network.port, "port", cfg.overlay.tcp_congestion)
+    try:
+        return sock, (None if cfg.view.dashboard_port < 0 else
+                      bind(cfg.view.dashboard_host, cfg.view.dashboard_port, "dashboard_port"))
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _close(listeners: tuple[socket.socket | None, ...]) -> None:
+    for listener in listeners:
+        if listener is not None:
+            listener.close()
+
+
+async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
+                               setup: Setup) -> tuple[HubRun, Scorer, Trackers, Path | None]:
+    """`_open_run` (with the task and reward `setup` makes, if it makes them), and the
+    directory it made for a new run (`_new_run_dir`), which is removed again if it fails."""
+    if callable(setup):  # made now that the ports are bound: a dataset may take a while
+        setup = await asyncio.to_thread(setup)
+    run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
+    made = _new_run_dir(cfg, resume, run_id)
+    try:
+        return (*await _open_run(cfg, stream, resume, ranks, setup, run_id), made)
+    except BaseException:
+        _remove(made)
+        raise
+
+
+def _new_run_dir(cfg: HubConfig, resume: bool, run_id: str) -> Path | None:
+    """The directory this start will make for a new run (the run's, or the first of its parents
+    that is not there yet); None for a resumed run or a directory that exists already: those
+    are never removed."""
+    run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
+    if resume or run_dir.exists():
+        return None
+    while not run_dir.parent.exists():  # runs/ too, if this start makes it
+        run_dir = run_dir.parent
+    return run_dir
+
+
+def _remove(run_dir: Path | None) -> None:
+    """A new run's directory, made by a start that failed before it served: nothing of it is
+    left behind (its config.json and run log say nothing a user could resume from)."""
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
@@ -179,10 +249,11 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: TaskSetup | None = None) -> tuple[HubRun, Scorer, Trackers]:
+                    setup: TaskSetup | None = None, run_id: str = ""
+                    ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
-    log, resumed from cfg.run.run_dir's checkpoint if `resume`, version 0 (or the resumed one)
-    published; and the evaluation scorer and the trackers, which the caller closes."""
+    log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
+    (or the resumed one) published; and the evaluation scorer and trackers (the caller's)."""
     from .learner import encode_prompt
     from ..serving.spotcheck import SpotChecker
 
@@ -191,7 +262,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
         if not cfg.run.run_dir:
             raise ConfigError("run_dir", "--resume needs the run directory")
         saved = await asyncio.to_thread(Checkpoints(Path(cfg.run.run_dir)).load)
-    run_id = saved[1]["run_id"] if saved else uuid.uuid4().hex[:12]
+    run_id = saved[1]["run_id"] if saved else run_id or uuid.uuid4().hex[:12]
     run_dir = Path(cfg.run.run_dir or f"runs/{run_id}")
     # the run's config.json, without the secrets (a resumed run is given them again)
     config = {"run_id": run_id, **{k: v for k, v in as_dict(cfg).items() if k not in SECRETS}}

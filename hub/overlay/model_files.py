@@ -86,9 +86,7 @@ class ModelFiles:
         try:
             directory = model_dir(model)
         except FileNotFoundError as exc:
-            raise ConfigError("model", f"{exc}; give a local directory, a GGUF file, a "
-                                       "built-in name, or a hub id already in the local "
-                                       "cache") from None
+            raise ConfigError("model", str(exc)) from None
         return cls.read(directory, model, tokens)
 
     def with_tokens(self, tokens: Mapping[str, Any]) -> ModelFiles:
@@ -123,9 +121,13 @@ def model_dir(model: str, *, cache_dir: str | None = None) -> Path:
 
     try:
         return Path(snapshot_download(source, cache_dir=cache_dir, local_files_only=True))
-    except (LocalEntryNotFoundError, HFValidationError) as exc:
-        raise FileNotFoundError(f"model {model!r}: no local directory and no cached snapshot "
-                                f"of the hub id: {exc}") from None
+    except HFValidationError:
+        raise FileNotFoundError(f"{model!r} is not a built-in name, a local directory or "
+                                f"file, or a Hugging Face id (org/name)") from None
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"{model!r}: no local directory of that name, and no "
+                                f"snapshot of the Hugging Face id in the local cache (the hub "
+                                f"does not download: run `hf download {model}` first)") from None
 
 
 def token_facts(tokenizer: Any, vocab_size: int) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The hub's aiohttp application: the peers' websocket, the hub's chunks, TLS, extra routes.
 
+`bind` opens a listener first, so that a busy port fails the start before anything loads;
 `serve(hub, host, port)` mounts the hub's routes (`Hub.routes()`: the peers' websocket on /ws
 and the hub's share of the overlay's chunks on /chunk/...) and any extra ones, behind the HTTP
 idle and request-head deadlines, with the hub's TLS, and sends the peers away on exit. It knows nothing of
@@ -9,6 +10,8 @@ leases, versions or rollouts: those are `echo2p2p.hub.serving.server.Hub`'s.
 from __future__ import annotations
 
 import contextlib
+import errno
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -23,11 +26,31 @@ if TYPE_CHECKING:
     from .server import Hub
 
 
+def bind(host: str, port: int, field: str, congestion: str = "") -> socket.socket:
+    """A listener on host:port (`listening_socket`), bound before the run loads anything;
+    ConfigError on `field` (the flag that sets the port), naming the fix, when it cannot be."""
+    flag = "--" + field.replace("_", "-")
+    where = f"{port} on {host or 'every address'}"
+    try:
+        return listening_socket(host, port, congestion)
+    except socket.gaierror as exc:
+        raise ConfigError(field, f"cannot listen on {host!r}: {exc.strerror}") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            problem = (f"port {where} is in use (another hub?): stop it or pass {flag} N "
+                       f"(0 picks a free one)")
+        elif exc.errno == errno.EACCES:
+            problem = f"port {where} needs privileges: pass {flag} N with N >= 1024"
+        else:
+            problem = f"cannot listen on port {where}: {exc.strerror or exc}"
+        raise ConfigError(field, problem) from None
+
+
 @contextlib.asynccontextmanager
-async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None
-                ) -> AsyncIterator[int]:
-    """Serve the hub's routes and any extra GET `routes` on host:port; yields the bound port.
-    Peers are sent away on exit."""
+async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None, *,
+                sock: socket.socket | None = None) -> AsyncIterator[int]:
+    """Serve the hub's routes and any extra GET `routes` on host:port (or on `sock`, a listener
+    bound already: `bind`); yields the bound port. Peers are sent away on exit."""
     app = web.Application()
     for path, handler in {**hub.routes(), **(routes or {})}.items():
         app.router.add_get(path, handler)
@@ -35,7 +58,7 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        sock = listening_socket(host, port, hub.cfg.overlay.tcp_congestion)
+        sock = sock or bind(host, port, "port", hub.cfg.overlay.tcp_congestion)
         await web.SockSite(runner, sock, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:

@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from aiohttp import web
 
 from echo2p2p.runtime import http_deadlines
 
-from ..serving.app import tls_context
+from ..serving.app import bind, tls_context
 from .feed import Feed, event_frame, finite_json
 from .metrics import metrics_handler
 from ..config_sections import is_loopback
@@ -57,9 +58,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @contextlib.asynccontextmanager
-async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
+async def dashboard(run: HubRun, sock: socket.socket | None = None) -> AsyncIterator[int | None]:
     """`start_hub`'s dashboard: none (None) when cfg.view.dashboard_port is -1, else a feed on the
-    run log, served on cfg.view.dashboard_host:dashboard_port; yields the bound port."""
+    run log, served on cfg.view.dashboard_host:dashboard_port (or on `sock`, bound already);
+    yields the bound port."""
     cfg = run.cfg
     if cfg.view.dashboard_port < 0:
         yield None
@@ -70,7 +72,7 @@ async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
             feed.record(record)
     run.runlog.listeners.append(feed.record)
     try:
-        async with serve_dashboard(run, feed) as port:
+        async with serve_dashboard(run, feed, sock=sock) as port:
             host = f"[{cfg.view.dashboard_host}]" if ":" in cfg.view.dashboard_host else cfg.view.dashboard_host
             log.info("dashboard on %s://%s:%d/", "https" if cfg.network.tls_cert else "http", host, port)
             yield port
@@ -79,10 +81,11 @@ async def dashboard(run: HubRun) -> AsyncIterator[int | None]:
 
 
 @contextlib.asynccontextmanager
-async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
-                          ) -> AsyncIterator[int]:
+async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None, *,
+                          sock: socket.socket | None = None) -> AsyncIterator[int]:
     """Serve `run`'s dashboard from `feed` on cfg.view.dashboard_host, port `port` (None: cfg's;
-    0: a free one); yields the bound port. Open event streams end on exit."""
+    0: a free one), or on `sock` (bound already: `hub.serving.app.bind`); yields the bound port.
+    Open event streams end on exit."""
     cfg = run.cfg
     app = web.Application(middlewares=[token_check(cfg.view.dashboard_token)])
     app.on_response_prepare.append(_secure_headers)
@@ -98,7 +101,8 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None
     await runner.setup()
     try:
         port = cfg.view.dashboard_port if port is None else port
-        await web.TCPSite(runner, cfg.view.dashboard_host, port, ssl_context=tls).start()
+        sock = sock or bind(cfg.view.dashboard_host, port, "dashboard_port")
+        await web.SockSite(runner, sock, ssl_context=tls).start()
         yield runner.addresses[0][1]
     finally:
         feed.close()  # the event streams end, so the runner's shutdown need not wait for them

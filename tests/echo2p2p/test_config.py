@@ -116,17 +116,17 @@ def test_bad_config_names_the_field(toml, flags, field):
 
 @pytest.mark.parametrize("table", ["[hub]", "[hub.staleness]"])
 def test_hub_cli_reports_bad_toml_field(tmp_path, capsys, table):
-    """`echo2-hub serve --config bad.toml` exits 2 naming the field, before loading anything,
+    """`echo2-hub serve --config bad.toml` exits 1 naming the field, before loading anything,
     whether the file sets it in the [hub] table or in its section's."""
     bad = tmp_path / "bad.toml"
     bad.write_text(f"{table}\nmax_lag = 1\npublish_every = 5\n")
-    assert hub_cli.main(["serve", "--config", str(bad)]) == 2
+    assert hub_cli.main(["serve", "--config", str(bad)]) == 1
     assert "publish_every" in capsys.readouterr().err
 
 
 def test_peer_cli_rejects_unknown_engine(capsys):
-    """`echo2-peer join --engine nope` exits 2 naming the field."""
-    assert peer_cli.main(["join", "127.0.0.1:1", "--engine", "nope"]) == 2
+    """`echo2-peer join --engine nope` exits 1 naming the field."""
+    assert peer_cli.main(["join", "127.0.0.1:1", "--engine", "nope"]) == 1
     assert "engine" in capsys.readouterr().err
 
 
@@ -153,14 +153,24 @@ def test_help_does_not_import_torch():
     assert "--max-lag" in done.stdout and "staleness bound" in done.stdout
 
 
-@pytest.mark.parametrize("name", ["demo.toml", "math.toml"])
+@pytest.mark.parametrize("name", ["demo.toml", "math.toml", "gsm8k.toml"])
 def test_example_configs_are_valid(name):
-    """The shipped example configs resolve to valid hub configs."""
+    """The shipped example configs resolve to valid hub configs; the GPU ones (device = "cuda"),
+    on a machine without CUDA, are refused naming the device and the fix, and resolve with
+    --device cpu."""
     import pathlib
     import tomllib
 
+    import torch
+
     path = pathlib.Path(__file__).parents[2] / "examples" / name
-    cfg = resolve(HubConfig, tomllib.loads(path.read_text())["hub"])
+    table = tomllib.loads(path.read_text())["hub"]
+    if table.get("device", "cpu").startswith("cuda") and torch.cuda.device_count() == 0:
+        with pytest.raises(ConfigError) as info:
+            resolve(HubConfig, table)
+        assert info.value.field == "device" and "--device cpu" in str(info.value)
+        table = {**table, "device": "cpu"}
+    cfg = resolve(HubConfig, table)
     assert cfg.staleness.kappa <= cfg.staleness.max_lag + 1
 
 

@@ -142,8 +142,9 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
 def test_resume_without_a_run_or_a_checkpoint_says_so(tmp_path, capsys):
     from echo2p2p.hub.cli import main
 
-    assert main(["serve", "--resume", str(tmp_path / "nowhere")]) == 2
+    assert main(["serve", "--resume", str(tmp_path / "nowhere")]) == 1
     assert "config.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "x", "port": 0}))
-    assert main(["serve", "--resume", str(tmp_path)]) == 2
+    assert main(["serve", "--resume", str(tmp_path)]) == 1
     assert "no checkpoint in" in capsys.readouterr().err
+    assert (tmp_path / "config.json").is_file()  # a failed resume never removes the run's files
