@@ -164,7 +164,7 @@ def welcomed_peers(hub: Hub, n: int) -> None:
         conn.post(m.Welcome(peer_id, hub.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, 0.0, True, now)
-        hub._pool.accounts[peer_id].rollouts_per_s = i / 100
+        hub._pool.accounts[peer_id].gen_rollouts_per_s = i / 100
 
 
 def step_record(step: int) -> dict:
@@ -195,7 +195,7 @@ async def test_page_stays_bounded_over_a_long_run_and_many_peers(tmp_path):
         steps = await page.evaluate("dashboard.state.steps.step")
         assert 2000 < len(steps) <= 4000 and steps[-1] == 6999
         assert all(a < b for a, b in zip(steps, steps[1:]))
-        await page.click("th[data-key=rollouts_per_s]")  # a number column sorts high to low first
+        await page.click("th[data-key=gen_rollouts_per_s]")  # a number column sorts high to low first
         await wait_for(page, "document.querySelector('#peers tbody td').textContent === 'peer-0999'")
         await page.fill("#peer-filter", "peer-000")
         await wait_for(page, "dashboard.lengths().rows === 10")
