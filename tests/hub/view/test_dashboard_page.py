@@ -201,3 +201,53 @@ async def test_page_stays_bounded_over_a_long_run_and_many_peers(tmp_path):
         await wait_for(page, "dashboard.lengths().rows === 10")
     run.runlog.close()
     assert problems == []
+
+
+CUT = """() => [...document.querySelectorAll('.tile .label, .tile .value, #peers th')]
+  .filter((el) => el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > innerWidth)
+  .map((el) => el.textContent)"""
+
+
+async def test_at_1000_px_no_tile_or_header_is_cut_and_the_lp_tile_says_why_it_is_empty(tmp_path):
+    """At 1000 px wide every tile's label and value and every peers table header shows whole
+    (they wrap, none is cut or runs off the page), and the LP bound tile, empty before any step
+    was timed, says why (the capacity model's sentence)."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "narrow", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    welcomed_peers(hub, 3)
+    feed = Feed()
+    feed.record(step_record(0))
+    async with serve_dashboard(run, feed) as port, chromium() as browser:
+        page = await browser.new_page(viewport={"width": 1000, "height": 900})
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await wait_for(page, "dashboard.timings.first_render_ms !== null "
+                             "&& dashboard.lengths().rows === 3")
+        assert await page.evaluate(CUT) == []
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 1000
+        assert await page.text_content("#tile-lp-bound") == "–"
+        assert "needs a measured learner step" in await page.text_content("#tile-lp-why")
+    run.runlog.close()
+
+
+async def test_the_page_without_scripts_shows_the_runs_figures_and_where_the_data_is(tmp_path):
+    """A plain headless Chromium with scripts off (a script's screenshot, a slow client) gets
+    the run's figures of the moment in the tiles, served in the HTML, and a noscript line
+    naming /status and /metrics."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "first-paint", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    run.records.append({**step_record(7), "rollout/per_s": 12.345, "hub/learner_busy_frac": 0.61})
+    async with serve_dashboard(run, Feed()) as port, chromium() as browser:
+        context = await browser.new_context(java_script_enabled=False)
+        page = await context.new_page()
+        await page.goto(f"http://127.0.0.1:{port}/")
+        shown = {tile: await page.text_content(f"#{tile}") for tile in (
+            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward")}
+        note = await page.text_content("noscript")
+    run.runlog.close()
+    assert shown == {"run-id": "first-paint", "tile-step": "7", "tile-rate": "12.3",
+                     "tile-busy": "61 %", "tile-reward": "0.500"}
+    assert "/status" in note and "/metrics" in note
