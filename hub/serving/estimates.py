@@ -75,10 +75,16 @@ class Estimates:
             "capacity/bcast_s": None if self.bcast_s is None else round(self.bcast_s, 4),
             "capacity/gen_rollouts_per_s": round(mu, 2),
             "capacity/required_rollouts_per_s": None if required is None else round(required, 2),
-            "capacity/required_why": None if required is not None else self.required()[1],
+            "capacity/required_why": None if required is not None else self._why_none(),
             "capacity/predicted_busy_frac": round(
                 predicted_busy_fraction(self.workload(), mu, Reading.OVERLAPPED), 3),
         }
+
+    def _why_none(self) -> str:
+        """Why the pool was told no requirement: the model's sentence, or, where the model has
+        one since (a broadcast measured between two steps), that the next step plans it."""
+        required, why = self.required()
+        return why if required is None else "planned at the next step"
 
 
 def _ewma(old: float | None, new: float, weight: float = EWMA_WEIGHT) -> float:
