@@ -61,9 +61,9 @@ class HubRun:
         self.finished = asyncio.Event()
         self.estimates = estimates or Estimates(cfg)
         self._start = time.perf_counter()  # the learner loop's start (train() sets it)
-        # Seconds the loop did not wait for a batch (stepping, publishing, checkpointing,
-        # evaluating), over the window of every rate: the capacity model's "learner busy".
-        self._busy = WindowSum(self._start)
+        # Seconds the loop waited for a batch, over the window of every rate: the learner is
+        # busy (the capacity model's sense: not starved of rollouts) the rest of the time.
+        self._waited = WindowSum(self._start)
         self._last_record_t = self._start  # for the step's tokens/s
 
     @property
@@ -133,11 +133,18 @@ class HubRun:
             self.records.append(record)
             self.runlog.event(record, f"base policy v0: held-out reward {acc:.3f}")
         self._start = time.perf_counter()
-        self._busy = WindowSum(self._start)
+        self._waited = WindowSum(self._start)
         self._last_record_t = self._start
+        got = evaluated_s = None  # when the last batch came; what its step spent evaluating
         while not cfg.run.max_steps or hub.step < cfg.run.max_steps:
+            waiting = time.perf_counter()
+            if got is not None:  # T_train: the last step's whole time in the loop (compute,
+                # publication, checkpoint, its record), its evaluation aside; on the tiny model
+                # the compute (train/step_s) is the smaller part
+                self.estimates.observe_train_step(waiting - got - evaluated_s)
             batch = await hub.wait_batch()
             got = time.perf_counter()
+            self._waited.add(got, got - waiting)
             step = hub.step
             lags = Counter(lag_versions(step, g.version) for g in batch)
             self.runlog.staleness.update(lags)
@@ -146,18 +153,13 @@ class HubRun:
             hub.dispatch()
             if is_publish_version(hub.step, cfg.staleness.kappa):
                 await self.publish()
-            # T_train is what the loop spends per step before it can take the next batch: the
-            # step's compute and the publication and checkpoint it waits for (on the tiny model
-            # these are most of it; train/step_s is the compute alone).
-            work_s = time.perf_counter() - got
-            self._busy.add(time.perf_counter(), work_s)
-            self.estimates.observe_train_step(work_s)
             hub.replan(self.estimates.required_rollouts_per_s())
             record = self._record(step, batch, lags, stats)
+            evaluated_s = 0.0
             if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0:
                 evaluating = time.perf_counter()
                 record["eval/accuracy"] = await self.evaluate()
-                self._busy.add(time.perf_counter(), time.perf_counter() - evaluating)
+                evaluated_s = time.perf_counter() - evaluating
             self.records.append(record)
             self.runlog.step(record)
             if hub.step % 10 == 0:
@@ -173,7 +175,7 @@ class HubRun:
         record = step_record(
             step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
             time_s=now - self._start,
-            rollouts_per_s=hub.admitted_per_s, busy_frac=min(self._busy.per_s(now), 1.0),
+            rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
             tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
             capacity=self.capacity_metrics(hub), off_policy=diagnostics)
         self._last_record_t = now

@@ -1,8 +1,8 @@
 """The capacity model's inputs, measured while the run goes, and what the model says of them.
 
-`Estimates` keeps EWMAs of T_train (the learner loop's time per step outside waiting for a
-batch: the forward, backward and optimiser step, and the publication and checkpoint the loop
-does before it takes the next batch; what limits how fast it can eat rollouts) and
+`Estimates` keeps EWMAs of T_train (the learner loop's whole time per step but waiting for a
+batch and evaluating: the forward, backward and optimiser step, the publication and checkpoint,
+the step's record; what limits how fast it can eat rollouts, whatever the peers do) and
 T_bcast (publication until every peer held the version), fed by the learner loop and by the
 propagation records. From them and the run's config it gives the `echo2p2p.capacity.Workload`,
 the rollout throughput the active peers must deliver (which the activation pool is told), and
@@ -76,8 +76,8 @@ class Estimates:
             "capacity/gen_rollouts_per_s": round(mu, 2),
             "capacity/required_rollouts_per_s": None if required is None else round(required, 2),
             "capacity/required_why": None if required is not None else self._why_none(),
-            "capacity/predicted_busy_frac": round(
-                predicted_busy_fraction(self.workload(), mu, Reading.OVERLAPPED), 3),
+            "capacity/predicted_busy_frac": round(predicted_busy_fraction(
+                self.workload(), mu, Reading.OVERLAPPED), 3) if self.train_step_s else None,
         }
 
     def _why_none(self) -> str:

@@ -115,7 +115,7 @@ RATIO_GAUGES = (
 # (capacity_metrics key, name, help)
 CAPACITY_GAUGES = (
     ("capacity/train_step_s", "echo2_capacity_train_step_seconds",
-     "T_train, the EWMA of the learner loop's time per step (compute, publication, checkpoint)."),
+     "T_train, the EWMA of the learner loop's time per step, waiting for rollouts aside."),
     ("capacity/bcast_s", "echo2_capacity_bcast_seconds", "T_bcast, the EWMA of a version's "
                                                          "broadcast."),
     ("capacity/gen_rollouts_per_s", "echo2_capacity_gen_rollouts_per_second",
