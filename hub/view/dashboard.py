@@ -197,13 +197,19 @@ def first_paint(html: bytes, now: dict[str, Any]) -> bytes:
     text is written into the page here."""
     last, cost = now.get("last") or {}, now.get("cost") or {}
     busy = last.get("hub/learner_busy_frac")
+    states = [p.get("state") for p in (now.get("peers") or {}).values()]
     values = {"run-id": now.get("run_id"), "max-lag": now.get("max_lag"),
               "kappa": now.get("kappa"), "tile-step": _shown(last.get("step"), ".0f"),
               "tile-version": _shown(now.get("published_version"), ".0f"),
               "tile-reward": _shown(last.get("train/reward_mean"), ".3f"),
               "tile-busy": None if _shown(busy, ".0%") is None else f"{100 * busy:.0f} %",
               "tile-rate": _shown(last.get("rollout/per_s"), ".1f"),
-              "tile-usd-total": _shown(cost.get("cost/usd_total"), ".4f", "$")}
+              "tile-usd-total": _shown(cost.get("cost/usd_total"), ".4f", "$"),
+              "tile-usd-hour": _shown(cost.get("cost/usd_per_hour"), ".3f", "$"),
+              "tile-usd-1k": _shown(cost.get("cost/usd_per_1k_rollouts"), ".4f", "$"),
+              "tile-lp-bound": _shown(cost.get("lp_bound_usd_per_hour"), ".3f", "$"),
+              "tile-peers": " · ".join(str(states.count(s))
+                                       for s in ("active", "standby", "quarantined"))}
     for key, value in values.items():
         if value is not None:
             text = html_escape(str(value)).encode()

@@ -33,6 +33,8 @@ MAX_TEXT = 32  # characters shown of a string the hub or a peer sent
 MAX_ROWS = 40  # peers listed; the others are counted in the caption
 MAX_BODY_BYTES = 32 << 20  # a /status of 1,000 peers is ~0.5 MB: more is not a hub's answer
 STATES = {"active": "green", "standby": "yellow", "quarantined": "red"}
+LEGEND = ("adm/s: completions admitted per second over the last 60 s; gen/s: made per second "
+          "while busy (the capacity model's input, above adm/s while a peer waits for leases)")
 
 
 class Unreachable(Exception):
@@ -170,12 +172,10 @@ def peers_table(status: dict[str, Any], limit: int = MAX_ROWS) -> Table:
     rows = sorted((p for p in part(status, "peers").values() if isinstance(p, dict)),
                   key=lambda p: (order.index(s) if (s := state_of(p)) in order else len(order),
                                  one_line(p.get("name"))))
-    caption = f"and {len(rows) - limit} more peers" if len(rows) > limit else None
+    caption = LEGEND + (f"; and {len(rows) - limit} more peers" if len(rows) > limit else "")
     if status.get("public") is True:  # the hub's port without the dashboard token
         caption = "peers not shown: this hub needs its dashboard token (--token)"
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption=caption)
-    # adm/s: completions admitted per second over the last 60 s; gen/s: made per second while
-    # busy (the capacity model's input; higher whenever the peer waits for leases)
     for column in ("name", "engine", "ver", "adm/s", "gen/s", "up Mb/s", "trust", "state", "$",
                    "seen"):  # short: ten columns in 80 characters
         text = column in ("name", "engine", "state")

@@ -1,7 +1,8 @@
 """The dashboard's page in a real headless Chromium (Debian's /usr/bin/chromium) over a real hub
 and real peers: it fills from the run, follows it live without a reload, honours the token,
-finds a restarted hub on the same port by itself, and stays bounded over a long run with many
-peers (the hub's real dashboard server and feed, its peers welcomed without sockets)."""
+finds a restarted hub on the same port by itself, stays bounded over a long run with many
+peers (the hub's real dashboard server and feed, its peers welcomed without sockets), shows
+every tile and header whole at 1000 px, and shows the run's figures without scripts."""
 
 from __future__ import annotations
 
@@ -240,14 +241,15 @@ async def test_the_page_without_scripts_shows_the_runs_figures_and_where_the_dat
     hub = Hub(cfg, "first-paint", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
     run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
     run.records.append({**step_record(7), "rollout/per_s": 12.345, "hub/learner_busy_frac": 0.61})
+    welcomed_peers(hub, 2)
     async with serve_dashboard(run, Feed()) as port, chromium() as browser:
         context = await browser.new_context(java_script_enabled=False)
         page = await context.new_page()
         await page.goto(f"http://127.0.0.1:{port}/")
         shown = {tile: await page.text_content(f"#{tile}") for tile in (
-            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward")}
+            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward", "tile-peers")}
         note = await page.text_content("noscript")
     run.runlog.close()
     assert shown == {"run-id": "first-paint", "tile-step": "7", "tile-rate": "12.3",
-                     "tile-busy": "61 %", "tile-reward": "0.500"}
+                     "tile-busy": "61 %", "tile-reward": "0.500", "tile-peers": "2 · 0 · 0"}
     assert "/status" in note and "/metrics" in note
