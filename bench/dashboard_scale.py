@@ -98,7 +98,7 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), True, now)
         account = hub._pool.accounts[peer_id]
-        account.rollouts_per_s = rng.uniform(0.5, 3.0)
+        account.gen_rollouts_per_s = rng.uniform(0.5, 3.0)
         if i % 5 == 4:
             account.active_since = None  # on standby
         if i % 100 == 7:

@@ -158,7 +158,7 @@ async def run_phase(args, pool: list[PricedWorker], max_lag: int, rate_mbps: flo
     done = [e["done_s"] for e in spread if e["complete"]]
     return {
         "busy_frac": busy_s / wall_s,
-        "hub_busy_frac": last["hub/learner_busy_frac"],  # the hub's own, over the whole run
+        "hub_busy_frac": last["hub/learner_busy_frac"],  # the hub's own, over the last 60 s
         "train_step_s": statistics.fmean(r["train/step_s"] for r in window[1:]),
         "real_step_s": statistics.median(real_s),
         "bcast_s": statistics.median(done) if done else None,
@@ -227,8 +227,8 @@ def run_both(args: argparse.Namespace, pool: list[PricedWorker], rate_mbps: floa
             r = asyncio.run(run_phase(args, pool, max_lag, rate_mbps, Path(tmp) / name, timeout_s))
             results[name] = r
             print(f"{name:5s} S={max_lag} kappa={r['kappa']}: steps {r['window'][0]}.."
-                  f"{r['window'][1]} in {r['wall_s']:.1f} s, busy {r['busy_frac']:.3f} (hub, whole "
-                  f"run: {r['hub_busy_frac']:.3f}), T_train {r['train_step_s']:.3f} s (real step "
+                  f"{r['window'][1]} in {r['wall_s']:.1f} s, busy {r['busy_frac']:.3f} (hub, last "
+                  f"60 s: {r['hub_busy_frac']:.3f}), T_train {r['train_step_s']:.3f} s (real step "
                   f"{r['real_step_s'] * 1000:.0f} ms), T_bcast {_fmt(r['bcast_s'])} s "
                   f"({r['bcast_incomplete']} incomplete), lag {r['lag_mean']:.2f}, "
                   f"{r['stale']} stale groups, run {r['total_s']:.0f} s", flush=True)

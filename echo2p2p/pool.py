@@ -11,6 +11,10 @@ Who is always active, whatever the plan:
 - everyone, when `required` is None (no step time measured yet, S = 0, where any extra
   throughput shortens the step, or a broadcast too slow for the rule) or the policy is "all".
 
+Rates (`echo2p2p.rates`, one definition for the whole hub): each account's generation rate
+while busy (`gen_rollouts_per_s`, the activation's mu_i, from `rate`) and its admitted/s, and the
+pool's admitted/s overall (peers that left included), all over the last RATE_WINDOW_S seconds.
+
 The cost meter bills a peer its declared price for the time it is active (standby is free: the
 model is a market that pays for the hours a worker is put to work), from join to leave, and keeps
 the total of peers that left.
@@ -19,9 +23,10 @@ the total of peers that left.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from echo2p2p.activation import Activator, PricedWorker, Selection, lp_lower_bound
+from echo2p2p.rates import BusyRate, WindowSum
 
 POLICIES = ("cost", "all")
 
@@ -33,16 +38,20 @@ class Account:
     name: str
     price_per_hour: float
     generates: bool  # False for a relay-only peer
-    rollouts_per_s: float = 0.0  # measured; 0 = on trial
+    gen_rollouts_per_s: float = 0.0  # measured while busy (`echo2p2p.rates`); 0 = on trial
     admitted: int = 0  # completions admitted, for $ per rollout
     usd: float = 0.0  # accrued up to `since`
     active_since: float | None = None  # None while on standby
+    joined: float = 0.0
+    gen: BusyRate = field(init=False, repr=False)
+    admitted_window: WindowSum = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # The hub's session bounds what the wire says (echo2p2p.bounds); this is the last line:
         # a NaN or negative price here would poison the cost meter and every later plan.
         _finite_non_negative("price_per_hour", self.price_per_hour)
-        _finite_non_negative("rollouts_per_s", self.rollouts_per_s)
+        _finite_non_negative("gen_rollouts_per_s", self.gen_rollouts_per_s)
+        self.gen, self.admitted_window = BusyRate(self.joined), WindowSum(self.joined)
 
     def accrue(self, now: float) -> None:
         if self.active_since is not None:
@@ -63,11 +72,15 @@ class Pool:
         self.admitted_left = 0
         self.required: float | None = None  # rollouts/s of the last plan
         self.plan: Selection | None = None
+        self.admitted_window: WindowSum | None = None  # overall; from the first join
 
     def join(self, peer_id: str, name: str, price_per_hour: float, generates: bool,
              now: float) -> None:
         """A new peer: active at once (on trial, or a relay)."""
-        self.accounts[peer_id] = Account(name, price_per_hour, generates, active_since=now)
+        self.accounts[peer_id] = Account(name, price_per_hour, generates, active_since=now,
+                                         joined=now)
+        if self.admitted_window is None:
+            self.admitted_window = WindowSum(now)
 
     def leave(self, peer_id: str, now: float) -> None:
         account = self.accounts.pop(peer_id, None)
@@ -80,28 +93,34 @@ class Pool:
         account = self.accounts.get(peer_id)
         return account is not None and account.active_since is not None
 
-    def rate(self, peer_id: str, rollouts_per_s: float, weight: float = 0.3) -> None:
-        """Fold one measurement of a peer's generation rate into its EWMA."""
-        _finite_non_negative("rollouts_per_s", rollouts_per_s)
+    def rate(self, peer_id: str, samples: int, busy_s: float, now: float) -> None:
+        """One submission of `peer_id`'s: `samples` completions made in `busy_s` seconds."""
+        _finite_non_negative("busy_s", busy_s)
         account = self.accounts.get(peer_id)
         if account is not None:
-            old = account.rollouts_per_s
-            account.rollouts_per_s = rollouts_per_s if not old else \
-                (1 - weight) * old + weight * rollouts_per_s
+            account.gen_rollouts_per_s = account.gen.add(now, samples, busy_s)
 
-    def rollouts_per_s(self, peer_id: str) -> float:
-        """`peer_id`'s measured generation rate (0.0: not measured yet, or not here)."""
+    def gen_rollouts_per_s(self, peer_id: str) -> float:
+        """`peer_id`'s generation rate while busy (0.0: not measured yet, or not here)."""
         account = self.accounts.get(peer_id)
-        return account.rollouts_per_s if account is not None else 0.0
+        return account.gen_rollouts_per_s if account is not None else 0.0
 
-    def admitted(self, peer_id: str, completions: int) -> None:
-        """`completions` of `peer_id`'s were admitted (for $ per rollout; a peer gone: nothing)."""
+    def admitted(self, peer_id: str, completions: int, now: float) -> None:
+        """`completions` of `peer_id`'s were admitted at `now` (a peer gone: only the total)."""
+        if self.admitted_window is not None:
+            self.admitted_window.add(now, completions)
         if (account := self.accounts.get(peer_id)) is not None:
             account.admitted += completions
+            account.admitted_window.add(now, completions)
 
-    def active_rollouts_per_s(self) -> float:
-        """What the active peers were measured to make together."""
-        return sum(a.rollouts_per_s for pid, a in self.accounts.items() if self.is_active(pid))
+    def admitted_per_s(self, now: float) -> float:
+        """Completions admitted per second over the window, every peer's, gone ones too."""
+        return 0.0 if self.admitted_window is None else self.admitted_window.per_s(now)
+
+    def active_gen_rollouts_per_s(self) -> float:
+        """What the active peers can make together while busy (the capacity model's sum mu_i)."""
+        return sum(a.gen_rollouts_per_s for pid, a in self.accounts.items()
+                   if self.is_active(pid))
 
     def replan(self, required: float | None, now: float) -> tuple[list[str], list[str]]:
         """Choose the active set for `required` rollouts/s (None: everyone); returns the peer
@@ -113,7 +132,8 @@ class Pool:
         else:
             self.plan = self.activator.replan(measured, required)
             chosen = set(self.plan.active) | {
-                pid for pid, a in self.accounts.items() if not a.generates or not a.rollouts_per_s}
+                pid for pid, a in self.accounts.items()
+                if not a.generates or not a.gen_rollouts_per_s}
         activated, standby = [], []
         for pid, account in self.accounts.items():
             account.accrue(now)
@@ -132,8 +152,8 @@ class Pool:
         return lp_lower_bound(self._measured(), self.required * (1 + self.activator.margin))
 
     def _measured(self) -> list[PricedWorker]:
-        return [PricedWorker(pid, a.price_per_hour, a.rollouts_per_s)
-                for pid, a in self.accounts.items() if a.generates and a.rollouts_per_s > 0]
+        return [PricedWorker(pid, a.price_per_hour, a.gen_rollouts_per_s)
+                for pid, a in self.accounts.items() if a.generates and a.gen_rollouts_per_s > 0]
 
     def usd_total(self, now: float) -> float:
         for account in self.accounts.values():
@@ -164,11 +184,14 @@ class Pool:
                 "pool/standby": sum(a.active_since is None for a in self.accounts.values())}
 
     def per_peer(self, now: float) -> dict[str, dict]:
-        """Each connected peer's price, state, rate, admitted completions and $ so far."""
+        """Each connected peer's price, state, rates (generation while busy, and admitted over
+        the window), admitted completions and $ so far."""
         self.usd_total(now)
         return {pid: {"name": a.name, "price_per_hour": a.price_per_hour,
                       "active": a.active_since is not None,
-                      "rollouts_per_s": round(a.rollouts_per_s, 3), "admitted": a.admitted,
+                      "gen_rollouts_per_s": round(a.gen_rollouts_per_s, 3),
+                      "admitted_per_s": round(a.admitted_window.per_s(now), 3),
+                      "admitted": a.admitted,
                       "usd": round(a.usd, 6)} for pid, a in self.accounts.items()}
 
 

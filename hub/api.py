@@ -24,8 +24,10 @@ calls the same method: rank 0 serves, the others follow it and return [].
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,7 @@ def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]
     from .learning.run_setup import follow_rank
 
     ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
+    _show_dashboard_url()
     try:
         if ranks is None:
             return process.run(serve(None))
@@ -146,6 +149,19 @@ def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]
     finally:
         if ranks is not None:
             ranks.close()
+
+
+def _show_dashboard_url() -> None:
+    """The CLI logs "dashboard on URL" (its main configures logging); a script that configured
+    none would never see it: that one logger's lines go to stdout, as the CLI shows them."""
+    if logging.getLogger().handlers:
+        return  # the script's own logging shows it
+    logger = logging.getLogger("echo2p2p.hub.view.dashboard")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:

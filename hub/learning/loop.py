@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from echo2p2p.rates import WindowSum
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import is_publish_version, lag_versions
 
@@ -60,8 +61,10 @@ class HubRun:
         self.finished = asyncio.Event()
         self.estimates = estimates or Estimates(cfg)
         self._start = time.perf_counter()  # the learner loop's start (train() sets it)
-        self._busy_s = 0.0  # seconds the learner stepped since
-        self._window: deque[tuple[float, int]] = deque(maxlen=6)  # (time, admitted samples)
+        # Seconds the loop waited for a batch, over the window of every rate: the learner is
+        # busy (the capacity model's sense: not starved of rollouts) the rest of the time.
+        self._waited = WindowSum(self._start)
+        self._last_record_t = self._start  # for the step's tokens/s
 
     @property
     def url(self) -> str:
@@ -130,24 +133,33 @@ class HubRun:
             self.records.append(record)
             self.runlog.event(record, f"base policy v0: held-out reward {acc:.3f}")
         self._start = time.perf_counter()
-        self._busy_s = 0.0
-        self._window.append((self._start, 0))  # rates over the last 5 steps
+        self._waited = WindowSum(self._start)
+        self._last_record_t = self._start
+        got = evaluated_s = None  # when the last batch came; what its step spent evaluating
         while not cfg.run.max_steps or hub.step < cfg.run.max_steps:
+            waiting = time.perf_counter()
+            if got is not None:  # T_train: the last step's whole time in the loop (compute,
+                # publication, checkpoint, its record), its evaluation aside; on the tiny model
+                # the compute (train/step_s) is the smaller part
+                self.estimates.observe_train_step(waiting - got - evaluated_s)
             batch = await hub.wait_batch()
+            got = time.perf_counter()
+            self._waited.add(got, got - waiting)
             step = hub.step
             lags = Counter(lag_versions(step, g.version) for g in batch)
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
-            self._busy_s += stats.step_s
             hub.finish_step()
             hub.dispatch()
             if is_publish_version(hub.step, cfg.staleness.kappa):
                 await self.publish()
-            self.estimates.observe_train_step(stats.step_s)
             hub.replan(self.estimates.required_rollouts_per_s())
             record = self._record(step, batch, lags, stats)
+            evaluated_s = 0.0
             if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0:
+                evaluating = time.perf_counter()
                 record["eval/accuracy"] = await self.evaluate()
+                evaluated_s = time.perf_counter() - evaluating
             self.records.append(record)
             self.runlog.step(record)
             if hub.step % 10 == 0:
@@ -157,21 +169,20 @@ class HubRun:
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
         """The run log record of learner step `step` (which produced version `hub.step`)."""
-        now, window, hub = time.perf_counter(), self._window, self.hub.statistics()
+        now, hub = time.perf_counter(), self.hub.statistics()
         tally = getattr(stats, "off_policy", None)  # None: a learner without diagnostics
         diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None
         record = step_record(
             step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
             time_s=now - self._start,
-            rollouts_per_s=(hub.admitted_samples - window[0][1]) / max(now - window[0][0], 1e-9),
-            busy_frac=self._busy_s / max(now - self._start, 1e-9),
-            tokens_per_s=stats.tokens / max(now - window[-1][0], 1e-9),
+            rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
+            tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
             capacity=self.capacity_metrics(hub), off_policy=diagnostics)
-        window.append((now, hub.admitted_samples))
+        self._last_record_t = now
         return record
 
     def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]:
         """The capacity estimates, and the busy fraction they predict for the active peers."""
         hub = hub or self.hub.statistics()
-        return self.estimates.metrics(hub.active_rollouts_per_s, hub.required_rollouts_per_s)
+        return self.estimates.metrics(hub.active_gen_rollouts_per_s, hub.required_rollouts_per_s)
 

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from echo2p2p.rates import RATE_WINDOW_S
+
 from ..serving.counters import HubStatistics
 
 
@@ -22,8 +24,9 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
                 off_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of learner step `step` (which produced version `hub.step`): `learner`, the
     step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
-    `time_s` since the loop started; `rollouts_per_s` admitted over the recent window;
-    `busy_frac` of the time the learner stepped; `capacity`, the capacity model's metrics;
+    `time_s` since the loop started; `rollouts_per_s` admitted per second and `busy_frac` the
+    share of time the learner did not wait for a batch, both over the last `RATE_WINDOW_S` s
+    (`echo2p2p.rates`); `capacity`, the capacity model's metrics;
     `off_policy`, the step's off-policy diagnostics by lag (`hub.learning.off_policy.summary`:
     mismatch_kl, mismatch_abs_mean/max, ratio_mean/min/max, clip_frac, by_lag)."""
     scoring = hub.scoring
@@ -33,7 +36,8 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
         "rollout/staleness_hist": {str(k): v for k, v in sorted(lags.items())},
         "rollout/staleness_mean": sum(k * v for k, v in lags.items()) / len(leases),
         "rollout/leases": leases,
-        "rollout/per_s": rollouts_per_s,
+        "rollout/per_s": round(rollouts_per_s, 3),
+        "rollout/rate_window_s": RATE_WINDOW_S,
         "rollout/admitted_groups_total": hub.admitted_groups,
         "rollout/stale_on_arrival_total": hub.stale_on_arrival,
         "rollout/stale_in_queue_total": hub.stale_in_queue,
@@ -42,7 +46,7 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
         "rollout/spot_checked_total": hub.spot_checked,
         "rollout/spot_failed_total": hub.spot_failed,
         "rollout/withdrawn_total": hub.withdrawn_groups,
-        "hub/learner_busy_frac": busy_frac,
+        "hub/learner_busy_frac": round(busy_frac, 4),
         "hub/peers": hub.peers,
         "hub/closed_for_protocol_total": hub.closed_for_protocol,
         "hub/score_timeouts_total": scoring.timeouts if scoring else 0,

@@ -295,7 +295,7 @@ class Admission:
         self.quota.delivered(conn.identity, conn.address_key)
         self.counters.admitted_groups += 1
         self.counters.admitted_samples += len(group.samples)
-        self.pool.admitted(conn.peer_id, len(group.samples))
+        self.pool.admitted(conn.peer_id, len(group.samples), loop_now())
         self.admitted.set()
         conn.post(m.Ack(group.lease_id))
 
@@ -306,8 +306,8 @@ class Admission:
         waiting for leases does not count, so the rate is what the peer can do, not what the
         hub happened to ask of it."""
         busy_s = conn.protocol.busy_s(granted, now)
-        if busy_s > 0 and samples:
-            self.pool.rate(conn.peer_id, samples / busy_s)
+        if busy_s >= 0 and samples:  # a ratio of window sums (`echo2p2p.rates`), never of one
+            self.pool.rate(conn.peer_id, samples, busy_s, now)
 
 
 def _unscored(lease: Any, msg: m.RolloutSubmission, rows: tuple[SampleRow, ...]) -> ScoredGroup:

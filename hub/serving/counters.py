@@ -105,7 +105,8 @@ class HubStatistics:
     propagating: tuple[int, ...]  # versions whose spread is still being measured
     cost: Mapping[str, float | None]  # the cost meter (`echo2p2p.pool.Pool.meter`)
     lp_bound_usd_per_hour: float | None  # what the required throughput costs at the least
-    active_rollouts_per_s: float  # measured rate of the active peers together
+    admitted_per_s: float  # completions admitted per second over the window (`echo2p2p.rates`)
+    active_gen_rollouts_per_s: float  # the active peers' generation rates while busy, summed
     required_rollouts_per_s: float | None  # what the last activation plan was made for
 
 
@@ -130,7 +131,7 @@ class PeerView:
     scoring_used_s: float  # scorer time its samples used lately (`echo2p2p.scoring.fairness`)
     over_scoring_budget: bool  # its rollouts are refused unscored, and it gets no leases
     open_leases: tuple[str, ...]  # the lease ids it holds
-    account: Mapping[str, Any]  # the pool's: price_per_hour, active, rollouts_per_s, admitted, usd
+    account: Mapping[str, Any]  # the pool's (`Pool.per_peer`): price, rates, admitted, usd
 
 
 def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], counters: Counters,
@@ -158,7 +159,9 @@ def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], coun
         scoring=None if scorer is None else scorer.statistics(), spot_checking=spot_checking,
         published=tuple(tracker.published), propagating=tuple(tracker.propagation),
         cost=pool.meter(now), lp_bound_usd_per_hour=pool.lp_bound(),
-        active_rollouts_per_s=pool.active_rollouts_per_s(), required_rollouts_per_s=pool.required)
+        admitted_per_s=pool.admitted_per_s(now),
+        active_gen_rollouts_per_s=pool.active_gen_rollouts_per_s(),
+        required_rollouts_per_s=pool.required)
 
 
 def peer_view(conn: PeerConn, trust: TrustBook, active: bool, now: float, leases: tuple[str, ...],

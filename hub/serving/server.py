@@ -122,7 +122,7 @@ class Hub:
             self._leases, self._buffer, self._pool, self._counters, self._guard, quota,
             scorer=self.scorer, spot=spot, journal=self._journal, on_event=self._dated)
         self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota,
-                              self._pool.rollouts_per_s)
+                              self._pool.gen_rollouts_per_s)
         self.chunk_lookup = self._tracker.chunk_lookup  # the hub's chunks (tests wrap it)
 
     def publish(self, version: Published) -> None:

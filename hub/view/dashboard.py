@@ -21,8 +21,10 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import re
 import socket
+from html import escape as html_escape
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,7 +91,7 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None, *,
     cfg = run.cfg
     app = web.Application(middlewares=[token_check(cfg.view.dashboard_token)])
     app.on_response_prepare.append(_secure_headers)
-    app.router.add_get("/", _index)
+    app.router.add_get("/", _index(run))
     app.router.add_get("/static/{name}", _static)
     app.router.add_get("/status", json_answer(lambda: status(run)))
     app.router.add_get("/metrics", metrics_handler(run))
@@ -177,14 +179,53 @@ async def _secure_headers(request: web.Request, response: web.StreamResponse) ->
     response.headers.update(HEADERS)
 
 
-async def _index(request: web.Request) -> web.Response:
-    """The page, with a CSP that allows its own inline scripts by their hashes and nothing
-    else inline: a peer's name that ever reached the DOM as markup could not run."""
-    html = await asyncio.to_thread((FILES / "index.html").read_bytes)
-    scripts = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s).digest()).decode()}'"
-                       for s in INLINE_SCRIPT.findall(html))
-    return web.Response(body=html, content_type="text/html", charset="utf-8",
-                        headers={"Content-Security-Policy": CSP.format(scripts=scripts)})
+def _index(run: HubRun) -> Handler:
+    """The page, with the run's figures of the moment in its tiles (a first paint for scripts
+    and slow clients: dashboard.js redraws them), and a CSP that allows its own inline scripts
+    by their hashes and nothing else inline: a peer's name that ever reached the DOM as markup
+    could not run."""
+
+    async def handle(request: web.Request) -> web.Response:
+        html = first_paint(await asyncio.to_thread((FILES / "index.html").read_bytes), status(run))
+        scripts = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s).digest()).decode()}'"
+                           for s in INLINE_SCRIPT.findall(html))
+        return web.Response(body=html, content_type="text/html", charset="utf-8",
+                            headers={"Content-Security-Policy": CSP.format(scripts=scripts)})
+
+    return handle
+
+
+def first_paint(html: bytes, now: dict[str, Any]) -> bytes:
+    """`html` with the tiles' placeholders replaced by `now`'s (a /status answer) figures,
+    formatted as dashboard.js formats them. Only the hub's own numbers and run id: no peer's
+    text is written into the page here."""
+    last, cost = now.get("last") or {}, now.get("cost") or {}
+    busy = last.get("hub/learner_busy_frac")
+    states = [p.get("state") for p in (now.get("peers") or {}).values()]
+    values = {"run-id": now.get("run_id"), "max-lag": now.get("max_lag"),
+              "kappa": now.get("kappa"), "tile-step": _shown(last.get("step"), ".0f"),
+              "tile-version": _shown(now.get("published_version"), ".0f"),
+              "tile-reward": _shown(last.get("train/reward_mean"), ".3f"),
+              "tile-busy": None if _shown(busy, ".0%") is None else f"{100 * busy:.0f} %",
+              "tile-rate": _shown(last.get("rollout/per_s"), ".1f"),
+              "tile-usd-total": _shown(cost.get("cost/usd_total"), ".4f", "$"),
+              "tile-usd-hour": _shown(cost.get("cost/usd_per_hour"), ".3f", "$"),
+              "tile-usd-1k": _shown(cost.get("cost/usd_per_1k_rollouts"), ".4f", "$"),
+              "tile-lp-bound": _shown(cost.get("lp_bound_usd_per_hour"), ".3f", "$"),
+              "tile-peers": " · ".join(str(states.count(s))
+                                       for s in ("active", "standby", "quarantined"))}
+    for key, value in values.items():
+        if value is not None:
+            text = html_escape(str(value)).encode()
+            html = html.replace(f'id="{key}">–<'.encode(), f'id="{key}">'.encode() + text + b"<")
+    return html
+
+
+def _shown(value: Any, spec: str, prefix: str = "") -> str | None:
+    """`value` formatted by `spec` when it is a finite number, else None (the "–" stays)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return prefix + format(value, spec)
 
 
 async def _static(request: web.Request) -> web.StreamResponse:

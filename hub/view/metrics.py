@@ -87,10 +87,10 @@ STEP_GAUGES = (
     ("train/step_s", "echo2_train_step_seconds", "Seconds of the last step's forward, backward "
                                                  "and optimiser."),
     ("train/tokens_per_s", "echo2_train_tokens_per_second", "Tokens trained per second, last step."),
-    ("hub/learner_busy_frac", "echo2_learner_busy_ratio", "Share of the run's time the learner "
-                                                          "spent stepping."),
+    ("hub/learner_busy_frac", "echo2_learner_busy_ratio", "Share of the last 60 s the learner "
+                                                          "did not wait for rollouts (run log's)."),
     ("rollout/per_s", "echo2_admitted_rollouts_per_second", "Completions admitted per second over "
-                                                            "the last 5 steps (the run log's)."),
+                                                            "the last 60 s (the run log's)."),
     ("rollout/staleness_mean", "echo2_trained_lag_mean_versions", "Mean lag, in versions, of the "
                                                                   "groups the last step trained on."),
     ("time_s", "echo2_train_elapsed_seconds", "Seconds since the learner loop started."),
@@ -114,11 +114,12 @@ RATIO_GAUGES = (
 )
 # (capacity_metrics key, name, help)
 CAPACITY_GAUGES = (
-    ("capacity/train_step_s", "echo2_capacity_train_step_seconds", "T_train, the EWMA of a step."),
+    ("capacity/train_step_s", "echo2_capacity_train_step_seconds",
+     "T_train, the EWMA of the learner loop's time per step, waiting for rollouts aside."),
     ("capacity/bcast_s", "echo2_capacity_bcast_seconds", "T_bcast, the EWMA of a version's "
                                                          "broadcast."),
-    ("capacity/rollouts_per_s", "echo2_capacity_active_rollouts_per_second",
-     "Completions per second the active peers were measured to make, together."),
+    ("capacity/gen_rollouts_per_s", "echo2_capacity_gen_rollouts_per_second",
+     "Completions per second the active peers make while busy, summed (not the admitted rate)."),
     ("capacity/required_rollouts_per_s", "echo2_capacity_required_rollouts_per_second",
      "Completions per second the capacity model asks the active peers for."),
     ("capacity/predicted_busy_frac", "echo2_capacity_predicted_busy_ratio",
@@ -290,8 +291,10 @@ def _peer_series(views: list[PeerView]) -> Iterator[Metric]:
                               labels=["peer", "state"])
     families = {key: cls(name, doc, labels=["peer"]) for key, (cls, name, doc) in {
         "held": (GaugeMetricFamily, "echo2_hub_peer_held_version", "The version a peer serves."),
-        "rate": (GaugeMetricFamily, "echo2_hub_peer_rollouts_per_second",
-                 "A peer's measured completions per second (EWMA)."),
+        "gen": (GaugeMetricFamily, "echo2_hub_peer_gen_rollouts_per_second",
+                "A peer's completions per second while busy, over the last 60 s."),
+        "admitted_rate": (GaugeMetricFamily, "echo2_hub_peer_admitted_rollouts_per_second",
+                          "A peer's completions admitted per second, over the last 60 s."),
         "upload": (GaugeMetricFamily, "echo2_hub_peer_upload_bytes_per_second",
                    "A peer's upload as other peers measured it (0 until known)."),
         "trust": (GaugeMetricFamily, "echo2_hub_peer_trust", "A peer's trust score (1 = clean)."),
@@ -307,7 +310,8 @@ def _peer_series(views: list[PeerView]) -> Iterator[Metric]:
         pid, account = view.peer_id, view.account
         info.add_metric([pid], {"name": label_text(view.name), "engine": label_text(view.engine)})
         state.add_metric([pid, view.state], 1)
-        values = {"held": view.held_version, "rate": account.get("rollouts_per_s"),
+        values = {"held": view.held_version, "gen": account.get("gen_rollouts_per_s"),
+                  "admitted_rate": account.get("admitted_per_s"),
                   "upload": view.upload_bps / 8, "trust": view.trust,
                   "price": account.get("price_per_hour"), "silent": view.silent_s,
                   "usd": account.get("usd"), "admitted": account.get("admitted")}

@@ -41,7 +41,16 @@ def summary(data: RunData) -> list[tuple[str, str]]:
         ("best held-out accuracy", f"{_fmt(best[1])} (v{best[0]:g})" if best else "-"),
         ("mean staleness (versions)",
          _fmt(sum(k * n for k, n in trained.items()) / groups, 2) if groups else "-"),
-        ("learner busy fraction", _fmt(last.get("hub/learner_busy_frac"), 2)),
+        ("learner busy fraction (last 60 s; capacity model)",
+         f"{_fmt(last.get('hub/learner_busy_frac'), 2)}; "
+         f"{_fmt(last.get('capacity/predicted_busy_frac'), 2)}"),
+        ("admitted/s (last 60 s)", _fmt(last.get("rollout/per_s"), 1)),
+        ("gen/s while busy, active peers (capacity model's input)",
+         _fmt(last.get("capacity/gen_rollouts_per_s"), 1)),
+        ("required rollouts/s (capacity model)",
+         _fmt(last.get("capacity/required_rollouts_per_s"), 1) if finite(
+             last.get("capacity/required_rollouts_per_s")) else
+         f"none: {last.get('capacity/required_why') or 'not recorded'}"),
         ("dropped stale (on arrival / in queue)",
          f"{last.get('rollout/stale_on_arrival_total', '-')} / "
          f"{last.get('rollout/stale_in_queue_total', '-')}"),
@@ -64,8 +73,9 @@ CAPTIONS = {
               "accuracy, by learner step.",
     "staleness": "Lag in versions of the groups trained on, over the run; groups dropped as "
                  "too stale, running totals.",
-    "utilization": "Learner busy fraction, measured and as the capacity model predicts it from "
-                   "the active peers' rates; rollouts/s admitted against what the model requires.",
+    "utilization": "Learner busy fraction over the last 60 s, measured and as the capacity model "
+                   "predicts it from the active peers' generation rates while busy; rollouts/s "
+                   "admitted over the last 60 s against what the model requires.",
     "propagation": "Seconds from publication until 50/90/100 % of the peers held each version "
                    "(T_bcast: 90 % serving it); the spread of the last versions.",
     "cost": "What the peers cost: $ total and $/h over the run's wall time.",

@@ -9,6 +9,7 @@ left out, and a panel with nothing to draw says so. Knows the run log's keys, no
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -120,15 +121,30 @@ def utilization(data: RunData) -> Figure:
     busy.set_title("learner busy fraction", fontsize=10)
     busy.set_xlabel("learner step")
     busy.legend(loc="lower right", fontsize=9)
-    rate.plot(*series(data.steps, "rollout/per_s"), lw=1.5, label="admitted")
+    rate.plot(*series(data.steps, "rollout/per_s"), lw=1.5, label="admitted (last 60 s)")
     required = series(data.steps, "capacity/required_rollouts_per_s")
     if required[0]:
         rate.plot(*required, lw=2, ls="--", label="required (capacity model)")
+    if why := unrequired(data.steps):  # the model has no requirement at these steps: say why
+        rate.text(0.02, 0.98, textwrap.fill(why, 60), transform=rate.transAxes, va="top",
+                  fontsize=8, color="0.35")
     rate.set_title("rollouts/s", fontsize=10)
     rate.set_xlabel("learner step")
     rate.set_ylim(bottom=0)
     rate.legend(loc="lower right", fontsize=9)
     return figure
+
+
+def unrequired(steps: list[dict[str, Any]]) -> str:
+    """"no required rate in N of M steps: <the capacity model's reason, the last one given>",
+    or "" when every step had one."""
+    missing = [r for r in steps if not finite(r.get("capacity/required_rollouts_per_s"))]
+    if not missing:
+        return ""
+    reasons = [r["capacity/required_why"] for r in missing
+               if isinstance(r.get("capacity/required_why"), str)]
+    why = textwrap.shorten(reasons[-1], 90) if reasons else "no reason recorded"
+    return f"no required rate in {len(missing)} of {len(steps)} steps: {why}"
 
 
 def propagation(data: RunData) -> Figure:

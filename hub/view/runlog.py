@@ -17,6 +17,10 @@ from typing import Any, TextIO
 
 log = logging.getLogger(__name__)
 
+LEGEND = ("(lag a/b/c: the step's groups by staleness, made 0/1/2... versions behind the "
+          "learner; admitted/s: completions admitted per second, and busy: the learner's share "
+          "of time not waiting for rollouts, both over the last 60 s)")
+
 
 class RunLog:
     """Appends step records and prints the live line."""
@@ -29,11 +33,15 @@ class RunLog:
         self._stream = stream
         self.staleness = Counter()  # lag in versions -> groups trained on, over the whole run
         self.listeners: list[Callable[[dict[str, Any]], None]] = []  # each gets every record
+        self._legend_shown = False  # printed once, before the first live line
 
     def step(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._hand_on(record)
         if self._stream is not None:
+            if not self._legend_shown:
+                print(LEGEND, file=self._stream)
+                self._legend_shown = True
             print(live_line(record), file=self._stream, flush=True)
 
     def event(self, record: dict[str, Any], text: str | None = None) -> None:
@@ -57,13 +65,13 @@ class RunLog:
 
 
 def live_line(r: dict[str, Any]) -> str:
-    """`step   12 v  12 reward 0.41 eval 0.38 lag 0/1/0 rollouts/s 96.2 busy 0.71`."""
+    """`step   12 v  12 reward 0.41 eval 0.38 lag 0/1/0 admitted/s 96.2 busy 0.71` (LEGEND)."""
     acc = r.get("eval/accuracy")
     hist = r.get("rollout/staleness_hist", {})
     lag = "/".join(str(hist.get(str(k), 0)) for k in range(max((int(k) for k in hist), default=0) + 1))
     return (f"step {r['step']:5d}  v{r['version']:<5d} reward {r['train/reward_mean']:.3f}  "
             f"eval {'  -  ' if acc is None else f'{acc:.3f}'}  lag {lag or '-':<8s} "
-            f"rollouts/s {r['rollout/per_s']:7.1f}  busy {r['hub/learner_busy_frac']:.2f}  "
+            f"admitted/s {r['rollout/per_s']:7.1f}  busy {r['hub/learner_busy_frac']:.2f}  "
             f"peers {r['hub/peers']}" + (f"  ${usd:.2f}" if (usd := r.get("cost/usd_total")) else ""))
 
 

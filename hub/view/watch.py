@@ -33,6 +33,8 @@ MAX_TEXT = 32  # characters shown of a string the hub or a peer sent
 MAX_ROWS = 40  # peers listed; the others are counted in the caption
 MAX_BODY_BYTES = 32 << 20  # a /status of 1,000 peers is ~0.5 MB: more is not a hub's answer
 STATES = {"active": "green", "standby": "yellow", "quarantined": "red"}
+LEGEND = ("adm/s: completions admitted per second over the last 60 s; gen/s: made per second "
+          "while busy (the capacity model's input, above adm/s while a peer waits for leases)")
 
 
 class Unreachable(Exception):
@@ -149,7 +151,7 @@ def header(status: dict[str, Any], seen_eval: tuple[Any, Any] | None) -> Table:
         ("S", f"{number(status['max_lag'], 'd')} ({lag})") if "max_lag" in status else ("", lag),
         ("busy", number(last.get("hub/learner_busy_frac"))
          + f" (model {number(capacity.get('capacity/predicted_busy_frac'))})"),
-        ("rollouts/s", number(last.get("rollout/per_s"), ".1f")),
+        ("admitted/s", number(last.get("rollout/per_s"), ".1f")),
         ("dropped stale", number(sum(n for n in dropped if number(n, "d") != "-"), "d")
          if "staleness" in status else "-"),
         ("$/h", number(cost.get("cost/usd_per_hour"))
@@ -170,19 +172,20 @@ def peers_table(status: dict[str, Any], limit: int = MAX_ROWS) -> Table:
     rows = sorted((p for p in part(status, "peers").values() if isinstance(p, dict)),
                   key=lambda p: (order.index(s) if (s := state_of(p)) in order else len(order),
                                  one_line(p.get("name"))))
-    caption = f"and {len(rows) - limit} more peers" if len(rows) > limit else None
+    caption = LEGEND + (f"; and {len(rows) - limit} more peers" if len(rows) > limit else "")
     if status.get("public") is True:  # the hub's port without the dashboard token
         caption = "peers not shown: this hub needs its dashboard token (--token)"
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption=caption)
-    for column in ("name", "engine", "ver", "roll/s", "up Mb/s", "trust", "state", "$",
-                   "seen"):  # short: nine columns in 80 characters
+    for column in ("name", "engine", "ver", "adm/s", "gen/s", "up Mb/s", "trust", "state", "$",
+                   "seen"):  # short: ten columns in 80 characters
         text = column in ("name", "engine", "state")
         table.add_column(column, justify="left" if text else "right", no_wrap=not text,
                          ratio=1 if text else None)
     for p in rows[:limit]:
         state = state_of(p)
         table.add_row(plain(p.get("name")), plain(p.get("engine")),
-                      number(p.get("held_version"), "d"), number(p.get("rollouts_per_s")),
+                      number(p.get("held_version"), "d"), number(p.get("admitted_per_s"), ".1f"),
+                      number(p.get("gen_rollouts_per_s"), ".0f"),
                       number(p.get("upload_mbps")), number(p.get("trust"), ".3f"),
                       plain(state, STATES.get(state, "")), number(p.get("usd"), ".4f"),
                       ago(p.get("last_seen_s")))

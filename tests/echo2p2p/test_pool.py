@@ -12,7 +12,7 @@ def joined(pool: Pool, now: float = 0.0, **peers: tuple[float, float]) -> None:
     for name, (price, rate) in peers.items():
         pool.join(name, name, price, True, now)
         if rate:
-            pool.rate(name, rate)
+            pool.rate(name, rate, 1.0, now)  # `rate` completions in one busy second
 
 
 def active(pool: Pool) -> set[str]:
@@ -42,7 +42,7 @@ def test_unmeasured_and_relay_peers_stay_active():
     pool.join("relay", "relay", 1.0, False, 0.0)
     pool.replan(1.0, 1.0)
     assert active(pool) == {"known", "new", "relay"}
-    pool.rate("new", 50.0)  # measured now: cheaper per rollout, and enough alone
+    pool.rate("new", 50, 1.0, 1.0)  # measured now: cheaper per rollout, and enough alone
     pool.activator.switch_gain, pool.activator.patience = 0.0, 1
     assert pool.replan(1.0, 2.0) == ([], ["known"])
 
@@ -88,12 +88,12 @@ def test_noisy_rates_do_not_flap_the_active_set():
     fresh = set(pool.plan.active)
     for step in range(1, 200):
         for name, (_, rate) in base.items():
-            pool.accounts[name].rollouts_per_s = rate * rng.uniform(0.95, 1.05)
+            pool.accounts[name].gen_rollouts_per_s = rate * rng.uniform(0.95, 1.05)
         required = 20.0 * rng.uniform(0.97, 1.03)
         activated, standby = pool.replan(required, float(step))
         changes += len(activated) + len(standby)
         assert pool.plan.rollouts_per_s >= required  # never short of the requirement itself
-        now = set(choose_active([PricedWorker(n, a.price_per_hour, a.rollouts_per_s)
+        now = set(choose_active([PricedWorker(n, a.price_per_hour, a.gen_rollouts_per_s)
                                  for n, a in pool.accounts.items()], required, 0.1).active)
         fresh_changes += len(now ^ fresh)
         fresh = now
@@ -110,9 +110,30 @@ def test_a_poisoned_price_or_rate_is_refused_where_it_enters(bad):
         pool.join("a", "a", bad, True, 0.0)
     assert "a" not in pool.accounts
     pool.join("b", "b", 1.0, True, 0.0)
-    with pytest.raises(ValueError, match="rollouts_per_s"):
-        pool.rate("b", bad)
-    assert pool.accounts["b"].rollouts_per_s == 0.0
-    pool.rate("b", 5.0)
+    with pytest.raises(ValueError, match="busy_s"):
+        pool.rate("b", 5, bad, 0.0)
+    assert pool.accounts["b"].gen_rollouts_per_s == 0.0
+    pool.rate("b", 5, 1.0, 0.0)
     pool.replan(1.0, 1.0)
     assert pool.usd_total(3600.0) == pytest.approx(1.0)
+
+
+def test_admitted_rates_per_peer_and_overall_over_the_window():
+    """Admitted/s: a peer's completions over the last 60 s of admissions (or since it joined),
+    and the pool's, which keeps counting a peer that left; generation while busy is another
+    number (completions over busy seconds), never mixed with it."""
+    pool = Pool()
+    pool.join("a", "a", 0.0, True, 0.0)
+    pool.join("b", "b", 0.0, True, 10.0)
+    for t in range(10, 30):  # a: 8 every second; b: 8 every other second
+        pool.admitted("a", 8, float(t))
+        if t % 2 == 0:
+            pool.admitted("b", 8, float(t))
+    pool.rate("a", 8, 0.01, 29.0)  # it made 8 in 10 ms: 800/s while busy
+    assert pool.per_peer(30.0)["a"]["admitted_per_s"] == pytest.approx(160 / 30, abs=1e-3)
+    assert pool.per_peer(30.0)["b"]["admitted_per_s"] == pytest.approx(80 / 20, abs=1e-3)
+    assert pool.per_peer(30.0)["a"]["gen_rollouts_per_s"] == pytest.approx(800)
+    assert pool.admitted_per_s(30.0) == pytest.approx(240 / 30)
+    pool.leave("b", 30.0)
+    assert pool.admitted_per_s(30.0) == pytest.approx(240 / 30)
+    assert pool.admitted_per_s(75.0) == pytest.approx(8 * (14 + 7) / 60)  # t > 15, b's too

@@ -87,3 +87,21 @@ async def test_a_user_reward_scores_a_real_run_and_peers_claims_are_not_held_aga
     assert steps[-1]["hub/score_failures_total"] > 0
     assert all(0 < r["train/reward_mean"] <= QUARTER for r in steps)  # 0.25 or, raised, 0
     assert not any(any(e.values()) for e in hub_run.hub.statistics().trust_events.values())
+
+
+@pytest.mark.system
+def test_a_script_that_configured_no_logging_is_told_the_dashboard_url(tmp_path):
+    """`Run(...).demo()` from a plain script prints "dashboard on http://..." on stdout, as the
+    CLI's log does (a script's own logging would show it instead)."""
+    import subprocess
+    import sys
+
+    script = ("from echo2p2p.hub import Run\n"
+              "if __name__ == '__main__':\n"
+              f"    Run(max_steps=1, eval_every=0, run_dir={str(tmp_path / 'run')!r}).demo(peers=1)\n")
+    (tmp_path / "script.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stdout.splitlines()
+            if line.startswith("dashboard on http://127.0.0.1:")], done.stdout

@@ -219,7 +219,12 @@
     setText("tile-usd-hour", usd(pick(cost["cost/usd_per_hour"], last.usd_per_hour), 3));
     setText("tile-usd-total", usd(pick(cost["cost/usd_total"], last.usd_total), 4));
     setText("tile-usd-1k", usd(cost["cost/usd_per_1k_rollouts"], 4));
+    // No requirement, no bound: the capacity model's own sentence says why (e.g. no step
+    // timed yet, or a broadcast slower than a publication period).
+    const why = (status.capacity || {})["capacity/required_why"];
     setText("tile-lp-bound", usd(cost.lp_bound_usd_per_hour, 3));
+    setText("tile-lp-why", num(cost.lp_bound_usd_per_hour) === null && typeof why === "string"
+      ? "no required rate: " + peerText(why) : "");
   }
 
   function pick(v, otherwise) { return num(v) === null ? otherwise : v; }
@@ -287,7 +292,8 @@
   const COLUMNS = [
     {key: "name", text: true}, {key: "engine", text: true},
     {key: "held_version", show: (v) => fixed(v, 0)},
-    {key: "rollouts_per_s", show: (v) => fixed(v, 2)},
+    {key: "admitted_per_s", show: (v) => fixed(v, 1)},
+    {key: "gen_rollouts_per_s", show: (v) => fixed(v, 0)},
     {key: "upload_mbps", show: (v) => fixed(v, 1)},
     {key: "trust", show: (v) => fixed(v, 3)},
     {key: "price_per_hour", show: (v) => usd(v, 3)},

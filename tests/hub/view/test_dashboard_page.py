@@ -1,7 +1,8 @@
 """The dashboard's page in a real headless Chromium (Debian's /usr/bin/chromium) over a real hub
 and real peers: it fills from the run, follows it live without a reload, honours the token,
-finds a restarted hub on the same port by itself, and stays bounded over a long run with many
-peers (the hub's real dashboard server and feed, its peers welcomed without sockets)."""
+finds a restarted hub on the same port by itself, stays bounded over a long run with many
+peers (the hub's real dashboard server and feed, its peers welcomed without sockets), shows
+every tile and header whole at 1000 px, and shows the run's figures without scripts."""
 
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def welcomed_peers(hub: Hub, n: int) -> None:
         conn.post(m.Welcome(peer_id, hub.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, 0.0, True, now)
-        hub._pool.accounts[peer_id].rollouts_per_s = i / 100
+        hub._pool.accounts[peer_id].gen_rollouts_per_s = i / 100
 
 
 def step_record(step: int) -> dict:
@@ -195,9 +196,60 @@ async def test_page_stays_bounded_over_a_long_run_and_many_peers(tmp_path):
         steps = await page.evaluate("dashboard.state.steps.step")
         assert 2000 < len(steps) <= 4000 and steps[-1] == 6999
         assert all(a < b for a, b in zip(steps, steps[1:]))
-        await page.click("th[data-key=rollouts_per_s]")  # a number column sorts high to low first
+        await page.click("th[data-key=gen_rollouts_per_s]")  # a number column sorts high to low first
         await wait_for(page, "document.querySelector('#peers tbody td').textContent === 'peer-0999'")
         await page.fill("#peer-filter", "peer-000")
         await wait_for(page, "dashboard.lengths().rows === 10")
     run.runlog.close()
     assert problems == []
+
+
+CUT = """() => [...document.querySelectorAll('.tile .label, .tile .value, #peers th')]
+  .filter((el) => el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > innerWidth)
+  .map((el) => el.textContent)"""
+
+
+async def test_at_1000_px_no_tile_or_header_is_cut_and_the_lp_tile_says_why_it_is_empty(tmp_path):
+    """At 1000 px wide every tile's label and value and every peers table header shows whole
+    (they wrap, none is cut or runs off the page), and the LP bound tile, empty before any step
+    was timed, says why (the capacity model's sentence)."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "narrow", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    welcomed_peers(hub, 3)
+    feed = Feed()
+    feed.record(step_record(0))
+    async with serve_dashboard(run, feed) as port, chromium() as browser:
+        page = await browser.new_page(viewport={"width": 1000, "height": 900})
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await wait_for(page, "dashboard.timings.first_render_ms !== null "
+                             "&& dashboard.lengths().rows === 3")
+        assert await page.evaluate(CUT) == []
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 1000
+        assert await page.text_content("#tile-lp-bound") == "–"
+        assert "needs a measured learner step" in await page.text_content("#tile-lp-why")
+    run.runlog.close()
+
+
+async def test_the_page_without_scripts_shows_the_runs_figures_and_where_the_data_is(tmp_path):
+    """A plain headless Chromium with scripts off (a script's screenshot, a slow client) gets
+    the run's figures of the moment in the tiles, served in the HTML, and a noscript line
+    naming /status and /metrics."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "first-paint", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    run.records.append({**step_record(7), "rollout/per_s": 12.345, "hub/learner_busy_frac": 0.61})
+    welcomed_peers(hub, 2)
+    async with serve_dashboard(run, Feed()) as port, chromium() as browser:
+        context = await browser.new_context(java_script_enabled=False)
+        page = await context.new_page()
+        await page.goto(f"http://127.0.0.1:{port}/")
+        shown = {tile: await page.text_content(f"#{tile}") for tile in (
+            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward", "tile-peers")}
+        note = await page.text_content("noscript")
+    run.runlog.close()
+    assert shown == {"run-id": "first-paint", "tile-step": "7", "tile-rate": "12.3",
+                     "tile-busy": "61 %", "tile-reward": "0.500", "tile-peers": "2 · 0 · 0"}
+    assert "/status" in note and "/metrics" in note

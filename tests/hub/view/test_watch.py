@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import io
 import os
 import pty
 import re
@@ -17,9 +18,10 @@ import termios
 
 import pytest
 from aiohttp import web
+from rich.console import Console
 
 from echo2p2p.hub.learning.run_setup import start_hub
-from echo2p2p.hub.view.watch import MAX_ROWS, status_url
+from echo2p2p.hub.view.watch import MAX_ROWS, render, status_url
 
 from tests.conftest import running_peers, serving
 from tests.hub.serving.test_join_auth import self_signed
@@ -190,3 +192,18 @@ async def test_watch_redraws_in_place_and_says_reconnecting():
     assert set(frames[5:]) <= {"step 40"}
     assert "503 Service Unavailable: restarting" in seen[2]
     assert raw.count("\x1b[1A") >= 3  # each redraw moves the cursor back up over the last one
+
+
+def test_the_peers_table_says_what_its_two_rates_are():
+    """adm/s and gen/s are different quantities, and the table's caption says which is which;
+    each peer's row shows its own of both."""
+    status = {"run_id": "r", "step": 3, "max_lag": 2, "peers": {"p1": {
+        "name": "alpha", "engine": "transformers", "held_version": 2, "state": "active",
+        "admitted_per_s": 12.34, "gen_rollouts_per_s": 98.7}}}
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(render(status))
+    out = console.export_text()
+    caption = " ".join(out.split())  # rich wraps it
+    assert "adm/s: completions admitted per second over the last 60 s" in caption
+    assert "gen/s: made per second while busy" in caption
+    assert re.search(r"alpha\s+transformers\s+2\s+12\.3\s+99\s", out), out
