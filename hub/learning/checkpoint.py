@@ -3,11 +3,12 @@ writes the files; the learner's weights are the trainer's).
 
 `hub_state` is the hub as plain data: run id, step, the next peer number, the lease table and
 data cursor, every admitted group not yet trained on (with the identity that sent it), trust, and
-the run's totals (the hub's counters, the queue's stale drops, the cost meter). `restore_hub` puts
-a state and the journal written after it back into a fresh hub's lease book, buffer, trust book,
-counters and pool; the groups the journal admits count as admitted again (the checkpoint's
-totals did not have them). Groups the learner can no longer train on are kept: the staleness rule
-drops them when a batch is taken. Groups withdrawn (their peer was quarantined) stay out.
+the run's totals (the hub's counters, the queue's stale drops, the cost meter, the reward
+workers' counts). `restore_hub` puts a state and the journal written after it back into a fresh
+hub's lease book, buffer, trust book, counters, pool and scorer; the groups the journal admits
+count as admitted again (the checkpoint's totals did not have them). Groups the learner can no
+longer train on are kept: the staleness rule drops them when a batch is taken. Groups withdrawn
+(their peer was quarantined) stay out.
 No sockets, no clock (`now` is an argument), no files.
 """
 
@@ -23,24 +24,27 @@ from echo2p2p.trust import TrustBook
 from .durable import group_from_wire, group_to_wire
 
 if TYPE_CHECKING:
+    from echo2p2p.scoring.scorer import Scorer
+
     from ..serving.counters import Counters
 
 
 def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer: RolloutBuffer,
-              trust: TrustBook, counters: Counters, pool: Pool, now: float) -> dict[str, Any]:
-    """What a checkpoint keeps of the hub, as plain data."""
+              trust: TrustBook, counters: Counters, pool: Pool, scorer: Scorer | None,
+              now: float) -> dict[str, Any]:
+    """What a checkpoint keeps of the hub, as plain data (`scorer`: the hub's, if any)."""
     return {"run_id": run_id, "step": step, "next_peer": next_peer,
             "leases": leases.state(),
             "buffer": [group_to_wire(g) for g in buffer.groups()],
             "sources": buffer.sources(),
             "trust": trust.state(),
             "totals": {"counters": counters.state(), "buffer": buffer.totals(),
-                       "pool": pool.totals(now)}}
+                       "pool": pool.totals(now), "scorer": scorer.totals() if scorer else {}}}
 
 
 def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
                 buffer: RolloutBuffer, trust: TrustBook, counters: Counters, pool: Pool,
-                now: float) -> int:
+                scorer: Scorer | None, now: float) -> int:
     """Come back to `state` plus the `journal` after it: the lease table, the data cursor,
     every admitted group not yet trained on, trust and the totals. Returns the next peer number
     (a resumed hub never hands out a peer id again)."""
@@ -55,6 +59,8 @@ def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
         counters.restore(totals["counters"])
         buffer.restore_totals(totals["buffer"])
         pool.restore_totals(totals["pool"])
+        if scorer is not None:
+            scorer.restore_totals(totals["scorer"])
     for kind, *record in journal:
         if kind == "lease":
             leases.replay(tuple(record), now)

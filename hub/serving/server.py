@@ -391,10 +391,10 @@ class Hub:
             self._journal_to.close()
         self._journal_to = journal
         return hub_state(self.run_id, self.step, self._next_peer, self._leases, self._buffer,
-                         self._trust, self._counters, self._pool, loop_now())
+                         self._trust, self._counters, self._pool, self.scorer, loop_now())
 
     def restore(self, state: dict[str, Any], journal: list[list]) -> None:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
         self._next_peer = restore_hub(state, journal, self._leases, self._buffer, self._trust,
-                                      self._counters, self._pool, loop_now())
+                                      self._counters, self._pool, self.scorer, loop_now())
