@@ -5,9 +5,9 @@ serving peers), tells the hub the step is done (the hub's `step` is the run's on
 publishes every kappa steps (`echo2p2p.hub.overlay.publisher`), evaluates every `eval_every` steps and
 logs one record per step. It stops after `max_steps` (0: never), or when `stop()` asks (a signal):
 after the step in progress, with a checkpoint of it. The run's clock (`elapsed_s`, the records'
-`time_s`) and its totals go into every checkpoint and continue in a resumed run. The run is opened, built and
-served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a socket
-(`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
+`time_s`) and its totals go into every checkpoint and continue in a resumed run. The run is
+opened, built and served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a
+socket (`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
 """
 
 from __future__ import annotations

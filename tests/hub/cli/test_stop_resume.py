@@ -52,15 +52,17 @@ class Terminal:
     def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
         deadline = time.monotonic() + timeout_s
         while not (found := re.search(pattern, self.text)):
-            assert time.monotonic() < deadline, f"no {pattern!r} in {timeout_s} s:\n{self.text[-3000:]}"
-            assert self._read(deadline - time.monotonic()), f"ended before {pattern!r}:\n{self.text[-3000:]}"
+            tail = self.text[-3000:]
+            assert time.monotonic() < deadline, f"no {pattern!r} in {timeout_s} s:\n{tail}"
+            assert self._read(deadline - time.monotonic()), f"ended before {pattern!r}:\n{tail}"
         return found
 
     def wait_exit(self, timeout_s: float) -> int:
         """Its exit code, once it closed the terminal (within `timeout_s`)."""
         deadline = time.monotonic() + timeout_s
         while self._read(deadline - time.monotonic()):
-            assert time.monotonic() < deadline, f"still running after {timeout_s} s:\n{self.text[-3000:]}"
+            assert time.monotonic() < deadline, \
+                f"still running after {timeout_s} s:\n{self.text[-3000:]}"
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
         return os.waitstatus_to_exitcode(status)

@@ -143,7 +143,8 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
     """`HubRun.stop()` (what SIGINT and SIGTERM call) ends the learner loop after its step and
     checkpoints that step: no step is trained after it, though a batch is waiting. Resumed, the
     run's clock (`time_s`, the resume record's) and its totals (admitted, stale, rejected by
-    reason, trained lags) go on from the checkpoint's, never below what was logged before."""
+    reason, trained lags, the reward workers') go on from the checkpoint's, never below what
+    was logged before."""
     from echo2p2p.hub.view.run_data import read_run
     from echo2p2p.hub.view.report import summary
 
@@ -156,9 +157,10 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
             running = tg.create_task(peer.run(stop))
             await wait_until(lambda: run.hub.step >= 2, 120)
             assert await run.stop()
-            stopped_at, before = run.hub.step, run.hub.statistics()
+            stopped_at, logged = run.hub.step, run.records[-1]
             # a batch waits, and no step takes it
-            await wait_until(lambda: run.hub.statistics().queued_groups >= cfg.grpo.prompts_per_step)
+            batch = cfg.grpo.prompts_per_step
+            await wait_until(lambda: run.hub.statistics().queued_groups >= batch)
             assert run.hub.step == stopped_at and not run.finished.is_set()
             assert run.records[-1]["step"] + 1 == stopped_at
             trained_lags = dict(run.runlog.staleness)
@@ -166,11 +168,13 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
         assert state["step"] == stopped_at and state["loop"]["time_s"] >= run.records[-1]["time_s"]
         async with start_hub(cfg.replace(max_steps=stopped_at + 2, port=run.port), stream=None,
                              resume=True) as run2:
-            resumed = run2.hub.statistics()
-            assert resumed.admitted_groups >= before.admitted_groups > 0
-            assert resumed.stale_on_arrival >= before.stale_on_arrival
-            assert resumed.rejected_by.items() >= before.rejected_by.items()
-            assert resumed.dropped_lags.items() >= before.dropped_lags.items()
+            resumed, saved = run2.hub.statistics(), state["totals"]["counters"]
+            assert resumed.admitted_groups >= saved["admitted_groups"] >= \
+                logged["rollout/admitted_groups_total"] > 0
+            assert resumed.stale_on_arrival >= saved["stale_on_arrival"]
+            assert resumed.rejected_by.items() >= saved["rejected_by"].items()
+            assert resumed.stale_in_queue == state["totals"]["buffer"]["dropped"]
+            assert resumed.scoring.completions == state["totals"]["scorer"]["completions"] > 0
             assert run2.runlog.staleness == trained_lags
             await asyncio.wait_for(run2.finished.wait(), 120)
         stop.set()
@@ -186,9 +190,9 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
     assert steps[stopped_at]["time_s"] >= resume["time_s"]
     data = read_run(Path(cfg.run.run_dir))  # the report: one run, its clock the last step's
     assert data.elapsed_s[-1] == steps[-1]["time_s"]
-    rows = dict(summary(data))
-    assert rows["dropped stale (on arrival / in queue)"] == (
-        f"{steps[-1]['rollout/stale_on_arrival_total']} / {steps[-1]['rollout/stale_in_queue_total']}")
+    rows, last = dict(summary(data)), steps[-1]
+    assert rows["dropped stale (on arrival / in queue)"] == \
+        f"{last['rollout/stale_on_arrival_total']} / {last['rollout/stale_in_queue_total']}"
 
 
 def test_the_hubs_totals_survive_a_checkpoint():
