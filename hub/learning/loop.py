@@ -137,7 +137,8 @@ class HubRun:
 
     def elapsed_s(self) -> float:
         """The run's clock: seconds of learner loop, over every process of a resumed run."""
-        return self._clock_s + (time.perf_counter() - self._start if self._start else 0.0)
+        started = self._start is not None
+        return self._clock_s + (time.perf_counter() - self._start if started else 0.0)
 
     async def stop(self) -> bool:
         """End the learner loop after its step in progress (no step starts after this call;
