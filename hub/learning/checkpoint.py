@@ -60,7 +60,7 @@ def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
         buffer.restore_totals(totals["buffer"])
         pool.restore_totals(totals["pool"])
         if scorer is not None:
-            scorer.restore_totals(totals["scorer"])
+            scorer.restore_totals(totals.get("scorer", {}))
     for kind, *record in journal:
         if kind == "lease":
             leases.replay(tuple(record), now)
