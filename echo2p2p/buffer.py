@@ -105,3 +105,13 @@ class RolloutBuffer:
 
     def statistics(self) -> BufferStats:
         return BufferStats(len(self._queue), self._admitted, self._dropped)
+
+    def totals(self) -> dict:
+        """The running totals, as plain data (for a checkpoint: a resumed hub's go on)."""
+        return {"admitted": self._admitted, "dropped": self._dropped,
+                "dropped_lags": dict(self.dropped_lags)}
+
+    def restore_totals(self, totals: dict) -> None:
+        """Take up the totals `totals()` gave (the groups restored meanwhile are in them)."""
+        self._admitted, self._dropped = totals["admitted"], totals["dropped"]
+        self.dropped_lags = Counter({int(k): n for k, n in totals["dropped_lags"].items()})

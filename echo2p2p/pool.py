@@ -160,6 +160,15 @@ class Pool:
             account.accrue(now)
         return self.usd_left + sum(a.usd for a in self.accounts.values())
 
+    def totals(self, now: float) -> dict:
+        """$ and admitted completions over the run so far, as plain data (for a checkpoint)."""
+        return {"usd": self.usd_total(now),
+                "admitted": self.admitted_left + sum(a.admitted for a in self.accounts.values())}
+
+    def restore_totals(self, totals: dict) -> None:
+        """A resumed hub's pool: what `totals()` gave counts as spent by peers that left."""
+        self.usd_left, self.admitted_left = totals["usd"], totals["admitted"]
+
     def usd_per_hour(self) -> float:
         """What the active set costs now."""
         return sum(a.price_per_hour for a in self.accounts.values() if a.active_since is not None)

@@ -82,33 +82,43 @@ class Run:
 
     def serve(self, *, resume: str | Path | None = None) -> list[dict[str, Any]]:
         """Serve peers and train until max_steps; `resume`: a run directory to continue from
-        its last checkpoint (its saved config, overridden by the fields given here)."""
+        its last checkpoint (its saved config, overridden by the fields given here). SIGINT or
+        SIGTERM stops it cleanly (checkpointed): `echo2p2p.hub.cli.demo.Stopped` is raised."""
         from .cli.demo import run_serve
 
-        cfg, sources = self.config, self.sources
-        if resume is not None:
-            cfg = resume_config(Path(resume), self._table)
-            saved = f"file {Path(resume) / 'config.json'}"
-            given = flatten(self._table)
-            sources = {k: self._sources.get(k, "python") if k in given else saved for k in sources}
+        cfg, sources = self._resumed(resume) if resume is not None else (self.config, self.sources)
         return _launch(cfg, lambda ranks: run_serve(
             cfg, Path(resume) if resume is not None else None, ranks, lambda: self.setup(cfg),
-            sources))  # the setup is made once the ports are bound: a dataset may take a while
+            sources, scripted=self._scripted))  # the setup is made once the ports are bound
 
-    def demo(self, peers: int = 2, *, engine: str = "transformers",
-             peer_python: str = "") -> list[dict[str, Any]]:
+    def demo(self, peers: int = 2, *, engine: str = "transformers", peer_python: str = "",
+             resume: str | Path | None = None) -> list[dict[str, Any]]:
         """The hub and `peers` local peer processes (`engine`: transformers or vllm, under
-        `peer_python`), with the demo's defaults for the fields not given."""
+        `peer_python`), with the demo's defaults for the fields not given; `resume`: a run
+        directory to continue, as `serve` does."""
         from .cli.demo import peer_python as find_python
         from .cli.demo import run_demo
 
         if peers < 1:
             raise ValueError(f"peers must be >= 1, got {peers}")
-        cfg, sources = self.resolved(DEMO_DEFAULTS)
+        cfg, sources = self._resumed(resume) if resume is not None else self.resolved(DEMO_DEFAULTS)
         python = find_python(engine, peer_python)
-        return _launch(cfg, lambda ranks: run_demo(cfg, peers, engine=engine, python=python,
-                                                   ranks=ranks, setup=lambda: self.setup(cfg),
-                                                   sources=sources))
+        return _launch(cfg, lambda ranks: run_demo(
+            cfg, peers, engine=engine, python=python, ranks=ranks, setup=lambda: self.setup(cfg),
+            sources=sources, resume=Path(resume) if resume is not None else None,
+            scripted=self._scripted))
+
+    @property
+    def _scripted(self) -> bool:
+        """Its reward or rows are Python objects: only the script can resume it."""
+        return callable(self.reward) or self.reward_weights is not None or self.dataset is not None
+
+    def _resumed(self, resume: str | Path) -> tuple[HubConfig, dict[str, str]]:
+        """The config saved in `resume` with the fields given here on top, and their sources."""
+        cfg = resume_config(Path(resume), self._table)
+        saved, given = f"file {Path(resume) / 'config.json'}", flatten(self._table)
+        return cfg, {k: self._sources.get(k, "python") if k in given else saved
+                     for k in self.sources}
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from .jobs import Job as _Job
 from .jobs import Scored, ScorerStats
 
 log = logging.getLogger(__name__)
+TOTALS = ("calls", "completions", "timeouts", "failures", "restarts")  # kept by checkpoints
 
 MAX_BATCH_ITEMS = 256  # completions sent to a worker at once, when jobs queue up
 DEFAULT_TIMEOUT_S = 5.0
@@ -180,6 +181,16 @@ class Scorer:
         workers = [*self._idle, *self._busy]
         return ScorerStats(self._calls, self._completions, self._timeouts, self._failures,
                            self._restarts, self._round_trips, tuple(wk.pid for wk in workers))
+
+    def totals(self) -> dict[str, int]:
+        """The running counts, as plain data (for a checkpoint: a resumed hub's go on)."""
+        return dict(zip(TOTALS, (self._calls, self._completions, self._timeouts, self._failures,
+                                 self._restarts)))
+
+    def restore_totals(self, totals: dict[str, int]) -> None:
+        """Take up the counts `totals()` gave."""
+        (self._calls, self._completions, self._timeouts, self._failures,
+         self._restarts) = (totals.get(name, 0) for name in TOTALS)
 
     # --- closing -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the Python the local peers run under (default: this one; with "
                            "--engine vllm: $ECHO2_VLLM_PYTHON, else .venv-vllm/bin/python as "
                            "made by .ci/vllm-env, else this one if it has vLLM)")
-    serve.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                       help="continue the run in RUN_DIR from its last checkpoint, with its saved "
-                            "config (flags given here override it)")
     for p in (serve, demo):
+        p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its last checkpoint, with its saved "
+                            "config (flags given here override it); Ctrl-C checkpoints and prints "
+                            "this command")
         p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
                        help="shard the learner over N local ranks: re-run this command under "
                             "torchrun (python -m torch.distributed.run --nproc-per-node N); for "
@@ -179,12 +181,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "demo":
-            run.demo(args.peers, engine=args.engine, peer_python=args.peer_python)
+            run.demo(args.peers, engine=args.engine, peer_python=args.peer_python,
+                     resume=args.resume)
         else:
             run.serve(resume=args.resume)
         return 0
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:  # Stopped: a clean stop, which said how to resume
+        if not hasattr(exc, "signum"):  # before the run's own handlers were set: starting
+            print("echo2-hub: stopped by SIGINT while starting: nothing was trained",
+                  file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     except (ConfigError, FileNotFoundError) as exc:  # found on start: a busy port, no checkpoint
         return process.failed("echo2-hub", exc, args.debug)
     except (RankFailure, BaseExceptionGroup) as exc:  # the learner loop's task group wraps it

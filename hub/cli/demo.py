@@ -1,9 +1,12 @@
 """Run a hub until it is done (`serve`), or a hub plus N local peer processes (`demo`).
 
 The demo's peers are real `echo2-peer join` processes talking to the hub over loopback
-websockets; they are stopped when the learner reaches `max_steps`, and when the demo is
-stopped: SIGTERM or SIGINT (Ctrl-C) ends the run cleanly (checkpoint, run log) and stops them,
-a second one exits at once; each peer runs in a process group of its own and, on Linux, is sent
+websockets; they are stopped when the learner reaches `max_steps`. SIGTERM or SIGINT (Ctrl-C)
+stops either command cleanly: the learner loop ends after its step in progress (and the demo's
+peers are sent SIGTERM at the same moment), the step is checkpointed, one line says how to
+resume, and the process exits with 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM).
+A second signal exits at once (the run directory is whole at any moment: the last checkpoint and
+the journal after it). Each demo peer runs in a process group of its own and, on Linux, is sent
 SIGTERM by the kernel if the demo dies without a word (killed, crashed). With the vLLM engine they
 run under the vLLM environment's Python (`peer_python`): vLLM pins a transformers of its own,
 so on a CPU machine it lives in a venv of its own (`.ci/vllm-env`).
@@ -30,6 +33,20 @@ from ..learning.loop import HubRun
 
 log = logging.getLogger(__name__)
 
+# A demo peer still running this long after its SIGTERM is killed: its own stop waits for the
+# generation in progress and its interpreter's teardown (2-7 s measured on a loaded 2-core
+# machine), and nothing it holds is needed (a resumed demo starts peers of its own).
+PEERS_EXIT_S = 2.0
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by a signal and ended cleanly (checkpointed, told how to resume);
+    `echo2-hub` exits with 128 + `signum`. A KeyboardInterrupt, as a Ctrl-C is to a script."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
 
 LOCAL_PEERS: list[int] = []  # the demo's peer processes, for a hub that must exit at once
 
@@ -42,16 +59,54 @@ def stop_local_peers() -> None:
 
 
 async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None,
-                    setup: Any = None, sources: Any = None) -> list[dict[str, Any]]:
+                    setup: Any = None, sources: Any = None, scripted: bool = False
+                    ) -> list[dict[str, Any]]:
     """Serve until max_steps; the step records. `resume`: the run directory to continue
     (cfg.run.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
     reward (`hub.tasks.task_setup`; None: as cfg names them); `sources`: where each field of
-    cfg came from (`hub.config_presets`)."""
+    cfg came from (`hub.config_presets`); `scripted`: the run is a Python script's (`Run` with a
+    reward function or rows of its own), which is how it resumes. `Stopped` after a clean stop
+    by a signal."""
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
                          setup=setup, sources=sources) as run:
-        await run.finished.wait()
+        how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
+        async with _stopped_by_signals(how) as stopped:
+            if await _finished_or(run, stopped) is None:
+                await _stop(run, stopped.result(), how)
         _summary(run)
+    if stopped.done() and not stopped.cancelled():
+        raise Stopped(stopped.result())
     return run.records
+
+
+async def _finished_or(run: HubRun, stopped: asyncio.Future[int]) -> bool | None:
+    """Wait until the run reaches max_steps (True) or a signal stops it (None)."""
+    finished = asyncio.ensure_future(run.finished.wait())
+    try:
+        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        finished.cancel()
+    return None if stopped.done() else True
+
+
+async def _stop(run: HubRun, signum: int, how: str) -> None:
+    """End the learner loop after its step in progress, checkpoint, and say how to resume."""
+    saved = await run.stop()
+    name = signal.Signals(signum).name
+    print(f"stopped by {name} at v{run.hub.step} ({run.hub.step} steps trained): "
+          + (f"checkpoint saved; resume with: {how}" if saved else
+             "no checkpoint (checkpoint_every is 0): this run cannot be resumed"), flush=True)
+
+
+def resume_hint(cfg: HubConfig, run_dir: Path, command: str, scripted: bool = False,
+                flags: str = "") -> str:
+    """How to continue the run in `run_dir`: the command (`serve` or `demo`, with `flags`, the
+    ones not saved with the run), or, a script's run, the call. The dashboard token is not
+    saved either (a secret), so it is asked for again."""
+    if scripted:
+        return f"Run(...).{command}(resume={str(run_dir)!r}) in your script"
+    token = " --dashboard-token TOKEN" if cfg.view.dashboard_token else ""
+    return f"echo2-hub {command} --resume {run_dir}{flags}{token}"
 
 
 def peer_python(engine: str, given: str = "") -> str:
@@ -79,69 +134,107 @@ def peer_python(engine: str, given: str = "") -> str:
 
 
 async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
-                   python: str = sys.executable, ranks: Any = None,
-                   setup: Any = None, sources: Any = None) -> list[dict[str, Any]]:
+                   python: str = sys.executable, ranks: Any = None, setup: Any = None,
+                   sources: Any = None, resume: Path | None = None,
+                   scripted: bool = False) -> list[dict[str, Any]]:
     """`run_serve`, with `n_peers` local `echo2-peer join` processes, until `max_steps` or a
-    SIGTERM or SIGINT; the peers are stopped either way."""
-    async with start_hub(cfg, stream=sys.stdout, ranks=ranks, setup=setup, sources=sources) as run, \
-            _stopped_by_signals() as stopped:
-        print(f"hub listening on {run.url}; starting {n_peers} local peers "
-              f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, G={cfg.grpo.group_size}, "
-              f"{cfg.grpo.prompts_per_step} prompts/step, "
-              f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if engine == "vllm":  # one core's worth of KV cache, in GiB
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the run's
-        device = "cuda" if cfg.learner.device.startswith("cuda") else "cpu"  # the learner's kind
-        peers: list[asyncio.subprocess.Process] = []
-        try:
-            for i in range(n_peers):
-                peers.append(await asyncio.create_subprocess_exec(
-                    python, "-m", "echo2p2p.peer.cli", "join", run.url, "--name", f"local-{i}",
-                    "--engine", engine, "--device", device, "--torch-threads", "1",
-                    "--log-level", "warning", env=env, start_new_session=True,
-                    preexec_fn=_die_with_parent))
-                LOCAL_PEERS.append(peers[-1].pid)
-            finished = asyncio.ensure_future(run.finished.wait())
+    SIGTERM or SIGINT (then `Stopped`); the peers are stopped either way. `resume`: the run
+    directory to continue (cfg.run.run_dir is it)."""
+    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
+                         setup=setup, sources=sources) as run:
+        flags = (f" --peers {n_peers}" if n_peers != 2 else "") + \
+            (f" --engine {engine}" if engine != "transformers" else "")
+        how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
+        async with _stopped_by_signals(how) as stopped:
+            print(f"hub listening on {run.url}; starting {n_peers} local peers "
+                  f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, "
+                  f"G={cfg.grpo.group_size}, {cfg.grpo.prompts_per_step} prompts/step, "
+                  f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
+            peers: list[asyncio.subprocess.Process] = []
             try:
-                await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+                for i in range(n_peers):
+                    peers.append(await _start_peer(cfg, run.url, f"local-{i}", engine, python))
+                if await _finished_or(run, stopped) is None:
+                    _terminate(peers)  # with the learner's stop: no step after they left
+                    await _stop(run, stopped.result(), how)
             finally:
-                finished.cancel()
-            if stopped.done():
-                print(f"stopped by {stopped.result()}: stopping the peers and the hub", flush=True)
-        finally:
-            for proc in peers:
-                if proc.returncode is None:
-                    proc.terminate()
-            for proc in peers:
-                await proc.wait()
+                _terminate(peers)
+                await _wait_or_kill(peers)
         _summary(run)
+    if stopped.done() and not stopped.cancelled():
+        raise Stopped(stopped.result())
     return run.records
 
 
+async def _start_peer(cfg: HubConfig, url: str, name: str, engine: str,
+                      python: str) -> asyncio.subprocess.Process:
+    """One local `echo2-peer join` process, in a process group of its own."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if engine == "vllm":  # one core's worth of KV cache, in GiB
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the run's
+    device = "cuda" if cfg.learner.device.startswith("cuda") else "cpu"  # the learner's kind
+    proc = await asyncio.create_subprocess_exec(
+        python, "-m", "echo2p2p.peer.cli", "join", url, "--name", name, "--engine", engine,
+        "--device", device, "--torch-threads", "1", "--log-level", "warning", env=env,
+        start_new_session=True, preexec_fn=_die_with_parent)
+    LOCAL_PEERS.append(proc.pid)
+    return proc
+
+
+def _terminate(peers: list[asyncio.subprocess.Process]) -> None:
+    for proc in peers:
+        if proc.returncode is None:
+            proc.terminate()
+
+
+async def _wait_or_kill(peers: list[asyncio.subprocess.Process]) -> None:
+    """Wait for the peers to exit; kill those still running after PEERS_EXIT_S."""
+    waits = [asyncio.ensure_future(proc.wait()) for proc in peers]
+    if waits:
+        await asyncio.wait(waits, timeout=PEERS_EXIT_S)
+    for proc in peers:
+        if proc.returncode is None:
+            proc.kill()
+    await asyncio.gather(*waits)
+
+
 @contextlib.asynccontextmanager
-async def _stopped_by_signals() -> Any:
-    """A future that SIGTERM or SIGINT completes with the signal's name, for a clean stop;
-    the handlers are removed by the first (a second signal acts as it would without them)."""
+async def _stopped_by_signals(how: str) -> Any:
+    """A future that SIGTERM or SIGINT completes with the signal's number, for a clean stop.
+    From the first on, until the process exits (its stop and teardown included), a second one
+    exits at once, saying `how` to resume from the last checkpoint (a Python-level handler: it
+    runs even while the event loop waits on a thread)."""
     loop = asyncio.get_running_loop()
-    stopped: asyncio.Future[str] = loop.create_future()
+    stopped: asyncio.Future[int] = loop.create_future()
     signals = (signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in signals}
+
+    def at_once(signum: int, frame: Any) -> None:
+        stop_local_peers()
+        os.write(2, f"echo2-hub: stopped at once by a second {signal.Signals(signum).name}; "
+                    f"the last checkpoint is kept: resume with: {how}\n".encode())
+        os._exit(128 + signum)
 
     def stop(sig: signal.Signals) -> None:
         for s in signals:
             loop.remove_signal_handler(s)
+            signal.signal(s, at_once)
         if not stopped.done():
-            stopped.set_result(sig.name)
+            print(f"stopping on {sig.name}: the step in progress ends, then a checkpoint "
+                  f"(again to exit at once)", flush=True)
+            stopped.set_result(int(sig))
 
     for sig in signals:
         loop.add_signal_handler(sig, stop, sig)
     try:
         yield stopped
     finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        stopped.cancel()
+        if not stopped.done():
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, before[sig])
+            stopped.cancel()
 
 
 def _die_with_parent() -> None:

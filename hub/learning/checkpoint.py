@@ -2,39 +2,52 @@
 writes the files; the learner's weights are the trainer's).
 
 `hub_state` is the hub as plain data: run id, step, the next peer number, the lease table and
-data cursor, every admitted group not yet trained on (with the identity that sent it), and trust.
-`restore_hub` puts a state and the journal written after it back into a fresh hub's lease book,
-buffer and trust book. Groups the learner can no longer train on are kept: the staleness rule
-drops them when a batch is taken. Groups withdrawn (their peer was quarantined) stay out.
+data cursor, every admitted group not yet trained on (with the identity that sent it), trust, and
+the run's totals (the hub's counters, the queue's stale drops, the cost meter, the reward
+workers' counts). `restore_hub` puts a state and the journal written after it back into a fresh
+hub's lease book, buffer, trust book, counters, pool and scorer; the groups the journal admits
+count as admitted again (the checkpoint's totals did not have them). Groups the learner can no
+longer train on are kept: the staleness rule drops them when a batch is taken. Groups withdrawn
+(their peer was quarantined) stay out.
 No sockets, no clock (`now` is an argument), no files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from echo2p2p.buffer import RolloutBuffer
 from echo2p2p.leases import LeaseBook
+from echo2p2p.pool import Pool
 from echo2p2p.trust import TrustBook
 
 from .durable import group_from_wire, group_to_wire
 
+if TYPE_CHECKING:
+    from echo2p2p.scoring.scorer import Scorer
+
+    from ..serving.counters import Counters
+
 
 def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer: RolloutBuffer,
-              trust: TrustBook) -> dict[str, Any]:
-    """What a checkpoint keeps of the hub, as plain data."""
+              trust: TrustBook, counters: Counters, pool: Pool, scorer: Scorer | None,
+              now: float) -> dict[str, Any]:
+    """What a checkpoint keeps of the hub, as plain data (`scorer`: the hub's, if any)."""
     return {"run_id": run_id, "step": step, "next_peer": next_peer,
             "leases": leases.state(),
             "buffer": [group_to_wire(g) for g in buffer.groups()],
             "sources": buffer.sources(),
-            "trust": trust.state()}
+            "trust": trust.state(),
+            "totals": {"counters": counters.state(), "buffer": buffer.totals(),
+                       "pool": pool.totals(now), "scorer": scorer.totals() if scorer else {}}}
 
 
 def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
-                buffer: RolloutBuffer, trust: TrustBook, now: float) -> int:
+                buffer: RolloutBuffer, trust: TrustBook, counters: Counters, pool: Pool,
+                scorer: Scorer | None, now: float) -> int:
     """Come back to `state` plus the `journal` after it: the lease table, the data cursor,
-    every admitted group not yet trained on, and trust. Returns the next peer number (a resumed
-    hub never hands out a peer id again)."""
+    every admitted group not yet trained on, trust and the totals. Returns the next peer number
+    (a resumed hub never hands out a peer id again)."""
     next_peer = state["next_peer"]
     leases.restore(state["leases"], now)
     sources = state.get("sources", {})  # absent from checkpoints before withdrawals
@@ -42,6 +55,12 @@ def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
         group = group_from_wire(wire)
         buffer.put(group, sources.get(group.lease_id, ""))
     trust.restore(state["trust"])
+    if totals := state.get("totals"):  # absent from checkpoints before the totals were kept
+        counters.restore(totals["counters"])
+        buffer.restore_totals(totals["buffer"])
+        pool.restore_totals(totals["pool"])
+        if scorer is not None:
+            scorer.restore_totals(totals.get("scorer", {}))
     for kind, *record in journal:
         if kind == "lease":
             leases.replay(tuple(record), now)
@@ -51,6 +70,9 @@ def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
             group = group_from_wire(record[0])
             leases.replay(("done", group.lease_id), now)
             buffer.put(group, record[1] if len(record) > 1 else "")
+            counters.admitted_groups += 1
+            counters.admitted_samples += len(group.samples)
+            pool.admitted_left += len(group.samples)
         elif kind == "withdraw":
-            buffer.remove(set(record[0]))
+            counters.withdrawn_groups += len(buffer.remove(set(record[0])))
     return next_peer

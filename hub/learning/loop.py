@@ -3,9 +3,11 @@
 `HubRun.train` takes a batch of fresh groups, steps (in a worker thread, so the event loop keeps
 serving peers), tells the hub the step is done (the hub's `step` is the run's one step counter),
 publishes every kappa steps (`echo2p2p.hub.overlay.publisher`), evaluates every `eval_every` steps and
-logs one record per step. It stops after `max_steps` (0: never). The run is opened, built and
-served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a socket
-(`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
+logs one record per step. It stops after `max_steps` (0: never), or when `stop()` asks (a signal):
+after the step in progress, with a checkpoint of it. The run's clock (`elapsed_s`, the records'
+`time_s`) and its totals go into every checkpoint and continue in a resumed run. The run is
+opened, built and served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a
+socket (`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
 """
 
 from __future__ import annotations
@@ -58,13 +60,19 @@ class HubRun:
         self.port = 0
         self.dashboard_port: int | None = None  # None: no dashboard (cfg.view.dashboard_port -1)
         self.records: list[dict[str, Any]] = []
-        self.finished = asyncio.Event()
+        self.finished = asyncio.Event()  # set when the loop reached max_steps
         self.estimates = estimates or Estimates(cfg)
-        self._start = time.perf_counter()  # the learner loop's start (train() sets it)
+        self._stopping = asyncio.Event()  # stop() asked: the loop ends after its step
+        self._ended = asyncio.Event()  # train() returned, or raised
+        # The run's clock: the learner loop's seconds over every process of the run. A resumed
+        # run starts from its checkpoint's (the hours the hub was down are not counted, nor the
+        # steps after the checkpoint that a kill lost: they are trained, and timed, again).
+        self._clock_s = 0.0  # the run's seconds before this process's loop started
+        self._start: float | None = None  # this process's loop start (train() sets it)
         # Seconds the loop waited for a batch, over the window of every rate: the learner is
         # busy (the capacity model's sense: not starved of rollouts) the rest of the time.
-        self._waited = WindowSum(self._start)
-        self._last_record_t = self._start  # for the step's tokens/s
+        self._waited = WindowSum(time.perf_counter())
+        self._last_record_t = time.perf_counter()  # for the step's tokens/s
 
     @property
     def url(self) -> str:
@@ -90,6 +98,7 @@ class HubRun:
         idle meanwhile: the loop calls this between steps. The step is the hub's state's."""
         number = self.checkpoints.next_number()
         state = self.hub.checkpoint(self.checkpoints.journal(number))
+        state["loop"] = {"time_s": self.elapsed_s(), "trained_lags": dict(self.runlog.staleness)}
         start = time.perf_counter()
         await asyncio.to_thread(self.checkpoints.write, number, self.learner.save, state)
         log.debug("checkpoint %d at v%d in %.3f s", number, state["step"],
@@ -101,9 +110,13 @@ class HubRun:
         self.learner.load(learner)
         self.hub.restore(state, journal)
         self.resumed = True
+        loop = state.get("loop", {})  # absent from checkpoints before the run's clock was kept
+        self._clock_s = loop.get("time_s", 0.0)
+        self.runlog.staleness.update({int(k): n for k, n in loop.get("trained_lags", {}).items()})
         hub = self.hub.statistics()
         record = {"event": "resume", "version": hub.step, "journal_records": len(journal),
-                  "queued_groups": hub.queued_groups, "open_leases": hub.open_leases}
+                  "queued_groups": hub.queued_groups, "open_leases": hub.open_leases,
+                  **({"time_s": round(self._clock_s, 3)} if "time_s" in loop else {})}
         self.runlog.event(record, f"resumed at v{hub.step}: {record['queued_groups']} admitted "
                                   f"groups queued, {record['open_leases']} leases open, "
                                   f"{len(journal)} journal records replayed")
@@ -124,8 +137,31 @@ class HubRun:
                                        max_new_tokens=self.cfg.grpo.max_new_tokens,
                                        prompts=self.cfg.tasks.prompts)
 
+    def elapsed_s(self) -> float:
+        """The run's clock: seconds of learner loop, over every process of a resumed run."""
+        started = self._start is not None
+        return self._clock_s + (time.perf_counter() - self._start if started else 0.0)
+
+    async def stop(self) -> bool:
+        """End the learner loop after its step in progress (no step starts after this call;
+        an evaluation in progress is waited for), then checkpoint: the step, the run's clock and
+        its totals as they are now, so that a resumed run goes on from here without a gap. False:
+        this run keeps no checkpoints (checkpoint_every 0)."""
+        self._stopping.set()
+        await self._ended.wait()
+        if self.checkpoints is None:
+            return False
+        await self.checkpoint()
+        return True
+
     async def train(self) -> None:
-        """The learner loop; returns after max_steps steps (never if 0)."""
+        """The learner loop; returns after max_steps steps (never if 0), or once `stop()` asks."""
+        try:
+            await self._train()
+        finally:
+            self._ended.set()
+
+    async def _train(self) -> None:
         cfg, hub = self.cfg, self.hub
         if cfg.tasks.eval_every and not self.resumed:
             acc = await self.evaluate()
@@ -142,7 +178,9 @@ class HubRun:
                 # publication, checkpoint, its record), its evaluation aside; on the tiny model
                 # the compute (train/step_s) is the smaller part
                 self.estimates.observe_train_step(waiting - got - evaluated_s)
-            batch = await hub.wait_batch()
+            batch = await self._unless_stopping(hub.wait_batch())
+            if batch is None:
+                return
             got = time.perf_counter()
             self._waited.add(got, got - waiting)
             step = hub.step
@@ -150,13 +188,17 @@ class HubRun:
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
             hub.finish_step()
-            hub.dispatch()
-            if is_publish_version(hub.step, cfg.staleness.kappa):
-                await self.publish()
+            stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
+            if not stopping:
+                hub.dispatch()
             hub.replan(self.estimates.required_rollouts_per_s())
+            # before the publication's checkpoint: a run resumed from it never logs a clock or
+            # a total below this record's
             record = self._record(step, batch, lags, stats)
+            if is_publish_version(hub.step, cfg.staleness.kappa) and not stopping:
+                await self.publish()
             evaluated_s = 0.0
-            if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0:
+            if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0 and not stopping:
                 evaluating = time.perf_counter()
                 record["eval/accuracy"] = await self.evaluate()
                 evaluated_s = time.perf_counter() - evaluating
@@ -165,7 +207,22 @@ class HubRun:
             if hub.step % 10 == 0:
                 self.runlog.event({"event": "cost", "step": hub.step, "peers": {
                     pid: dict(view.account) for pid, view in hub.peer_views().items()}})
+            if self._stopping.is_set():
+                return
         self.finished.set()
+
+    async def _unless_stopping(self, wait: Any) -> Any:
+        """What the coroutine `wait` returns, or None (it cancelled) once `stop()` asks."""
+        waiting = asyncio.ensure_future(wait)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        return None
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
         """The run log record of learner step `step` (which produced version `hub.step`)."""
@@ -174,7 +231,7 @@ class HubRun:
         diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None
         record = step_record(
             step, hub, stats.metrics(), [g.lease_id for g in batch], lags,
-            time_s=now - self._start,
+            time_s=self.elapsed_s(),
             rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
             tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
             capacity=self.capacity_metrics(hub), off_policy=diagnostics)

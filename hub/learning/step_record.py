@@ -24,9 +24,10 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
                 off_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of learner step `step` (which produced version `hub.step`): `learner`, the
     step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
-    `time_s` since the loop started; `rollouts_per_s` admitted per second and `busy_frac` the
-    share of time the learner did not wait for a batch, both over the last `RATE_WINDOW_S` s
-    (`echo2p2p.rates`); `capacity`, the capacity model's metrics;
+    `time_s`, the run's clock (`HubRun.elapsed_s`: learner loop seconds over every process of
+    a resumed run); `rollouts_per_s` admitted per second and `busy_frac` the share of time the
+    learner did not wait for a batch, both over the last `RATE_WINDOW_S` s (`echo2p2p.rates`);
+    `capacity`, the capacity model's metrics;
     `off_policy`, the step's off-policy diagnostics by lag (`hub.learning.off_policy.summary`:
     mismatch_kl, mismatch_abs_mean/max, ratio_mean/min/max, clip_frac, by_lag)."""
     scoring = hub.scoring

@@ -1,7 +1,8 @@
 """What the hub counts and what it reports of itself: `Counters`, `HubStatistics`, `PeerView`.
 
 `Counters` are running totals the hub's parts bump as things happen (admitted groups, refusals,
-peers closed for protocol faults, relay reports...); the learner loop logs them every step.
+peers closed for protocol faults, relay reports...); the learner loop logs them every step, and a
+checkpoint keeps them (`state`, `restore`), so a resumed run's totals go on from its checkpoint's.
 `HubStatistics` is the frozen picture `Hub.statistics()` returns (trio's `statistics()`) and
 `PeerView` the frozen look at one connected peer (`Hub.peer_views()`): /status, /metrics, the
 dashboard, the step record, tests and benches read the hub through these two, never its parts.
@@ -54,6 +55,23 @@ class Counters:
     def totals(self) -> dict[str, int]:
         """The running totals (the histograms left out), as `HubStatistics` takes them."""
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
+
+    def state(self) -> dict[str, Any]:
+        """Every total and histogram, as msgpack-able data (for a checkpoint)."""
+        return {**self.totals(), "rejected_by": dict(self.rejected_by),
+                "stale_lags": dict(self.stale_lags),
+                "relay_reports": [[*key, n] for key, n in self.relay_reports.items()]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take up the totals `state()` gave, in a fresh hub's counters (a name this hub no
+        longer counts is passed over)."""
+        for name, value in state.items():
+            if name in self.totals() and isinstance(value, int):
+                setattr(self, name, value)
+        self.rejected_by.update(state.get("rejected_by", {}))
+        self.stale_lags.update({int(k): n for k, n in state.get("stale_lags", {}).items()})
+        self.relay_reports.update({(peer, reason): n
+                                   for peer, reason, n in state.get("relay_reports", [])})
 
 
 @dataclass(frozen=True)

@@ -367,6 +367,9 @@ class Hub:
             await conn.close(m.CLOSE_GOING_AWAY, reason)
 
     async def close_all(self, reason: str = "hub shutting down") -> None:
+        """Peers first: no submission may reach the scorer once it is closed."""
+        await asyncio.gather(*(conn.close(m.CLOSE_GOING_AWAY, reason)
+                               for conn in list(self._peers.values())))
         judging = list(self._judging)  # each puts its prompt back
         for task in judging:
             task.cancel()
@@ -374,8 +377,6 @@ class Hub:
         if self.scorer is not None:
             self.scorer.close()
         await self._accusations.close()
-        for conn in list(self._peers.values()):
-            await conn.close(m.CLOSE_GOING_AWAY, reason)
 
     # --- durability (echo2p2p.hub.learning.durable) -------------------------------------------
 
@@ -390,10 +391,10 @@ class Hub:
             self._journal_to.close()
         self._journal_to = journal
         return hub_state(self.run_id, self.step, self._next_peer, self._leases, self._buffer,
-                         self._trust)
+                         self._trust, self._counters, self._pool, self.scorer, loop_now())
 
     def restore(self, state: dict[str, Any], journal: list[list]) -> None:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
         self.step = state["step"]
         self._next_peer = restore_hub(state, journal, self._leases, self._buffer, self._trust,
-                                      loop_now())
+                                      self._counters, self._pool, self.scorer, loop_now())

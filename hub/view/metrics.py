@@ -93,7 +93,8 @@ STEP_GAUGES = (
                                                             "the last 60 s (the run log's)."),
     ("rollout/staleness_mean", "echo2_trained_lag_mean_versions", "Mean lag, in versions, of the "
                                                                   "groups the last step trained on."),
-    ("time_s", "echo2_train_elapsed_seconds", "Seconds since the learner loop started."),
+    ("time_s", "echo2_train_elapsed_seconds", "Seconds of learner loop over the run (a resumed "
+                                              "run's go on from its checkpoint's)."),
     ("mismatch_kl", "echo2_mismatch_kl", "Engine mismatch of the last step: mean k3 KL (nats) "
                     "of the peers' logprobs from the learner's, on lag-0 tokens."),
     ("mismatch_abs_mean", "echo2_mismatch_abs_logprob_mean", "Mean |learner - peer| logprob "

@@ -25,8 +25,8 @@ class RunData:
     config: dict[str, Any]
     skipped: int  # lines that were not JSON objects
     first_skipped: int | None  # the line number of the first of them
-    elapsed_s: list[float]  # wall time at each step: the processes' learner loops added up
-    # (with the time of the steps done again after a resume)
+    elapsed_s: list[float]  # the run's clock at each step: its learner loops' seconds, over
+    # every process of a resumed run (the hub's downtime left out)
 
     @property
     def run_id(self) -> str:
@@ -57,8 +57,10 @@ def read_run(run_dir: Path) -> RunData:
                 skipped, first = skipped + 1, first or number
                 continue
             event = record.get("event")
-            if event == "resume":  # time_s counts from each process's learner loop
-                offset, previous = offset + previous, 0.0
+            if event == "resume" and finite(record.get("time_s")):  # the run's clock goes on
+                offset, previous = 0.0, record["time_s"]
+            elif event == "resume":  # a run log of before: time_s counted from each process's
+                offset, previous = offset + previous, 0.0  # learner loop (with the steps redone)
             elif event is None and isinstance(record.get("step"), int):
                 t = record["time_s"] if finite(record.get("time_s")) else previous
                 offset += previous if t < previous else 0.0  # restarted, its resume unlogged

@@ -1,6 +1,8 @@
 """`echo2-hub demo` stops its local peers (issue 30: "stopping the demo with SIGTERM left its
-peers running"): SIGTERM and SIGINT end the run cleanly and the peers with it; a demo killed
-outright still takes them down (the kernel's parent-death signal)."""
+peers running"): SIGTERM and SIGINT end the run cleanly and the peers with it, and the learner
+with them (issue 31: it trained two steps after its peers had left): no step after the stop,
+a checkpoint of it, the command that resumes it, exit code 128 + the signal; a demo killed
+outright still takes the peers down (the kernel's parent-death signal)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import json
 import re
 import signal
 import sys
+import time
 
 import aiohttp
+import msgpack
 import psutil
 import pytest
 
@@ -43,14 +47,28 @@ async def test_the_demo_stopped_leaves_no_peer_running(tmp_path, sig):
         peers = [p for p in psutil.Process(demo.pid).children(recursive=True)
                  if "echo2p2p.peer.cli" in " ".join(p.cmdline())]
         assert len(peers) == 2
+        sent = time.monotonic()
         demo.send_signal(sig)
         async with asyncio.timeout(120):
             code = await demo.wait()
+        print(f"{sig.name} to exit: {time.monotonic() - sent:.2f} s")
         output = (await drain).decode(errors="replace")
         gone, alive = psutil.wait_procs(peers, timeout=30)
         assert not alive, f"peers left running: {alive}\n{output[-2000:]}"
         if sig is not signal.SIGKILL:
-            assert code == 0 and f"stopped by {sig.name}" in output, output[-2000:]
+            run_dir = tmp_path / "run"
+            stop = re.search(rf"stopped by {sig.name} at v(\d+) \(\d+ steps trained\): "
+                             rf"checkpoint saved; resume with: echo2-hub demo --resume {run_dir}\n",
+                             output)
+            assert code == 128 + sig and stop, output[-2000:]
+            assert "Traceback" not in output, output[-2000:]
+            logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+            trained = [r["step"] for r in logged if "event" not in r]
+            assert max(trained) + 1 == int(stop[1]), output[-2000:]  # none after the stop
+            latest = int((run_dir / "checkpoints" / "LATEST").read_text())
+            state = msgpack.unpackb((run_dir / "checkpoints" / f"ckpt-{latest:06d}" /
+                                     "hub.msgpack").read_bytes(), raw=False, strict_map_key=False)
+            assert state["step"] == int(stop[1])
     finally:
         if demo.returncode is None:
             demo.kill()

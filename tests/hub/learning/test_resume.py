@@ -139,6 +139,78 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
     assert peer.statistics().connections == 2
 
 
+async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from_it(hub_cfg):
+    """`HubRun.stop()` (what SIGINT and SIGTERM call) ends the learner loop after its step and
+    checkpoints that step: no step is trained after it, though a batch is waiting. Resumed, the
+    run's clock (`time_s`, the resume record's) and its totals (admitted, stale, rejected by
+    reason, trained lags, the reward workers') go on from the checkpoint's, never below what
+    was logged before."""
+    from echo2p2p.hub.view.run_data import read_run
+    from echo2p2p.hub.view.report import summary
+
+    cfg = hub_cfg.replace(max_steps=0, max_lag=1, lease_timeout_s=600)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        async with start_hub(cfg, stream=None) as run:
+            peer = PeerClient(PeerConfig(hub_url=run.url, name="stays", reconnect_max_s=0.5,
+                                         torch_threads=1, leases_in_flight=8))
+            running = tg.create_task(peer.run(stop))
+            await wait_until(lambda: run.hub.step >= 2, 120)
+            assert await run.stop()
+            stopped_at, logged = run.hub.step, run.records[-1]
+            # a batch waits, and no step takes it
+            batch = cfg.grpo.prompts_per_step
+            await wait_until(lambda: run.hub.statistics().queued_groups >= batch)
+            assert run.hub.step == stopped_at and not run.finished.is_set()
+            assert run.records[-1]["step"] + 1 == stopped_at
+            trained_lags = dict(run.runlog.staleness)
+        _, state, _ = Checkpoints(Path(cfg.run.run_dir)).load()
+        assert state["step"] == stopped_at and state["loop"]["time_s"] >= run.records[-1]["time_s"]
+        async with start_hub(cfg.replace(max_steps=stopped_at + 2, port=run.port), stream=None,
+                             resume=True) as run2:
+            resumed, saved = run2.hub.statistics(), state["totals"]["counters"]
+            assert resumed.admitted_groups >= saved["admitted_groups"] >= \
+                logged["rollout/admitted_groups_total"] > 0
+            assert resumed.stale_on_arrival >= saved["stale_on_arrival"]
+            assert resumed.rejected_by.items() >= saved["rejected_by"].items()
+            assert resumed.stale_in_queue == state["totals"]["buffer"]["dropped"]
+            assert resumed.scoring.completions == state["totals"]["scorer"]["completions"] > 0
+            assert run2.runlog.staleness == trained_lags
+            await asyncio.wait_for(run2.finished.wait(), 120)
+        stop.set()
+        await running
+    log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
+    steps = [r for r in log if "event" not in r]
+    assert [r["step"] for r in steps] == list(range(stopped_at + 2))  # each step once
+    resume = next(r for r in log if r.get("event") == "resume")
+    assert resume["time_s"] == round(state["loop"]["time_s"], 3)
+    for key in ("time_s", "rollout/admitted_groups_total", "rollout/stale_on_arrival_total",
+                "rollout/stale_in_queue_total", "rollout/rejected_total"):
+        assert all(a[key] <= b[key] for a, b in zip(steps, steps[1:])), key
+    assert steps[stopped_at]["time_s"] >= resume["time_s"]
+    data = read_run(Path(cfg.run.run_dir))  # the report: one run, its clock the last step's
+    assert data.elapsed_s[-1] == steps[-1]["time_s"]
+    rows, last = dict(summary(data)), steps[-1]
+    assert rows["dropped stale (on arrival / in queue)"] == \
+        f"{last['rollout/stale_on_arrival_total']} / {last['rollout/stale_in_queue_total']}"
+
+
+def test_the_hubs_totals_survive_a_checkpoint():
+    """Every counter and histogram goes through the checkpoint's msgpack and comes back."""
+    from collections import Counter
+
+    from echo2p2p.hub.serving.counters import Counters
+
+    counters = Counters(admitted_groups=7, admitted_samples=28, stale_on_arrival=2, rejected=1,
+                        relay_reports=Counter({("p1", "bad_chunk"): 2}),
+                        stale_lags=Counter({3: 2}), rejected_by=Counter({"stale": 2, "bad": 1}))
+    wire = msgpack.unpackb(msgpack.packb(counters.state(), use_bin_type=True), raw=False,
+                           strict_map_key=False)
+    restored = Counters()
+    restored.restore(wire)
+    assert restored == counters
+
+
 def test_resume_without_a_run_or_a_checkpoint_says_so(tmp_path, capsys):
     from echo2p2p.hub.cli import main
 
