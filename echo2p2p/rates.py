@@ -15,7 +15,7 @@ Two different quantities, named apart so that no one compares them:
 A ratio of sums, never a mean of per-event ratios: submissions arrive at the hub in bursts (its
 loop was busy), so one lease's "time" can be a millisecond, and an average of samples/busy_s is
 dominated by such bursts (it read 10-50x the true rate). The learner's busy fraction is the same
-window sum: seconds stepped in the window over the seconds covered.
+window sum: one minus the seconds it waited for a batch in the window over the seconds covered.
 
 No clock: callers pass `now` (any monotonic seconds, the same clock for one WindowSum).
 """
