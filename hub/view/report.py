@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("echo2-hub report: drawing needs matplotlib: pip install 'echo2p2p[report]'",
               file=sys.stderr)
-        return 2
+        return 1
     out = args.out or args.run_dir / "report"
     try:
         data, written = write_report(args.run_dir, out)

@@ -231,12 +231,12 @@ def main(args: argparse.Namespace) -> int:
         url = status_url(args.url)
     except ValueError as exc:
         print(f"echo2-hub status: {exc}", file=sys.stderr)
-        return 2
+        return 1
     try:
         tls = ssl.create_default_context(cafile=args.ca_cert or None)
     except OSError as exc:  # no such file, or not a PEM
         print(f"echo2-hub status: cannot use --ca-cert {args.ca_cert}: {exc}", file=sys.stderr)
-        return 2
+        return 1
     console = Console()
 
     def fetch_status() -> dict[str, Any]:

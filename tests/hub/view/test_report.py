@@ -107,7 +107,7 @@ def test_without_matplotlib_it_says_which_extra_to_install(tmp_path, monkeypatch
     """matplotlib is an optional extra: without it the command names the pip install."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     run_dir = write_run(tmp_path / "run", [json.dumps(step_record(0))])
-    assert cli.main(["report", str(run_dir)]) == 2
+    assert cli.main(["report", str(run_dir)]) == 1
     assert "pip install 'echo2p2p[report]'" in capsys.readouterr().err
 
 
