@@ -28,7 +28,7 @@ from typing import Any
 from echo2p2p.errors import ConfigError
 
 from ..config import HubConfig
-from ..learning.run_setup import start_hub
+from ..learning.run_setup import log_listening, start_hub
 from ..learning.loop import HubRun
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = Non
                          setup=setup, sources=sources) as run:
         how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
         async with _stopped_by_signals(how) as stopped:
+            log_listening(run, ranks)  # after the handlers: a Ctrl-C from now on stops cleanly
             if await _finished_or(run, stopped) is None:
                 await _stop(run, stopped.result(), how)
         _summary(run)
@@ -146,6 +147,7 @@ async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers"
             (f" --engine {engine}" if engine != "transformers" else "")
         how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
         async with _stopped_by_signals(how) as stopped:
+            log_listening(run, ranks)
             print(f"hub listening on {run.url}; starting {n_peers} local peers "
                   f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, "
                   f"G={cfg.grpo.group_size}, {cfg.grpo.prompts_per_step} prompts/step, "

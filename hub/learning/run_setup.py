@@ -85,10 +85,6 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         async with serve(hub, cfg.network.host, cfg.network.port, routes, sock=sock) as port, \
                 dashboard(run, board_sock) as board:
             run.port, run.dashboard_port = port, board
-            log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d "
-                     "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
-                     hub.setup.kind, cfg.staleness.max_lag, cfg.staleness.kappa, ranks.world if ranks else 1,
-                     runlog.run_dir, hub.hub_key.hex())
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
                 try:
@@ -162,6 +158,17 @@ def _remove(run_dir: Path | None) -> None:
     left behind (its config.json and run log say nothing a user could resume from)."""
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
+    """The line that says the hub serves, and where: what users and scripts wait for. The CLI
+    logs it once its own signal handlers are set, so that a Ctrl-C after it stops the run
+    cleanly (`echo2p2p.hub.cli.demo`)."""
+    cfg, hub = run.cfg, run.hub
+    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d rank(s)); "
+             "run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model, hub.setup.kind,
+             cfg.staleness.max_lag, cfg.staleness.kappa, ranks.world if ranks else 1,
+             run.runlog.run_dir, hub.hub_key.hex())
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:

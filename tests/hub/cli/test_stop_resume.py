@@ -175,3 +175,22 @@ def test_a_second_ctrl_c_exits_at_once_and_leaves_the_last_checkpoint_whole(tmp_
     assert "Traceback" not in hub.text, hub.text[-3000:]
     _, state, _ = Checkpoints(run_dir).load()
     assert state["step"] >= 1
+
+
+def test_ctrl_c_the_moment_the_hub_says_it_listens_stops_it_cleanly(tmp_path):
+    """The "listening on" line is printed once the run's own handlers are set: a Ctrl-C typed
+    as soon as it shows is a clean stop with the resume line, never "while starting"."""
+    run_dir = tmp_path / "run"
+    hub = Terminal([sys.executable, "-m", "echo2p2p.hub.cli", "serve", "--model", "tiny",
+                    "--port", "0", "--dashboard-port", "-1", "--eval-every", "0",
+                    "--torch-threads", "1", "--run-dir", str(run_dir)])
+    try:
+        hub.wait_for(LISTENING, 300)
+        os.write(hub.fd, b"\x03")
+        code = hub.wait_exit(60)
+    finally:
+        hub.kill()
+    assert code == 130, hub.text[-3000:]
+    assert "while starting" not in hub.text, hub.text[-3000:]
+    assert re.search(rf"resume with: echo2-hub serve --resume {run_dir}\r?\n", hub.text), \
+        hub.text[-3000:]
