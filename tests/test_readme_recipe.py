@@ -225,6 +225,13 @@ def test_getting_started_states_the_size_rule_at_135m():
     assert (float(said.group(1)), int(said.group(2))) == (derived["lr"], derived["max_new_tokens"])
 
 
+def serve_and_demo_flags() -> tuple[set[str], set[str]]:
+    """The option strings `echo2-hub serve` and `echo2-hub demo` take, from their parsers."""
+    hook = flags_hook()
+    return tuple(set(hook.subcommand("echo2-hub", name)._option_string_actions)
+                 for name in ("serve", "demo"))
+
+
 def test_demo_takes_every_serve_flag_getting_started_says_it_takes():
     """Getting started: "`echo2-hub demo --peers N` ... stopping after `--max-steps` (N by
     default); it takes every flag `serve` takes[ but X]": true of the parsers."""
@@ -234,9 +241,7 @@ def test_demo_takes_every_serve_flag_getting_started_says_it_takes():
     said = re.search(r"stopping after `--max-steps` \((\d+) by default\); it takes every flag "
                      r"`serve` takes(?: but ((?:`--[a-z-]+`(?:, | and )?)+)|, [^.]*)\.", page)
     assert said, "getting started lost what demo takes"
-    hook = flags_hook()
-    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
-                   for name in ("serve", "demo"))
+    serve, demo = serve_and_demo_flags()
     assert serve - demo == set(re.findall(r"`(--[a-z-]+)`", said.group(2) or ""))
     assert DEMO_DEFAULTS["max_steps"] == int(said.group(1))
 
@@ -250,9 +255,7 @@ def test_flag_reference_says_what_demo_adds_and_lacks():
     said = re.search(r"`echo2-hub demo` takes the same flags(?: but (.*?))?, plus (.*?) for its local "
                      r"peers, and stops after (\d+) steps", page)
     assert said, "the flag reference lost what demo takes"
-    hook = flags_hook()
-    serve, demo = (set(hook.subcommand("echo2-hub", name)._option_string_actions)
-                   for name in ("serve", "demo"))
+    serve, demo = serve_and_demo_flags()
     flags = [set(re.findall(r"`(--[a-z-]+)", said.group(i) or "")) for i in (1, 2)]
     assert (serve - demo, demo - serve) == tuple(flags)
     assert DEMO_DEFAULTS["max_steps"] == int(said.group(3))
