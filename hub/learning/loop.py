@@ -116,6 +116,7 @@ class HubRun:
         hub = self.hub.statistics()
         record = {"event": "resume", "version": hub.step, "journal_records": len(journal),
                   "queued_groups": hub.queued_groups, "open_leases": hub.open_leases,
+                  "drawn_problems": hub.drawn_problems,  # the data cursor
                   **({"time_s": round(self._clock_s, 3)} if "time_s" in loop else {})}
         self.runlog.event(record, f"resumed at v{hub.step}: {record['queued_groups']} admitted "
                                   f"groups queued, {record['open_leases']} leases open, "

@@ -121,7 +121,6 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             assert run2.hub.step == 3 and run2.hub.statistics().newest_version == 3  # one step counter
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
             assert {g.lease_id for g in run2.hub.statistics().queue} >= queued
-            assert run2.hub.statistics().drawn_problems == drawn
             await asyncio.wait_for(run2.finished.wait(), 120)
             await wait_until(lambda: len(peer.outbox) == 0)
         stop.set()
@@ -129,6 +128,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
     log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
     resumed = [r for r in log if r.get("event") == "resume"]
     assert len(resumed) == 1 and resumed[0]["version"] == 3
+    assert resumed[0]["drawn_problems"] == drawn  # the data cursor, before the peer drew more
     footprint = [r for r in log if r.get("event") == "footprint"]  # predicted at each start
     assert len(footprint) == 2 and footprint[0]["checkpoint_every"] == 1  # the tiny model's
     assert footprint[0]["predicted_ram_bytes"] > 16 * footprint[0]["params"] > 0
