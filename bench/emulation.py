@@ -7,13 +7,18 @@ generous or strict:
   it sends at once, at most UPLOAD_SLOTS (2) of them, as the chunk servers do
   (`overlay.serving`); the rest wait FIFO (hub, tracker) or by `Swarm.serve_rank` (gossip
   peers); downlinks are not limits;
-- one-way latency per pair of hosts drawn uniformly in 10-100 ms; a chunk arrives one latency
-  after its last byte left; a piece is usable (forwarded, announced) only once fully arrived
-  and verified (VERIFY_S per chunk);
+- one-way latency per pair of hosts drawn uniformly in 10-100 ms (`Setup.latency_s`); a chunk
+  arrives one latency after its last byte left; a piece is usable (forwarded, announced) only
+  once fully arrived and verified (VERIFY_S per 4 MiB);
+- the hub's estimate of its own rate (`Setup.hub_bps_known`, None: unknown) goes to its
+  plans as the real hub's `hub_bps_estimate` does (owners' and seeders' caps, the chain's ring);
 - a NAT'd peer accepts no connection: in the tracker it is a leaf (owns nothing, only pulls);
   in gossip it dials its neighbours and uploads over those links;
-- the tracker's requests never time out here (the real one reports a stall after ~30 s, which
-  only makes it slower where owners are swamped); gossip peers send `had` at most every 50 ms;
+- the tracker's and the chain's requests never time out here unless `Setup.stall_s` is set:
+  then Download's own rules apply (a long poll answers 503 after stall_s / 2; a chunk not in
+  stall_s after the first ask is a "stall", one far under the plan's rate a "slow"; the source
+  is reported and avoided, its chunks from the hub; the hub's check of the report is not
+  modelled); gossip peers send `had` at most every 50 ms;
 - control messages are the real messages, encoded by `echo2p2p.messages` (or, for peer links,
   msgpack frames of the fields `docs/protocol/` names): hub -> peer announcement with its
   plan (tracker: RelayPlan; gossip: GossipPlan, or its RelayPlan-shaped stand-in if the
@@ -63,10 +68,17 @@ class Setup:
     leave_at_s: float | None = None  # then `leave_fraction` of the peers leave (SIGKILL)
     leave_fraction: float = 0.125
     seed: int = 0
+    latency_s: tuple[float, float] = (0.010, 0.100)  # one-way, drawn per pair of hosts
+    stall_s: float | None = None  # the tracker's and chain's Download stall and slow rules
+    hub_bps_known: float | None = None  # the hub's estimate of its own rate (Broadcast.hub_bps)
 
     @property
     def m_over_b_s(self) -> float:
         return self.n_chunks * self.chunk_bytes * 8 / self.peer_bps
+
+    @property
+    def verify_s(self) -> float:
+        return VERIFY_S * self.chunk_bytes / (4 << 20)
 
 
 @dataclass
@@ -170,15 +182,15 @@ class Uplink:
 
 
 class Latency:
-    """One-way latency per pair of hosts, 10-100 ms, drawn once."""
+    """One-way latency per pair of hosts, drawn once in `span_s` (default 10-100 ms)."""
 
-    def __init__(self, seed: int):
-        self.rng, self._d = random.Random(seed), {}
+    def __init__(self, seed: int, span_s: tuple[float, float] = (0.010, 0.100)):
+        self.rng, self._d, self.span_s = random.Random(seed), {}, span_s
 
     def __call__(self, a: str, b: str) -> float:
         key = (a, b) if a < b else (b, a)
         if key not in self._d:
-            self._d[key] = self.rng.uniform(0.010, 0.100)
+            self._d[key] = self.rng.uniform(*self.span_s)
         return self._d[key]
 
 
@@ -230,14 +242,15 @@ def members_of(setup: Setup) -> tuple[list[Member], dict[str, float]]:
                    rates[p]) for i, p in enumerate(ids)], rates
 
 
-# --- the two strategies ------------------------------------------------------------------
+# --- the world of one run ------------------------------------------------------------------
 
 
 class World:
     """The hosts of one run: the hub's uplink, the peers, the latencies, the counters."""
 
     def __init__(self, setup: Setup, strategy: str):
-        self.setup, self.sim, self.lat = setup, Sim(), Latency(setup.seed + 1)
+        self.setup, self.sim = setup, Sim()
+        self.lat = Latency(setup.seed + 1, setup.latency_s)
         self.hub_up = Uplink(self.sim, setup.hub_bps)
         self.members, self.rates = members_of(setup)
         self.natted = {mb.peer_id for mb in self.members if mb.url is None}
@@ -301,9 +314,11 @@ class World:
         if self.deals and not self.control_cut:
             self.redeal_seeds(gone)
         for peer_id in gone if self.broadcast is not None and not self.control_cut else ():
-            plan = self.broadcast.drop(peer_id)
-            for member in [] if plan is None else self.peers.values():
+            if self.broadcast.drop(peer_id) is None:
+                continue
+            for member in self.peers.values():  # the chain's plans differ by member
                 if not member.gone:
+                    plan = self.broadcast.plan(member.id)
                     self.control(len(m.encode(plan)), sent=True)
                     self.sim.at(self.sim.now + self.lat(member.id, HUB), member.replan, plan)
 

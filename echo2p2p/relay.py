@@ -18,8 +18,8 @@ chunk's owner (the first hop of its stripe) fetches it from the hub, and every o
 fetches every chunk from its predecessor in the ring, so each relays to one child; each plan is
 the member's own (`Broadcast.plan(peer_id)`). A member that leaves is spliced out (its child
 fetches from its predecessor) and its stripes get new first hops; a leaf, a late joiner or a
-peer whose uplink is under half the hub's (`ring_of`) pulls from the owners, as in
-"pipelined". The ring moves at its slowest uplink.
+peer whose uplink is under half the hub's or the members' median (`ring_of`) pulls from the
+owners, as in "pipelined". The ring moves at its slowest uplink.
 The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
 the peers route themselves (`echo2p2p.gossip`). This module is pure: no sockets, no clock;
 `propagation` turns the hub's observations into the per-version figures of the run log.
@@ -195,12 +195,19 @@ class Broadcast:
 
 def ring_of(members: list[Member], hub_bps: float | None) -> list[str]:
     """The striped chain's ring: the members that serve, less those whose uplink is under
-    RING_MIN_UPLINK x `hub_bps` (every chunk crosses every uplink in the ring, so one at a
-    quarter of the rate would take the whole ring to a quarter; as a leaf it only costs each
-    first hop a share more). All serving members when fewer than two would be left."""
+    RING_MIN_UPLINK x the larger of `hub_bps` and the serving members' median upload (every
+    chunk crosses every uplink in the ring, so one at a quarter of the rate would take the
+    whole ring to a quarter; as a leaf it only costs each first hop a share more). The median
+    too, since the hub's estimate of its own rate may be low or missing: measured over a
+    version it is the pace the peers pulled at, not the uplink (without it, in
+    `bench/gossip_sweep.py`, 16 peers with a third at B/4 took 3.4 x the max-flow bound against
+    1.8). All serving members when fewer than two would be left."""
     servers = [mb for mb in members if mb.url]
-    fast = [mb for mb in servers if not hub_bps or not mb.upload_bps
-            or mb.upload_bps >= RING_MIN_UPLINK * hub_bps]
+    measured = sorted(mb.upload_bps for mb in servers if 0 < mb.upload_bps < math.inf)
+    median = measured[len(measured) // 2] if measured else 0.0
+    ref = max(hub_bps if hub_bps and 0 < hub_bps < math.inf else 0.0, median)
+    fast = [mb for mb in servers if not ref or not mb.upload_bps
+            or mb.upload_bps >= RING_MIN_UPLINK * ref]
     return [mb.peer_id for mb in (fast if len(fast) >= 2 else servers)]
 
 

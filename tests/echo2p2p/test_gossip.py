@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from echo2p2p.gossip import HUB, Swarm, pack_bits, unpack_bits
 from echo2p2p.relay import MAX_NEIGHBOURS, Member, deal_seeds, gossip_plan
 
-from bench.emulated_peers import run_gossip, run_tracker
+from bench.emulated_peers import run_chain, run_gossip, run_tracker
 from bench.emulation import Setup, gossip_announcement, manifest
 
 FAST = settings(max_examples=60, deadline=None)
@@ -369,3 +369,14 @@ def test_a_natted_link_is_asked_first_and_its_wants_are_served_first():
     swarm.heard_had("public2", [common])
     assert swarm.serve_rank("nat", common) < swarm.serve_rank("public2", rare)
     assert swarm.serve_rank("public2", rare) < swarm.serve_rank("public2", common)
+
+
+def test_emulated_chain_leaves_slow_uplinks_out_and_the_hub_sends_one_copy():
+    """The striped chain in the emulation, by the hub's real plans: with a third of the
+    uplinks at B/4 and the hub's own rate unknown, the ring is the fast members (a slow one in
+    it held 16 peers at 3.4 x the max-flow bound), every peer completes, and each chunk left
+    the hub once; each ring member asks the window its plan names of its parent."""
+    for n in (8, 16):
+        res = run_chain(Setup(n, n_chunks=32, slow_fraction=1 / 3))
+        assert res.complete and res.hub_copies == 1.0
+        assert res.extra["ring"] == n - round(n / 3)
