@@ -380,3 +380,12 @@ def test_emulated_chain_leaves_slow_uplinks_out_and_the_hub_sends_one_copy():
         res = run_chain(Setup(n, n_chunks=32, slow_fraction=1 / 3))
         assert res.complete and res.hub_copies == 1.0
         assert res.extra["ring"] == n - round(n / 3)
+
+
+def test_emulated_chain_children_do_not_stall_on_healthy_parents():
+    """16 peers, 24 MiB in 64 KiB chunks at 20 Mbit/s, with Download's stall and slow rules:
+    each chunk leaves the hub once and no parent is reported (with the chain's whole window
+    asked of the hub too, 16 stalls and 8.9 hub copies)."""
+    res = run_chain(Setup(16, n_chunks=384, chunk_bytes=64 << 10, peer_bps=20e6, hub_bps=20e6,
+                          latency_s=(0.0002, 0.001), stall_s=10.0))
+    assert res.complete and res.hub_copies == 1.0 and "reports" not in res.extra
