@@ -72,7 +72,7 @@ class TrackerPeer:
         if source == HUB:
             self.w.hub_want(self, i)
         else:
-            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, source),
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, source) + self.w.queued_s(self),
                           self.w.peers[source].request, self, i)
 
     def _tick(self) -> None:
@@ -195,6 +195,7 @@ class GossipPeer:
         self.early: dict[str, set[int]] = {}  # what links said before our announcement came
         self.jobs: dict[tuple[str, int], int] = {}  # (requester, chunk) -> upload job
         self.had: list[int] = []
+        self.fifo: dict[str, float] = {}  # link -> when its last frame arrives
         self.last_flush, self.flush_at, self.wake = -1.0, None, None
         self.got_from: Counter = Counter()
         self.done_at: float | None = None
@@ -223,7 +224,10 @@ class GossipPeer:
         """A control frame over the link to `to`: counted, delivered one latency later."""
         self.w.res.p2p_msgs += 1
         self.w.res.p2p_bytes += frame_bytes(tag, **record)
-        self.w.sim.at(self.w.sim.now + self.w.lat(self.id, to), fn, *args)
+        at = max(self.w.sim.now + self.w.lat(self.id, to) + self.w.queued_s(self),
+                 self.fifo.get(to, 0.0))  # a link is one ordered stream
+        self.fifo[to] = at
+        self.w.sim.at(at, fn, *args)
 
     def announced(self, seed: list[int], neighbours: list[m.RelaySource]) -> None:
         self.swarm = Swarm(self.w.setup.n_chunks, self.id, seed)

@@ -7,6 +7,9 @@ generous or strict:
   it sends at once, at most UPLOAD_SLOTS (2) of them, as the chunk servers do
   (`overlay.serving`); the rest wait FIFO (hub, tracker) or by `Swarm.serve_rank` (gossip
   peers); downlinks are not limits;
+- with `Setup.uplink_queue_bytes` (tc tbf's queue: 256 KiB in bench/broadcast.py), a control
+  message a peer sends while its uplink is busy waits behind that much data: gossip's want,
+  have, had and cancel frames (in order on each link), the tracker's chunk requests;
 - one-way latency per pair of hosts drawn uniformly in 10-100 ms (`Setup.latency_s`); a chunk
   arrives one latency after its last byte left; a piece is usable (forwarded, announced) only
   once fully arrived and verified (VERIFY_S per 4 MiB);
@@ -70,6 +73,7 @@ class Setup:
     seed: int = 0
     latency_s: tuple[float, float] = (0.010, 0.100)  # one-way, drawn per pair of hosts
     stall_s: float | None = None  # the tracker's and chain's Download stall and slow rules
+    uplink_queue_bytes: int = 0  # a control message waits behind this much data in a busy uplink
     hub_bps_known: float | None = None  # the hub's estimate of its own rate (Broadcast.hub_bps)
 
     @property
@@ -264,9 +268,17 @@ class World:
         self.route_off = self.control_cut = False
         self.broadcast: Broadcast | None = None  # the tracker's plan
 
+    def queued_s(self, peer) -> float:
+        """How long a control message `peer` sends waits in its uplink's queue (tbf: FIFO
+        behind the data it is sending)."""
+        if not self.setup.uplink_queue_bytes or not peer.up.active:
+            return 0.0
+        return self.setup.uplink_queue_bytes * 8 / self.rates[peer.id]
+
     def hub_want(self, peer, index: int) -> None:
         """A chunk request reaches the hub one latency after `peer` sent it."""
-        self.sim.at(self.sim.now + self.lat(peer.id, HUB), self._hub_serve, peer, index)
+        self.sim.at(self.sim.now + self.lat(peer.id, HUB) + self.queued_s(peer), self._hub_serve,
+                    peer, index)
 
     def _hub_serve(self, peer, index: int) -> None:
         if peer.gone:

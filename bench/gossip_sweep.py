@@ -10,7 +10,8 @@ uniform time: "churn", 1/8 of the peers leave at once; "cut_churn", the same wit
 control connection cut; "hub_cut_30pct" (gossip), the control connection cut and the chunk
 route gone once every chunk has left the hub once. Times count the peers that stayed.
 
-    python bench/gossip_sweep.py [--quick]   (--quick: N up to 64; about 3 minutes of CPU in all)
+    python bench/gossip_sweep.py [--quick] [--ns 8,16] [--mbit 100] [--latency-ms 10,100]
+        [--queue-kib 0] [--chunks 54] [--chunk-mib 4]   (--quick: N up to 64, 25 s of CPU; all: see the report)
 """
 
 from __future__ import annotations
@@ -50,18 +51,20 @@ def row(case: str, setup: Setup, res: Result) -> dict:
 STRATEGIES = {"tracker": run_tracker, "gossip": run_gossip, "chain": run_chain}
 
 
-def sweep(ns: list[int], n_chunks: int, chunk_bytes: int) -> list[dict]:
+def sweep(ns: list[int], n_chunks: int, chunk_bytes: int, **net) -> list[dict]:
     """Per N: the three strategies on uniform uplinks, "heterogeneous" (a third at B/4, as
     bench/broadcast.py's mode, over the max-flow bound) and half-NAT'd peers; then, at 30 % of
     each strategy's own uniform time, 1/8 of the peers leaving ("churn"), the same with the
     hub's control connection cut (its chunk route still answers), and for gossip the case the
     issue names: the control connection cut and the chunk route gone once the seed copy is out.
-    The hub knows its own rate (`Broadcast.hub_bps`, which leaves slow uplinks out of the
-    chain's ring), as a hub with an upload cap does."""
+    The hub knows its own rate (`Broadcast.hub_bps`), as a hub with an upload cap does; `net`:
+    the rates, latencies and queues (`Setup`'s peer_bps, hub_bps, latency_s,
+    uplink_queue_bytes)."""
     rows = []
     for n in ns:
         def setup(**kw) -> Setup:
-            return Setup(n, n_chunks, chunk_bytes, hub_bps_known=Setup(n).hub_bps, **kw)
+            return Setup(n, n_chunks, chunk_bytes, hub_bps_known=net.get("hub_bps", 100e6),
+                         **net, **kw)
         cases = {"uniform": setup(), "heterogeneous": setup(slow_fraction=1 / 3),
                  "nat_half": setup(nat_fraction=0.5)}
         for run in STRATEGIES.values():
@@ -140,12 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="N = 8..64 only")
     ap.add_argument("--chunks", type=int, default=54, help="chunks per version")
     ap.add_argument("--chunk-mib", type=float, default=4.0, help="MiB per chunk")
+    ap.add_argument("--mbit", type=float, default=100.0, help="every uplink, Mbit/s")
+    ap.add_argument("--latency-ms", default="10,100",
+                    help="one-way latency per pair of hosts, drawn in this range (ms); "
+                         "'0.2,1' with --mbit 20 --chunks 128 --chunk-mib 0.0625 is "
+                         "bench/broadcast.py's 8 MiB under tbf")
+    ap.add_argument("--queue-kib", type=int, default=0,
+                    help="control frames wait behind this much data in a busy uplink (tbf: 256)")
+    ap.add_argument("--ns", help="comma-separated N (default 8..256, --quick 8..64)")
     ap.add_argument("--plot", default=str(Path(__file__).with_name("gossip_sweep.png")))
     args = ap.parse_args(argv)
     ns = [8, 16, 32, 64] if args.quick else [8, 16, 32, 64, 128, 256]
-    rows = sweep(ns, args.chunks, int(args.chunk_mib * (1 << 20)))
+    ns = [int(n) for n in args.ns.split(",")] if args.ns else ns
+    low, high = (float(x) / 1e3 for x in args.latency_ms.split(","))
+    net = {"peer_bps": args.mbit * 1e6, "hub_bps": args.mbit * 1e6, "latency_s": (low, high),
+           "uplink_queue_bytes": args.queue_kib << 10}
+    rows = sweep(ns, args.chunks, int(args.chunk_mib * (1 << 20)), **net)
+    quarter = int(args.chunk_mib * (1 << 18))  # the same version in chunks of a quarter
     fine = [row(case, s, run(s)) for n in (16, 32) for case, s in
-            (("uniform_1mib", Setup(n, args.chunks * 4, int(args.chunk_mib * (1 << 18)))),)
+            (("uniform_1mib", Setup(n, args.chunks * 4, quarter, **net)),)
             for run in STRATEGIES.values()]
     print(table(rows + fine))
     if args.plot:
@@ -155,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     def series(case: str, strategy: str, key: str) -> dict:
         return {n: pick[(case, strategy, n)][key] for n in ns if (case, strategy, n) in pick}
     out = {"bench": "gossip_sweep", "chunks": args.chunks, "chunk_mib": args.chunk_mib,
-           "peer_mbps": Setup(8).peer_bps / 1e6, "hub_mbps": Setup(8).hub_bps / 1e6}
+           "peer_mbps": args.mbit, "hub_mbps": args.mbit, "latency_ms": args.latency_ms,
+           "queue_kib": args.queue_kib}
     for strategy in STRATEGIES:
         out[f"{strategy}_hub_msgs"] = series("uniform", strategy, "hub_msgs")
         out[f"{strategy}_hub_kb"] = series("uniform", strategy, "hub_kb")
