@@ -30,8 +30,8 @@ generous or strict:
   gossip's re-dealt seeds (one message to each receiver);
 - faults, at 30 % of the strategy's own uniform time: "churn", 1/8 of the peers leave at once
   (their transfers stop; the tracker's hub re-deals their chunks to every member, gossip's hub
-  re-deals only the seeds it had not sent them yet); "cut_churn", the same with the hub's
-  control connection cut (no revisions, no reports; the chunk route still answers);
+  re-deals their seeds); "cut_churn", the same with the hub's control connection cut (no
+  revisions, no reports; the chunk route still answers);
   "hub_cut_30pct" (gossip), the control connection cut and the chunk route gone once every
   chunk has left the hub once. Times count the peers that stayed.
 """
@@ -335,10 +335,11 @@ class World:
                     self.sim.at(self.sim.now + self.lat(member.id, HUB), member.replan, plan)
 
     def redeal_seeds(self, gone: list[str]) -> None:
-        """Gossip: the seeds the hub had not yet sent to the peers that left go to others, one
-        message to each receiver (a GossipPlan naming only the added seeds)."""
-        orphans = sorted(i for p in gone for i in self.deals[p].seed
-                         if (p, i) not in self.hub_delivered)
+        """Gossip: the seeds of the peers that left go to others, one message to each receiver
+        (a GossipPlan naming only the added seeds), as `hub.overlay.tracker.reseed` deals them:
+        all of them, since the hub cannot tell which were passed on; a receiver asks the hub
+        only for those none of its links holds."""
+        orphans = sorted(i for p in gone for i in self.deals[p].seed)
         here = [mb for mb in self.members if not self.peers[mb.peer_id].gone]
         for peer_id, seed in deal_seeds(here, orphans).items():
             if seed:
