@@ -17,7 +17,7 @@ remaining owners (a new plan revision); a chunk nobody can serve comes from the 
 chunk's owner (the first hop of its stripe) fetches it from the hub, and every other member
 fetches every chunk from its predecessor in the ring, so each relays to one child; each plan is
 the member's own (`Broadcast.plan(peer_id)`). A member that leaves is spliced out (its child
-fetches from its predecessor) and its stripes get new first hops; a leaf, a late joiner or a
+fetches from its predecessor, and is the new first hop of its stripes); a leaf, a late joiner or a
 peer whose uplink is under half the hub's or the members' median (`ring_of`) pulls from the
 owners, as in "pipelined". The ring moves at its slowest uplink.
 The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
@@ -114,13 +114,25 @@ class Broadcast:
 
     def drop(self, peer_id: str) -> m.RelayPlan | None:
         """Stop routing through `peer_id` (left, corrupt or stalled); the new (shared) plan if
-        it owned chunks or was in the ring, else None: then every member's `plan` changed."""
-        in_ring = peer_id in self.ring()
+        it owned chunks or was in the ring, else None: then every member's `plan` changed.
+
+        In the striped chain its stripes go to its child, the next hop after it: every other
+        member has asked its parent for them already (chunks not yet requested follow a new
+        plan, those out stay), so a new first hop elsewhere in the ring would wait on its
+        parent for a chunk that now starts after it, and the ring on it: a cycle that only a
+        stall deadline broke (in `bench/gossip_sweep.py`, 16 and 32 peers with 1/8 leaving
+        never completed). The child's own want of them was out to `peer_id`, which fails."""
+        ring = self.ring()
         self.excluded.add(peer_id)
         orphaned = [i for i, owner in enumerate(self._owners) if owner == peer_id]
-        if not orphaned and not in_ring:
+        if not orphaned and peer_id not in ring:
             return None
-        self._redeal(orphaned)
+        if peer_id in ring and len(ring) > 1:
+            child = ring[(ring.index(peer_id) + 1) % len(ring)]
+            for i in orphaned:
+                self._owners[i] = child
+        else:
+            self._redeal(orphaned)
         self.revision += 1
         return self.plan()
 

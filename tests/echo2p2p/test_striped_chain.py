@@ -119,3 +119,18 @@ def test_a_slow_uplink_is_left_out_of_the_ring_and_pulls_from_the_first_hops():
         assert sorted(unknown.ring()) == ["s0", "s1", "s2"]
     assert len(ring_of([Member(mb.peer_id, mb.url) for mb in members], None)) == 4
     assert len(ring_of(members[2:], 20e6)) == 2  # never a ring of one
+
+
+def test_a_departed_members_stripes_go_to_its_child():
+    """A ring member that leaves hands its stripes to the next hop after it (whose want of
+    them was out to the departed one, and fails): the others' wants, out to their parents
+    already, still meet the chunks coming down the ring."""
+    members = _members(5)
+    bc = Broadcast(1, None, 20, strategy="striped-chain")
+    bc.start(members)
+    ring = bc.ring()
+    gone, child = ring[1], ring[2]
+    stripes = [i for i in range(20) if bc.owner(i) == gone]
+    assert stripes and bc.drop(gone) is not None
+    assert [bc.owner(i) for i in stripes] == [child] * len(stripes)
+    _check_chains(bc, [p for p in ring if p != gone])
