@@ -105,7 +105,11 @@ class Failover:
         wanted and not asked, of whom `route` says, at most `window` out to each source at once,
         and of them at most HUB_WINDOW of the chunks the plan routes to the hub (a failed
         source's chunks, which come from the hub meanwhile, only count against `window`). Each
-        is out until `finished`.
+        is out until `finished`. A chunk lower than every one out to its peer source is asked
+        even past `window`: one that came back (its source failed, a new plan routed it there)
+        after the window filled with later ones. In a striped chain those later ones may only
+        reach the parent after this one passed us, so the ring would wait on itself (emulated:
+        64 peers, 8 leaving at once, never completed).
 
         That cap is the striped chain's: its plan's window (2 per hop, up to 32) is for the
         parent, whose chunks come down the ring; asked of the hub too, every member's stripe
@@ -119,10 +123,15 @@ class Failover:
         """
         out = []
         planned = sum(s == HUB and self.owners[i] == HUB for i, s in self._asked.items())
+        lowest: dict[str, int] = {}  # source -> the lowest chunk out to it
+        for i, s in self._asked.items():
+            lowest[s] = min(lowest.get(s, i), i)
         for index in sorted(self._wanted - self._asked.keys()):
             source = self.route(index, now)
-            if source is None or self._load[source] >= window:
+            if source is None or (self._load[source] >= window
+                                  and (source == HUB or index > lowest.get(source, index))):
                 continue
+            lowest[source] = min(lowest.get(source, index), index)
             if source == HUB and self.owners[index] == HUB:  # not a failed source's chunk
                 if planned >= HUB_WINDOW:
                     continue

@@ -155,3 +155,20 @@ def test_a_chains_wide_window_is_for_its_parent_not_the_hub():
     f.finished(1, "parent", "stall", 1.0)
     later = f.requests(5.0, 30)
     assert len(later) == 30 - HUB_WINDOW and {s for _, s in later} == {HUB}
+
+
+def test_a_chunk_lower_than_all_out_to_its_source_is_asked_past_the_window():
+    """A chain member's parent left: its first chunks were out to it while the next plan's
+    parent got the window's later ones; when those first ones fail they are asked of the new
+    parent at once (past the window, lowest first), not after chunks that may only reach the
+    parent once these passed us."""
+    f = Failover(8, "me")
+    f.plan(plan([0] * 8, ["old"]), {"old"})
+    assert f.requests(0.0, 2) == [(0, "old"), (1, "old")]
+    f.plan(plan([0] * 8, ["new"], revision=2), {"new"})
+    assert f.requests(0.0, 2) == [(2, "new"), (3, "new")]
+    f.finished(0, "old", "unreachable", 1.0)
+    f.finished(1, "old", "unreachable", 1.0)
+    assert f.requests(1.0, 2) == [(0, "new")]
+    f.finished(0, "new", None, 2.0)
+    assert f.requests(2.0, 2) == [(1, "new")]

@@ -398,3 +398,9 @@ def test_emulated_chain_completes_when_members_leave():
     base = run_chain(Setup(16, n_chunks=54))
     res = run_chain(Setup(16, n_chunks=54, leave_at_s=0.3 * base.time_s))
     assert res.complete and res.hub_copies < 1.1
+    # 64 peers, two neighbours of one leaving at once: its first wants went to the first,
+    # its window to the second, and the new parent's (a Failover matter) never past the window
+    net = dict(n_chunks=128, chunk_bytes=64 << 10, peer_bps=20e6, hub_bps=20e6,
+               latency_s=(0.0002, 0.001), hub_bps_known=20e6, uplink_queue_bytes=256 << 10)
+    base = run_chain(Setup(64, **net))
+    assert run_chain(Setup(64, leave_at_s=0.3 * base.time_s, **net)).complete
