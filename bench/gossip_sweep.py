@@ -11,7 +11,8 @@ control connection cut; "hub_cut_30pct" (gossip), the control connection cut and
 route gone once every chunk has left the hub once. Times count the peers that stayed.
 
     python bench/gossip_sweep.py [--quick] [--ns 8,16] [--mbit 100] [--latency-ms 10,100]
-        [--queue-kib 0] [--chunks 54] [--chunk-mib 4]   (--quick: N up to 64, 25 s of CPU; all: see the report)
+        [--queue-kib 0] [--chunks 54] [--chunk-mib 4]
+    (--quick: N up to 64, 25 s of CPU; 8..256: 95 s)
 """
 
 from __future__ import annotations
