@@ -2,9 +2,11 @@
 `bench.emulation` world through the calls its shell makes: `TrackerPeer` one
 `echo2p2p.failover.Failover` (`requests`, `finished`, `plan`, as `overlay.download.Download`),
 `GossipPeer` one `echo2p2p.gossip.Swarm` (`requests`, `got`, `failed`, `wake_at`, as
-`overlay.gossip_download.GossipDownload`). Only the transport is emulated. `run_tracker` and
-`run_gossip` broadcast one version to a `Setup`'s peers, the hub's side the real
-`echo2p2p.relay` plans.
+`overlay.gossip_download.GossipDownload`). Only the transport is emulated. `run_tracker`,
+`run_chain` and `run_gossip` broadcast one version to a `Setup`'s peers, the hub's side the
+real `echo2p2p.relay` plans. The striped chain's peer is the tracker's: the real peer fetches it
+with the same `Download` (`peer.fetcher`), by its own plan (its stripes from the hub, the rest
+from its parent in the ring, `RelayPlan.window` requests in flight to each).
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ from collections.abc import Callable
 from echo2p2p import messages as m
 from echo2p2p.failover import HUB, Failover
 from echo2p2p.gossip import Swarm
-from echo2p2p.relay import Broadcast, Member, gossip_plan
+from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
+from echo2p2p.pace import per_request_bps, too_slow
+from echo2p2p.relay import MAX_WINDOW, Broadcast, Member, gossip_plan
 
-from bench.emulation import (HAD_FLUSH_S, VERIFY_S, WINDOW, Result, Setup, Uplink, World,
+from bench.emulation import (HAD_FLUSH_S, WINDOW, Result, Setup, Uplink, World,
                              frame_bytes, gossip_announcement)
 
 
 class TrackerPeer:
-    """A peer as `overlay.download.Download` drives `Failover`; its chunk server long-polls."""
+    """A peer as `overlay.download.Download` drives `Failover`; its chunk server long-polls.
+    With `Setup.stall_s`, Download's own rules too: a long poll answers 503 after stall_s / 2
+    and is asked again, a chunk not in stall_s after the first ask is a "stall", and one that
+    came far slower than the plan's rate for its source (`pace.too_slow`) is kept but "slow";
+    either is reported (RelayReport) and the source avoided (its chunks from the hub)."""
 
     def __init__(self, world: World, member: Member):
         self.w, self.id = world, member.peer_id
@@ -34,30 +42,38 @@ class TrackerPeer:
         self.got_from: Counter = Counter()
         self.done_at: float | None = None
         self.failover: Failover | None = None
+        self.window, self.rates = WINDOW, {}  # as Download.set_plan: the plan's window and rates
+        self.asked_at: dict[int, float] = {}  # chunk -> when first asked of its source
+        self.sent_at: dict[int, float] = {}  # chunk -> when this poll of it went out
         self.sending: dict[int, tuple[TrackerPeer, int]] = {}  # upload job -> (to, chunk)
         self.gone = self.ticking = False
 
     def announced(self, plan: m.RelayPlan) -> None:
         self.failover = Failover(self.w.setup.n_chunks, self.id)
-        self.failover.plan(plan, {s.peer_id for s in plan.sources} | {HUB})
-        self.pump()
+        self.replan(plan)
 
     def replan(self, plan: m.RelayPlan) -> None:
         if not self.gone:
             self.failover.plan(plan, {s.peer_id for s in plan.sources} | {HUB})
+            self.rates.update({s.peer_id: s.rate_bps for s in plan.sources})
+            self.window = min(plan.window, MAX_WINDOW) if plan.window > 0 else self.window
             self.pump()
 
     def pump(self) -> None:
         now = self.w.sim.now
-        for i, source in self.failover.requests(now, WINDOW):
-            if source == HUB:
-                self.w.hub_want(self, i)
-            else:
-                self.w.sim.at(now + self.w.lat(self.id, source), self.w.peers[source].request,
-                              self, i)
+        for i, source in self.failover.requests(now, self.window):
+            self.asked_at[i] = self.sent_at[i] = now
+            self._ask(i, source)
         if self.failover.waiting(now) and not self.ticking:  # as Download.run wakes every 1 s
             self.ticking = True
             self.w.sim.at(self.w.sim.now + 1.0, self._tick)
+
+    def _ask(self, i: int, source: str) -> None:
+        if source == HUB:
+            self.w.hub_want(self, i)
+        else:
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, source) + self.w.queued_s(self),
+                          self.w.peers[source].request, self, i)
 
     def _tick(self) -> None:
         self.ticking = False
@@ -75,13 +91,32 @@ class TrackerPeer:
         self.waiting.clear()
 
     def request(self, requester: TrackerPeer, index: int) -> None:
+        back = self.w.lat(self.id, requester.id)
         if self.gone:  # connection refused, one latency later
-            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, requester.id), requester.failed,
-                          self.id, index)
+            self.w.sim.at(self.w.sim.now + back, requester.failed, self.id, index)
         elif index in self.held:
             self._send(requester, index)
         else:
             self.waiting.setdefault(index, []).append(requester)
+            if self.w.setup.stall_s is not None:  # the long poll ends with a 503
+                self.w.sim.at(self.w.sim.now + self.w.setup.stall_s / 2, self._poll_over,
+                              requester, index)
+
+    def _poll_over(self, requester: TrackerPeer, index: int) -> None:
+        if not self.gone and requester in self.waiting.get(index, ()):
+            self.waiting[index].remove(requester)
+            self.w.sim.at(self.w.sim.now + self.w.lat(self.id, requester.id), requester.pending,
+                          self.id, index)
+
+    def pending(self, source: str, index: int) -> None:
+        """A 503: ask again, or past stall_s since the first ask, a "stall"."""
+        if self.gone or self.failover.asked(index) != source:
+            return
+        if self.w.sim.now - self.asked_at[index] > self.w.setup.stall_s:
+            self._fault(source, index, "stall")
+        else:
+            self.sent_at[index] = self.w.sim.now
+            self._ask(index, source)
 
     def _send(self, requester: TrackerPeer, index: int) -> None:
         back = self.w.lat(self.id, requester.id)
@@ -94,38 +129,59 @@ class TrackerPeer:
 
     def piece(self, source: str, index: int) -> None:
         if not self.gone:
-            self.w.sim.at(self.w.sim.now + VERIFY_S, self._verified, source, index)
+            self.w.sim.at(self.w.sim.now + self.w.setup.verify_s, self._verified, source, index)
 
     def _verified(self, source: str, index: int) -> None:
         if self.gone or self.failover.asked(index) != source:
             return  # a request that had failed already: Download dropped it
         self.held.add(index)
-        self.failover.finished(index, source, None, self.w.sim.now)
+        self._fault(source, index, "slow" if self._too_slow(source, index) else None)
         self.got_from[source] += 1
         for requester in self.waiting.pop(index, []):
             self._send(requester, index)
         if self.failover.complete and self.done_at is None:
             self.w.reported(self)
-        self.pump()
+
+    def _too_slow(self, source: str, index: int) -> bool:
+        """Download._fetch's rule, its long poll allowed for."""
+        stall_s = self.w.setup.stall_s
+        if stall_s is None or source == HUB:
+            return False
+        rate_bps = max(per_request_bps(self.rates.get(source, 0.0), self.window),
+                       8 * MIN_RATE_BYTES_S)
+        return too_slow(self.w.setup.chunk_bytes, self.w.sim.now - self.sent_at[index], rate_bps,
+                        stall_s / 2)
 
     def failed(self, source: str, index: int) -> None:
         """A request failed (the source left, or the hub's route is gone): Download's path."""
-        if self.gone or self.failover.asked(index) != source:
-            return
-        if self.failover.finished(index, source, "unreachable", self.w.sim.now):  # RelayReport
-            self.w.control(len(m.encode(m.RelayReport(1, source, "unreachable", index))))
+        if not self.gone and self.failover.asked(index) == source:
+            self._fault(source, index, "unreachable")
+
+    def _fault(self, source: str, index: int, fault: str | None) -> None:
+        if self.failover.finished(index, source, fault, self.w.sim.now):  # RelayReport
+            self.w.res.extra.setdefault("reports", Counter())[fault] += 1
+            self.w.control(len(m.encode(m.RelayReport(1, source, fault, index))))
         self.pump()
 
 
-def run_tracker(setup: Setup) -> Result:
-    w = World(setup, "tracker")
+def run_tracker(setup: Setup, strategy: str = "pipelined") -> Result:
+    """The tracker ("pipelined") or the ECHO-2 paper's striped chain ("striped-chain"): the
+    hub's real `Broadcast`, each member announced its own plan (the chain's differ)."""
+    w = World(setup, "tracker" if strategy == "pipelined" else "chain")
     w.peers = {mb.peer_id: TrackerPeer(w, mb) for mb in w.members}
-    w.broadcast = Broadcast(1, None, setup.n_chunks, "pipelined")
-    plan = w.broadcast.start(w.members)
-    encoded = m.encode(m.VersionAnnouncement(w.man, plan, bytes(64)))
+    w.broadcast = Broadcast(1, None, setup.n_chunks, strategy, hub_bps=setup.hub_bps_known)
+    w.broadcast.start(w.members)
     for peer in w.peers.values():
+        plan = w.broadcast.plan(peer.id)
+        encoded = m.encode(m.VersionAnnouncement(w.man, plan, bytes(64)))
         w.announce(peer, encoded, len(m.encode(plan)), plan)
-    return w.finish()
+    res = w.finish()
+    res.extra["ring"] = len(w.broadcast.ring())
+    return res
+
+
+def run_chain(setup: Setup) -> Result:
+    return run_tracker(setup, "striped-chain")
 
 
 class GossipPeer:
@@ -139,6 +195,7 @@ class GossipPeer:
         self.early: dict[str, set[int]] = {}  # what links said before our announcement came
         self.jobs: dict[tuple[str, int], int] = {}  # (requester, chunk) -> upload job
         self.had: list[int] = []
+        self.fifo: dict[str, float] = {}  # link -> when its last frame arrives
         self.last_flush, self.flush_at, self.wake = -1.0, None, None
         self.got_from: Counter = Counter()
         self.done_at: float | None = None
@@ -167,7 +224,10 @@ class GossipPeer:
         """A control frame over the link to `to`: counted, delivered one latency later."""
         self.w.res.p2p_msgs += 1
         self.w.res.p2p_bytes += frame_bytes(tag, **record)
-        self.w.sim.at(self.w.sim.now + self.w.lat(self.id, to), fn, *args)
+        at = max(self.w.sim.now + self.w.lat(self.id, to) + self.w.queued_s(self),
+                 self.fifo.get(to, 0.0))  # a link is one ordered stream
+        self.fifo[to] = at
+        self.w.sim.at(at, fn, *args)
 
     def announced(self, seed: list[int], neighbours: list[m.RelaySource]) -> None:
         self.swarm = Swarm(self.w.setup.n_chunks, self.id, seed)
@@ -249,7 +309,7 @@ class GossipPeer:
         if source not in self.swarm.wants(index):
             self.w.res.wasted_pieces += 1  # an endgame loser that was already on its way
             return
-        self.w.sim.at(self.w.sim.now + VERIFY_S, self._verified, source, index)
+        self.w.sim.at(self.w.sim.now + self.w.setup.verify_s, self._verified, source, index)
 
     def _verified(self, source: str, index: int) -> None:
         if self.gone or source not in self.swarm.wants(index):
@@ -305,7 +365,8 @@ def run_gossip(setup: Setup) -> Result:
         w.peers[a].link_up(b)
         w.peers[b].link_up(a)
     w.dial = dial
-    deals = w.deals = gossip_plan(w.members, setup.n_chunks, rng=random.Random(setup.seed + 2))
+    deals = w.deals = gossip_plan(w.members, setup.n_chunks, rng=random.Random(setup.seed + 2),
+                                  hub_bps=setup.hub_bps_known)
     for peer in w.peers.values():
         deal = deals[peer.id]
         encoded, plan_bytes = gossip_announcement(w.man, deal.seed, deal.neighbours)

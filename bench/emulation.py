@@ -7,13 +7,21 @@ generous or strict:
   it sends at once, at most UPLOAD_SLOTS (2) of them, as the chunk servers do
   (`overlay.serving`); the rest wait FIFO (hub, tracker) or by `Swarm.serve_rank` (gossip
   peers); downlinks are not limits;
-- one-way latency per pair of hosts drawn uniformly in 10-100 ms; a chunk arrives one latency
-  after its last byte left; a piece is usable (forwarded, announced) only once fully arrived
-  and verified (VERIFY_S per chunk);
+- with `Setup.uplink_queue_bytes` (tc tbf's queue: 256 KiB in bench/broadcast.py), a control
+  message a peer sends while its uplink is busy waits behind that much data: gossip's want,
+  have, had and cancel frames (in order on each link), the tracker's chunk requests;
+- one-way latency per pair of hosts drawn uniformly in 10-100 ms (`Setup.latency_s`); a chunk
+  arrives one latency after its last byte left; a piece is usable (forwarded, announced) only
+  once fully arrived and verified (VERIFY_S per 4 MiB);
+- the hub's estimate of its own rate (`Setup.hub_bps_known`, None: unknown) goes to its
+  plans as the real hub's `hub_bps_estimate` does (owners' and seeders' caps, the chain's ring);
 - a NAT'd peer accepts no connection: in the tracker it is a leaf (owns nothing, only pulls);
   in gossip it dials its neighbours and uploads over those links;
-- the tracker's requests never time out here (the real one reports a stall after ~30 s, which
-  only makes it slower where owners are swamped); gossip peers send `had` at most every 50 ms;
+- the tracker's and the chain's requests never time out here unless `Setup.stall_s` is set:
+  then Download's own rules apply (a long poll answers 503 after stall_s / 2; a chunk not in
+  stall_s after the first ask is a "stall", one far under the plan's rate a "slow"; the source
+  is reported and avoided, its chunks from the hub; the hub's check of the report is not
+  modelled); gossip peers send `had` at most every 50 ms;
 - control messages are the real messages, encoded by `echo2p2p.messages` (or, for peer links,
   msgpack frames of the fields `docs/protocol/` names): hub -> peer announcement with its
   plan (tracker: RelayPlan; gossip: GossipPlan, or its RelayPlan-shaped stand-in if the
@@ -22,8 +30,8 @@ generous or strict:
   gossip's re-dealt seeds (one message to each receiver);
 - faults, at 30 % of the strategy's own uniform time: "churn", 1/8 of the peers leave at once
   (their transfers stop; the tracker's hub re-deals their chunks to every member, gossip's hub
-  re-deals only the seeds it had not sent them yet); "cut_churn", the same with the hub's
-  control connection cut (no revisions, no reports; the chunk route still answers);
+  re-deals their seeds); "cut_churn", the same with the hub's control connection cut (no
+  revisions, no reports; the chunk route still answers);
   "hub_cut_30pct" (gossip), the control connection cut and the chunk route gone once every
   chunk has left the hub once. Times count the peers that stayed.
 """
@@ -63,10 +71,18 @@ class Setup:
     leave_at_s: float | None = None  # then `leave_fraction` of the peers leave (SIGKILL)
     leave_fraction: float = 0.125
     seed: int = 0
+    latency_s: tuple[float, float] = (0.010, 0.100)  # one-way, drawn per pair of hosts
+    stall_s: float | None = None  # the tracker's and chain's Download stall and slow rules
+    uplink_queue_bytes: int = 0  # a control message waits behind this much data in a busy uplink
+    hub_bps_known: float | None = None  # the hub's estimate of its own rate (Broadcast.hub_bps)
 
     @property
     def m_over_b_s(self) -> float:
         return self.n_chunks * self.chunk_bytes * 8 / self.peer_bps
+
+    @property
+    def verify_s(self) -> float:
+        return VERIFY_S * self.chunk_bytes / (4 << 20)
 
 
 @dataclass
@@ -170,15 +186,15 @@ class Uplink:
 
 
 class Latency:
-    """One-way latency per pair of hosts, 10-100 ms, drawn once."""
+    """One-way latency per pair of hosts, drawn once in `span_s` (default 10-100 ms)."""
 
-    def __init__(self, seed: int):
-        self.rng, self._d = random.Random(seed), {}
+    def __init__(self, seed: int, span_s: tuple[float, float] = (0.010, 0.100)):
+        self.rng, self._d, self.span_s = random.Random(seed), {}, span_s
 
     def __call__(self, a: str, b: str) -> float:
         key = (a, b) if a < b else (b, a)
         if key not in self._d:
-            self._d[key] = self.rng.uniform(0.010, 0.100)
+            self._d[key] = self.rng.uniform(*self.span_s)
         return self._d[key]
 
 
@@ -230,14 +246,15 @@ def members_of(setup: Setup) -> tuple[list[Member], dict[str, float]]:
                    rates[p]) for i, p in enumerate(ids)], rates
 
 
-# --- the two strategies ------------------------------------------------------------------
+# --- the world of one run ------------------------------------------------------------------
 
 
 class World:
     """The hosts of one run: the hub's uplink, the peers, the latencies, the counters."""
 
     def __init__(self, setup: Setup, strategy: str):
-        self.setup, self.sim, self.lat = setup, Sim(), Latency(setup.seed + 1)
+        self.setup, self.sim = setup, Sim()
+        self.lat = Latency(setup.seed + 1, setup.latency_s)
         self.hub_up = Uplink(self.sim, setup.hub_bps)
         self.members, self.rates = members_of(setup)
         self.natted = {mb.peer_id for mb in self.members if mb.url is None}
@@ -251,9 +268,17 @@ class World:
         self.route_off = self.control_cut = False
         self.broadcast: Broadcast | None = None  # the tracker's plan
 
+    def queued_s(self, peer) -> float:
+        """How long a control message `peer` sends waits in its uplink's queue (tbf: FIFO
+        behind the data it is sending)."""
+        if not self.setup.uplink_queue_bytes or not peer.up.active:
+            return 0.0
+        return self.setup.uplink_queue_bytes * 8 / self.rates[peer.id]
+
     def hub_want(self, peer, index: int) -> None:
         """A chunk request reaches the hub one latency after `peer` sent it."""
-        self.sim.at(self.sim.now + self.lat(peer.id, HUB), self._hub_serve, peer, index)
+        self.sim.at(self.sim.now + self.lat(peer.id, HUB) + self.queued_s(peer), self._hub_serve,
+                    peer, index)
 
     def _hub_serve(self, peer, index: int) -> None:
         if peer.gone:
@@ -301,17 +326,20 @@ class World:
         if self.deals and not self.control_cut:
             self.redeal_seeds(gone)
         for peer_id in gone if self.broadcast is not None and not self.control_cut else ():
-            plan = self.broadcast.drop(peer_id)
-            for member in [] if plan is None else self.peers.values():
+            if self.broadcast.drop(peer_id) is None:
+                continue
+            for member in self.peers.values():  # the chain's plans differ by member
                 if not member.gone:
+                    plan = self.broadcast.plan(member.id)
                     self.control(len(m.encode(plan)), sent=True)
                     self.sim.at(self.sim.now + self.lat(member.id, HUB), member.replan, plan)
 
     def redeal_seeds(self, gone: list[str]) -> None:
-        """Gossip: the seeds the hub had not yet sent to the peers that left go to others, one
-        message to each receiver (a GossipPlan naming only the added seeds)."""
-        orphans = sorted(i for p in gone for i in self.deals[p].seed
-                         if (p, i) not in self.hub_delivered)
+        """Gossip: the seeds of the peers that left go to others, one message to each receiver
+        (a GossipPlan naming only the added seeds), as `hub.overlay.tracker.reseed` deals them:
+        all of them, since the hub cannot tell which were passed on; a receiver asks the hub
+        only for those none of its links holds."""
+        orphans = sorted(i for p in gone for i in self.deals[p].seed)
         here = [mb for mb in self.members if not self.peers[mb.peer_id].gone]
         for peer_id, seed in deal_seeds(here, orphans).items():
             if seed:

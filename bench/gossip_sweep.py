@@ -1,14 +1,18 @@
-"""Tracker against gossip at 8..256 emulated peers: hub control messages and bytes per version,
-hub upload in copies, and time / (M/B). One process, a discrete-event emulation that runs the
-REAL pure cores (`bench.emulated_peers`, in the network of `bench.emulation`, whose docstring
-says what is modelled): for the tracker `echo2p2p.relay.Broadcast` (the hub's plan) and one
+"""Tracker, gossip and the striped chain at 8..256 emulated peers: hub control messages and bytes
+per version, hub upload in copies, time / (M/B) and over the max-flow bound. One process, a
+discrete-event emulation that runs the REAL pure cores (`bench.emulated_peers`, in the network
+of `bench.emulation`, whose docstring says what is modelled): for the tracker and the chain
+`echo2p2p.relay.Broadcast` (the hub's plans: one shared, or one per ring member) and one
 `echo2p2p.failover.Failover` per peer; for gossip `echo2p2p.relay.gossip_plan` (the hub's
-dealing) and one `echo2p2p.gossip.Swarm` per peer. Faults, at 30 % of the strategy's own
+dealing) and one `echo2p2p.gossip.Swarm` per peer. Modes: uniform uplinks, "heterogeneous"
+(a third at B/4), half NAT'd. Faults, at 30 % of the strategy's own
 uniform time: "churn", 1/8 of the peers leave at once; "cut_churn", the same with the hub's
 control connection cut; "hub_cut_30pct" (gossip), the control connection cut and the chunk
 route gone once every chunk has left the hub once. Times count the peers that stayed.
 
-    python bench/gossip_sweep.py [--quick]   (--quick: N up to 64; about 3 minutes of CPU in all)
+    python bench/gossip_sweep.py [--quick] [--ns 8,16] [--mbit 100] [--latency-ms 10,100]
+        [--queue-kib 0] [--chunks 54] [--chunk-mib 4]
+    (--quick: N up to 64, 25 s of CPU; 8..256: 95 s)
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, when run as a file
 
-from bench.emulated_peers import run_gossip, run_tracker  # noqa: E402
+from bench.emulated_peers import run_chain, run_gossip, run_tracker  # noqa: E402
 from bench.emulation import Result, Setup, members_of  # noqa: E402
 
 # --- the sweep -----------------------------------------------------------------------------
@@ -45,26 +49,33 @@ def row(case: str, setup: Setup, res: Result) -> dict:
             "p2p_kb_per_peer": round(res.p2p_bytes / setup.n_peers / 1e3, 1)}
 
 
-def sweep(ns: list[int], n_chunks: int, chunk_bytes: int) -> list[dict]:
-    """Per N: both strategies on uniform, slow-third and half-NAT'd peers; then, at 30 % of
+STRATEGIES = {"tracker": run_tracker, "gossip": run_gossip, "chain": run_chain}
+
+
+def sweep(ns: list[int], n_chunks: int, chunk_bytes: int, **net) -> list[dict]:
+    """Per N: the three strategies on uniform uplinks, "heterogeneous" (a third at B/4, as
+    bench/broadcast.py's mode, over the max-flow bound) and half-NAT'd peers; then, at 30 % of
     each strategy's own uniform time, 1/8 of the peers leaving ("churn"), the same with the
     hub's control connection cut (its chunk route still answers), and for gossip the case the
-    issue names: the control connection cut and the chunk route gone once the seed copy is out."""
+    issue names: the control connection cut and the chunk route gone once the seed copy is out.
+    The hub knows its own rate (`Broadcast.hub_bps`), as a hub with an upload cap does; `net`:
+    the rates, latencies and queues (`Setup`'s peer_bps, hub_bps, latency_s,
+    uplink_queue_bytes)."""
     rows = []
     for n in ns:
-        base = Setup(n, n_chunks, chunk_bytes)
-        cases = {"uniform": base, "slow_third": Setup(n, n_chunks, chunk_bytes, slow_fraction=1 / 3),
-                 "nat_half": Setup(n, n_chunks, chunk_bytes, nat_fraction=0.5)}
-        for run in (run_tracker, run_gossip):
-            results = {case: run(setup) for case, setup in cases.items()}
+        def setup(**kw) -> Setup:
+            return Setup(n, n_chunks, chunk_bytes, hub_bps_known=net.get("hub_bps", 100e6),
+                         **net, **kw)
+        cases = {"uniform": setup(), "heterogeneous": setup(slow_fraction=1 / 3),
+                 "nat_half": setup(nat_fraction=0.5)}
+        for run in STRATEGIES.values():
+            results = {case: run(s) for case, s in cases.items()}
             rows += [row(case, cases[case], res) for case, res in results.items()]
             at = 0.3 * results["uniform"].time_s
-            faults = {"churn": Setup(n, n_chunks, chunk_bytes, leave_at_s=at),
-                      "cut_churn": Setup(n, n_chunks, chunk_bytes, cut_at_s=at, leave_at_s=at)}
+            faults = {"churn": setup(leave_at_s=at), "cut_churn": setup(cut_at_s=at, leave_at_s=at)}
             if run is run_gossip:
-                faults["hub_cut_30pct"] = Setup(n, n_chunks, chunk_bytes, cut_at_s=at,
-                                                route_goes=True)
-            rows += [row(case, setup, run(setup)) for case, setup in faults.items()]
+                faults["hub_cut_30pct"] = setup(cut_at_s=at, route_goes=True)
+            rows += [row(case, s, run(s)) for case, s in faults.items()]
         print(f"  N={n} done", file=sys.stderr, flush=True)
     return rows
 
@@ -74,10 +85,11 @@ def scale_sweep(ns: list[int]) -> dict:
     (loss-free token buckets at 100 Mbit/s, one-way latency 10-100 ms per pair, i.e. RTT
     20-200 ms, a 113 M bf16 version in 216 chunks of 1 MiB; the hub would cut it in 256 KiB,
     which costs the emulation 4x the CPU): time / (M/B) and hub upload in copies."""
-    out: dict[str, dict] = {"pipelined": {}, "gossip": {}}
+    out: dict[str, dict] = {"pipelined": {}, "gossip": {}, "striped-chain": {}}
     for n in ns:
         setup = Setup(n, n_chunks=216, chunk_bytes=1 << 20)
-        for strategy, run in (("pipelined", run_tracker), ("gossip", run_gossip)):
+        for strategy, run in (("pipelined", run_tracker), ("gossip", run_gossip),
+                              ("striped-chain", run_chain)):
             res = run(setup)
             out[strategy][n] = {"ratio_to_ideal": round(res.time_s / setup.m_over_b_s, 3),
                                 "hub_upload_copies": round(res.hub_copies, 3),
@@ -103,8 +115,9 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for strategy, colour in (("tracker", "tab:red"), ("gossip", "tab:blue")):
-        for case, style in (("uniform", "-"), ("slow_third", "--"), ("nat_half", ":")):
+    for strategy, colour in (("tracker", "tab:red"), ("gossip", "tab:blue"),
+                             ("chain", "tab:green")):
+        for case, style in (("uniform", "-"), ("heterogeneous", "--"), ("nat_half", ":")):
             pts = [r for r in rows if r["strategy"] == strategy and r["case"] == case]
             ns = [r["n"] for r in pts]
             if case == "uniform":
@@ -112,7 +125,7 @@ def plot(rows: list[dict], path: Path) -> None:
                          label=f"{strategy}: all hub control")
                 ax1.plot(ns, [r["plan_kb"] for r in pts], "--", color=colour, marker="x",
                          label=f"{strategy}: plans only")
-            ax2.plot(ns, [r["t_over_mb"] for r in pts], style, color=colour, marker="o",
+            ax2.plot(ns, [r["t_over_bound"] for r in pts], style, color=colour, marker="o",
                      label=f"{strategy} {case}")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
@@ -120,7 +133,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.legend(fontsize=7)
     ax1.set_yscale("log")
     ax1.set_ylabel("hub control kB per version")
-    ax2.set_ylabel("time to all complete / (M/B)")
+    ax2.set_ylabel("time to all complete / max-flow bound")
     fig.suptitle(f"emulated broadcast, {rows[0]['chunks']} chunks (bench/gossip_sweep.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -131,13 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="N = 8..64 only")
     ap.add_argument("--chunks", type=int, default=54, help="chunks per version")
     ap.add_argument("--chunk-mib", type=float, default=4.0, help="MiB per chunk")
+    ap.add_argument("--mbit", type=float, default=100.0, help="every uplink, Mbit/s")
+    ap.add_argument("--latency-ms", default="10,100",
+                    help="one-way latency per pair of hosts, drawn in this range (ms); "
+                         "'0.2,1' with --mbit 20 --chunks 128 --chunk-mib 0.0625 is "
+                         "bench/broadcast.py's 8 MiB under tbf")
+    ap.add_argument("--queue-kib", type=int, default=0,
+                    help="control frames wait behind this much data in a busy uplink (tbf: 256)")
+    ap.add_argument("--ns", help="comma-separated N (default 8..256, --quick 8..64)")
     ap.add_argument("--plot", default=str(Path(__file__).with_name("gossip_sweep.png")))
     args = ap.parse_args(argv)
     ns = [8, 16, 32, 64] if args.quick else [8, 16, 32, 64, 128, 256]
-    rows = sweep(ns, args.chunks, int(args.chunk_mib * (1 << 20)))
+    ns = [int(n) for n in args.ns.split(",")] if args.ns else ns
+    low, high = (float(x) / 1e3 for x in args.latency_ms.split(","))
+    net = {"peer_bps": args.mbit * 1e6, "hub_bps": args.mbit * 1e6, "latency_s": (low, high),
+           "uplink_queue_bytes": args.queue_kib << 10}
+    rows = sweep(ns, args.chunks, int(args.chunk_mib * (1 << 20)), **net)
+    quarter = int(args.chunk_mib * (1 << 18))  # the same version in chunks of a quarter
     fine = [row(case, s, run(s)) for n in (16, 32) for case, s in
-            (("uniform_1mib", Setup(n, args.chunks * 4, int(args.chunk_mib * (1 << 18)))),)
-            for run in (run_tracker, run_gossip)]
+            (("uniform_1mib", Setup(n, args.chunks * 4, quarter, **net)),)
+            for run in STRATEGIES.values()]
     print(table(rows + fine))
     if args.plot:
         plot(rows, Path(args.plot))
@@ -146,20 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     def series(case: str, strategy: str, key: str) -> dict:
         return {n: pick[(case, strategy, n)][key] for n in ns if (case, strategy, n) in pick}
     out = {"bench": "gossip_sweep", "chunks": args.chunks, "chunk_mib": args.chunk_mib,
-           "peer_mbps": Setup(8).peer_bps / 1e6, "hub_mbps": Setup(8).hub_bps / 1e6}
-    for strategy in ("tracker", "gossip"):
+           "peer_mbps": args.mbit, "hub_mbps": args.mbit, "latency_ms": args.latency_ms,
+           "queue_kib": args.queue_kib}
+    for strategy in STRATEGIES:
         out[f"{strategy}_hub_msgs"] = series("uniform", strategy, "hub_msgs")
         out[f"{strategy}_hub_kb"] = series("uniform", strategy, "hub_kb")
         out[f"{strategy}_plan_kb"] = series("uniform", strategy, "plan_kb")
         out[f"{strategy}_hub_copies"] = series("uniform", strategy, "hub_copies")
-        for case in ("uniform", "slow_third", "nat_half", "churn", "cut_churn"):
+        for case in ("uniform", "heterogeneous", "nat_half", "churn", "cut_churn"):
             out[f"{strategy}_{case}_t_over_mb"] = series(case, strategy, "t_over_mb")
+        out[f"{strategy}_heterogeneous_t_over_bound"] = series("heterogeneous", strategy,
+                                                               "t_over_bound")
+        out[f"{strategy}_heterogeneous_hub_copies"] = series("heterogeneous", strategy,
+                                                             "hub_copies")
         for case in ("churn", "cut_churn"):
             out[f"{strategy}_{case}_hub_msgs"] = series(case, strategy, "hub_msgs")
             out[f"{strategy}_{case}_hub_copies"] = series(case, strategy, "hub_copies")
             out[f"{strategy}_{case}_complete"] = series(case, strategy, "complete")
-    out["gossip_slow_third_t_over_bound"] = series("slow_third", "gossip", "t_over_bound")
-    out["tracker_slow_third_t_over_bound"] = series("slow_third", "tracker", "t_over_bound")
     out["gossip_nat_half_hub_copies"] = series("nat_half", "gossip", "hub_copies")
     out["gossip_hub_cut_complete"] = series("hub_cut_30pct", "gossip", "complete")
     out["gossip_hub_cut_t_over_mb"] = series("hub_cut_30pct", "gossip", "t_over_mb")

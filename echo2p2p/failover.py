@@ -26,6 +26,8 @@ from .relay import owners_of
 
 HUB = "hub"  # the source name of the hub
 HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
+HUB_WINDOW = 4  # requests for our own chunks out to the hub at once, whatever the plan's
+# window (see `requests`)
 
 
 @dataclass(frozen=True)
@@ -100,15 +102,43 @@ class Failover:
 
     def requests(self, now: float, window: int) -> list[tuple[int, str]]:
         """The requests to send now, (chunk, source), lowest chunk first: every chunk still
-        wanted and not asked, of whom `route` says, at most `window` out to each source at once.
-        Each is out until `finished`."""
+        wanted and not asked, of whom `route` says, at most `window` out to each source at once,
+        and of them at most HUB_WINDOW of the chunks the plan routes to the hub (a failed
+        source's chunks, which come from the hub meanwhile, only count against `window`). Each
+        is out until `finished`. A chunk lower than every one out to its peer source is asked
+        even past `window`: one that came back (its source failed, a new plan routed it there)
+        after the window filled with later ones. In a striped chain those later ones may only
+        reach the parent after this one passed us, so the ring would wait on itself (emulated:
+        64 peers, 8 leaving at once, never completed).
+
+        That cap is the striped chain's: its plan's window (2 per hop, up to 32) is for the
+        parent, whose chunks come down the ring; asked of the hub too, every member's stripe
+        queued there at once (16 members: 480 requests, 12.6 s of a 20 Mbit/s hub in 64 KiB
+        chunks), so a chunk could wait longer than a child's stall deadline at each first hop,
+        and the children reported healthy parents and fetched the rest from the hub. In
+        `bench/gossip_sweep.py`'s emulation (Download's stall rule on), 16 peers on 64 MiB went
+        from 14.6 x M/B and 14.6 hub copies to 1.04 and 1.00, on 16 MiB from 1.63 to 1.16, and
+        with a third of the uplinks at B/4 from 1.73 to 1.38 x the max-flow bound. 2 was
+        tighter still in the emulation, but slower over real HTTP (tests/peer/test_striped_chain).
+        """
         out = []
+        planned = sum(s == HUB and self.owners[i] == HUB for i, s in self._asked.items())
+        lowest: dict[str, int] = {}  # source -> the lowest chunk out to it
+        for i, s in self._asked.items():
+            lowest[s] = min(lowest.get(s, i), i)
         for index in sorted(self._wanted - self._asked.keys()):
             source = self.route(index, now)
-            if source is not None and self._load[source] < window:
-                self._load[source] += 1
-                self._asked[index] = source
-                out.append((index, source))
+            if source is None or (self._load[source] >= window
+                                  and (source == HUB or index > lowest.get(source, index))):
+                continue
+            lowest[source] = min(lowest.get(source, index), index)
+            if source == HUB and self.owners[index] == HUB:  # not a failed source's chunk
+                if planned >= HUB_WINDOW:
+                    continue
+                planned += 1
+            self._load[source] += 1
+            self._asked[index] = source
+            out.append((index, source))
         return out
 
     def asked(self, index: int) -> str | None:

@@ -17,9 +17,9 @@ remaining owners (a new plan revision); a chunk nobody can serve comes from the 
 chunk's owner (the first hop of its stripe) fetches it from the hub, and every other member
 fetches every chunk from its predecessor in the ring, so each relays to one child; each plan is
 the member's own (`Broadcast.plan(peer_id)`). A member that leaves is spliced out (its child
-fetches from its predecessor) and its stripes get new first hops; a leaf, a late joiner or a
-peer whose uplink is under half the hub's (`ring_of`) pulls from the owners, as in
-"pipelined". The ring moves at its slowest uplink.
+fetches from its predecessor, and is the new first hop of its stripes); a leaf, a late joiner or a
+peer whose uplink is under half the hub's or the members' median (`ring_of`) pulls from the
+owners, as in "pipelined". The ring moves at its slowest uplink.
 The "gossip" strategy is not a plan: `gossip_plan` only deals seeds and neighbour samples, and
 the peers route themselves (`echo2p2p.gossip`). This module is pure: no sockets, no clock;
 `propagation` turns the hub's observations into the per-version figures of the run log.
@@ -114,13 +114,25 @@ class Broadcast:
 
     def drop(self, peer_id: str) -> m.RelayPlan | None:
         """Stop routing through `peer_id` (left, corrupt or stalled); the new (shared) plan if
-        it owned chunks or was in the ring, else None: then every member's `plan` changed."""
-        in_ring = peer_id in self.ring()
+        it owned chunks or was in the ring, else None: then every member's `plan` changed.
+
+        In the striped chain its stripes go to its child, the next hop after it: every other
+        member has asked its parent for them already (chunks not yet requested follow a new
+        plan, those out stay), so a new first hop elsewhere in the ring would wait on its
+        parent for a chunk that now starts after it, and the ring on it: a cycle that only a
+        stall deadline broke (in `bench/gossip_sweep.py`, 16 and 32 peers with 1/8 leaving
+        never completed). The child's own want of them was out to `peer_id`, which fails."""
+        ring = self.ring()
         self.excluded.add(peer_id)
         orphaned = [i for i, owner in enumerate(self._owners) if owner == peer_id]
-        if not orphaned and not in_ring:
+        if not orphaned and peer_id not in ring:
             return None
-        self._redeal(orphaned)
+        if peer_id in ring and len(ring) > 1:
+            child = ring[(ring.index(peer_id) + 1) % len(ring)]
+            for i in orphaned:
+                self._owners[i] = child
+        else:
+            self._redeal(orphaned)
         self.revision += 1
         return self.plan()
 
@@ -195,12 +207,19 @@ class Broadcast:
 
 def ring_of(members: list[Member], hub_bps: float | None) -> list[str]:
     """The striped chain's ring: the members that serve, less those whose uplink is under
-    RING_MIN_UPLINK x `hub_bps` (every chunk crosses every uplink in the ring, so one at a
-    quarter of the rate would take the whole ring to a quarter; as a leaf it only costs each
-    first hop a share more). All serving members when fewer than two would be left."""
+    RING_MIN_UPLINK x the larger of `hub_bps` and the serving members' median upload (every
+    chunk crosses every uplink in the ring, so one at a quarter of the rate would take the
+    whole ring to a quarter; as a leaf it only costs each first hop a share more). The median
+    too, since the hub's estimate of its own rate may be low or missing: measured over a
+    version it is the pace the peers pulled at, not the uplink (without it, in
+    `bench/gossip_sweep.py`, 16 peers with a third at B/4 took 3.4 x the max-flow bound against
+    1.8). All serving members when fewer than two would be left."""
     servers = [mb for mb in members if mb.url]
-    fast = [mb for mb in servers if not hub_bps or not mb.upload_bps
-            or mb.upload_bps >= RING_MIN_UPLINK * hub_bps]
+    measured = sorted(mb.upload_bps for mb in servers if 0 < mb.upload_bps < math.inf)
+    median = measured[len(measured) // 2] if measured else 0.0
+    ref = max(hub_bps if hub_bps and 0 < hub_bps < math.inf else 0.0, median)
+    fast = [mb for mb in servers if not ref or not mb.upload_bps
+            or mb.upload_bps >= RING_MIN_UPLINK * ref]
     return [mb.peer_id for mb in (fast if len(fast) >= 2 else servers)]
 
 

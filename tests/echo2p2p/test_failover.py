@@ -8,7 +8,7 @@ import struct
 from hypothesis import given, strategies as st
 
 from echo2p2p import messages as m
-from echo2p2p.failover import HUB, Failover
+from echo2p2p.failover import HUB, HUB_WINDOW, Failover
 
 
 def plan(owners: list[int], peers: list[str], revision: int = 1, version: int = 1) -> m.RelayPlan:
@@ -138,3 +138,37 @@ def test_a_chunk_goes_only_to_a_healthy_source_or_the_hub(faults, now):
             assert route is None
         else:
             assert route == HUB
+
+
+def test_a_chains_wide_window_is_for_its_parent_not_the_hub():
+    """A striped-chain member's plan asks 30 requests in flight: of its parent, whose chunks
+    come down the ring; of the hub (its own stripe) still at most HUB_WINDOW, so the hub's
+    queue is not every member's whole window deep (the children stalled on healthy parents
+    behind it). A failed parent's chunks, from the hub meanwhile, take the whole window."""
+    f = Failover(128, "me", replan_wait_s=1.0)
+    f.plan(plan([0 if i % 4 == 0 else 1 for i in range(128)], ["me", "parent"]), {"parent"})
+    sent = f.requests(0.0, 30)
+    assert sum(s == "parent" for _, s in sent) == 30
+    assert [i for i, s in sent if s == HUB] == [0, 4, 8, 12][:HUB_WINDOW] and HUB_WINDOW < 30
+    f.finished(0, HUB, None, 1.0)
+    assert f.requests(1.0, 30) == [(4 * HUB_WINDOW, HUB)]
+    f.finished(1, "parent", "stall", 1.0)
+    later = f.requests(5.0, 30)
+    assert len(later) == 30 - HUB_WINDOW and {s for _, s in later} == {HUB}
+
+
+def test_a_chunk_lower_than_all_out_to_its_source_is_asked_past_the_window():
+    """A chain member's parent left: its first chunks were out to it while the next plan's
+    parent got the window's later ones; when those first ones fail they are asked of the new
+    parent at once (past the window, lowest first), not after chunks that may only reach the
+    parent once these passed us."""
+    f = Failover(8, "me")
+    f.plan(plan([0] * 8, ["old"]), {"old"})
+    assert f.requests(0.0, 2) == [(0, "old"), (1, "old")]
+    f.plan(plan([0] * 8, ["new"], revision=2), {"new"})
+    assert f.requests(0.0, 2) == [(2, "new"), (3, "new")]
+    f.finished(0, "old", "unreachable", 1.0)
+    f.finished(1, "old", "unreachable", 1.0)
+    assert f.requests(1.0, 2) == [(0, "new")]
+    f.finished(0, "new", None, 2.0)
+    assert f.requests(2.0, 2) == [(1, "new")]

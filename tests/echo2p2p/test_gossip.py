@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from echo2p2p.gossip import HUB, Swarm, pack_bits, unpack_bits
 from echo2p2p.relay import MAX_NEIGHBOURS, Member, deal_seeds, gossip_plan
 
-from bench.emulated_peers import run_gossip, run_tracker
+from bench.emulated_peers import run_chain, run_gossip, run_tracker
 from bench.emulation import Setup, gossip_announcement, manifest
 
 FAST = settings(max_examples=60, deadline=None)
@@ -369,3 +369,38 @@ def test_a_natted_link_is_asked_first_and_its_wants_are_served_first():
     swarm.heard_had("public2", [common])
     assert swarm.serve_rank("nat", common) < swarm.serve_rank("public2", rare)
     assert swarm.serve_rank("public2", rare) < swarm.serve_rank("public2", common)
+
+
+def test_emulated_chain_leaves_slow_uplinks_out_and_the_hub_sends_one_copy():
+    """The striped chain in the emulation, by the hub's real plans: with a third of the
+    uplinks at B/4 and the hub's own rate unknown, the ring is the fast members (a slow one in
+    it held 16 peers at 3.4 x the max-flow bound), every peer completes, and each chunk left
+    the hub once; each ring member asks the window its plan names of its parent."""
+    for n in (8, 16):
+        res = run_chain(Setup(n, n_chunks=32, slow_fraction=1 / 3))
+        assert res.complete and res.hub_copies == 1.0
+        assert res.extra["ring"] == n - round(n / 3)
+
+
+def test_emulated_chain_children_do_not_stall_on_healthy_parents():
+    """16 peers, 24 MiB in 64 KiB chunks at 20 Mbit/s, with Download's stall and slow rules:
+    each chunk leaves the hub once and no parent is reported (with the chain's whole window
+    asked of the hub too, 16 stalls and 8.9 hub copies)."""
+    res = run_chain(Setup(16, n_chunks=384, chunk_bytes=64 << 10, peer_bps=20e6, hub_bps=20e6,
+                          latency_s=(0.0002, 0.001), stall_s=10.0))
+    assert res.complete and res.hub_copies == 1.0 and "reports" not in res.extra
+
+
+def test_emulated_chain_completes_when_members_leave():
+    """1/8 of a 16-peer chain leaves mid-version (requests never time out here): the hub
+    splices the ring and the rest complete (a departed member's stripes dealt elsewhere in the
+    ring left a first hop waiting on its parent for them, and the ring on it)."""
+    base = run_chain(Setup(16, n_chunks=54))
+    res = run_chain(Setup(16, n_chunks=54, leave_at_s=0.3 * base.time_s))
+    assert res.complete and res.hub_copies < 1.1
+    # 64 peers, two neighbours of one leaving at once: its first wants went to the first,
+    # its window to the second, and the new parent's (a Failover matter) never past the window
+    net = dict(n_chunks=128, chunk_bytes=64 << 10, peer_bps=20e6, hub_bps=20e6,
+               latency_s=(0.0002, 0.001), hub_bps_known=20e6, uplink_queue_bytes=256 << 10)
+    base = run_chain(Setup(64, **net))
+    assert run_chain(Setup(64, leave_at_s=0.3 * base.time_s, **net)).complete

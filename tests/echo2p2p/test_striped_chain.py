@@ -103,7 +103,9 @@ def test_other_strategies_share_one_plan():
 
 def test_a_slow_uplink_is_left_out_of_the_ring_and_pulls_from_the_first_hops():
     """Against a 20 Mbit/s hub, a member at 5 is a leaf: the ring is the fast ones, and it
-    pulls each chunk from its first hop; with no hub rate known, everyone is in the ring."""
+    pulls each chunk from its first hop. So it is with no hub rate known, or a low one (a
+    hub's rate measured over a chain is the pace the ring pulled at): the members' median
+    upload counts too. Only with no rate measured at all is everyone in the ring."""
     members = [Member(f"s{i}", f"http://10.0.0.{i}:80", 20e6) for i in range(3)]
     members.append(Member("slow", "http://10.0.0.9:80", 5e6))
     bc = Broadcast(1, None, 12, strategy="striped-chain", hub_bps=20e6)
@@ -111,7 +113,24 @@ def test_a_slow_uplink_is_left_out_of_the_ring_and_pulls_from_the_first_hops():
     assert sorted(bc.ring()) == ["s0", "s1", "s2"]
     assert _sources(bc, "slow") == [bc.owner(i) for i in range(12)]
     _check_chains(bc, ["s0", "s1", "s2"])
-    unknown = Broadcast(1, None, 12, strategy="striped-chain")
-    unknown.start(members)
-    assert len(unknown.ring()) == 4
+    for hub_bps in (None, 4e6):
+        unknown = Broadcast(1, None, 12, strategy="striped-chain", hub_bps=hub_bps)
+        unknown.start(members)
+        assert sorted(unknown.ring()) == ["s0", "s1", "s2"]
+    assert len(ring_of([Member(mb.peer_id, mb.url) for mb in members], None)) == 4
     assert len(ring_of(members[2:], 20e6)) == 2  # never a ring of one
+
+
+def test_a_departed_members_stripes_go_to_its_child():
+    """A ring member that leaves hands its stripes to the next hop after it (whose want of
+    them was out to the departed one, and fails): the others' wants, out to their parents
+    already, still meet the chunks coming down the ring."""
+    members = _members(5)
+    bc = Broadcast(1, None, 20, strategy="striped-chain")
+    bc.start(members)
+    ring = bc.ring()
+    gone, child = ring[1], ring[2]
+    stripes = [i for i in range(20) if bc.owner(i) == gone]
+    assert stripes and bc.drop(gone) is not None
+    assert [bc.owner(i) for i in stripes] == [child] * len(stripes)
+    _check_chains(bc, [p for p in ring if p != gone])
