@@ -106,6 +106,17 @@ def measure(args: argparse.Namespace, strategy: str, mbytes: float) -> dict:
             cluster.close()
         if bed is not None:
             bed.close()
+    out = {"strategy": strategy, "mbytes": mbytes, "chunk_bytes": args.chunk_bytes,
+           **figures(record, before, after, box, n, rate)}
+    if ProfiledCluster.profile_path and Path(ProfiledCluster.profile_path).exists():
+        print(f"--- peer 1, {strategy}, {mbytes:g} MiB: top by own time (event-loop thread)")
+        pstats.Stats(ProfiledCluster.profile_path, stream=sys.stdout).sort_stats(
+            "tottime").print_stats(args.profile_top)
+    return out
+
+
+def figures(record: dict, before: list, after: list, box: list, n: int, rate: int) -> dict:
+    """The round's figures from the hub's record and the CPU and box readings around it."""
     used = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before)]
     system = sum(a[2] - b[2] for a, b in zip(after, before))
     wire_mib = record["full_wire_bytes"] / MIB
@@ -114,8 +125,7 @@ def measure(args: argparse.Namespace, strategy: str, mbytes: float) -> dict:
     peer_up_mib = record["bytes_from_peers"] / MIB / n
     total = sum(c for c, _ in used)
     ideal_s = record["full_wire_bytes"] * 8 / rate
-    out = {
-        "strategy": strategy, "mbytes": mbytes, "chunk_bytes": args.chunk_bytes,
+    return {
         "wall_s": record["done_s"], "complete": record["complete"],
         "hub_upload_copies": record["hub_upload_copies"],
         "hub_cpu_s": round(used[0][0], 2),
@@ -131,11 +141,6 @@ def measure(args: argparse.Namespace, strategy: str, mbytes: float) -> dict:
         "cores_at_rate": _per(total, ideal_s),
         "box_busy": _per(box[1][0] - box[0][0], box[1][1] - box[0][1]),
     }
-    if ProfiledCluster.profile_path and Path(ProfiledCluster.profile_path).exists():
-        print(f"--- peer 1, {strategy}, {mbytes:g} MiB: top by own time (event-loop thread)")
-        pstats.Stats(ProfiledCluster.profile_path, stream=sys.stdout).sort_stats(
-            "tottime").print_stats(args.profile_top)
-    return out
 
 
 def _per(x: float, y: float) -> float | None:
