@@ -92,4 +92,3 @@ async def read_body(resp: aiohttp.ClientResponse, nbytes: int) -> bytes:
     finally:
         set_rcvlowat(sock, 1)
     return parts[0] if len(parts) == 1 else b"".join(parts)
-

@@ -93,7 +93,7 @@ class Links:
     def had(self, key: Key, indices: list[int]) -> None:
         """Tell every link we verified `indices` of manifest `key`, but the ones its `have` /
         `had` of that manifest says it holds: it wants none of them (at N peers each chunk
-        would cost N - 1 frames, a send and a wake-up each, on a box whose CPU is the limit)."""
+        would cost N - 1 frames, each a send and a wake-up at both ends)."""
         held = self.advertised.get(key)
         for link in list(self.links.values()):
             bits = link.bits.get(key) if held is not None and link.same(held) else None
