@@ -1,22 +1,32 @@
 """CPU per relayed byte: what the hub and each peer process spend to move one version.
 
 The hub and N relay peers run as `bench/broadcast.py` starts them (its `Cluster`: real
-processes, real websockets and chunk servers), on 127.0.0.1 without any uplink cap by default:
-CPU per byte hardly depends on the rate, and an uncapped run is over in seconds. `--shaping tbf`
-runs them in network namespaces with every uplink a tc tbf at --rate-mbit instead, to check
-that. The hub publishes two versions of M random bytes (the first to time uplinks); each
-process's CPU (utime + stime from /proc/PID/stat, all threads, and the event loop's thread
-alone from /proc/PID/task/PID/stat) is read when the second is published and when the hub
-logs that every peer holds it. Reported per strategy and M: the hub's CPU per MiB it uploaded,
-a peer's (mean) per MiB received and per MiB moved (received + its share of the peers'
-uploads), the event loop's share, and the CPU all processes demand at B: their CPU seconds over
-M/B, in cores (against the 2 of the box the broadcast bench runs on).
+processes, real websockets and chunk servers), on 127.0.0.1 without any uplink cap by default,
+or, with `--shaping tbf`, in network namespaces with every uplink a tc tbf at --rate-mbit. Use
+tbf for figures that count: CPU per byte depends on the rate, since paced packets arrive one
+or two at a time and each wakes the event loop (unshaped, segments are large and few); and on
+the box's load (a busy box wakes a process less often, so more packets per wake-up). The hub
+publishes two versions of M random bytes (the first to time uplinks); each process's CPU
+(utime + stime from /proc/PID/stat, all threads, and the event loop's thread alone from
+/proc/PID/task/PID/stat) is read when the second is published and when the hub logs that
+every peer holds it. Reported per strategy and M: the hub's CPU per MiB it uploaded, a peer's
+(mean) per MiB received and per MiB moved (received + its share of the peers' uploads), the
+event loop's share, the kernel's share, and the CPU all processes demand at B: their CPU
+seconds over M/B, in cores (against the 2 of the box the broadcast bench runs on).
+
+Measured (8 peers, 20 Mbit/s tbf, 2 cores shared with other test suites, the box 90-100 %
+busy), a peer's CPU per MiB received: unshaped 0.013 (pipelined) / 0.018 (gossip); tbf, 8 MiB
+(64 KiB chunks) 0.034-0.051 / 0.057-0.063; 64 MiB (128 KiB chunks) 0.042 / 0.040, all
+processes 0.8 cores at M/B. The loop thread is 80-90 % of a peer's CPU (blake2b and zstd run
+in worker threads), the kernel 26-37 %. Reading chunk bodies with a receive low-water mark
+(`echo2p2p.overlay.fetch`) took pipelined to 0.025 at 64 MiB (0.5 cores at M/B) without
+changing its time to M/B: at this rate the CPU does not decide the race.
 
     python bench/relay_cpu.py [--peers 8] [--mbytes 8,64] [--strategies pipelined,gossip]
                               [--shaping none|tbf] [--profile DIR]
 
-`--profile DIR`: peer 1 runs under cProfile (its event-loop thread only; worker threads are
-the CPU the table calls "workers"), written to DIR/peer1-STRATEGY-M.prof with its top entries
+`--profile DIR`: peer 1 runs under cProfile (its event-loop thread only; the worker threads'
+CPU is what "loop %" leaves), written to DIR/peer1-STRATEGY-M.prof with its top entries
 printed. Ends with one JSON line {"bench": "relay_cpu", "n_peers", "rate_bps", "runs": [{
 "strategy", "mbytes", "wall_s", "hub_cpu_s", "hub_s_per_mib_up", "hub_loop_share",
 "peer_cpu_s" (mean), "peer_s_per_mib_received", "peer_s_per_mib_moved", "peer_loop_share",
@@ -172,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         for strategy in args.strategies.split(","):
             r = measure(args, strategy, mbytes)
             runs.append(r)
-            print(f"{strategy:10s} {mbytes:5g} {r['wall_s']:6.2f}  {r['hub_s_per_mib_up'] or 0:12.4f} "
+            print(f"{strategy:10s} {mbytes:5g} {r['wall_s']:6.2f}  "
+                  f"{r['hub_s_per_mib_up'] or 0:12.4f} "
                   f"{r['peer_s_per_mib_received']:15.4f} {r['peer_s_per_mib_moved']:16.4f} "
                   f"{100 * (r['peer_loop_share'] or 0):6.0f} {r['total_cpu_s']:11.2f} "
                   f"{100 * (r['system_share'] or 0):5.0f} {r['cores_at_rate']:10.2f} "
