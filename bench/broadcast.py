@@ -247,6 +247,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tcp-congestion", default="cubic",
                    help="the hub's and peers' --tcp-congestion ('' = the machine's default)")
     p.add_argument("--plot", default="broadcast.png")
+    p.add_argument("--netns-prefix", default="e2b",
+                   help="the network namespaces' name prefix: runs beside each other need two")
     p.add_argument("--shaping", choices=("tbf", "token-bucket"), default="tbf",
                    help="token-bucket: no namespaces, every process on 127.0.0.1 with an "
                         "in-process uplink cap (the fallback when namespaces cannot be made)")
@@ -267,7 +269,7 @@ def _rates(mode: str, n: int, rate: int) -> list[int]:
 def _one(args, mode: str, strategy: str, n: int, rate: int, shaping: str) -> dict:
     """One broadcast in `mode`; its record (with "all_s", None if incomplete), printed."""
     rates = _rates(mode, n, rate)
-    bed = netns.Testbed(n + 1, rates) if shaping == "tbf" else None
+    bed = netns.Testbed(n + 1, rates, prefix=args.netns_prefix) if shaping == "tbf" else None
     try:
         if strategy == "shardcast":
             result = run_shardcast(bed, n, args)

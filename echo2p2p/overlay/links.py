@@ -91,11 +91,16 @@ class Links:
             del self.listeners[held.key]
 
     def had(self, key: Key, indices: list[int]) -> None:
-        """Tell every link we verified `indices` of manifest `key`."""
-        for pos in range(0, len(indices), MAX_HAD):
-            batch = m.pack_ids(indices[pos:pos + MAX_HAD])
-            for link in list(self.links.values()):
-                self.spawn(quietly(link.send(Had(*key, batch))))
+        """Tell every link we verified `indices` of manifest `key`, but the ones its `have` /
+        `had` of that manifest says it holds: it wants none of them (at N peers each chunk
+        would cost N - 1 frames, each a send and a wake-up at both ends)."""
+        held = self.advertised.get(key)
+        for link in list(self.links.values()):
+            bits = link.bits.get(key) if held is not None and link.same(held) else None
+            news = indices if bits is None else [
+                i for i in indices if not (i >> 3 < len(bits) and bits[i >> 3] >> (i & 7) & 1)]
+            for pos in range(0, len(news), MAX_HAD):
+                self.spawn(quietly(link.send(Had(*key, m.pack_ids(news[pos:pos + MAX_HAD])))))
 
     def heard_of(self, sources: list[m.RelaySource]) -> None:
         """Neighbours from the hub's sample (which probed them): remember (bounded), dial."""

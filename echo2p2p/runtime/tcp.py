@@ -1,4 +1,5 @@
-"""TCP congestion control for the overlay's bulk flows, chosen per socket.
+"""TCP congestion control for the overlay's bulk flows, chosen per socket; and the receive
+low-water mark a chunk's body is read with (`echo2p2p.overlay.fetch`).
 
 Every byte of a version leaves some uplink through a socket we open: the hub's and each peer's
 chunk servers send chunks (sockets accepted from a listener inherit the listener's algorithm),
@@ -17,6 +18,7 @@ TCP_CONGESTION, the socket keeps the machine's default and that is said once in 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -51,6 +53,14 @@ def set_congestion(sock: socket.socket, name: str) -> bool:
                         "machine's default", name, exc)
         return False
     return True
+
+
+def set_rcvlowat(sock: Any, nbytes: int) -> None:
+    """Wake a reader of `sock` only once `nbytes` are queued (SO_RCVLOWAT; a FIN or an error
+    still wakes it); nothing where the socket is gone or the platform has no such option."""
+    if sock is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
 
 
 def listening_socket(host: str, port: int, congestion: str) -> socket.socket:
