@@ -30,6 +30,7 @@ from echo2p2p.errors import ConfigError
 from ..config import HubConfig
 from ..learning.run_setup import log_listening, start_hub
 from ..learning.loop import HubRun
+from ..view.run_data import read_run
 
 log = logging.getLogger(__name__)
 
@@ -246,12 +247,25 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
+def held_out_line(run_dir: Path, records: list[dict[str, Any]]) -> str | None:
+    """`held-out reward: v0 0.250 -> v20 0.797 (+0.547); run log in ...`: from the run's first
+    evaluation to its last, read from the run log, so that a resumed run's line covers the whole
+    run (this process's `records` hold only what it trained: 'v20 0.797 -> v20 0.797' after a
+    resume at v19); from `records` while the log has no step yet."""
+    try:
+        evals = read_run(run_dir).evals
+    except (OSError, ValueError):
+        evals = [(r["version"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    if not evals:
+        return None
+    (v0, a0), (v1, a1) = evals[0], evals[-1]
+    return (f"held-out reward: v{v0} {a0:.3f} -> v{v1} {a1:.3f} ({a1 - a0:+.3f}); "
+            f"run log in {run_dir}/metrics.jsonl")
+
+
 def _summary(run: HubRun) -> None:
-    evals = [(r["version"], r["eval/accuracy"]) for r in run.records if "eval/accuracy" in r]
-    if evals:
-        (v0, a0), (v1, a1) = evals[0], evals[-1]
-        print(f"held-out reward: v{v0} {a0:.3f} -> v{v1} {a1:.3f} ({a1 - a0:+.3f}); "
-              f"run log in {run.runlog.run_dir}/metrics.jsonl", flush=True)
+    if line := held_out_line(run.runlog.run_dir, run.records):
+        print(line, flush=True)
     if rejected := run.hub.statistics().rejected_by:
         told = ", ".join(f"{reason} {n}" for reason, n in sorted(rejected.items(),
                                                                   key=lambda kv: -kv[1]))
