@@ -18,7 +18,8 @@ A run on an environment names it (`env="takeaway"`): peers install environments 
 
 `serve()` trains until `max_steps` with whatever peers join; `demo()` also starts local peer
 processes, with the demo's defaults (`DEMO_DEFAULTS`) for the fields not given. Both return the
-run's step records (what metrics.jsonl holds). Under torchrun (`--nproc-per-node N`) every rank
+step records this call trained (what it appended to metrics.jsonl: a resumed run's earlier steps
+are in the log, not in the list). Under torchrun (`--nproc-per-node N`) every rank
 calls the same method: rank 0 serves, the others follow it and return [].
 """
 
