@@ -128,8 +128,9 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
     import json
 
     if not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"no run to resume in {run_dir}: it has no config.json (give "
-                                f"--resume the run directory the hub printed when it started)")
+        why = "it has no config.json" if run_dir.is_dir() else "no such directory"
+        raise FileNotFoundError(f"no run to resume in {run_dir}: {why} (give --resume the run "
+                                f"directory the hub printed when it started)")
     saved = json.loads((run_dir / "config.json").read_text())
     saved.pop("run_id", None)
     return {**saved, "run_dir": str(run_dir)}

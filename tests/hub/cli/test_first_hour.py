@@ -161,3 +161,17 @@ def test_help_describes_the_command_in_whole_sentences(module):
     """`--help`'s description is the docstring's first paragraph, not its first line."""
     description = module.build_parser().description
     assert description.rstrip().endswith(".") and description in module.__doc__
+
+
+@pytest.mark.parametrize("made, why", [(True, "it has no config.json"),
+                                       (False, "no such directory")])
+def test_resume_without_a_run_says_what_is_there(tmp_path, made, why):
+    """`serve --resume DIR` where no run was saved: one line saying what DIR is (an empty folder,
+    or none at all) and what --resume takes; nothing is made there."""
+    target = tmp_path / "old-run"
+    if made:
+        target.mkdir()
+    line = one_line(run(tmp_path, "serve", "--resume", str(target)))
+    assert f"no run to resume in {target}: {why}" in line and "--resume the run directory" in line
+    assert [p.name for p in tmp_path.iterdir()] == (["old-run"] if made else [])
+    assert not made or list(target.iterdir()) == []
