@@ -6,13 +6,18 @@ past the window."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 import aiohttp
 
 from echo2p2p import messages as m
-from echo2p2p.overlay.link import SERVE_WINDOW
+from echo2p2p.overlay.link import SERVE_WINDOW, Link
+from echo2p2p.overlay.links import Links
+from echo2p2p.overlay.serving import UploadMeter
 
 from tests.conftest import wait_until
+from tests.echo2p2p.overlay.test_had_frames import Wire
 from tests.echo2p2p.overlay.test_gossip_faults import holding, peer_links, shut_uplink
 
 
@@ -41,3 +46,18 @@ async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
                                      for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)))
         assert got == [bytes(held.wires[i]) for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)]
         assert link.reason is None and "p2" not in links_b.banned
+
+
+async def test_a_peer_stopping_leaves_no_link_send_never_awaited():
+    """A `had` queued to a link as the peer stops (its task cancelled before it ran) is never
+    made, so nothing warns "coroutine 'Link.send' was never awaited" (a SIGTERM'd peer did)."""
+    links = Links(lambda: ("p0", None), UploadMeter())
+    links.links["p1"] = Link(links, "p1", Wire(), dialled=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        links.had((3, None), [0, 1])
+        await links.close()
+        for _ in range(3):  # the loop lets go of the cancelled tasks in its next turns
+            await asyncio.sleep(0)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
