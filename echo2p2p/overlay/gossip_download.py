@@ -25,7 +25,7 @@ from echo2p2p.relay import MAX_NEIGHBOURS
 from echo2p2p.runtime.progress import progress_bar
 
 from .download import Download, TransferStats
-from .link import Cancel, Link, quietly
+from .link import HONEST_ENDS, Link
 from .links import Links
 
 log = logging.getLogger(__name__)
@@ -122,30 +122,26 @@ class GossipDownload(Download):
                         bar.update(manifest.chunks[index].wire_bytes)
                         self._cancel_losers(index, self.swarm.got(index, source, time.monotonic()),
                                             in_flight)
-                    elif (source == HUB or source in self.swarm.wants(index)
-                          or fault != "unreachable"):  # our own stall verdict closed the link
+                    elif fault != "gone" and (source == HUB or source in self.swarm.wants(index)
+                                              or fault != "unreachable"):  # our stall verdict
                         await self._fault(index, source, fault)
                     # else the link went first and took its wants with it (link_down)
                 if got:
                     self.links.had(key, got)
-        finally:  # superseded (or done): withdraw our wants, freeing the holders' windows
-            for task, (index, source) in in_flight.items():
+        finally:  # superseded (or done): withdraw our wants (each sends its cancel, `Link.want`)
+            for task in in_flight:
                 task.cancel()
-                if (link := self._linked.get(source)) is not None:
-                    self.links.spawn(quietly(link.send(Cancel(*key, index))))
             bar.close()
             self.links.end(self.held, self)
         return self.statistics(time.monotonic() - start)
 
     def _cancel_losers(self, index: int, losers: list[str],
                        in_flight: dict[asyncio.Task, tuple[int, str]]) -> None:
-        """Endgame: `index` is in; withdraw the other wants of it."""
+        """Endgame: `index` is in; withdraw the other wants of it (each sends its cancel)."""
         for task, (i, source) in list(in_flight.items()):
             if i == index and source in losers:
                 task.cancel()
                 del in_flight[task]
-                if (link := self._linked.get(source)) is not None:
-                    self.links.spawn(quietly(link.send(Cancel(*self.held.key, index))))
 
     async def _want(self, index: int, source: str) -> str | None:
         """Chunk `index` from `source`, verified and stored: None, else the fault."""
@@ -156,8 +152,11 @@ class GossipDownload(Download):
             return "unreachable"
         asked = time.monotonic()
         data = await link.want(self.held.key, index, self.held.manifest.chunks[index].wire_bytes)
-        if data is None:
-            return "unreachable" if link.reason is None or link.reason == "closed" else "stall"
+        if data is None:  # refused; or the link closed: honestly (a duplicate, a peer stopping,
+            # the other end gone: its wants went with it, `link_down`), or on a fault
+            if link.reason is None:
+                return "unreachable"
+            return "gone" if link.reason in HONEST_ENDS else "stall"
         return await self._keep(index, source, data, asked)
 
     async def _fault(self, index: int, source: str, fault: str) -> None:

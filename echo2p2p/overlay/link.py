@@ -183,9 +183,20 @@ class Link:
                 self.links.spawn(self.close("stopped reading"))
                 raise ConnectionError("the link stopped reading") from None
 
+    def post(self, rec: Any) -> None:
+        """Send `rec` in the background, ignoring a link that is going (its reader sees it end).
+        The send is made when the task runs: a task cancelled before it starts (the peer
+        stopping) leaves no coroutine never awaited behind."""
+        self.links.spawn(self._post(rec))
+
+    async def _post(self, rec: Any) -> None:
+        await quietly(self.send(rec))
+
     async def want(self, key: Key, index: int, size: int) -> bytes | None:
         """Ask for chunk `index` of manifest `key` (`size` wire bytes): its bytes, or None if
-        refused or the link went; a want left unanswered drops the link."""
+        refused or the link went; a want left unanswered drops the link. A want given up (its
+        task cancelled: a copy came from elsewhere, or the download ended) sends its `cancel`,
+        so the other end stops serving it and frees its window."""
         fut = asyncio.get_running_loop().create_future()
         self._asked[(key, index)] = (size, fut)
         try:
@@ -201,6 +212,8 @@ class Link:
             asked = self._asked.pop((key, index), None) is not None
             if asked and (fut.cancelled() or not fut.done()):
                 self._withdrawn.append((key, index))  # its piece may be on its way: not unasked
+                if self.reason is None:  # (a cancel of a want never sent is ignored there)
+                    self.post(Cancel(*key, index))
 
     async def run(self) -> None:
         """Read frames until the link ends; then fail what is pending on it."""

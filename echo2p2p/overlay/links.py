@@ -100,7 +100,7 @@ class Links:
             news = indices if bits is None else [
                 i for i in indices if not (i >> 3 < len(bits) and bits[i >> 3] >> (i & 7) & 1)]
             for pos in range(0, len(news), MAX_HAD):
-                self.spawn(quietly(link.send(Had(*key, m.pack_ids(news[pos:pos + MAX_HAD])))))
+                link.post(Had(*key, m.pack_ids(news[pos:pos + MAX_HAD])))
 
     def heard_of(self, sources: list[m.RelaySource]) -> None:
         """Neighbours from the hub's sample (which probed them): remember (bounded), dial."""
@@ -214,7 +214,7 @@ class Links:
         if self.url and me:
             key, ticket = (credentials.peer_key, credentials.ticket) if credentials else (b"", b"")
             sources.append(Neighbour(me, self.url, key, ticket))
-        self.spawn(quietly(link.send(Peers(sources))))
+        link.post(Peers(sources))
         await link.run()
 
     def dropped(self, link: Link) -> None:

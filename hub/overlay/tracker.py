@@ -203,9 +203,10 @@ class VersionTracker:
         """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members;
         in gossip, its seed chunks to the other seeders (`reseed`)."""
         self.reseed(peer_id)
-        for broadcast in self.broadcasts.values():
+        for (version, _), broadcast in self.broadcasts.items():
             if broadcast.drop(peer_id) is None:
                 continue
+            log.debug("routed v%d around %s", version, peer_id)
             for member in broadcast.members:
                 if (conn := self.peers.get(member)) is not None:
                     conn.post(broadcast.plan(member))
@@ -222,6 +223,7 @@ class VersionTracker:
             if not orphans or not heirs or version not in self.propagation:
                 continue
             self.seeds[(version, base)] = (deals, revision + 1)
+            log.debug("routed v%d around %s", version, peer_id)
             for pid, added in deal_seeds([self.member(c) for c in heirs], orphans).items():
                 deals[pid] += added
                 gossip = m.GossipPlan(version, base, m.pack_ids(added), [])

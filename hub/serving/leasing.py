@@ -9,6 +9,12 @@ granted now may wait behind its peer's others before its timeout runs (`queue_wa
 lease expires for sitting queued behind a slow generation), and charges a lease that ran past its
 deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` event, through the
 `TrustGuard`). It never grants a lease itself (`Hub.dispatch` does).
+
+A lease is dated by the groups ahead of it (`echo2p2p.staleness.lease_min_version`), and only
+open leases that can be generated now count there: one no peer holds (an orphan of a resumed
+hub: its peer may never deliver it) or one dated for a version not yet published may never
+come, and counting it dates a new lease for a version that needs the very groups the learner
+waits for (with S = 2, kappa = 3 a resumed hub deadlocked that way: `ahead`).
 """
 
 from __future__ import annotations
@@ -29,21 +35,30 @@ from .quarantine import TrustGuard
 
 
 class Holdings:
-    """Open leases by holder's connection, identity and address, and how many unproven peers
-    hold."""
+    """Open leases by holder's connection, identity and address, how many unproven peers hold,
+    and how many the learner cannot count on yet (`Quotas.ahead`)."""
 
     def __init__(self) -> None:
         self.by_peer: Counter[str] = Counter()
         self.by_identity: Counter[str] = Counter()
         self.by_address: Counter[str] = Counter()
         self.unproven = 0
+        self.uncounted = 0  # orphans, and leases dated for a version not yet published
+        self.unproven_counted = 0  # of the rest, those unproven peers hold
 
-    def add(self, holder: PeerConn, book: LeaseQuota) -> None:
-        """One more open lease of `holder`'s."""
+    def add(self, holder: PeerConn | None, book: LeaseQuota, ready: bool = True) -> None:
+        """One more open lease, of `holder`'s (None: an orphan of a resumed hub, nobody's);
+        `ready`: it can be generated with a version already published."""
+        if holder is None or not ready:
+            self.uncounted += 1
+        if holder is None:
+            return
         self.by_peer[holder.peer_id] += 1
         self.by_identity[holder.identity] += 1
         self.by_address[holder.address_key] += 1
-        self.unproven += not proven(book.standing(holder.identity))
+        unproven = not proven(book.standing(holder.identity))
+        self.unproven += unproven
+        self.unproven_counted += unproven and ready
 
 
 class Quotas:
@@ -51,10 +66,12 @@ class Quotas:
 
     def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], leases: LeaseBook,
                  guard: TrustGuard, counters: Any, book: LeaseQuota,
-                 rates: Callable[[str], float] = lambda peer_id: 0.0):
+                 rates: Callable[[str], float] = lambda peer_id: 0.0,
+                 published: Callable[[], int | None] = lambda: None):
         """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them);
-        `rates`: a peer's generation rate as the hub measured it, completions/s (0: not yet)."""
-        self.book, self.rates = book, rates
+        `rates`: a peer's generation rate as the hub measured it, completions/s (0: not yet);
+        `published`: the newest version published (None: none yet, every lease counts)."""
+        self.book, self.rates, self.published = book, rates, published
         self.timeout_s, self.group_size = cfg.staleness.lease_timeout_s, cfg.grpo.group_size
         # Unproven peers share one batch of leases on top of the budget (`may_grant`); with
         # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
@@ -69,9 +86,14 @@ class Quotas:
         `add`s each lease it grants, instead of a walk over every open lease per grant."""
         holdings = Holdings()
         for lease in self.leases.open_leases():
-            if (holder := self.peers.get(lease.peer_id)) is not None:  # else a resumed hub's
-                holdings.add(holder, self.book)  # orphan: anyone's to complete
+            # No holder: a resumed hub's orphan, anyone's to complete and no one's to count on.
+            holdings.add(self.peers.get(lease.peer_id), self.book, self.ready(lease))
         return holdings
+
+    def ready(self, lease: Lease) -> bool:
+        """Whether `lease` can be generated now: a version it may use is published."""
+        newest = self.published()
+        return newest is None or lease.min_version <= newest
 
     def allows(self, conn: PeerConn, outstanding: int, holdings: Holdings | None = None) -> bool:
         """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
@@ -98,10 +120,14 @@ class Quotas:
                 latest_s(ahead, self.timeout_s))
 
     def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
-        """Of `outstanding`, the groups the learner counts on: leases of unproven peers (up to
-        the probation share) are extra, so a lease granted now is not dated a step later for
-        them (it would wait for a version that needs the very batch it was kept from)."""
-        return outstanding - min((holdings or self.holdings()).unproven, self.probation)
+        """Of `outstanding`, the groups the learner counts on. Not counted, so that a lease
+        granted now is not dated a step later for them (it would wait for a version that needs
+        the very batch it was kept from): leases of unproven peers (up to the probation share:
+        they are extra), orphans of a resumed hub (nobody holds them: they may never come) and
+        leases dated for a version not yet published (they come after a batch that cannot
+        wait for them)."""
+        h = holdings or self.holdings()
+        return outstanding - h.uncounted - min(h.unproven_counted, self.probation)
 
     def left(self, conn: PeerConn) -> None:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is

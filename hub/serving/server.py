@@ -122,7 +122,7 @@ class Hub:
             self._leases, self._buffer, self._pool, self._counters, self._guard, quota,
             scorer=self.scorer, spot=spot, journal=self._journal, on_event=self._dated)
         self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota,
-                              self._pool.gen_rollouts_per_s)
+                              self._pool.gen_rollouts_per_s, lambda: self._tracker.newest_version)
         self.chunk_lookup = self._tracker.chunk_lookup  # the hub's chunks (tests wrap it)
 
     def publish(self, version: Published) -> None:
@@ -169,7 +169,7 @@ class Hub:
                     self.step, self._training, self._quotas.ahead(outstanding, holdings),
                     cfg.grpo.prompts_per_step, cfg.staleness.max_lag),
                     *self._quotas.wait_s(conn, holdings))  # its place in the peer's queue
-                holdings.add(conn, self._quotas.book)
+                holdings.add(conn, self._quotas.book, self._quotas.ready(lease))
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 p = lease.problem

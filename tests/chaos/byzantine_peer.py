@@ -3,8 +3,9 @@
     python tests/chaos/byzantine_peer.py [ATTACKS] join URL [echo2-peer join flags]
 
 ATTACKS (any of):
-  --corrupt-chunks  flip the first byte of every chunk its chunk server sends (it relays them
-                    as the hub's plan says; the digest in the signed manifest catches each one)
+  --corrupt-chunks  flip the first byte of every chunk it serves, from its chunk server and
+                    over its gossip links alike (it relays them as the hub's plan says, or
+                    seeds them on gossip; the digest in the signed manifest catches each one)
   --forge-rewards   claim reward 1.0 for every sample (the hub re-scores with the task)
   --forge-logprobs  report 0.0 (probability 1) as every token's behaviour logprob (the hub's
                     logprob spot-checks recompute them under the claimed version)
@@ -29,18 +30,23 @@ from echo2p2p.peer import cli as peer_cli  # noqa: E402
 from echo2p2p.peer.client import PeerClient  # noqa: E402
 from echo2p2p.peer.config import PeerConfig  # noqa: E402
 from echo2p2p.peer.worker import Rollouts  # noqa: E402
-from echo2p2p.overlay.store import ChunkStore  # noqa: E402
+from echo2p2p.overlay.store import ChunkStore, Held  # noqa: E402
 from echo2p2p.tasks import REWARDS  # noqa: E402
 
 ATTACKS = ("corrupt-chunks", "forge-rewards", "forge-logprobs", "forge-version")
 
 
 class CorruptingStore(ChunkStore):
-    """Holds and verifies versions honestly; serves every chunk with its first byte flipped."""
+    """Holds and verifies versions honestly; serves every chunk with its first byte flipped.
+    The copy it keeps to serve (`Held.wires`, which its chunk server and its gossip links both
+    send) is the flipped one; what it assembles and loads is what it verified."""
 
-    async def chunk(self, version: int, base: int | None, index: int, wait_s: float) -> bytes | None:
-        data = await super().chunk(version, base, index, wait_s)
-        return bytes([data[0] ^ 0xFF]) + data[1:] if data else data  # None and GONE pass
+    async def add(self, held: Held, index: int, data: bytes) -> bool:
+        kept = held.wires[index] is not None  # a second copy: the first one was kept
+        complete = await super().add(held, index, data)
+        if not kept and (wire := held.wires[index]):
+            held.wires[index] = bytes([wire[0] ^ 0xFF]) + bytes(wire[1:])
+        return complete
 
 
 class ForgedRollouts:

@@ -224,3 +224,17 @@ def test_each_broadcast_is_predicted_from_the_measured_hub_and_peer_rates():
     want = 1.4 * 8 * v2.full.wire_bytes / ((hub_bps + 1e5 + 1e5) / 2)
     assert rig.tracker.propagation[2].predicted_bcast_s == round(want, 3)
     assert 4.5 < want < 5.0  # ~262 kB over ~0.62 Mb/s
+
+
+def test_routing_a_version_around_a_peer_is_logged(caplog):
+    """A version routed around a peer says so at DEBUG ("routed vN around pX"): on the tracker
+    when its chunks are dealt to other relays, on gossip when its seeds are."""
+    for relay in ("pipelined", "gossip"):
+        rig = Rig(relay=relay)
+        for p in "abc":
+            rig.join(p)
+        rig.tracker.publish(blob_version(KEY, 0, b"\2" * (4 << 20), chunk_bytes=1 << 18))
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="echo2p2p.hub.serving.server"):
+            rig.tracker.route_around("a")
+        assert caplog.messages.count("routed v0 around a") == 1, (relay, caplog.messages)

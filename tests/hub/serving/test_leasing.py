@@ -12,6 +12,7 @@ from echo2p2p.hub.serving.quarantine import TrustGuard
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
+from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook
 
 CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8, probation 4
@@ -22,7 +23,8 @@ def conn(peer_id: str, remote: str = "10.0.0.1") -> PeerConn:
                     HubProtocol(0.0, 1 << 20), None, remote=remote)
 
 
-def rig(*conns: PeerConn, rates=lambda peer_id: 0.0) -> tuple[Quotas, LeaseBook, TrustBook]:
+def rig(*conns: PeerConn, rates=lambda peer_id: 0.0,
+        published=lambda: None) -> tuple[Quotas, LeaseBook, TrustBook]:
     leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0),
                        lease_ids=new_lease_id)
     trust = TrustBook()
@@ -31,7 +33,8 @@ def rig(*conns: PeerConn, rates=lambda peer_id: 0.0) -> tuple[Quotas, LeaseBook,
                        on_quarantine=lambda record: None)
     peers = {c.peer_id: c for c in conns}
     return Quotas(CFG, peers, leases, guard, Counters(),
-                  LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases)), rates), leases, trust
+                  LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases)), rates,
+                  published), leases, trust
 
 
 def grant_while_allowed(quotas: Quotas, leases: LeaseBook, c: PeerConn) -> int:
@@ -105,3 +108,41 @@ def test_a_slow_peer_holds_what_it_finishes_in_a_timeout_and_its_queued_leases_w
         deadlines.append(leases.grant(slow.peer_id, 0.0, 0, *quotas.wait_s(slow, holdings)).deadline)
         holdings.add(slow, quotas.book)
     assert deadlines == [10.0, 14.0]
+
+
+def dated(quotas: Quotas, leases: LeaseBook, step: int, queued: int) -> int:
+    """The min_version `Hub.dispatch` gives a lease granted now, at learner `step` (not
+    training) with `queued` groups in the buffer."""
+    outstanding = leases.open_count + queued
+    return lease_min_version(step, False, quotas.ahead(outstanding, quotas.holdings()),
+                             CFG.grpo.prompts_per_step, CFG.staleness.max_lag)
+
+
+def test_a_resumed_hubs_orphans_do_not_date_a_lease_a_step_later():
+    """S = 2, kappa = 3, resumed at v18 with 11 groups queued and one lease open: two steps
+    later (step 20, v18 the newest published) 3 groups are queued and the orphan may never come
+    (nobody holds it). A lease granted now must be one v18 can make: dated v19, it would wait for
+    v21, which needs the step that waits for it (the resume hang)."""
+    state = LeaseBook(["q"], 10.0, shuffled_epochs(1, 0)).state()
+    book = {**state, "open": [["orphan-lease", 0, 16]], "drawn": 1}
+    quotas, leases, _ = rig(conn("p1"), published=lambda: 18)
+    leases.restore(book, 0.0)
+    assert dated(quotas, leases, step=20, queued=3) == 18
+    proven_peer = conn("p2")
+    quotas.peers[proven_peer.peer_id] = proven_peer
+    for _ in range(5):
+        quotas.book.delivered(proven_peer.identity, proven_peer.address_key)
+    leases.grant(proven_peer.peer_id, 0.0, 18)  # held, makeable with v18: it counts
+    assert dated(quotas, leases, step=20, queued=3) == 19
+
+
+def test_a_lease_waiting_for_an_unpublished_version_does_not_date_a_lease_a_step_later():
+    """Step 20, v18 the newest published, 3 groups queued: a peer holds a lease dated v19 (it
+    waits for v21). A lease granted now is dated v18, so the batch of step 20 can fill."""
+    quotas, leases, _ = rig(conn("p1"), published=lambda: 18)
+    holder = conn("p2")
+    quotas.peers[holder.peer_id] = holder
+    for _ in range(5):
+        quotas.book.delivered(holder.identity, holder.address_key)
+    leases.grant(holder.peer_id, 0.0, 19)
+    assert dated(quotas, leases, step=20, queued=3) == 18

@@ -1,0 +1,63 @@
+"""A gossip want given up (its task cancelled: a copy came from another link, or the download
+was superseded) sends its own `cancel`, over real links on 127.0.0.1: the holder stops serving
+it and its serve window is free for the next wants, so the link is not dropped for wanting
+past the window."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+
+import aiohttp
+
+from echo2p2p import messages as m
+from echo2p2p.overlay.link import SERVE_WINDOW, Link
+from echo2p2p.overlay.links import Links
+from echo2p2p.overlay.serving import UploadMeter
+
+from tests.conftest import wait_until
+from tests.echo2p2p.overlay.test_had_frames import Wire
+from tests.echo2p2p.overlay.test_gossip_faults import holding, peer_links, shut_uplink
+
+
+async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
+    """p2 wants 2 chunks of p1 (its whole window) while p1's uplink is shut, then gives both
+    up: p1 stops serving them; p2 wants 2 others and gets them over the same link (before: p1
+    kept both queued and closed the link on the third want, banning p2)."""
+    _, held, manifest = await holding()
+    async with peer_links("p1") as (links_b, url_b), peer_links("p2") as (links_a, _), \
+            aiohttp.ClientSession() as http:
+        links_b.advertised[held.key] = held
+        links_a.advertised[held.key] = held  # p2's `have` names the manifest p1 serves
+        links_a.http = http
+        links_a.heard_of([m.RelaySource("p1", url_b)])
+        await wait_until(lambda: "p1" in links_a.links and "p2" in links_b.links
+                         and links_b.links["p2"].same(held))
+        link, served = links_a.links["p1"], links_b.links["p2"]
+        size = manifest.chunks[0].wire_bytes
+        async with shut_uplink(links_b):
+            wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
+            await wait_until(lambda: len(served._serving) == SERVE_WINDOW)
+            for task in wants:
+                task.cancel()
+            await wait_until(lambda: not served._serving, timeout_s=10.0)
+        got = await asyncio.gather(*(link.want(held.key, i, manifest.chunks[i].wire_bytes)
+                                     for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)))
+        assert got == [bytes(held.wires[i]) for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)]
+        assert link.reason is None and "p2" not in links_b.banned
+
+
+async def test_a_peer_stopping_leaves_no_link_send_never_awaited():
+    """A `had` queued to a link as the peer stops (its task cancelled before it ran) is never
+    made, so nothing warns "coroutine 'Link.send' was never awaited" (a SIGTERM'd peer did)."""
+    links = Links(lambda: ("p0", None), UploadMeter())
+    links.links["p1"] = Link(links, "p1", Wire(), dialled=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        links.had((3, None), [0, 1])
+        await links.close()
+        for _ in range(3):  # the loop lets go of the cancelled tasks in its next turns
+            await asyncio.sleep(0)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
