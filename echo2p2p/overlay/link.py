@@ -168,22 +168,33 @@ class Link:
         self._asked: dict[tuple[Key, int], tuple[int, asyncio.Future]] = {}  # ours: size, answer
         self._serving: dict[tuple[Key, int], asyncio.Task] = {}  # theirs
         self._withdrawn: collections.deque[tuple[Key, int]] = collections.deque(maxlen=64)
+        self._cancels: list[tuple[Key, int]] = []  # wants given up, their cancels not yet sent
         self._send_lock = asyncio.Lock()
         self.reason: str | None = None  # why it closed
         self._heard_peers = False  # an honest end sends one `peers`, as the link opens
 
-    async def send(self, rec: Any) -> None:
-        """Send one frame; a frame the other end does not take in time closes the link."""
-        deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
+    async def send(self, rec: Any | None) -> None:
+        """Send one frame (None: none), after the cancels of wants given up: a want sent after
+        a give-up reaches the other end after its cancel, which frees a place in the window
+        (else the other end sees one want too many and drops the link). A frame the other end
+        does not take in time closes the link."""
         async with self._send_lock:
-            try:
-                async with asyncio.timeout(deadline_s):
-                    await self.ws.send_bytes(encode_frame(rec.TYPE, rec))
-            except TimeoutError:
-                self.links.spawn(self.close("stopped reading"))
-                raise ConnectionError("the link stopped reading") from None
+            while self._cancels:
+                key, index = self._cancels.pop(0)
+                await self._write(Cancel(*key, index))
+            if rec is not None:
+                await self._write(rec)
 
-    def post(self, rec: Any) -> None:
+    async def _write(self, rec: Any) -> None:
+        deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
+        try:
+            async with asyncio.timeout(deadline_s):
+                await self.ws.send_bytes(encode_frame(rec.TYPE, rec))
+        except TimeoutError:
+            self.links.spawn(self.close("stopped reading"))
+            raise ConnectionError("the link stopped reading") from None
+
+    def post(self, rec: Any | None) -> None:
         """Send `rec` in the background, ignoring a link that is going (its reader sees it end).
         The send is made when the task runs: a task cancelled before it starts (the peer
         stopping) leaves no coroutine never awaited behind."""
@@ -213,7 +224,8 @@ class Link:
             if asked and (fut.cancelled() or not fut.done()):
                 self._withdrawn.append((key, index))  # its piece may be on its way: not unasked
                 if self.reason is None:  # (a cancel of a want never sent is ignored there)
-                    self.post(Cancel(*key, index))
+                    self._cancels.append((key, index))
+                    self.post(None)
 
     async def run(self) -> None:
         """Read frames until the link ends; then fail what is pending on it."""

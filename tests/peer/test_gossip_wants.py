@@ -48,6 +48,34 @@ async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
         assert link.reason is None and "p2" not in links_b.banned
 
 
+async def test_a_want_sent_after_a_give_up_follows_its_cancel():
+    """As a download does it: one want of a full window given up and another made in the same
+    turn. The holder hears the cancel first, so the new want is within its window and the link
+    stays (before: the new want overtook the cancel, one past the window, the holder dropped the
+    link and the asker reported an honest peer for a stall: 8-9 reports per 8-peer race)."""
+    _, held, manifest = await holding()
+    async with peer_links("p1") as (links_b, url_b), peer_links("p2") as (links_a, _), \
+            aiohttp.ClientSession() as http:
+        links_b.advertised[held.key] = held
+        links_a.advertised[held.key] = held
+        links_a.http = http
+        links_a.heard_of([m.RelaySource("p1", url_b)])
+        await wait_until(lambda: "p1" in links_a.links and "p2" in links_b.links
+                         and links_b.links["p2"].same(held))
+        link, served = links_a.links["p1"], links_b.links["p2"]
+        size = manifest.chunks[0].wire_bytes
+        async with shut_uplink(links_b):
+            wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
+            await wait_until(lambda: len(served._serving) == SERVE_WINDOW)
+            wants[0].cancel()
+            late = asyncio.create_task(link.want(held.key, SERVE_WINDOW, size))
+            await wait_until(lambda: (held.key, SERVE_WINDOW) in served._serving
+                             or link.reason is not None)
+        assert await late == bytes(held.wires[SERVE_WINDOW])
+        assert await wants[1] == bytes(held.wires[1])
+        assert link.reason is None and "p2" not in links_b.banned
+
+
 async def test_a_peer_stopping_leaves_no_link_send_never_awaited():
     """A `had` queued to a link as the peer stops (its task cancelled before it ran) is never
     made, so nothing warns "coroutine 'Link.send' was never awaited" (a SIGTERM'd peer did)."""
