@@ -6,8 +6,10 @@ past the window."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import warnings
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -21,21 +23,27 @@ from tests.echo2p2p.overlay.test_had_frames import Wire
 from tests.echo2p2p.overlay.test_gossip_faults import holding, peer_links, shut_uplink
 
 
-async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
-    """p2 wants 2 chunks of p1 (its whole window) while p1's uplink is shut, then gives both
-    up: p1 stops serving them; p2 wants 2 others and gets them over the same link (before: p1
-    kept both queued and closed the link on the third want, banning p2)."""
+@contextlib.asynccontextmanager
+async def linked() -> AsyncIterator[tuple]:
+    """p2 linked to p1 over real websockets, both advertising one manifest (p2's `have` names
+    the manifest p1 serves): (held, manifest, p2's link to p1, p1's Links)."""
     _, held, manifest = await holding()
     async with peer_links("p1") as (links_b, url_b), peer_links("p2") as (links_a, _), \
             aiohttp.ClientSession() as http:
-        links_b.advertised[held.key] = held
-        links_a.advertised[held.key] = held  # p2's `have` names the manifest p1 serves
+        links_b.advertised[held.key] = links_a.advertised[held.key] = held
         links_a.http = http
         links_a.heard_of([m.RelaySource("p1", url_b)])
         await wait_until(lambda: "p1" in links_a.links and "p2" in links_b.links
                          and links_b.links["p2"].same(held))
-        link, served = links_a.links["p1"], links_b.links["p2"]
-        size = manifest.chunks[0].wire_bytes
+        yield held, manifest, links_a.links["p1"], links_b
+
+
+async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
+    """p2 wants 2 chunks of p1 (its whole window) while p1's uplink is shut, then gives both
+    up: p1 stops serving them; p2 wants 2 others and gets them over the same link (before: p1
+    kept both queued and closed the link on the third want, banning p2)."""
+    async with linked() as (held, manifest, link, links_b):
+        served, size = links_b.links["p2"], manifest.chunks[0].wire_bytes
         async with shut_uplink(links_b):
             wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
             await wait_until(lambda: len(served._serving) == SERVE_WINDOW)
@@ -53,17 +61,8 @@ async def test_a_want_sent_after_a_give_up_follows_its_cancel():
     turn. The holder hears the cancel first, so the new want is within its window and the link
     stays (before: the new want overtook the cancel, one past the window, the holder dropped the
     link and the asker reported an honest peer for a stall: 8-9 reports per 8-peer race)."""
-    _, held, manifest = await holding()
-    async with peer_links("p1") as (links_b, url_b), peer_links("p2") as (links_a, _), \
-            aiohttp.ClientSession() as http:
-        links_b.advertised[held.key] = held
-        links_a.advertised[held.key] = held
-        links_a.http = http
-        links_a.heard_of([m.RelaySource("p1", url_b)])
-        await wait_until(lambda: "p1" in links_a.links and "p2" in links_b.links
-                         and links_b.links["p2"].same(held))
-        link, served = links_a.links["p1"], links_b.links["p2"]
-        size = manifest.chunks[0].wire_bytes
+    async with linked() as (held, manifest, link, links_b):
+        served, size = links_b.links["p2"], manifest.chunks[0].wire_bytes
         async with shut_uplink(links_b):
             wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
             await wait_until(lambda: len(served._serving) == SERVE_WINDOW)

@@ -14,15 +14,6 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 START_S, RUN_S = 180, 240
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def test_peers_take_every_version_after_a_resume_on_gossip(cluster: Cluster, tmp_path):
     """A hub on --relay gossip with 3 generating peers is SIGKILLed between two publications
     (step 4 or later) and resumed on its port: it reaches max_steps, and each peer assembles
