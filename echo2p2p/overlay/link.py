@@ -195,12 +195,13 @@ class Link:
             raise ConnectionError("the link stopped reading") from None
 
     def post(self, rec: Any | None) -> None:
-        """Send `rec` in the background, ignoring a link that is going (its reader sees it end).
+        """Send `rec` (None: only the cancels owed) in the background, ignoring a link that is
+        going (its reader sees it end).
         The send is made when the task runs: a task cancelled before it starts (the peer
         stopping) leaves no coroutine never awaited behind."""
         self.links.spawn(self._post(rec))
 
-    async def _post(self, rec: Any) -> None:
+    async def _post(self, rec: Any | None) -> None:
         await quietly(self.send(rec))
 
     async def want(self, key: Key, index: int, size: int) -> bytes | None:
