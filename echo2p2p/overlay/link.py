@@ -196,9 +196,8 @@ class Link:
 
     def post(self, rec: Any | None) -> None:
         """Send `rec` (None: only the cancels owed) in the background, ignoring a link that is
-        going (its reader sees it end).
-        The send is made when the task runs: a task cancelled before it starts (the peer
-        stopping) leaves no coroutine never awaited behind."""
+        going (its reader sees it end). The send is made when the task runs: a task cancelled
+        before it starts (the peer stopping) leaves no coroutine never awaited behind."""
         self.links.spawn(self._post(rec))
 
     async def _post(self, rec: Any | None) -> None:
