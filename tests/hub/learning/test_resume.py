@@ -215,7 +215,7 @@ def test_resume_without_a_run_or_a_checkpoint_says_so(tmp_path, capsys):
     from echo2p2p.hub.cli import main
 
     assert main(["serve", "--resume", str(tmp_path / "nowhere")]) == 1
-    assert "config.json" in capsys.readouterr().err
+    assert "no run to resume" in (err := capsys.readouterr().err) and "no such directory" in err
     (tmp_path / "config.json").write_text(json.dumps({"run_id": "x", "port": 0}))
     assert main(["serve", "--resume", str(tmp_path)]) == 1
     assert "no checkpoint in" in capsys.readouterr().err
