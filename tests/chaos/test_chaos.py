@@ -1,8 +1,11 @@
 """Chaos scenarios (issue 5), each on real processes: peers killed during a broadcast and during
 generation, the hub SIGKILLed and resumed, byzantine peers. Each asserts that no admitted
 rollout and no prompt group was lost, that surviving peers hold every version published after
-the fault, and that liars are quarantined; each adds a row to the suite table. Every scenario
-runs on gossip; those where versions moving is the point on the hub as tracker too (`RELAYS`).
+the fault, and that liars are quarantined; each adds a row to the suite table. The broadcast,
+generation and byzantine scenarios run on gossip, the first and last on the hub as tracker too
+(`RELAYS`). The SIGKILL-and-resume scenario runs on the tracker: on a fast gossip hub the moment
+it kills at (leases open and groups queued at once) passed unseen in 1 CI run of 2 (the hub
+finished all its steps unfaulted); `test_gossip_resume.py` kills and resumes a gossip hub.
 
 S = 0 (synchronous) except where staleness is the point: a version is then only superseded
 after the generating peers held it, so "every survivor holds every new version" is a property
@@ -216,7 +219,7 @@ def test_kill_30pct_during_generation(cluster: Cluster, report, tmp_path):
         assert lease in log.admitted or again, f"{lease} (problem {problem}) was not re-issued"
 
 
-@pytest.mark.parametrize("relay", RELAYS)
+@pytest.mark.parametrize("relay", ["pipelined"])
 def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path, relay):
     """Hub + 3 generating peers at S = 2, kappa = 3 (a checkpoint every 3 steps); the hub is
     SIGKILLed mid-run with leases open and groups queued, and restarted with --resume on the
