@@ -266,8 +266,8 @@ def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path, relay):
     before, after = split_at_resume(records)
     killed_log = HubLog.read(hub.log)  # read now: its reader has long taken all it wrote
     log2 = HubLog.read(hub2.log)
-    lives = [Incarnation(killed_log, steps(before), counts_upto=resumed_at["version"]),
-             Incarnation(log2, steps(after))]
+    lives = [Incarnation(killed_log, steps(before), counts_upto=resumed_at["version"],
+                         journaled=frozenset(checkpointed.queued)), Incarnation(log2, steps(after))]
     acc = lossless(lives, hub2, max_steps)
     # The peers come back one by one and the resumed hub trains on what it restored at once,
     # so a peer may rejoin after a version went out (and start from a newer one): judge the
