@@ -18,12 +18,16 @@ from .harness import FinalState, HubLog
 
 @dataclass(frozen=True)
 class Incarnation:
-    """One hub process's life: its debug log, its step records, and the newest produced version
-    whose step still counts (None: all; a killed hub: the version its successor resumed at)."""
+    """One hub process's life: its debug log, its step records, the newest produced version
+    whose step still counts (None: all; a killed hub: the version its successor resumed at),
+    and the groups its checkpoint and journal hold as admitted (a killed hub: `FinalState.queued`
+    as the kill left it). The hub journals an admission before it logs it, so a kill between
+    the two leaves a group admitted, restored and trained that no log line admitted."""
 
     log: HubLog
     steps: list[dict]
     counts_upto: int | None = None
+    journaled: frozenset[str] = frozenset()
 
     def trained(self) -> list[str]:
         return [lease for r in self.steps
@@ -53,7 +57,7 @@ def account(lives: list[Incarnation], final: FinalState) -> Accounting:
     for life in lives:
         granted.update({lease: problem for lease, (problem, _) in life.log.granted.items()})
         grants_per_problem.update(problem for problem, _ in life.log.granted.values())
-        admitted |= life.log.admitted.keys()
+        admitted |= life.log.admitted.keys() | life.journaled
         dropped |= life.log.dropped | life.log.withdrawn  # taken out of the queue, logged
         trained.update(life.trained())
     unknown = admitted - granted.keys()

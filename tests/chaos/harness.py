@@ -39,8 +39,9 @@ REPO = Path(__file__).resolve().parents[2]
 BYZANTINE = Path(__file__).resolve().parent / "byzantine_peer.py"
 
 # Small and fast everywhere: the tiny built-in model, one torch thread per process.
-HUB_FLAGS = ("--prompts-per-step", "4", "--group-size", "4", "--eval-every", "0",
-             "--torch-threads", "1", "--seed", "1", "--log-level", "debug")
+PROMPTS_PER_STEP = 4  # the groups each learner step trains on
+HUB_FLAGS = ("--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", "4",
+             "--eval-every", "0", "--torch-threads", "1", "--seed", "1", "--log-level", "debug")
 # debug: `versions_held` reads the peers' per-version "vN complete in" lines, which are DEBUG.
 PEER_FLAGS = ("--torch-threads", "1", "--log-level", "debug", "--listen", "127.0.0.1:0",
               "--reconnect-max-s", "1", "--relay-stall-s", "3")
@@ -262,6 +263,7 @@ class HubLog:
     steps: list[int] = field(default_factory=list)  # learner steps, as their live lines came
     resumed_at: int | None = None  # the version a resumed hub came back at
     port: int | None = None  # where it listens, once it says so
+    lines: int = 0  # how many lines it has taken
 
     @classmethod
     def read(cls, path: Path) -> HubLog:
@@ -272,6 +274,7 @@ class HubLog:
 
     def feed(self, number: int, line: str) -> None:
         """Take line `number` of the hub's output into account."""
+        self.lines = number + 1
         if m := GRANTED.search(line):
             self.granted[m[1]] = (int(m[2]), m[3])
         elif m := ADMITTED.search(line):

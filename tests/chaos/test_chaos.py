@@ -1,11 +1,9 @@
 """Chaos scenarios (issue 5), each on real processes: peers killed during a broadcast and during
 generation, the hub SIGKILLed and resumed, byzantine peers. Each asserts that no admitted
 rollout and no prompt group was lost, that surviving peers hold every version published after
-the fault, and that liars are quarantined; each adds a row to the suite table. The broadcast,
-generation and byzantine scenarios run on gossip, the first and last on the hub as tracker too
-(`RELAYS`). The SIGKILL-and-resume scenario runs on the tracker: on a fast gossip hub the moment
-it kills at (leases open and groups queued at once) passed unseen in 1 CI run of 2 (the hub
-finished all its steps unfaulted); `test_gossip_resume.py` kills and resumes a gossip hub.
+the fault, and that liars are quarantined; each adds a row to the suite table. Every scenario
+runs on gossip; those where versions moving is the point (the broadcast, the hub's SIGKILL and
+resume, the byzantine peers) on the hub as tracker too (`RELAYS`).
 
 S = 0 (synchronous) except where staleness is the point: a version is then only superseded
 after the generating peers held it, so "every survivor holds every new version" is a property
@@ -24,8 +22,8 @@ from echo2p2p.tasks import AdditionTask
 
 from .accounting import Accounting, Incarnation, account
 from .conftest import Row
-from .harness import (Cluster, HubLog, HubProc, Proc, events, final_state, read_metrics, steps,
-                      versions_held)
+from .harness import (PROMPTS_PER_STEP, Cluster, HubLog, HubProc, Proc, events, final_state,
+                      read_metrics, steps, versions_held)
 
 # Above every scenario's own deadlines (START_S and RUN_S waits in turn), so that a slow or
 # stalled run fails by its harness's message, which says what each process printed last.
@@ -50,6 +48,25 @@ def joined(hub: HubProc, n: int) -> dict[str, str] | None:
     peers = hub.live.connected()
     if len(peers) == n and all(pid in hub.live.holds for pid in peers.values()):
         return peers
+    return None
+
+
+def busy_step(hub: HubProc, replay: HubLog, max_steps: int) -> int | None:
+    """The learner's step at the first line (fed to `replay` one at a time, as they came) after
+    which the hub's log shows it at step 4..max_steps-10 between two checkpoints (kappa = 3),
+    leases granted and not answered, and groups admitted that no logged step trained on. Not a
+    /status poll, nor the batches `wait_for` wakes on: a fast hub trains the steps after a
+    publication on the burst it waited for there, and a poll that only saw the moments between
+    let it run all its steps unfaulted (gossip, 1 CI run of 2). Every step's batch is admitted
+    before its line, so every step shows untrained groups at some line."""
+    alive(hub)
+    for number in range(replay.lines, len(hub.lines)):
+        replay.feed(number, hub.lines[number])
+        step, open_leases = len(replay.steps), replay.granted.keys() - replay.admitted.keys()
+        untrained = (len(replay.admitted) - len(replay.dropped | replay.withdrawn)
+                     - PROMPTS_PER_STEP * step)
+        if 4 <= step <= max_steps - 10 and step % 3 and open_leases and untrained > 0:
+            return step
     return None
 
 
@@ -219,48 +236,25 @@ def test_kill_30pct_during_generation(cluster: Cluster, report, tmp_path):
         assert lease in log.admitted or again, f"{lease} (problem {problem}) was not re-issued"
 
 
-@pytest.mark.parametrize("relay", ["pipelined"])
+@pytest.mark.parametrize("relay", RELAYS)
 def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path, relay):
-    """Hub + 3 generating peers at S = 2, kappa = 3 (a checkpoint every 3 steps); the hub is
-    SIGKILLed mid-run with leases open and groups queued, and restarted with --resume on the
-    same port. It resumes at its last checkpoint; the peers reconnect and resubmit what it never
-    answered; the steps after the checkpoint are redone; nothing admitted is lost, nothing is
-    trained twice, and every trained group obeyed the staleness bound."""
+    """Hub + 3 generating peers at S = 2, kappa = 3 (a checkpoint every 3 steps), on the tracker
+    and on gossip; the hub is SIGKILLed between two checkpoints with leases open and groups
+    admitted and untrained (`busy_step`), and restarted with --resume on the same port. It
+    resumes at its last checkpoint; the peers reconnect and resubmit what it never answered; the
+    steps after the checkpoint are redone; nothing admitted is lost, nothing is trained twice,
+    and every trained group obeyed the staleness bound."""
     max_steps, max_lag = 39, 2  # a multiple of kappa: the last step publishes (and checkpoints)
     run_dir = tmp_path / "run"
     hub = cluster.start_hub(run_dir, "--max-steps", str(max_steps), "--max-lag", str(max_lag),
                             "--publish-every", "3", "--lease-timeout-s", "15", "--relay", relay)
     peers = [cluster.start_peer(hub, f"gen-{i}") for i in range(3)]
     cluster.wait_for(lambda: joined(hub, len(peers)), START_S, "3 peers to join")
-    seen = [(0, 0)]
-
-    def busy() -> dict | None:
-        """/status, asked right after an admission record (a group has just been queued) or a
-        step line (a batch was taken, the rest stays queued), once it shows leases open and
-        groups queued. Both: on a fast hub the groups of a version come in one burst while the
-        learner waits at the step that published it, and the steps after it take what is
-        queued with no admission in between (asked after admissions only, the window passed
-        unseen in 1 run of 15 on gossip)."""
-        alive(hub)
-        now = (len(hub.live.admitted), len(hub.live.steps))
-        if now == seen[0]:
-            return None
-        seen[0] = now
-        if not 4 <= len(hub.live.steps) <= max_steps - 10:
-            return None
-        s = hub.status()
-        # Past a checkpoint (steps to redo), and early enough for versions to follow. The
-        # window is wide: a fast hub runs several steps between two admissions, and the queue
-        # is empty right after each batch is taken.
-        if not s or not 4 <= s["step"] <= max_steps - 10 or s["step"] % 3 == 0:
-            return None
-        return s if s["open_leases"] and s["queued_groups"] else None
-
-    at_fault = cluster.wait_for(busy, RUN_S, "the hub to have leases open and groups queued")
+    replay = HubLog()  # past a checkpoint (steps to redo), early enough for versions to follow
+    cluster.wait_for(lambda: busy_step(hub, replay, max_steps), RUN_S,
+                     "the hub's log to show leases open and groups untrained between checkpoints")
     t_fault = cluster.kill(hub)
-    killed_log = HubLog.read(hub.log)
-    checkpointed = final_state(run_dir)  # what the next hub must come back to
-    held_at_kill = max(p["held_version"] or 0 for p in at_fault["peers"].values())
+    checkpointed = final_state(run_dir)  # on disk at the kill: what the next hub comes back to
 
     hub2 = cluster.start_hub(run_dir, resume=True, port=hub.port, name="hub-resumed")
     cluster.wait_for(lambda: hub2.live.resumed_at is not None, START_S, "the resume record")
@@ -270,9 +264,10 @@ def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path, relay):
     records = finish(cluster, hub2, max_steps)
 
     before, after = split_at_resume(records)
+    killed_log = HubLog.read(hub.log)  # read now: its reader has long taken all it wrote
     log2 = HubLog.read(hub2.log)
-    lives = [Incarnation(killed_log, steps(before), counts_upto=resumed_at["version"]),
-             Incarnation(log2, steps(after))]
+    lives = [Incarnation(killed_log, steps(before), counts_upto=resumed_at["version"],
+                         journaled=frozenset(checkpointed.queued)), Incarnation(log2, steps(after))]
     acc = lossless(lives, hub2, max_steps)
     # The peers come back one by one and the resumed hub trains on what it restored at once,
     # so a peer may rejoin after a version went out (and start from a newer one): judge the
@@ -282,17 +277,24 @@ def test_sigkill_hub_and_resume(cluster: Cluster, report, tmp_path, relay):
     gaps = version_gaps(after, peers, log2.published_after(back, max_steps))
     redone = [r["step"] for r in steps(before) if r["version"] > resumed_at["version"]]
     resubmitted = [lease for lease in log2.admitted if lease in killed_log.granted]
+    # At the kill: the leases open in its lease book; the groups admitted, untrained, undropped.
+    since = {lease for r in steps(before) if r["version"] > checkpointed.step
+             for lease in r["rollout/leases"]}
+    untrained = checkpointed.queued - since - killed_log.dropped - killed_log.withdrawn
+    killed_at = len(killed_log.steps)
     report(Row(f"SIGKILL hub, restart --resume ({relay})", len(acc.admitted_lost),
-               len(acc.groups_lost),
-               not gaps, "-", recover_s,
-               f"killed at step {at_fault['step']} ({at_fault['open_leases']} leases open, "
-               f"{at_fault['queued_groups']} groups queued); resumed at v{resumed_at['version']} "
+               len(acc.groups_lost), not gaps, "-", recover_s,
+               f"killed at step {killed_at} ({len(checkpointed.open)} leases open, "
+               f"{len(untrained)} admitted groups untrained); resumed at v{resumed_at['version']} "
                f"with {resumed_at['queued_groups']} queued, {len(redone)} step(s) redone; "
                f"{len(resubmitted)} leases of the killed hub admitted by the new one"))
     assert_lossless(acc)
     assert not gaps, gaps
+    assert checkpointed.open and untrained and redone, f"the kill at step {killed_at} missed: " \
+        f"{len(checkpointed.open)} open, {len(untrained)} untrained, {len(redone)} to redo"
     assert {p.name for p in peers} <= set(log2.names.values()), "not every peer came back"
     assert resumed_at["version"] == checkpointed.step >= max(killed_log.published)
+    held_at_kill = max(killed_log.holds.values(), default=0)  # as the peers last told it
     assert checkpointed.step >= held_at_kill, "the checkpoint is behind a version peers held"
     assert [r["step"] for r in steps(after)] == list(range(resumed_at["version"], max_steps))
     lags = {int(k) for r in steps(records) for k in r["rollout/staleness_hist"]}
