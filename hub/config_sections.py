@@ -349,14 +349,14 @@ class StalenessConfig:
 class OverlayConfig:
     """Versions on the wire: their format, how they reach peers, what the hub keeps."""
 
-    relay: str = "pipelined"
-    """How versions reach peers: pipelined (the hub as tracker: it deals every chunk to a
-    relaying peer and answers lookups; the hub uploads each version about once), gossip (peers
-    tell their neighbours what they hold and fetch from each other; one announcement per peer
-    from the hub, which still uploads about once), striped-chain (the ECHO-2 paper's: each
-    chunk's owner fetches it from the hub, every other peer fetches it from its predecessor in
-    a ring; as fast as the slowest uplink) or star (the hub uploads every version to every
-    peer)."""
+    relay: str = "gossip"
+    """How versions reach peers: gossip (peers tell their neighbours what they hold and fetch
+    from each other; one announcement per peer from the hub, which uploads each version about
+    once), pipelined (the hub as tracker: it deals every chunk to a relaying peer and answers
+    lookups; it too uploads about once, but a NAT'd peer serves nobody), striped-chain (the
+    ECHO-2 paper's: each chunk's owner fetches it from the hub, every other peer fetches it
+    from its predecessor in a ring; as fast as the slowest uplink) or star (the hub uploads
+    every version to every peer). docs/benchmarks.md has them raced."""
     weights_dtype: str = "bfloat16"
     """dtype of published versions: bfloat16 (half the bytes) or float32."""
     chunk_bytes: int = 0

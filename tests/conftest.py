@@ -122,11 +122,12 @@ async def wait_first(*waits: Awaitable, timeout_s: float = 60.0) -> None:
 @contextlib.asynccontextmanager
 async def tracker(setup=None, **overrides) -> AsyncIterator[tuple[Hub, bytes, str, Records]]:
     """A hub with no learner, on 16 KiB chunks: it only admits peers, announces versions and
-    plans their broadcast, and scores rollouts by the built-in tokenizer. `setup(hub)` runs
-    before it serves. Yields (hub, signing key, ws URL, the records it logged)."""
+    plans their broadcast, and scores rollouts by the built-in tokenizer; a tracker
+    (`relay="pipelined"`) unless `overrides` name another relay. `setup(hub)` runs before it
+    serves. Yields (hub, signing key, ws URL, the records it logged)."""
     from echo2p2p.policy.model import build_char_tokenizer
 
-    cfg = HubConfig.from_flat(port=0, chunk_bytes=16 << 10).replace(**overrides)
+    cfg = HubConfig.from_flat(port=0, chunk_bytes=16 << 10, relay="pipelined").replace(**overrides)
     key = signing.new_private_key()
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]

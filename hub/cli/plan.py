@@ -65,7 +65,7 @@ class PlanConfig:
     reading: str = "sequential"
     """Which provisioning rule: sequential (workers must also fit the download into the period)
     or overlapped (workers keep generating on the old version while downloading)."""
-    relay: str = "pipelined"
+    relay: str = "gossip"
     """How versions reach workers: gossip or pipelined (the overlay: peers relay chunks to
     each other, estimated alike), striped-chain or star."""
     margin: float = 0.1

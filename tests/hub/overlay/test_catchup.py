@@ -57,7 +57,7 @@ class Rig:
     """A tracker over peers that said hello (with a peer key) and were welcomed."""
 
     def __init__(self, **cfg):
-        self.cfg = HubConfig.from_flat(**cfg)
+        self.cfg = HubConfig.from_flat(**{"relay": "pipelined", **cfg})  # the tracker unless told
         self.peers: dict[str, PeerConn] = {}
         self.pool = Pool("all", 0.0)
         self.tracker = VersionTracker(self.cfg.overlay, self.peers, self.pool, quarantined=lambda c: False,
