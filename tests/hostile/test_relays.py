@@ -2,7 +2,8 @@
 relay address that never answers, and one whose path and query harvest the tickets of the peers
 that fetch from it. The hub believes no report without its own evidence and deals chunks only to
 relays it reached itself; peers build chunk URLs from scheme, host and port only; a ticket seen
-by one server opens no other.
+by one server opens no other. On the tracker (`relay="pipelined"`), whose plans name relays;
+gossip's liars are tests/hostile/test_gossip_liars.py.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
     r = row(f"4. {ACCUSERS} connections report the honest relay 'corrupt'")
     # Every version in full, so that the accusers (leaves) share its broadcast with the honest
     # relay and learn its id from the plan's sources, as an attacker would.
-    cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)
+    cfg = small_cfg(tmp_path, relay="pipelined", anchor_every=1, publish_every=3)
     async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
         honest_identity = run.hub.peer_views()[honest_id].identity
@@ -101,7 +102,7 @@ def stalls_about(run, attacker_id: str) -> int:
 async def test_dead_relay_is_never_dealt_chunks(tmp_path, row):
     """A relay that accepts and never answers is never dealt chunks; the run ends unstalled."""
     r = row("5a. listen_addr that accepts and never answers")
-    cfg = small_cfg(tmp_path, max_steps=RUN_STEPS)
+    cfg = small_cfg(tmp_path, relay="pipelined", max_steps=RUN_STEPS)
     async with dead_relay() as dead, hub_and_honest_peer(cfg) as (run, honest), \
             raw_peer(run.url, keep_alive=True) as attacker:
         honest_id = peer_id(run, HONEST)
@@ -127,7 +128,7 @@ async def test_dead_relay_is_never_dealt_chunks(tmp_path, row):
 async def test_relay_urls_use_host_and_port_and_tickets_do_not_replay(tmp_path, row):
     """Relays are asked at host:port/chunk/... only; the tickets they see open no other server."""
     r = row("5b. listen_addr http://HOST:PORT/anything?x= ; a relay's tickets replayed")
-    cfg = small_cfg(tmp_path, max_steps=RUN_STEPS)
+    cfg = small_cfg(tmp_path, relay="pipelined", max_steps=RUN_STEPS)
     async with hub_and_honest_peer(cfg) as (run, honest), \
             recording_relay(run.hub.chunk_lookup) as odd_relay, \
             recording_relay(run.hub.chunk_lookup) as relay, \

@@ -2,7 +2,8 @@
 serves every chunk a receiver asks for just inside the download deadline (headers late, the body
 in two halves), so no request ever stalls. The receiver times each chunk against the rate the
 plan gave it (`echo2p2p.pace`), takes the rest from the hub and reports the relay "slow"; the
-hub times the chunk from the relay itself and, on its own measurement, re-deals its share.
+hub times the chunk from the relay itself and, on its own measurement, re-deals its share. On
+the tracker (`relay="pipelined"`): gossip has no plan rates and no re-deals.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
     """A relay serving every chunk just inside the deadline is reported, timed by the hub
     itself, and dealt no more chunks; its estimate falls; the honest peer keeps training."""
     r = row("R3-5. slow relay: chunks just inside the download deadline, probes answered fast")
-    cfg = small_cfg(tmp_path, anchor_every=1)  # every version in full: one broadcast for both
+    # Every version in full: one broadcast for both.
+    cfg = small_cfg(tmp_path, relay="pipelined", anchor_every=1)
     async with hub_and_honest_peer(cfg) as (run, honest), \
             slow_relay(run.hub.chunk_lookup, honest.cfg.relay_stall_s) as relay, \
             raw_peer(run.url, keep_alive=True) as attacker:
@@ -141,7 +143,8 @@ async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
     """Three connections report the honest relay "slow": the hub times it itself, finds it
     fast, and it stays a relay."""
     r = row(f"R3-5b. {ACCUSERS} connections report the honest relay 'slow'")
-    cfg = small_cfg(tmp_path, anchor_every=1, publish_every=3)  # as test_relays' accusers
+    # As test_relays' accusers.
+    cfg = small_cfg(tmp_path, relay="pipelined", anchor_every=1, publish_every=3)
     async with hub_and_honest_peer(cfg) as (run, honest), contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
 
