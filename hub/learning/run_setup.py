@@ -165,10 +165,10 @@ def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
     logs it once its own signal handlers are set, so that a Ctrl-C after it stops the run
     cleanly (`echo2p2p.hub.cli.demo`)."""
     cfg, hub = run.cfg, run.hub
-    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, learner on %d rank(s)); "
-             "run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model, hub.setup.kind,
-             cfg.staleness.max_lag, cfg.staleness.kappa, ranks.world if ranks else 1,
-             run.runlog.run_dir, hub.hub_key.hex())
+    log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, relay %s, learner on %d "
+             "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
+             hub.setup.kind, cfg.staleness.max_lag, cfg.staleness.kappa, cfg.overlay.relay,
+             ranks.world if ranks else 1, run.runlog.run_dir, hub.hub_key.hex())
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
