@@ -290,7 +290,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
     learner = make_learner(cfg, model, tokenizer, ranks)
     learner = Leader(learner, ranks) if ranks is not None else learner
-    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
+    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.messages or p.prompt, prompts))
                 for p in task.problems("train")]
     key = load_or_make_key(run_dir / "hub_key")
     estimates = Estimates(cfg)
