@@ -14,8 +14,9 @@ elsewhere at its next read).
 it. Items are `(key, text)`, scored as they are (`reward(key, text)`; the key is what the caller
 scores against: an answer, or the hub's `Problem`), or `(key, packed_ids, claimed_text)`: the
 ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored (with the
-ids, `reward(key, text, ids)`, for a reward whose `takes_ids` is set), and the note says whether
-the claim was the decoding; or `(key, packed_ids, claimed_text, packed_turns)`,
+ids, `reward(key, text, ids)`, for a reward whose `takes_ids` is set: a text's own are its
+encoding, when the worker has a decoder), and the note says whether the claim was the decoding;
+or `(key, packed_ids, claimed_text, packed_turns)`,
 an episode, replayed by `reward.replay` (`echo2p2p.episodes`).
 """
 
@@ -83,6 +84,8 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
         note = OK if rest[1] == text else MISMATCH
     else:
         text = rest[0]
+        if getattr(reward, "takes_ids", False) and decoder is not None:
+            ids = decoder.encode(text)  # a text scored as it is (held-out evaluation): its ids
     try:
         value = float(reward(key, text, ids) if getattr(reward, "takes_ids", False)
                       else reward(key, text))

@@ -303,10 +303,12 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
             line = propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
-    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
-              decode=CompletionDecoder(tokenizer), setup=setup)
+    decoder = CompletionDecoder(tokenizer)
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot, decode=decoder,
+              setup=setup)
     checkpoints = Checkpoints(run_dir) if cfg.run.checkpoint_every else None
-    eval_scorer = Scorer(setup.reward, timeout_s=cfg.scoring.score_timeout_s, name="eval-scorer")
+    eval_scorer = Scorer(setup.reward, decoder=decoder, timeout_s=cfg.scoring.score_timeout_s,
+                         name="eval-scorer")  # the decoder: ids for a reward that reads them
     on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
                            keep_streams=kept_streams(cfg))  # memory-mapped (hub.versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,

@@ -78,8 +78,9 @@ def test_wrapped_functions_pickle_by_reference():
 
 @pytest.mark.timeout(120)
 async def test_workers_score_trl_functions_from_the_ids_a_peer_sent():
-    """Real worker processes: the ids decoded from the wire reach `completion_ids`, the row's
-    columns reach the keyword arguments, and an async TRL function is awaited."""
+    """Real worker processes: the ids decoded from the wire reach `completion_ids` (a text
+    scored as it is, its encoding), the row's columns reach the keyword arguments, and an async
+    TRL function is awaited."""
     from echo2p2p.policy.model import build_char_tokenizer
 
     tok = build_char_tokenizer()
@@ -89,7 +90,8 @@ async def test_workers_score_trl_functions_from_the_ids_a_peer_sent():
     ids = tok.encode(text, add_special_tokens=False)
     with Scorer(RewardFunctions([ids_seen]), decoder=decoder, timeout_s=30.0) as scorer:
         scored = await scorer.score_ids(standard, [pack_ids(ids)], [text])
-    assert scored.rewards == [len(ids) / 10]
+        as_text = await scorer.score([(standard, text + "!")])  # held-out evaluation: a text
+    assert scored.rewards == [len(ids) / 10] and as_text.rewards == [(len(ids) + 1) / 10]
     chat = chat_row()
     with Scorer(RewardFunctions([shouts]), decoder=decoder, timeout_s=30.0) as scorer:
         loud, quiet = (tok.encode(t, add_special_tokens=False) for t in ("YES", "yes"))
