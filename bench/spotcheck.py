@@ -120,7 +120,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     def generate(engine, version: int):
         nonlocal draw
         p = next(problems)
-        ids = encode_prompt(tokenizer, p.prompt, cfg.tasks.prompts)  # as the hub leases them
+        ids = encode_prompt(tokenizer, p.messages or p.prompt, cfg.tasks.prompts)  # as the hub leases them
         draw += 1
         out = engine.generate(ids, cfg.grpo.group_size, temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p,
                               max_new_tokens=cfg.grpo.max_new_tokens, seed=draw)

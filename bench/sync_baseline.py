@@ -127,7 +127,7 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
     groups = []
     for j, problem in enumerate(problems):
         cursor = step * len(problems) + j + 1  # the sampling seed of the j-th prompt of `step`
-        prompt_ids = encode_prompt(tokenizer, problem.prompt, prompts)
+        prompt_ids = encode_prompt(tokenizer, problem.messages or problem.prompt, prompts)
         completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
                                       **sampling)
         rewards = score([(problem, c.text) for c in completions])

@@ -12,8 +12,11 @@
 names (`lr=`, `max_lag=`), or a `HubConfig`, or a mapping of them (flat, or section tables): the
 same fields and defaults as the command line's flags, which call this
 class: the CLI is a thin caller of it. Besides them it takes what a command line cannot carry:
-reward functions as Python callables (`reward`, `reward_weights`) and rows as Python objects
-(`dataset`: a list of dicts, a `datasets.Dataset`, any iterable of mappings with a "prompt").
+reward functions as Python callables (`reward`, `reward_weights`; ours, (prompt, completion,
+row), or TRL's, (prompts, completions, **columns)) and rows as Python objects (`dataset`: a list
+of dicts, a `datasets.Dataset`, any iterable of mappings with a "prompt": text, or TRL's
+conversational messages); a `dataset` given as a string is the `--dataset` field (a file,
+folder or cached hub name).
 A run on an environment names it (`env="takeaway"`): peers install environments as packages.
 
 `serve()` trains until `max_steps` with whatever peers join; `demo()` also starts local peer
@@ -57,6 +60,8 @@ class Run:
         table.pop("run_id", None)
         if isinstance(reward, str):  # as the command line gives it: a config field
             fields["reward"], reward = reward, None
+        if isinstance(dataset, (str, Path)):  # a file, folder or hub name: --dataset's
+            fields["dataset"], dataset = str(dataset), None
         if isinstance(reward_weights, str):
             fields["reward_weights"], reward_weights = reward_weights, None
         if reward_weights is not None and reward is None and not fields.get("reward"):

@@ -10,19 +10,23 @@ never render a prompt themselves: they take the ids from the lease.
   prompt before it and the generation prompt after (`add_generation_prompt=True`), and
   `template_args` passed to the template as variables (Qwen3's `enable_thinking=False`);
 - "auto": "chat" when the tokenizer has a chat template, else "plain".
+A prompt may also be a conversation (TRL's conversational format: {"role", "content"}
+messages): under "chat" the template renders it as it is (after the system prompt, unless it
+has its own system message); under "plain" its contents, one per line.
 The template's own text decides the special tokens: a template that writes `{{ bos_token }}`
 gets one BOS, never a second from the tokenizer. Knows nothing of tasks, peers or files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from echo2p2p.errors import ConfigError
 
 MODES = ("auto", "chat", "plain")
+Prompt = str | Sequence[Mapping[str, str]]  # text, or {"role", "content"} messages
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -65,15 +69,20 @@ class PromptFormat:
                                       f"model whose tokenizer has a chat template")
         return self
 
-    def messages(self, prompt: str) -> list[dict[str, str]]:
-        """The conversation a prompt becomes under "chat": [system,] user."""
+    def messages(self, prompt: Prompt) -> list[dict[str, str]]:
+        """The conversation a prompt becomes under "chat": [system,] user; a conversation
+        [system,] as it is."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": prompt}]
+        if isinstance(prompt, str):
+            return [*system, {"role": "user", "content": prompt}]
+        own = any(m["role"] == "system" for m in prompt)
+        return [*([] if own else system), *prompt]
 
-    def encode(self, tokenizer: Any, prompt: str) -> list[int]:
-        """The prompt ids of `prompt`, exactly as the hub leases them."""
+    def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
+        """The prompt ids of `prompt` (text or a conversation), exactly as the hub leases them."""
         if not self.uses_chat(tokenizer):
-            return list(tokenizer.encode(prompt, add_special_tokens=False))
+            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+            return list(tokenizer.encode(text, add_special_tokens=False))
         if not has_chat_template(tokenizer):
             self.check(tokenizer)  # raises: "chat" without a template
         # The template is tokenized without the tokenizer's special tokens (transformers does

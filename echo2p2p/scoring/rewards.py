@@ -4,8 +4,11 @@ A scorer (`echo2p2p.scoring.scorer`) runs `reward(problem, text)` in its worker 
 the event loop and under a deadline; the hub hands it `Problem`s (`echo2p2p.tasks.Problem`).
 - `ByAnswer(task.reward)`: a built-in task's `reward(answer, completion)`.
 - `RewardFunctions(funcs, weights)`: users' functions `f(prompt, completion, row) -> float`,
-  sync or async, summed with weights (TRL's `reward_funcs` / `reward_weights`). A function that
-  raises or returns no finite number makes that sample score 0; the scorer counts and logs why.
+  or TRL's `f(prompts, completions, completion_ids, **columns) -> list` as they are
+  (`echo2p2p.scoring.trl_rewards`), sync or async, summed with weights (TRL's `reward_funcs` /
+  `reward_weights`); a TRL function's None leaves it out of the sum (TRL's nansum). A function
+  that raises or returns no finite number, or a sample every function returned None for, scores
+  0; the scorer counts and logs why.
 - `EpisodeReplay(factory)`: a multi-turn environment; `replay` re-runs it on an episode's model
   turns (`echo2p2p.episodes.replay`).
 Everything here is pickled once per worker start: functions by reference (a module-level
@@ -28,6 +31,8 @@ from typing import Any
 
 from echo2p2p import episodes
 from echo2p2p.tasks import math_reward
+
+from .trl_rewards import TrlReward, is_trl_reward
 
 
 def exact_match(prompt: str, completion: str, row: Mapping[str, Any]) -> float:
@@ -79,7 +84,10 @@ class ByAnswer:
 
 
 class RewardFunctions:
-    """`sum(w * f(prompt, completion, row))` over users' reward functions."""
+    """`sum(w * f(prompt, completion, row))` over users' reward functions (TRL's wrapped in
+    `TrlReward`, handed the completion's ids too)."""
+
+    takes_ids = True  # the scoring worker hands `__call__` the ids it decoded
 
     def __init__(self, funcs: Sequence[Callable[..., Any]], weights: Sequence[float] | None = None):
         weights = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
@@ -88,24 +96,32 @@ class RewardFunctions:
                              f"one weight per function")
         if not all(math.isfinite(w) for w in weights) or not any(weights):
             raise ValueError(f"reward weights must be finite and not all 0, got {weights}")
+        funcs = [TrlReward(f) if is_trl_reward(f) else f for f in funcs]
         for f in funcs:
-            if len(inspect.signature(f).parameters) < 3:
+            if not isinstance(f, TrlReward) and len(inspect.signature(f).parameters) < 3:
                 raise ValueError(f"reward function {_name(f)} must take (prompt, completion, "
-                                 f"row)")
-        self.funcs, self.weights = list(funcs), weights
+                                 f"row), or TRL's (prompts, completions, **kwargs)")
+        self.funcs, self.weights = funcs, weights
         self._loop: asyncio.AbstractEventLoop | None = None  # a worker's, for async functions
 
-    def __call__(self, problem: Any, text: str) -> float:
-        total, row = 0.0, problem.row or {"answer": problem.answer}  # a built-in task's
+    def __call__(self, problem: Any, text: str, ids: Sequence[int] | None = None) -> float:
+        total, row, applied = 0.0, problem.row or {"answer": problem.answer}, False
         for f, w in zip(self.funcs, self.weights):
-            value = f(problem.prompt, text, row)
+            if isinstance(f, TrlReward):
+                value = f(problem.prompt, text, row, ids)
+                if value is None:  # it does not apply to this sample
+                    continue
+            else:
+                value = f(problem.prompt, text, row)
             if inspect.isawaitable(value):
                 self._loop = self._loop or asyncio.new_event_loop()
                 value = self._loop.run_until_complete(value)
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"{_name(f)} returned {value}")
-            total += w * value
+            total, applied = total + w * value, True
+        if not applied:
+            raise ValueError("every reward function returned None for this completion")
         return total
 
     def __getstate__(self) -> dict[str, Any]:

@@ -13,8 +13,10 @@ elsewhere at its next read).
 `WorkerProcess` is the parent's side of one such child: spawn it, wait until it is ready, kill
 it. Items are `(key, text)`, scored as they are (`reward(key, text)`; the key is what the caller
 scores against: an answer, or the hub's `Problem`), or `(key, packed_ids, claimed_text)`: the
-ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored, and the
-note says whether the claim was the decoding; or `(key, packed_ids, claimed_text, packed_turns)`,
+ids are decoded by the completion rule (`echo2p2p.completions`), that text is scored (with the
+ids, `reward(key, text, ids)`, for a reward whose `takes_ids` is set: a text's own are its
+encoding, when the worker has a decoder), and the note says whether the claim was the decoding;
+or `(key, packed_ids, claimed_text, packed_turns)`,
 an episode, replayed by `reward.replay` (`echo2p2p.episodes`).
 """
 
@@ -73,17 +75,20 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
     key, *rest = item
     if len(rest) == 3:  # an episode: its environment replayed on its model turns
         return _replay(reward, decoder, key, *rest)
-    note = OK
+    note, ids = OK, None
     if len(rest) == 2:
         decoded = decoder.from_wire(rest[0]) if decoder is not None else None
         if decoded is None:
             return 0.0, MALFORMED, ""
-        text = decoded.text
+        text, ids = decoded.text, decoded.token_ids
         note = OK if rest[1] == text else MISMATCH
     else:
         text = rest[0]
+        if getattr(reward, "takes_ids", False) and decoder is not None:
+            ids = decoder.encode(text)  # a text scored as it is (held-out evaluation): its ids
     try:
-        value = float(reward(key, text))
+        value = float(reward(key, text, ids) if getattr(reward, "takes_ids", False)
+                      else reward(key, text))
     except ForgedPass as exc:  # scores 0, and the hub holds it against the peer
         return 0.0, FORGED, _why(exc)
     except Exception as exc:  # a reward must not raise; if it does, this sample scores 0

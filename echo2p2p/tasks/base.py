@@ -28,6 +28,13 @@ class Problem:
     answer: str
     row: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
+    @property
+    def messages(self) -> list[dict[str, str]] | None:
+        """The conversation a conversational row's "prompt" is (TRL's format: a list of
+        {"role", "content"} messages), else None; `prompt` is then its messages' text."""
+        prompt = self.row.get("prompt") if self.row else None
+        return prompt if isinstance(prompt, list) else None
+
 
 @runtime_checkable
 class Task(Protocol):

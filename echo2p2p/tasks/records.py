@@ -1,5 +1,8 @@
 """A task of users' own rows: each row's "prompt" as it is, the whole row for their rewards.
 
+A "prompt" is text, or a conversation (TRL's conversational format, a list of {"role",
+"content"} messages), which the run's chat template renders (`echo2p2p.policy.prompts`).
+
 The rows are plain mappings (a list of dicts, a JSONL file's objects, a `datasets.Dataset`'s
 rows); the task keeps each as `Problem.row`, which users' reward functions receive
 (`echo2p2p.scoring.rewards.RewardFunctions`). The answer is the row's "answer" as text when it
@@ -23,28 +26,57 @@ SPLIT_SEED = "records/split"
 
 
 def problem_of(index: int, row: Mapping[str, Any]) -> Problem:
-    """Row `index` as a problem; ValueError naming the row if it has no text "prompt"."""
+    """Row `index` as a problem; ValueError naming the row if its "prompt" is neither text nor
+    a conversation (TRL's conversational format: {"role", "content"} messages)."""
     prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        row = {**row, "prompt": conversation(index, prompt)}
+        prompt = conversation_text(row["prompt"])
     if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"row {index}: needs a non-empty string field 'prompt'")
+        raise ValueError(f"row {index}: needs a 'prompt': non-empty text, or a list of "
+                         f"{{'role': ..., 'content': ...}} messages")
     answer = row.get("answer", "")
     row_id = row.get("id")
     return Problem(id=f"row-{index}" if row_id is None else str(row_id), prompt=prompt,
                    answer="" if answer is None else str(answer), row=dict(row))
 
 
+def conversation(index: int, messages: list) -> list[dict[str, str]]:
+    """Row `index`'s conversational prompt, each message {"role": str, "content": str} (other
+    keys dropped); ValueError naming the row otherwise."""
+    if not messages or not all(isinstance(m, Mapping) and isinstance(m.get("role"), str)
+                               and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError(f"row {index}: a conversational 'prompt' is a non-empty list of "
+                         f"{{'role': str, 'content': str}} messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def conversation_text(messages: list[dict[str, str]]) -> str:
+    """A conversation as plain text: its messages' contents, one after another."""
+    return "\n".join(m["content"] for m in messages)
+
+
 class RecordsTask:
-    """Users' rows with a fixed held-out split."""
+    """Users' rows with a fixed held-out split; `held_out`: rows to hold out instead (a
+    dataset's own evaluation split: then every row of `rows` is trained on)."""
 
     kind = KIND
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]], *, eval_size: int = 256):
+    def __init__(self, rows: Iterable[Mapping[str, Any]], *, eval_size: int = 256,
+                 held_out: Iterable[Mapping[str, Any]] | None = None):
         problems = [problem_of(i, row) for i, row in enumerate(rows)]
+        if held_out is not None:
+            start = len(problems)
+            held = [problem_of(start + i, row) for i, row in enumerate(held_out)]
+            problems += held[:eval_size]
         if len(problems) < 2:
             raise ValueError(f"need at least 2 rows (some to train on, some held out), got "
                              f"{len(problems)}")
         if len({p.id for p in problems}) != len(problems):
             raise ValueError("row ids must be unique")
+        if held_out is not None:
+            self._splits = {"eval": tuple(problems[start:]), "train": tuple(problems[:start])}
+            return
         random.Random(SPLIT_SEED).shuffle(problems)
         held = min(eval_size, len(problems) // 2)
         self._splits = {"eval": tuple(problems[:held]), "train": tuple(problems[held:])}

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
-from echo2p2p.policy.prompts import PLAIN, PromptFormat
+from echo2p2p.policy.prompts import PLAIN, Prompt, PromptFormat
 
 from . import grpo, off_policy
 from .batches import Row, batch_rows, deal, left_padded, micro_batches, padded
@@ -364,7 +364,7 @@ class Learner:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
-        ids, attention = left_padded([encode_prompt(tokenizer, p.prompt, prompts)
+        ids, attention = left_padded([encode_prompt(tokenizer, p.messages or p.prompt, prompts)
                                       for p in batch], pad)  # (B, P)
         width = ids.shape[1]
         dev = self.device
@@ -376,9 +376,9 @@ class Learner:
         return [decoder.completion(row).text for row in out[:, width:].tolist()]
 
 
-def encode_prompt(tokenizer, prompt: str, prompts: PromptFormat = PLAIN) -> list[int]:
-    """Prompt token ids exactly as the hub leases them, rendered by `prompts` (the run's
-    `TasksConfig.prompts`; default plain text, no special tokens added)."""
+def encode_prompt(tokenizer, prompt: Prompt, prompts: PromptFormat = PLAIN) -> list[int]:
+    """Prompt token ids (of text, or a conversation's messages) exactly as the hub leases them,
+    rendered by `prompts` (the run's `TasksConfig.prompts`; default plain, no special tokens)."""
     return prompts.encode(tokenizer, prompt)
 
 

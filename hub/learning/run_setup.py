@@ -255,13 +255,21 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
     return cfg
 
 
+def _leased(task: Any, tokenizer: Any, prompts: Any) -> list[TokenizedProblem]:
+    """The task's train problems with their prompt ids, rendered as the hub leases them (a
+    conversational row's messages through the chat template)."""
+    from .learner import encode_prompt
+
+    return [TokenizedProblem(p, encode_prompt(tokenizer, p.messages or p.prompt, prompts))
+            for p in task.problems("train")]
+
+
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
                     setup: TaskSetup | None = None, run_id: str = ""
                     ) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
     (or the resumed one) published; and the evaluation scorer and trackers (the caller's)."""
-    from .learner import encode_prompt
     from ..serving.spotcheck import SpotChecker
 
     saved = None
@@ -290,8 +298,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
     learner = make_learner(cfg, model, tokenizer, ranks)
     learner = Leader(learner, ranks) if ranks is not None else learner
-    problems = [TokenizedProblem(p, encode_prompt(tokenizer, p.prompt, prompts))
-                for p in task.problems("train")]
+    problems = _leased(task, tokenizer, prompts)
     key = load_or_make_key(run_dir / "hub_key")
     estimates = Estimates(cfg)
 
@@ -303,10 +310,12 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
             line = propagation_line(record) if record["version"] % 10 == 5 else None
         runlog.event(record, line)
 
-    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot,
-              decode=CompletionDecoder(tokenizer), setup=setup)
+    decoder = CompletionDecoder(tokenizer)  # the eval scorer's too: ids for a reward reading them
+    hub = Hub(cfg, run_id, task, problems, key, on_event=on_event, spot=spot, decode=decoder,
+              setup=setup)
     checkpoints = Checkpoints(run_dir) if cfg.run.checkpoint_every else None
-    eval_scorer = Scorer(setup.reward, timeout_s=cfg.scoring.score_timeout_s, name="eval-scorer")
+    eval_scorer = Scorer(setup.reward, decoder=decoder, timeout_s=cfg.scoring.score_timeout_s,
+                         name="eval-scorer")
     on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
                            keep_streams=kept_streams(cfg))  # memory-mapped (hub.versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,

@@ -1,4 +1,6 @@
-"""A Hugging Face dataset as the hub's task: read offline at start-up, handed to `MathTask` as rows.
+"""A Hugging Face dataset as the hub's task: read offline at start-up, handed to `MathTask` as
+rows, or, in TRL's format (a "prompt" column: text, or conversational messages), to
+`RecordsTask` as they are, every column kept for the reward functions.
 
 `open_dataset_task(tasks)` reads `tasks.dataset` with the `datasets` library: a local .parquet,
 .jsonl/.json, .csv or .arrow file (its one split is "train"), a folder of such files or one
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2p2p.errors import ConfigError
-from echo2p2p.tasks import MathTask, problems_from_records
+from echo2p2p.tasks import MathTask, RecordsTask, problems_from_records
 from echo2p2p.tasks.math import PROMPT_TEMPLATE
 
 from ..config_sections import TasksConfig
@@ -29,11 +31,16 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "c
             ".arrow": "arrow"}  # file suffix -> the `datasets` packaged builder that reads it
 
 
-def open_dataset_task(tasks: TasksConfig, *, cache_dir: str | None = None) -> MathTask:
-    """The math task of `tasks.dataset` (see the module docstring); `cache_dir`: the Hugging Face
-    hub cache that dataset names resolve in (None: the default, $HF_HUB_CACHE)."""
+def open_dataset_task(tasks: TasksConfig, *, cache_dir: str | None = None
+                      ) -> MathTask | RecordsTask:
+    """The math task of `tasks.dataset` (see the module docstring), or, for a dataset in TRL's
+    format (a "prompt" column), its rows as they are; `cache_dir`: the Hugging Face hub cache
+    that dataset names resolve in (None: the default, $HF_HUB_CACHE)."""
     datasets = _import_datasets()
     splits = _read(datasets, tasks.dataset, tasks.dataset_config, cache_dir)
+    _split(splits, tasks, tasks.dataset_split, "dataset_split")
+    if "prompt" in splits[tasks.dataset_split].column_names:
+        return _prompt_rows(splits, tasks)
     train = _rows(splits, tasks, tasks.dataset_split, "dataset_split")
     held_out = (_rows(splits, tasks, tasks.dataset_eval_split, "dataset_eval_split")
                 if tasks.dataset_eval_split else None)
@@ -95,13 +102,34 @@ def _cached_snapshot(name: str, cache_dir: str | None) -> str:
                           f"parquet, JSONL or arrow file") from None
 
 
-def _rows(splits: Mapping[str, Any], tasks: TasksConfig, split: str, field: str) -> list:
-    """The problems of split `split`, its field mapping checked; ConfigError naming `field`
-    (or the column field) if the split or a column is not there."""
+def _split(splits: Mapping[str, Any], tasks: TasksConfig, split: str, field: str) -> Any:
+    """Split `split`; ConfigError naming `field` if it is not there."""
     if split not in splits:
         raise ConfigError(field, f"{tasks.dataset!r} has no split {split!r}; its splits: "
                                  f"{', '.join(splits)}")
-    data = splits[split]
+    return splits[split]
+
+
+def _prompt_rows(splits: Mapping[str, Any], tasks: TasksConfig) -> RecordsTask:
+    """A dataset in TRL's standard or conversational format: every row with all its columns
+    (what reward functions read), the prompt text or messages; the evaluation split held out
+    if one is named, else a fixed share of the rows."""
+    train = _split(splits, tasks, tasks.dataset_split, "dataset_split").to_list()
+    held = (_split(splits, tasks, tasks.dataset_eval_split, "dataset_eval_split").to_list()
+            if tasks.dataset_eval_split else None)
+    try:
+        task = RecordsTask(train, eval_size=tasks.eval_problems, held_out=held)
+    except ValueError as exc:
+        raise ConfigError("dataset", f"{tasks.dataset}: {exc}") from None
+    log.info("dataset %s (prompt column): %d rows to train on, %d held out", tasks.dataset,
+             len(task.problems("train")), len(task.problems("eval")))
+    return task
+
+
+def _rows(splits: Mapping[str, Any], tasks: TasksConfig, split: str, field: str) -> list:
+    """The problems of split `split`, its field mapping checked; ConfigError naming `field`
+    (or the column field) if the split or a column is not there."""
+    data = _split(splits, tasks, split, field)
     for name in ("dataset_question_field", "dataset_answer_field"):
         column = getattr(tasks, name)
         if column not in data.column_names:

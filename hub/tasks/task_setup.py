@@ -4,8 +4,9 @@
 (`echo2p2p.hub.api.Run`: reward functions, rows, a `datasets.Dataset`), in this order:
 - `env` names an installed multi-turn environment: its seeds are the task, episodes are scored
   by replay, and peers (who play it) claim its rewards;
-- rows, or a JSONL `task` file whose rows have a "prompt": users' rows, scored by the reward
-  functions (`reward`; default "exact_match" against each row's "answer");
+- rows, a JSONL `task` file whose rows have a "prompt", or a dataset with a "prompt" column
+  (TRL's standard or conversational format): users' rows, scored by the reward functions
+  (`reward`, ours or TRL's; default "exact_match" against each row's "answer");
 - otherwise the built-in addition task, a question/answer JSONL file, a dataset or a
   reasoning-gym generator ("rg:<name>"), scored by the task's own reward (a generator's: its
   own scorer, `GeneratorScore`) unless `reward` names functions to use instead.
@@ -107,6 +108,13 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
         return TaskSetup(task, _functions(funcs or [load_reward("exact_match")], weights),
                          task.kind)
     task = open_task(cfg)
+    if isinstance(task, RecordsTask):  # a dataset in TRL's format
+        if not funcs and not all("answer" in p.row for p in task.problems("train")):
+            raise ConfigError("reward", f"the rows of {cfg.tasks.dataset!r} (a 'prompt' column, "
+                                        f"TRL's format) are scored by reward functions: give "
+                                        f"--reward module:function (TRL's signature or ours), "
+                                        f"or an 'answer' column for exact_match")
+        funcs = funcs or [load_reward("exact_match")]
     if not funcs:
         return TaskSetup.builtin(task)
     return TaskSetup(task, _functions(funcs, weights), RecordsTask.kind)

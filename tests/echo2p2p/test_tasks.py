@@ -278,7 +278,7 @@ def test_records_task_keeps_rows_and_a_split_of_its_own():
 
 
 @pytest.mark.parametrize("lines, says", [
-    (['{"prompt": "a"}', '{"answer": 1}'], "row 1: needs a non-empty string field 'prompt'"),
+    (['{"prompt": "a"}', '{"answer": 1}'], "row 1: needs a 'prompt': non-empty text, or a list of"),
     (['{"prompt": "a"}', 'not json'], "line 2: not valid JSON"),
     (['{"prompt": "a"}', '[1, 2]'], "line 2: expected a JSON object"),
     (['{"prompt": "a"}'], "need at least 2 rows"),

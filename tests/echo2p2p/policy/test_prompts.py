@@ -115,3 +115,16 @@ def test_hub_config_fields_make_the_format():
         with pytest.raises(ConfigError) as err:
             HubConfig.from_flat(**fields)
         assert err.value.field == name
+
+
+def test_a_conversation_renders_through_the_template_as_it_is(tok):
+    """A conversational prompt (TRL's format) is the template's messages as given: the run's
+    system prompt goes before it unless it has its own; without a template, its contents."""
+    convo = [{"role": "system", "content": "Add."}, {"role": "user", "content": "3+4="}]
+    ids = PromptFormat("chat", "Be brief.").encode(tok, convo)
+    assert ids == tok.apply_chat_template(convo, add_generation_prompt=True, return_dict=False)
+    user_only = convo[1:]
+    assert tok.decode(PromptFormat("chat", "Be brief.").encode(tok, user_only)).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=")
+    plain = build_char_tokenizer()
+    assert PromptFormat().encode(plain, convo) == plain.encode("Add.\n3+4=", add_special_tokens=False)

@@ -183,6 +183,7 @@ class _Problem:
     id: str
     prompt: str
     answer: str
+    messages: None = None  # a text prompt (`Problem.messages`)
 
 
 class _CharTokenizer:
