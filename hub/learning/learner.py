@@ -364,8 +364,8 @@ class Learner:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
-        ids, attention = left_padded([encode_prompt(tokenizer, p.messages or p.prompt, prompts)
-                                      for p in batch], pad)  # (B, P)
+        given = [getattr(p, "messages", None) or p.prompt for p in batch]  # text or a conversation
+        ids, attention = left_padded([encode_prompt(tokenizer, g, prompts) for g in given], pad)
         width = ids.shape[1]
         dev = self.device
         out = self.model.generate(
