@@ -97,6 +97,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.learning.learner import Learner, encode_prompt
     from echo2p2p.hub.serving.spotcheck import SpotChecker
+    from echo2p2p.policy.prompts import prompt_of
     from echo2p2p.policy.engines import TransformersEngine
     from echo2p2p.policy.model import load_policy
 
@@ -120,7 +121,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     def generate(engine, version: int):
         nonlocal draw
         p = next(problems)
-        ids = encode_prompt(tokenizer, p.messages or p.prompt, cfg.tasks.prompts)  # as the hub leases them
+        ids = encode_prompt(tokenizer, prompt_of(p), cfg.tasks.prompts)  # as the hub leases them
         draw += 1
         out = engine.generate(ids, cfg.grpo.group_size, temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p,
                               max_new_tokens=cfg.grpo.max_new_tokens, seed=draw)

@@ -123,11 +123,12 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
     from echo2p2p.rows import parse_samples
 
     from echo2p2p.hub.learning.learner import encode_prompt
+    from echo2p2p.policy.prompts import prompt_of
 
     groups = []
     for j, problem in enumerate(problems):
         cursor = step * len(problems) + j + 1  # the sampling seed of the j-th prompt of `step`
-        prompt_ids = encode_prompt(tokenizer, problem.messages or problem.prompt, prompts)
+        prompt_ids = encode_prompt(tokenizer, prompt_of(problem), prompts)
         completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
                                       **sampling)
         rewards = score([(problem, c.text) for c in completions])

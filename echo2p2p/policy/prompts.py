@@ -29,6 +29,12 @@ MODES = ("auto", "chat", "plain")
 Prompt = str | Sequence[Mapping[str, str]]  # text, or {"role", "content"} messages
 
 
+def prompt_of(problem: Any) -> Prompt:
+    """What a problem's prompt is rendered from: a conversational row's messages
+    (`Problem.messages`), else its text (a stand-in problem may carry text alone)."""
+    return getattr(problem, "messages", None) or problem.prompt
+
+
 def has_chat_template(tokenizer: Any) -> bool:
     """Whether `tokenizer` carries a chat template (a string, or a dict of named ones)."""
     return bool(getattr(tokenizer, "chat_template", None))

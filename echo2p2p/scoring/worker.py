@@ -75,7 +75,7 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
     key, *rest = item
     if len(rest) == 3:  # an episode: its environment replayed on its model turns
         return _replay(reward, decoder, key, *rest)
-    note, ids = OK, None
+    note, ids, takes_ids = OK, None, getattr(reward, "takes_ids", False)
     if len(rest) == 2:
         decoded = decoder.from_wire(rest[0]) if decoder is not None else None
         if decoded is None:
@@ -84,11 +84,10 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
         note = OK if rest[1] == text else MISMATCH
     else:
         text = rest[0]
-        if getattr(reward, "takes_ids", False) and decoder is not None:
+        if takes_ids and decoder is not None:
             ids = decoder.encode(text)  # a text scored as it is (held-out evaluation): its ids
     try:
-        value = float(reward(key, text, ids) if getattr(reward, "takes_ids", False)
-                      else reward(key, text))
+        value = float(reward(key, text, ids) if takes_ids else reward(key, text))
     except ForgedPass as exc:  # scores 0, and the hub holds it against the peer
         return 0.0, FORGED, _why(exc)
     except Exception as exc:  # a reward must not raise; if it does, this sample scores 0

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
-from echo2p2p.policy.prompts import PLAIN, Prompt, PromptFormat
+from echo2p2p.policy.prompts import PLAIN, Prompt, PromptFormat, prompt_of
 
 from . import grpo, off_policy
 from .batches import Row, batch_rows, deal, left_padded, micro_batches, padded
@@ -364,8 +364,8 @@ class Learner:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id
-        given = [getattr(p, "messages", None) or p.prompt for p in batch]  # text or a conversation
-        ids, attention = left_padded([encode_prompt(tokenizer, g, prompts) for g in given], pad)
+        ids, attention = left_padded([encode_prompt(tokenizer, prompt_of(p), prompts)
+                                      for p in batch], pad)  # (B, P)
         width = ids.shape[1]
         dev = self.device
         out = self.model.generate(

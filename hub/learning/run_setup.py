@@ -258,9 +258,11 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
 def _leased(task: Any, tokenizer: Any, prompts: Any) -> list[TokenizedProblem]:
     """The task's train problems with their prompt ids, rendered as the hub leases them (a
     conversational row's messages through the chat template)."""
+    from echo2p2p.policy.prompts import prompt_of
+
     from .learner import encode_prompt
 
-    return [TokenizedProblem(p, encode_prompt(tokenizer, p.messages or p.prompt, prompts))
+    return [TokenizedProblem(p, encode_prompt(tokenizer, prompt_of(p), prompts))
             for p in task.problems("train")]
 
 

@@ -38,8 +38,7 @@ def open_dataset_task(tasks: TasksConfig, *, cache_dir: str | None = None
     that dataset names resolve in (None: the default, $HF_HUB_CACHE)."""
     datasets = _import_datasets()
     splits = _read(datasets, tasks.dataset, tasks.dataset_config, cache_dir)
-    _split(splits, tasks, tasks.dataset_split, "dataset_split")
-    if "prompt" in splits[tasks.dataset_split].column_names:
+    if "prompt" in _split(splits, tasks, tasks.dataset_split, "dataset_split").column_names:
         return _prompt_rows(splits, tasks)
     train = _rows(splits, tasks, tasks.dataset_split, "dataset_split")
     held_out = (_rows(splits, tasks, tasks.dataset_eval_split, "dataset_eval_split")
