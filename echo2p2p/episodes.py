@@ -189,3 +189,42 @@ def play(envs: Sequence[Environment], seeds: Sequence[int], prompt_ids: Sequence
             ep["ids"] += observation
             contexts[i] += observation
     return [Played(**ep) for ep in out]
+
+
+# Model turns the determinism check plays: digits, words and nothing, in a fixed order.
+PROBES = ("1", "2", "3", "yes", "a", "0", "no", "")
+
+
+def undetermined(factory: Callable[[], Environment], seeds: Sequence[int],
+                 probes: Sequence[str] = PROBES) -> str:
+    """'' when `factory`'s environments answer alike, twice over, to the same turns from the
+    same seeds; else a sentence saying where they did not (the hub refuses such an environment:
+    its replay would reject honest peers). An exception is an answer too (the same one twice is
+    deterministic). Each seed is played with the probes in order and with each probe repeated."""
+    scripts = [list(probes)] + [[p] * len(probes) for p in probes[:3]]
+    for seed in seeds:
+        for script in scripts:
+            first, again = _trace(factory(), seed, script), _trace(factory(), seed, script)
+            if first != again:
+                at = next(k for k, (a, b) in enumerate(zip(first, again)) if a != b)
+                return (f"it is not deterministic given its seed: seed {seed}, played twice "
+                        f"with the same turns {script[:at]!r}, answered {first[at]!r} and then "
+                        f"{again[at]!r}; the hub's replay would reject honest peers. Draw its "
+                        f"randomness from the seed (random.Random(seed), or Gymnasium's "
+                        f"self.np_random after reset(seed=seed))")
+    return ""
+
+
+def _trace(env: Environment, seed: int, script: Sequence[str]) -> list[object]:
+    """What `env` answers from `seed` to the turns of `script` (until done or an exception)."""
+    out: list[object] = []
+    try:
+        out.append(env.reset(seed))
+        for action in script[:min(env.max_turns, MAX_TURNS)]:
+            step = env.step(action)
+            out.append((step.observation, step.reward, step.done))
+            if step.done:
+                break
+    except Exception as exc:  # the environment's own failure: part of what it answered
+        out.append(f"raised {type(exc).__name__}")
+    return out

@@ -39,8 +39,10 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "scoring": {"asyncio", "builtins", "concurrent", "ctypes", "importlib", "inspect",
                 "multiprocessing", "os", "pickle", "resource", "select", "shutil", "signal",
                 "subprocess", "tempfile", "threading"},
-    "runtime": {"asyncio", "aiohttp", "importlib", "os", "prometheus_client", "socket", "tqdm",
-                "uvloop"},
+    # environments written for Gymnasium and verifiers, imported only when a run names one
+    "runtime": {"asyncio", "aiohttp", "concurrent", "importlib", "os", "pathlib",
+                "prometheus_client", "signal", "socket", "tqdm", "uvloop", "gymnasium",
+                "verifiers"},
 }
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 

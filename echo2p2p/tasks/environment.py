@@ -5,6 +5,10 @@ its answer the seed in decimal (what a peer needs to play the episode, and the h
 it). Held-out seeds are 0 .. eval_size - 1 and training seeds follow them, whatever the run's
 seed (which orders the prompts, not the split), so the two never overlap. Episodes are scored
 by replay (`echo2p2p.scoring.rewards.EpisodeReplay`), not by `reward`.
+
+An environment that opens on a conversation (a verifiers one: `opening(seed)`, its row's
+messages) gives it as the problem's messages, which the chat template renders; its prompt text
+is then the messages' contents, one per line.
 """
 
 from __future__ import annotations
@@ -29,8 +33,13 @@ class EnvironmentTask:
         self.kind = KIND_PREFIX + name
 
         def problem(seed: int) -> Problem:
-            return Problem(id=f"{name}-{seed}", prompt=factory().reset(seed), answer=str(seed),
-                           row={"seed": seed})
+            env = factory()
+            if not hasattr(env, "opening"):
+                return Problem(id=f"{name}-{seed}", prompt=env.reset(seed), answer=str(seed),
+                               row={"seed": seed})
+            messages = env.opening(seed)
+            return Problem(id=f"{name}-{seed}", answer=str(seed), row={"seed": seed,
+                           "prompt": messages}, prompt="\n".join(m["content"] for m in messages))
 
         self._splits = {"eval": tuple(problem(s) for s in range(eval_size)),
                         "train": tuple(problem(s) for s in range(eval_size, eval_size + train_size))}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2p2p.errors import ConfigError
+from echo2p2p.episodes import undetermined
 from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
 from echo2p2p.scoring.code import code_tests
 from echo2p2p.scoring.sandbox import sandbox_refusal
@@ -38,6 +39,8 @@ from ..config import HubConfig
 from .dataset_task import open_dataset_task
 
 log = logging.getLogger(__name__)
+
+DETERMINISM_SEEDS = 8  # seeds an environment plays twice over before the hub serves it
 
 RewardSpec = str | Callable[..., Any]
 
@@ -170,12 +173,25 @@ def _records(cfg: HubConfig, rows: Iterable[Mapping[str, Any]] | None) -> Record
 
 
 def _environment(cfg: HubConfig) -> TaskSetup:
+    """The environment --env names, refused unless its episodes are a function of their seed
+    (`episodes.undetermined`: the hub replays each one)."""
     try:
         found = find_environment(cfg.tasks.env)
-    except EnvironmentMissing as exc:
+    except (EnvironmentMissing, ValueError) as exc:
         raise ConfigError("env", str(exc)) from None
-    task = EnvironmentTask(found.name, found.version, found.factory,
-                           eval_size=cfg.tasks.eval_problems)
+    sizes = {}
+    if found.seeds is not None:  # rows of its own: held-out ones, else the first few of them
+        held, train = found.seeds
+        held = held or min(cfg.tasks.eval_problems, train // 2)
+        sizes = {"eval_size": held, "train_size": sum(found.seeds) - held}
+    why = undetermined(found.factory, range(DETERMINISM_SEEDS))
+    if why:
+        raise ConfigError("env", f"environment {found.name!r} cannot be replayed: {why}")
+    try:
+        task = EnvironmentTask(found.name, found.version, found.factory,
+                               **({"eval_size": cfg.tasks.eval_problems} | sizes))
+    except (TypeError, ValueError) as exc:  # its reset refused a seed, or said no text
+        raise ConfigError("env", f"environment {found.name!r} cannot be served: {exc}") from None
     return TaskSetup(task, EpisodeReplay(found.factory), task.kind, found.version)
 
 
