@@ -53,7 +53,7 @@ if __name__ == "__main__":
     here = str(Path(__file__).resolve().parent)  # peers import the environment by its name
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, here)
-    records = Run(env="gym:gym_blackjack:BlackjackText", model="tiny-takeaway", max_steps=int(os.environ.get("STEPS", 60)),
+    records = Run(env="gym:gym_blackjack:BlackjackText", model="tiny-takeaway", max_steps=200,
                   eval_every=10).demo(peers=2)
     steps = [r for r in records if "step" in r]
     held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
