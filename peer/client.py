@@ -253,8 +253,9 @@ class PeerClient:
         """Apply what the protocol decides a welcome means (`peer_protocol.adoption`)."""
         # First, so that our chunk server answers the hub's probe while an engine is built.
         if welcome.env and self.cfg.engine != "relay":  # before an engine is built for nothing
-            try:
-                self.env = require_environment(welcome.env, welcome.env_version)
+            try:  # off the loop: loading one (verifiers: its import, its rows) takes seconds
+                self.env = await asyncio.to_thread(require_environment, welcome.env,
+                                                   welcome.env_version)
             except EnvironmentMissing as exc:
                 raise JoinRefused(str(exc)) from None
         self.tickets.admit(welcome.hub_key, welcome.run_id, welcome.peer_id)

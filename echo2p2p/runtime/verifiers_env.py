@@ -201,17 +201,16 @@ class VerifiersEpisode:
 
 
 class Episodes:
-    """Fresh episodes of one verifiers environment, loaded once per process; it pickles as its
-    id, so a scoring worker loads the environment again."""
+    """Fresh episodes of one verifiers environment, loaded once per process. It pickles as its
+    id: a scoring worker loads the environment again when it unpickles it, at its start, not
+    under a sample's deadline."""
 
-    def __init__(self, env_id: str, loaded: tuple[Any, list[dict], int] | None = None):
-        self.env_id, self.loaded = env_id, loaded
+    def __init__(self, env_id: str):
+        self.env_id = env_id
+        self.env, self.rows, self.held = _open(env_id)
 
     def __call__(self) -> VerifiersEpisode:
-        if self.loaded is None:
-            self.loaded = _open(self.env_id)
-        env, rows, _held = self.loaded
-        return VerifiersEpisode(env, rows)
+        return VerifiersEpisode(self.env, self.rows)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return Episodes, (self.env_id,)
@@ -228,9 +227,9 @@ def load(name: str) -> Loaded:
     """`verifiers:NAME`, loaded here once. LookupError when it is not installed; ValueError
     when verifiers loads it but it cannot be replayed here."""
     env_id = name.removeprefix(PREFIX)
-    episodes = Episodes(env_id, _open(env_id))
-    _env, rows, held = episodes.loaded
-    return Loaded(env_module_name(env_id), episodes, (held, len(rows) - held))
+    episodes = Episodes(env_id)
+    held, train = episodes.held, len(episodes.rows) - episodes.held
+    return Loaded(env_module_name(env_id), episodes, (held, train))
 
 
 def _open(env_id: str) -> tuple[Any, list[dict], int]:
