@@ -279,8 +279,7 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        # reward None: only the hub can score ("custom")
-        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))
+        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))  # None: hub scores
         self._welcomed.set()
 
     async def _build(self, welcome: m.Welcome) -> Any:
