@@ -41,7 +41,7 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
                 "subprocess", "tempfile", "threading"},
     # environments written for Gymnasium and verifiers, imported only when a run names one
     "runtime": {"asyncio", "aiohttp", "concurrent", "importlib", "os", "pathlib",
-                "prometheus_client", "signal", "socket", "tqdm", "uvloop", "gymnasium",
+                "prometheus_client", "signal", "socket", "threading", "tqdm", "uvloop", "gymnasium",
                 "verifiers"},
 }
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}

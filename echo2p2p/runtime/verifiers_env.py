@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import signal
+import threading
 import types
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -112,15 +113,16 @@ class VerifiersEpisode:
     def __init__(self, env: Any, rows: Sequence[dict]):
         self.env, self.rows = env, rows
         self.max_turns = min(env.max_turns, MAX_TURNS) if env.max_turns > 0 else MAX_TURNS
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.rollout: asyncio.Task | None = None
 
     def opening(self, seed: int) -> list[dict[str, str]]:
         """The conversation seed `seed` starts from (its row's prompt), without playing it."""
         return [plain(m) for m in self._row(seed)["prompt"]]
 
     def reset(self, seed: int) -> str:
+        """Start seed `seed`'s rollout on this thread's loop (`step` it on the same thread)."""
         self.close()
-        self.loop = asyncio.new_event_loop()
+        self.loop = _thread_loop()
         self.asked: asyncio.Future = self.loop.create_future()
         self.rollout = self.loop.create_task(self._play(dict(self._row(seed))))
         prompt = self._until_asked()
@@ -186,18 +188,27 @@ class VerifiersEpisode:
         return self.rows[seed]
 
     def close(self) -> None:
-        """Drop a rollout still running (an episode replayed only in part) and its loop."""
-        if self.loop is None:
-            return
-        if not self.rollout.done():
+        """Drop a rollout still running (an episode replayed only in part)."""
+        if self.rollout is not None and not self.rollout.done():
             self.rollout.cancel()
             self._run(asyncio.gather(self.rollout, return_exceptions=True))
-        self.loop.close()
-        self.loop = None
+        self.rollout = None
 
     def __del__(self) -> None:
-        if self.loop is not None and not self.loop.is_closed():
-            self.close()
+        if self.rollout is not None:
+            self.rollout.cancel()  # its loop runs the cancellation when it next runs
+
+
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop for rollouts, shared by its episodes: a loop (and its executor
+    thread, which verifiers uses on every turn) per episode costs more than the rollout."""
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+    return loop
 
 
 class Episodes:
