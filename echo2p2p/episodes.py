@@ -14,7 +14,9 @@ out of the loss. The rules both planes follow:
 - a model turn is the ids the engine sampled, through the first EOS (kept) or `max_turn_tokens`
   of them; its action is their decoding without special tokens (`echo2p2p.completions`);
 - an observation's tokens are `encode(observation)`, no special tokens added (a chat model's
-  environment writes its own turn markup into the text);
+  environment writes its own turn markup into the text, or, if its observations are user
+  turns (`user_turns`: the Gymnasium and verifiers adapters), the run wraps each in the chat
+  template's markup, the same (before, after) text on both planes: `in_turn`);
 - the episode ends at the first step that says done, or after `max_turns` model turns.
 
 `replay` re-runs the environment on a submitted episode and answers its reward, or why the
@@ -63,6 +65,13 @@ class Environment(Protocol):
     def step(self, action: str) -> Step:
         """The model's turn (decoded text) -> the environment's answer."""
         ...
+
+
+def in_turn(encode: Callable[[str], list[int]],
+            turn: tuple[str, str]) -> Callable[[str], list[int]]:
+    """How an observation becomes ids: `encode`d, wrapped in `turn` (before, after) if any."""
+    before, after = turn
+    return encode if not (before or after) else lambda text: encode(before + text + after)
 
 
 @dataclass(frozen=True)

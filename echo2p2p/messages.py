@@ -174,6 +174,10 @@ class Welcome:
     # "echo2p2p.environments") and its version; a peer without it refuses to join. '' = none.
     env: str = ""
     env_version: str = ""
+    # Text around each of its observations, when they are user turns of a chat template
+    # (`episodes.in_turn`): the template's turn markup. '' = the observation as it is.
+    env_turn_before: str = ""
+    env_turn_after: str = ""
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,9 @@ class Rollouts:
         n = lease.group_size
         with s.engine_lock:
             version = s.version
+            encode = episodes.in_turn(engine.decoder.encode, (w.env_turn_before, w.env_turn_after))
             played = episodes.play([env.factory() for _ in range(n)], [int(lease.answer)] * n,
-                                   [lease.prompt_ids] * n, turns, engine.decoder.encode)
+                                   [lease.prompt_ids] * n, turns, encode)
         return version, played
 
 

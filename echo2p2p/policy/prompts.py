@@ -12,7 +12,9 @@ never render a prompt themselves: they take the ids from the lease.
 - "auto": "chat" when the tokenizer has a chat template, else "plain".
 A prompt may also be a conversation (TRL's conversational format: {"role", "content"}
 messages): under "chat" the template renders it as it is (after the system prompt, unless it
-has its own system message); under "plain" its contents, one per line.
+has its own system message); under "plain" its contents, one per line. An environment's
+observations that are user turns (the Gymnasium and verifiers adapters') are wrapped in the
+template's turn markup under "chat" (`observation_turn`).
 The template's own text decides the special tokens: a template that writes `{{ bos_token }}`
 gets one BOS, never a second from the tokenizer. Knows nothing of tasks, peers or files.
 """
@@ -100,6 +102,23 @@ class PromptFormat:
         if bos is not None and ids[:2] == [bos, bos]:  # a template that writes BOS twice
             ids = ids[1:]
         return ids
+
+    def observation_turn(self, tokenizer: Any) -> tuple[str, str]:
+        """(before, after): the text that makes an environment's observation a user turn of the
+        chat template, after a model turn that ended with EOS: before it, the template's close
+        of the assistant turn (less the EOS the model wrote) and the user turn's opening; after
+        it, the user turn's close and the next assistant turn's opening (the generation
+        prompt). ("", "") when prompts are plain (the observation is appended as it is)."""
+        if not self.uses_chat(tokenizer):
+            return "", ""
+        said, seen = "ECHO2ASSISTANTTURN", "ECHO2OBSERVATION"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "ECHO2PROMPT"}, {"role": "assistant", "content": said},
+             {"role": "user", "content": seen}], add_generation_prompt=True, tokenize=False,
+            **dict(self.template_args))
+        before, after = text[text.index(said) + len(said):].split(seen)
+        eos = getattr(tokenizer, "eos_token", None) or ""
+        return before.removeprefix(eos) if eos else before, after
 
 
 PLAIN = PromptFormat(mode="plain")

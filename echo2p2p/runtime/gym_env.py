@@ -8,7 +8,8 @@ actions text (SkyRL-gym's and grail's shape). `GymText` gives it our contract
   (its decoded text) to `env.step`, and the episode ends at terminated or truncated;
 - its `max_turns`: the registered TimeLimit (`spec.max_episode_steps`), else the environment's
   `max_turns` attribute, else `episodes.MAX_TURNS`;
-- an observation that is not text is refused with a sentence: the model reads text.
+- an observation that is not text is refused with a sentence: the model reads text; under a
+  chat template each observation is a user turn (`user_turns`, `PromptFormat.observation_turn`).
 
 `gym:mod:Class` imports `mod` and calls `Class()` (a class or any factory) once per episode;
 `gym:Id-v0` is `gymnasium.make("Id-v0")`. The version peers must match is the module's
@@ -31,6 +32,8 @@ LIBRARY, VERSION = "gymnasium", gymnasium.__version__
 
 class GymText:
     """A Gymnasium text environment seen through `echo2p2p.episodes.Environment`."""
+
+    user_turns = True  # under a chat template, each observation is a user turn
 
     def __init__(self, env: Any):
         self.env = env

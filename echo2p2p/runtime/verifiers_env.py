@@ -13,7 +13,8 @@ was given. So `setup_state`, `env_response`, the stop conditions (`max_turns`, `
 final env response) and the cleanup handlers all run as they do there. When the rollout ends
 its rubric scores it (`score_rollout`: every reward function, weighted) and the reward comes on
 the last turn. The environment's messages after a model turn (user or tool) are the next
-observation: their text contents, one per line.
+observation: their text contents, one per line, which a run under a chat template wraps as a
+user turn (`user_turns`, `PromptFormat.observation_turn`).
 
 verifiers' Environment installs its own SIGINT and SIGTERM handlers when it is made (a teardown,
 then exit): they would take the hub's clean stop away, and they fail off the main thread. The
@@ -109,6 +110,8 @@ class _Turns(vf.Client):
 
 class VerifiersEpisode:
     """One rollout of a verifiers environment, stepped: an `echo2p2p.episodes.Environment`."""
+
+    user_turns = True  # under a chat template, each observation is a user turn
 
     def __init__(self, env: Any, rows: Sequence[dict]):
         self.env, self.rows = env, rows

@@ -133,10 +133,13 @@ class RewardFunctions:
 
 class EpisodeReplay:
     """A multi-turn environment's episodes, scored by replay: `factory()` makes a fresh
-    environment; the problem's answer is the episode's seed."""
+    environment; the problem's answer is the episode's seed. `turn`: the (before, after) text
+    that wraps each observation (`PromptFormat.observation_turn`: a chat template's user turn,
+    for an environment whose observations are user turns; the welcome gives peers the same)."""
 
-    def __init__(self, factory: Callable[[], episodes.Environment]):
-        self.factory = factory
+    def __init__(self, factory: Callable[[], episodes.Environment],
+                 turn: tuple[str, str] = ("", "")):
+        self.factory, self.turn = factory, turn
 
     def replay(self, problem: Any, packed_ids: bytes, packed_turns: bytes,
                decoder: Any) -> episodes.Replayed:
@@ -145,7 +148,7 @@ class EpisodeReplay:
         if lengths is None or ids is None or sum(lengths) != len(ids):
             return episodes.Replayed(0.0, episodes.BAD_TURNS)
         return episodes.replay(self.factory(), int(problem.answer), ids, lengths,
-                               decoder.turn_text, decoder.encode)
+                               decoder.turn_text, episodes.in_turn(decoder.encode, self.turn))
 
     def __call__(self, problem: Any, text: str) -> float:
         raise TypeError("an environment's episodes are scored by replay, not as texts")

@@ -41,8 +41,10 @@ def greedy_turns(model: Any, tokenizer: Any, decoder: CompletionDecoder, max_new
 
 @torch.no_grad()
 def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], factory: Any, *,
-                      max_new_tokens: int, prompts: Any, batch_size: int = 64) -> float:
-    """Mean reward of the learner's greedy episodes on `problems` (seeds in their answers)."""
+                      max_new_tokens: int, prompts: Any, batch_size: int = 64,
+                      turn: tuple[str, str] = ("", "")) -> float:
+    """Mean reward of the learner's greedy episodes on `problems` (seeds in their answers);
+    `turn` wraps each observation, as on the peers (`episodes.in_turn`)."""
     if not problems:
         return 0.0
     model = learner.model
@@ -55,7 +57,7 @@ def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], fac
             batch = problems[start:start + batch_size]
             played = episodes.play([factory() for _ in batch], [int(p.answer) for p in batch],
                                    [encode_prompt(tokenizer, p.prompt, prompts) for p in batch],
-                                   turns, decoder.encode)
+                                   turns, episodes.in_turn(decoder.encode, turn))
             total += sum(p.reward for p in played)
     finally:
         model.train()

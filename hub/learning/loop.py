@@ -129,7 +129,8 @@ class HubRun:
 
             return await asyncio.to_thread(
                 evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
-                max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts)
+                max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts,
+                turn=self.hub.setup.reward.turn)
 
         def score(items: list[tuple[Any, str]]) -> list[float]:  # (problem, completion text)
             return self.eval_scorer.score_blocking(items).rewards

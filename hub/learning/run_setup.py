@@ -255,6 +255,16 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubCo
     return cfg
 
 
+def _prompt_format(cfg: HubConfig, setup: TaskSetup, tokenizer: Any) -> Any:
+    """The run's prompt format, checked against the tokenizer; an environment whose observations
+    are user turns gets the chat template's turn markup, in its replay (which the welcome gives
+    the peers too)."""
+    prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))
+    if setup.env and getattr(setup.task.factory(), "user_turns", False):
+        setup.reward.turn = prompts.observation_turn(tokenizer)
+    return prompts
+
+
 def _leased(task: Any, tokenizer: Any, prompts: Any) -> list[TokenizedProblem]:
     """The task's train problems with their prompt ids, rendered as the hub leases them (a
     conversational row's messages through the chat template)."""
@@ -295,7 +305,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
     cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog)
-    prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))  # before any prompt is leased
+    prompts = _prompt_format(cfg, setup, tokenizer)  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
     learner = make_learner(cfg, model, tokenizer, ranks)

@@ -326,7 +326,7 @@ class Hub:
             signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
             signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
             if key and hello.nonce else b"", *self.model_index, self.setup.env,
-            self.setup.env_version))
+            self.setup.env_version, *getattr(self.setup.reward, "turn", ("", ""))))
         self._peers[peer_id] = conn
         self._pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", loop_now())
         self._accusations.relays.probe(conn, newest.version if newest else 0)

@@ -128,3 +128,18 @@ def test_a_conversation_renders_through_the_template_as_it_is(tok):
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=")
     plain = build_char_tokenizer()
     assert PromptFormat().encode(plain, convo) == plain.encode("Add.\n3+4=", add_special_tokens=False)
+
+
+def test_an_observation_becomes_a_user_turn_of_the_template(tmp_path):
+    """The text around an observation: the template's close of the model's turn (less the EOS
+    the model wrote itself), the user turn, and the next assistant turn's opening; nothing
+    under plain prompts."""
+    tok = chat_tokenizer(tmp_path / "tok")
+    chat = PromptFormat("chat")
+    assert chat.observation_turn(tok) == ("<|im_end|>\n<|im_start|>user\n",
+                                          "<|im_end|>\n<|im_start|>assistant\n")
+    tok.eos_token = "<|im_end|>"  # a ChatML model ends its turn with the template's close
+    assert chat.observation_turn(tok)[0] == "\n<|im_start|>user\n"
+    thinking_off = PromptFormat("chat", template_args={"enable_thinking": False})
+    assert thinking_off.observation_turn(tok)[1].endswith("<think>\n\n</think>\n\n")
+    assert PLAIN.observation_turn(tok) == ("", "")

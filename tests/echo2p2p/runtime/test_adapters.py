@@ -17,11 +17,13 @@ from echo2p2p import episodes
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.policy.model import load_policy
 from echo2p2p.hub.tasks.task_setup import open_setup
 from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment,
                                            require_environment)
 
 from tests.conftest import running_peers
+from tests.echo2p2p.policy.test_prompts import QWEN3_STYLE_TEMPLATE
 from tests.hostile.harness import small_cfg
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -159,6 +161,28 @@ async def test_a_real_run_trains_through_each_adapter(name, tmp_path):
     steps = [r for r in run.records if "step" in r]
     assert len(steps) == 3 and steps[-1]["hub/score_failures_total"] == 0
     assert all(math.isfinite(r["train/reward_mean"]) for r in steps)
-    assert run.hub.statistics().trust_events == {} or not any(
-        any(e.values()) for e in run.hub.statistics().trust_events.values())
+    assert not any(any(e.values()) for e in run.hub.statistics().trust_events.values())
     assert any(r.get("eval/accuracy") is not None for r in run.records)
+
+
+@pytest.mark.timeout(300)
+async def test_under_a_chat_template_observations_are_user_turns_on_both_planes(tmp_path):
+    """The take-away player with a ChatML template: the hub wraps each verifiers observation
+    in the template's user turn, the welcome tells the peer the same markup, and the hub's
+    replay agrees with the peer's play on every episode (a peer that wrapped them otherwise
+    would be refused with observation_mismatch)."""
+    model, tokenizer = load_policy("tiny-takeaway")
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    cfg = small_cfg(tmp_path, env=GUESS, model=str(tmp_path / "model"), max_new_tokens=4,
+                    max_steps=2, prompt_format="chat")
+    async with start_hub(cfg, stream=None) as run, \
+            running_peers(run.url, 1, torch_threads=1) as [peer]:
+        await run.finished.wait()
+    assert run.hub.setup.reward.turn == ("<|im_end|>\n<|im_start|>user\n",
+                                         "<|im_end|>\n<|im_start|>assistant\n")
+    assert (peer.welcome.env_turn_before, peer.welcome.env_turn_after) == run.hub.setup.reward.turn
+    steps = [r for r in run.records if "step" in r]
+    assert len(steps) == 2 and steps[-1]["hub/score_failures_total"] == 0
+    assert not any(any(e.values()) for e in run.hub.statistics().trust_events.values())
