@@ -10,10 +10,6 @@ own folder on the peers' PYTHONPATH, as installing a package would). Gymnasium d
 from `reset(seed=...)`, so an episode is a function of its seed and the model's turns, which the
 hub checks before it serves the environment and replays for every episode."""
 
-import os
-import sys
-from pathlib import Path
-
 import gymnasium as gym
 
 MOVES = {"1": 1, "2": 0}  # hit, stick
@@ -48,14 +44,6 @@ class BlackjackText(gym.Env):
 
 
 if __name__ == "__main__":
-    from echo2p2p.hub import Run
+    from environment_demo import train
 
-    here = str(Path(__file__).resolve().parent)  # peers import the environment by its name
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    sys.path.insert(0, here)
-    records = Run(env="gym:gym_blackjack:BlackjackText", model="tiny-takeaway", max_steps=200,
-                  eval_every=10).demo(peers=2)
-    steps = [r for r in records if "step" in r]
-    held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
-    print(f"train reward {steps[0]['train/reward_mean']:.3f} -> {steps[-1]['train/reward_mean']:.3f}"
-          f"; held-out reward {held_out[0]:.3f} -> {held_out[-1]:.3f}")
+    train("gym:gym_blackjack:BlackjackText", steps=200)

@@ -8,10 +8,6 @@ it with `--env verifiers:verifiers_guess` (this module, importable by that name:
 its own folder on the peers' PYTHONPATH, as `pip install` of an environment package would): the
 peers play every episode and the hub replays it, so an observation a peer alters is caught."""
 
-import os
-import sys
-from pathlib import Path
-
 import verifiers as vf
 from datasets import Dataset
 
@@ -58,14 +54,6 @@ def load_environment(**kwargs) -> vf.Environment:
 
 
 if __name__ == "__main__":
-    from echo2p2p.hub import Run
+    from environment_demo import train
 
-    here = str(Path(__file__).resolve().parent)  # peers import the environment by its name
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    sys.path.insert(0, here)
-    records = Run(env="verifiers:verifiers_guess", model="tiny-takeaway", max_steps=100,
-                  eval_every=10).demo(peers=2)
-    steps = [r for r in records if "step" in r]
-    held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
-    print(f"train reward {steps[0]['train/reward_mean']:.3f} -> {steps[-1]['train/reward_mean']:.3f}"
-          f"; held-out reward {held_out[0]:.3f} -> {held_out[-1]:.3f}")
+    train("verifiers:verifiers_guess", steps=100)
