@@ -116,6 +116,10 @@ class PromptFormat:
             [{"role": "user", "content": "ECHO2PROMPT"}, {"role": "assistant", "content": said},
              {"role": "user", "content": seen}], add_generation_prompt=True, tokenize=False,
             **dict(self.template_args))
+        if text.count(said) != 1 or text.count(seen) != 1 or text.index(said) > text.index(seen):
+            raise ConfigError("prompt_format", "the chat template does not render a user turn "
+                              "after the model's turn as it was given, so an environment's "
+                              "observations cannot be its user turns: use --prompt-format plain")
         before, after = text[text.index(said) + len(said):].split(seen)
         eos = getattr(tokenizer, "eos_token", None) or ""
         return before.removeprefix(eos) if eos else before, after

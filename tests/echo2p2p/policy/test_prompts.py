@@ -143,3 +143,15 @@ def test_an_observation_becomes_a_user_turn_of_the_template(tmp_path):
     thinking_off = PromptFormat("chat", template_args={"enable_thinking": False})
     assert thinking_off.observation_turn(tok)[1].endswith("<think>\n\n</think>\n\n")
     assert PLAIN.observation_turn(tok) == ("", "")
+
+
+def test_a_template_that_drops_the_models_turns_cannot_frame_observations(tmp_path):
+    """A template that leaves assistant turns out (some do, for history) cannot make an
+    observation a user turn after one: a ConfigError naming the way out, not a traceback."""
+    drops = ("{%- for message in messages %}{%- if message['role'] != 'assistant' %}"
+             "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+             "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+             "{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    with pytest.raises(ConfigError, match="--prompt-format plain") as err:
+        PromptFormat("chat").observation_turn(chat_tokenizer(tmp_path / "tok", drops))
+    assert err.value.field == "prompt_format"
