@@ -292,11 +292,11 @@ def link_handler(links: Links, tickets: Tickets):
         if not links.admits(peer_id, dialled=False):
             return web.Response(status=409, text="no room for this link")
         ws = web.WebSocketResponse(max_msg_size=2 * MAX_PIECE_BYTES, compress=False, heartbeat=30.0)
-        await ws.prepare(request)
         _, credentials = links.identity()  # who we are, shown first: the dialler checks it
         proof = credentials.header(peer_id).get(TICKET_HEADER, "") if credentials else ""
         proof = proof.encode()
-        try:
+        try:  # the dialler may be gone already (a peer stopping mid-handshake): nothing to log
+            await ws.prepare(request)
             await ws.send_bytes(encode_frame(Proof.TYPE, Proof(proof)))
         except (ConnectionError, RuntimeError):
             return ws

@@ -45,7 +45,10 @@ async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: Toke
     # aiohttp's own limit is a backstop that closes with 1009 and no reason; frames between
     # max_frame_bytes and twice that get our close with a readable reason.
     ws = web.WebSocketResponse(max_msg_size=2 * cfg.limits.max_frame_bytes, compress=False)
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except ConnectionError:  # it left mid-handshake (a peer stopping): nothing to serve or log
+        return ws
     protocol = hp.HubProtocol(loop_now(), cfg.limits.max_frame_bytes)
     conn: PeerConn | None = None
     try:
