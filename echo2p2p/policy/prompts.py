@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo2p2p.errors import ConfigError
+from echo2p2p.tasks.records import conversation_text
 
 MODES = ("auto", "chat", "plain")
 Prompt = str | Sequence[Mapping[str, str]]  # text, or {"role", "content"} messages
@@ -89,7 +90,7 @@ class PromptFormat:
     def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
         """The prompt ids of `prompt` (text or a conversation), exactly as the hub leases them."""
         if not self.uses_chat(tokenizer):
-            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+            text = prompt if isinstance(prompt, str) else conversation_text(prompt)
             return list(tokenizer.encode(text, add_special_tokens=False))
         if not has_chat_template(tokenizer):
             self.check(tokenizer)  # raises: "chat" without a template

@@ -43,6 +43,7 @@ from verifiers.types import Response, ResponseMessage
 from verifiers.utils.env_utils import env_module_name
 
 from echo2p2p.episodes import MAX_TURNS, Step
+from echo2p2p.tasks.records import conversation_text
 
 PREFIX = "verifiers:"
 LIBRARY, VERSION = "verifiers", vf.__version__
@@ -51,11 +52,6 @@ MODEL = "echo2p2p"  # the model name the environment's state records
 vf_environment.signal = types.SimpleNamespace(  # the process's handlers stay (see above)
     signal=lambda *args: None, SIGINT=signal.SIGINT, SIGTERM=signal.SIGTERM,
     default_int_handler=signal.default_int_handler)
-
-
-def text_of(messages: Sequence[Any]) -> str:
-    """Messages' text contents, one per line (a content of parts: its text parts)."""
-    return "\n".join(_content(m) for m in messages)
 
 
 def plain(message: Any) -> dict[str, str]:
@@ -133,7 +129,7 @@ class VerifiersEpisode:
             raise ValueError(f"the verifiers environment ended seed {seed}'s rollout before the "
                              f"model's first turn")
         self.said = [plain(m) for m in prompt]
-        return text_of(self.said)
+        return conversation_text(self.said)
 
     def step(self, action: str) -> Step:
         self.answer.set_result(action)
@@ -149,7 +145,7 @@ class VerifiersEpisode:
                              "(a non-linear get_prompt_messages): only appended messages can be "
                              "replayed as tokens")
         self.said = said
-        return Step(text_of(said[len(turn):]), 0.0, False)
+        return Step(conversation_text(said[len(turn):]), 0.0, False)
 
     async def ask(self, prompt: Any) -> str:
         """The model's next turn on `prompt`: what the next `step` brings."""

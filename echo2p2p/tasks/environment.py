@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .base import Problem, check_split
+from .records import conversation_text
 
 KIND_PREFIX = "env:"  # a task kind "env:<name>": episodes of environment <name>
 
@@ -39,7 +40,7 @@ class EnvironmentTask:
                                row={"seed": seed})
             messages = env.opening(seed)
             return Problem(id=f"{name}-{seed}", answer=str(seed), row={"seed": seed,
-                           "prompt": messages}, prompt="\n".join(m["content"] for m in messages))
+                           "prompt": messages}, prompt=conversation_text(messages))
 
         self._splits = {"eval": tuple(problem(s) for s in range(eval_size)),
                         "train": tuple(problem(s) for s in range(eval_size, eval_size + train_size))}
