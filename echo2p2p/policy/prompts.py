@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo2p2p.errors import ConfigError
-from echo2p2p.tasks.records import conversation_text
 
 MODES = ("auto", "chat", "plain")
 Prompt = str | Sequence[Mapping[str, str]]  # text, or {"role", "content"} messages
@@ -90,6 +89,9 @@ class PromptFormat:
     def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
         """The prompt ids of `prompt` (text or a conversation), exactly as the hub leases them."""
         if not self.uses_chat(tokenizer):
+            # here, not at the top: the tasks package brings math-verify, which --help skips
+            from echo2p2p.tasks.records import conversation_text
+
             text = prompt if isinstance(prompt, str) else conversation_text(prompt)
             return list(tokenizer.encode(text, add_special_tokens=False))
         if not has_chat_template(tokenizer):
