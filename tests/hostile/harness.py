@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -108,9 +110,78 @@ async def steps_per_min(run: HubRun, n_steps: int = 3, timeout_s: float = 180.0)
     return 60.0 * (run.hub.statistics().step - first) / (time.monotonic() - start)
 
 
-def cell_rate(without: float, with_: float) -> str:
-    """The table's steps/min cell: "without / with"."""
-    return f"{without:.1f} / {with_:.1f}"
+def cell_rate(without: float, with_: float, after: float | None = None) -> str:
+    """The table's steps/min cell: "without / with" (and " / after", once it left)."""
+    return f"{without:.1f} / {with_:.1f}" + (f" / {after:.1f}" if after is not None else "")
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class AttackerProcess:
+    """An attacker running in a process of its own (`tests.hostile.attacks`): `report` is the
+    last line of counts it printed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+        self.report: dict[str, Any] = {}
+        self._pulse = asyncio.Event()
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.report = json.loads(line)
+                self._pulse.set()
+                self._pulse = asyncio.Event()
+
+    async def wait_report(self, condition, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The first report (counts) for which `condition(report)` holds."""
+        async with asyncio.timeout(timeout_s):
+            while not condition(self.report):
+                assert self.proc.returncode is None, f"the attacker ended: {self.report}"
+                await self._pulse.wait()
+        return self.report
+
+
+@contextlib.asynccontextmanager
+async def attacker_process(kind: str, url: str, **params: Any) -> AsyncIterator[AttackerProcess]:
+    """`tests.hostile.attacks` KIND against `url` in a process of its own, stopped (SIGTERM,
+    then killed) on exit; its final counts are in `report` afterwards."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.hostile.attacks", kind, url, json.dumps(params),
+        cwd=REPO, stdout=asyncio.subprocess.PIPE)
+    attacker = AttackerProcess(proc)
+    reader = asyncio.create_task(attacker._read())
+    try:
+        yield attacker
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        await reader
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Learner steps a minute of one hub before, during and after an attack."""
+
+    without: float
+    with_: float
+    after: float
+
+    @property
+    def loss(self) -> float:
+        """What the attack cost, as a fraction of the rate before and after it (the mean of
+        the two: a hub that speeds up as it warms makes "before" alone look worse)."""
+        return 1.0 - self.with_ / ((self.without + self.after) / 2)
+
+    def cell(self) -> str:
+        return cell_rate(self.without, self.with_, self.after) + f" ({self.loss:+.0%} lost)"
 
 
 async def hub_alive(run: HubRun) -> bool:

@@ -1,0 +1,239 @@
+"""Attackers that run in a process of their own: `python -m tests.hostile.attacks KIND PARAMS`.
+
+Issue 42's attacks are measured as rates (learner steps a minute with and without the attacker):
+an attacker on the hub's own event loop would slow the hub by its own CPU, not by what the hub
+does about it, so each runs here, on its own loop and interpreter. `harness.attacker_process`
+starts one and reads what it prints: a JSON line of its counts every REPORT_S (and one as it
+stops on SIGTERM). Every connection is made from the source address the attack names (127.N.0.1
+for N = 1..128: distinct /24 networks on loopback), so address and neighbourhood limits see
+what they would see of as many hosts.
+
+Kinds (PARAMS is a JSON object; keys below, with defaults):
+- idle: `connections` (1) peers that say hello and heartbeat and do nothing else; `engine`
+  ("transformers"); `serve` (false): also advertise a chunk server that answers every request
+  at once with 503 (alive, holding nothing) and never fetches a chunk.
+- hoard: `sources` (8) connections, one per address, each asking for `n` (4096) leases and
+  never answering one.
+- flood: one connection sending frames of kind `frame` (version_held, relay_report, heartbeat,
+  transfer_report, lease_request) as fast as the socket takes them; `accuse` names the peer id
+  a relay_report accuses, `version` the version the frames name (0).
+- http: `connections` (16) clients asking GET `target` (a full URL) as fast as answered.
+- churn: hello-then-leave from `sources` (32) addresses x `keys` (16) peer keys, round robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import msgpack
+from aiohttp import web
+
+from echo2p2p import messages as m
+from echo2p2p import signing
+
+REPORT_S = 0.5
+Counts = collections.Counter
+
+
+def source(n: int) -> str:
+    """The n-th attacker address (n >= 1): one per /24 network, 127.n.0.1 (n <= 255)."""
+    if not 1 <= n <= 255:
+        raise ValueError(f"source {n} is outside 127.1.0.1 .. 127.255.0.1")
+    return f"127.{n}.0.1"
+
+
+def frame(t: str, **fields: Any) -> bytes:
+    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True)
+
+
+def hello(name: str, key: bytes, **fields: Any) -> bytes:
+    return frame("hello", **{"name": name, "engine": "transformers", "device": "cpu",
+                             "price_per_hour": 0.0, "listen_addr": None, "token": "",
+                             "nonce": signing.new_private_key(),
+                             "peer_key": signing.public_key(key), **fields})
+
+
+def session(address: str) -> aiohttp.ClientSession:
+    """An HTTP client whose connections leave from `address`."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0),
+                                                                limit=0))
+
+
+async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: str,
+                 key: bytes | None = None, **fields: Any) -> aiohttp.ClientWebSocketResponse | None:
+    """A websocket to the hub that said hello and got its welcome, else None (counted by why)."""
+    try:
+        ws = await http.ws_connect(url, max_msg_size=0, compress=0)
+    except aiohttp.WSServerHandshakeError as exc:
+        counts[f"refused_http_{exc.status}"] += 1
+        return None
+    except (aiohttp.ClientError, OSError):
+        counts["connect_failed"] += 1
+        return None
+    await ws.send_bytes(hello(name, key or signing.new_private_key(), **fields))
+    msg = await ws.receive()
+    if msg.type is aiohttp.WSMsgType.BINARY and msgpack.unpackb(msg.data).get("t") == "welcome":
+        counts["welcomed"] += 1
+        return ws
+    counts[f"refused_{ws.close_code}"] += 1
+    await ws.close()
+    return None
+
+
+async def drain(ws: aiohttp.ClientWebSocketResponse, counts: Counts) -> None:
+    """Read (and drop) what the hub sends until it closes; count the close."""
+    async for msg in ws:
+        if msg.type is aiohttp.WSMsgType.BINARY:
+            counts["frames_in"] += 1
+    counts[f"closed_{ws.close_code}"] += 1
+
+
+async def heartbeats(ws: aiohttp.ClientWebSocketResponse) -> None:
+    while not ws.closed:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_bytes(frame("heartbeat"))
+        await asyncio.sleep(2.0)  # a timer, not a synchronisation
+
+
+async def dead_server(counts: Counts) -> str:
+    """A chunk server that answers everything at once with 503 and never holds a chunk."""
+
+    async def handle(request: web.Request) -> web.Response:
+        counts["served_503"] += 1
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, source(1), 0)
+    await site.start()
+    return f"http://{source(1)}:{runner.addresses[0][1]}"
+
+
+async def idle(url: str, counts: Counts, connections: int = 1, engine: str = "transformers",
+               serve: bool = False) -> None:
+    listen = await dead_server(counts) if serve else None
+    async with session(source(1)) as http, asyncio.TaskGroup() as tg:
+        for i in range(connections):
+            ws = await joined(http, url, counts, f"idle-{i}", engine=engine, listen_addr=listen)
+            if ws is not None:
+                tg.create_task(drain(ws, counts))
+                tg.create_task(heartbeats(ws))
+
+
+async def hoard(url: str, counts: Counts, sources: int = 8, n: int = 4096) -> None:
+    async def one(k: int) -> None:
+        async with session(source(k)) as http:
+            ws = await joined(http, url, counts, f"hoarder-{k}")
+            if ws is None:
+                return
+            await ws.send_bytes(frame("lease_request", n=n))
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(heartbeats(ws))
+                async for msg in ws:
+                    if msg.type is aiohttp.WSMsgType.BINARY and msgpack.unpackb(msg.data)["t"] == "lease":
+                        counts["leases_held"] += 1
+            counts[f"closed_{ws.close_code}"] += 1
+
+    async with asyncio.TaskGroup() as tg:
+        for k in range(1, sources + 1):
+            tg.create_task(one(k))
+
+
+FLOOD_FRAMES: dict[str, Callable[[dict[str, Any]], bytes]] = {
+    "version_held": lambda p: frame("version_held", version=p.get("version", 0)),
+    "heartbeat": lambda p: frame("heartbeat"),
+    "lease_request": lambda p: frame("lease_request", n=1),
+    "relay_report": lambda p: frame("relay_report", version=p.get("version", 0),
+                                    peer_id=p.get("accuse", "p1"), reason="stall", index=0,
+                                    base_version=None),
+    "transfer_report": lambda p: frame("transfer_report", version=p.get("version", 0),
+                                       base_version=None, download_s=1.0, bytes_from_hub=0,
+                                       bytes_from_peers=0, sources=[]),
+}
+
+
+async def flood(url: str, counts: Counts, **params: Any) -> None:
+    frame_kind = params.get("frame", "version_held")
+    data = FLOOD_FRAMES[frame_kind](params)
+    async with session(source(1)) as http:
+        ws = await joined(http, url, counts, f"flood-{frame_kind}")
+        if ws is None:
+            return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(drain(ws, counts))
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                while not ws.closed:
+                    await ws.send_bytes(data)
+                    counts["sent"] += 1
+
+
+async def http_flood(url: str, counts: Counts, target: str = "", connections: int = 16) -> None:
+    async def one() -> None:
+        while True:
+            try:
+                async with http.get(target) as resp:
+                    await resp.read()
+                    counts[f"status_{resp.status}"] += 1
+            except (aiohttp.ClientError, OSError):
+                counts["failed"] += 1
+                await asyncio.sleep(0.01)  # a retry timer, not a synchronisation
+
+    async with session(source(1)) as http, asyncio.TaskGroup() as tg:
+        for _ in range(connections):
+            tg.create_task(one())
+
+
+async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> None:
+    sessions = [session(source(k)) for k in range(1, sources + 1)]
+    peer_keys = [signing.new_private_key() for _ in range(keys)]
+    try:
+        for turn in range(10**9):
+            http, key = sessions[turn % sources], peer_keys[(turn // sources) % keys]
+            ws = await joined(http, url, counts, "churn", key)
+            counts["hellos"] += 1
+            if ws is not None:
+                await ws.close()
+    finally:
+        for http in sessions:
+            await http.close()
+
+
+ATTACKS: dict[str, Callable[..., Awaitable[None]]] = {
+    "idle": idle, "hoard": hoard, "flood": flood, "http": http_flood, "churn": churn}
+
+
+async def main(kind: str, url: str, params: dict[str, Any]) -> None:
+    counts: Counts = collections.Counter()
+    start = time.monotonic()
+
+    def report() -> None:
+        print(json.dumps({"kind": kind, "elapsed_s": round(time.monotonic() - start, 3),
+                          **counts}), flush=True)
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    attack = asyncio.create_task(ATTACKS[kind](url, counts, **params))
+    while not stop.is_set() and not attack.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), REPORT_S)
+        report()
+    attack.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await attack
+    counts["done"] = 1
+    report()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}))
