@@ -5,6 +5,7 @@
     ├── ProtocolError          a frame or message broke the wire protocol
     │   ├── LocalProtocolError   we broke it: a bug on our side
     │   └── RemoteProtocolError  the other side broke it: close that one connection
+    │       └── Flooding             it sent one kind of message far past its rate
     ├── JoinRefused            a peer may not join, and retrying cannot help (its token, its env)
     │   └── HubNotFound          no hub at the URL given (unknown host, not a peer endpoint)
     ├── SnapshotError          a weight snapshot or chunk failed verification
@@ -49,6 +50,15 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The other side sent something the protocol forbids: close its connection."""
+
+
+class Flooding(RemoteProtocolError):
+    """The other side kept sending one `kind` of message far past its rate
+    (`echo2p2p.frame_budget`): close it, and count it against its identity."""
+
+    def __init__(self, kind: str, code: int) -> None:
+        super().__init__(f"too many {kind} frames", code)
+        self.kind = kind
 
 
 class JoinRefused(Echo2Error):

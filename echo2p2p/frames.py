@@ -40,6 +40,7 @@ CLOSE_UNEXPECTED_MESSAGE = 4002
 CLOSE_TIMEOUT = 4003
 CLOSE_UNAUTHORIZED = 4004  # join refused: token missing, not recognised or revoked
 CLOSE_TOO_MANY = 4005  # join refused: this address already has its share of connections
+CLOSE_FLOODING = 4006  # one kind of message sent far past its rate (echo2p2p.frame_budget)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 The shell feeds each received websocket frame to `HubProtocol.receive_frame(data, now)` and
 gets back one event, a fact about what the peer said (`HelloReceived`, `RolloutReceived`, ...);
 it acts on the event and sends what `send(msg)` encodes. The protocol owns what is per peer:
-the `Session` (validation, the state table, the read budget), the peer's lease credits, the
-versions it holds and was announced, when it last submitted, and its liveness. It never reads
+the `Session` (validation, the state table, the read budget), the rate of each kind of message
+(`echo2p2p.frame_budget`: a frame past its kind's rate is `FrameDropped`, one that keeps coming
+raises `Flooding`), the peer's lease credits, the versions it holds and was announced, when it
+last submitted, and its liveness. It never reads
 the clock (`now` is an argument), never touches a socket, and knows nothing of other peers,
 leases or the learner: what follows from an event is the hub's decision.
 """
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from . import messages as m
-from .errors import RemoteProtocolError
+from .errors import Flooding, RemoteProtocolError
+from .frame_budget import CLOSE, DROP, FrameBudget, worst
 from .read_budget import ReadBudget
 from .session import Session, Side, State
 
@@ -70,8 +73,14 @@ class GoodbyeReceived:
     goodbye: m.Goodbye
 
 
+@dataclass(frozen=True)
+class FrameDropped:
+    """A frame of `kind` came past its rate and was dropped unread (count it, nothing else)."""
+    kind: str
+
+
 Event = Union[HelloReceived, CreditsAdded, RolloutReceived, HoldingReported, TransferReported,
-              RelayAccused, HeartbeatReceived, GoodbyeReceived]
+              RelayAccused, HeartbeatReceived, GoodbyeReceived, FrameDropped]
 
 
 class HubProtocol:
@@ -80,6 +89,8 @@ class HubProtocol:
     def __init__(self, now: float, max_frame_bytes: int, budget: ReadBudget | None = None):
         self.session = Session(Side.HUB, now, budget)
         self.max_frame_bytes = max_frame_bytes
+        # This connection's rates, and those it shares with its identity's other connections.
+        self.budgets = [FrameBudget(now)]
         self.credits = 0
         self.held_version: int | None = None  # loaded in its engine
         self.held_max = -1  # the newest version it ever reported holding
@@ -104,7 +115,16 @@ class HubProtocol:
                 f"frame of {len(data)} bytes exceeds the {self.max_frame_bytes} byte limit",
                 m.CLOSE_TOO_BIG)
         msg = self.session.receive(data, now)
+        verdict = worst([b.spend(msg.TYPE, now) for b in self.budgets])
+        if verdict == CLOSE:
+            raise Flooding(msg.TYPE, m.CLOSE_FLOODING)
+        if verdict == DROP:
+            return FrameDropped(msg.TYPE)
         return _EVENTS[type(msg)](self, msg)
+
+    def share_budget(self, budget: FrameBudget) -> None:
+        """Hold this connection to `budget` too: its identity's, shared by all its connections."""
+        self.budgets.append(budget)
 
     def _rollout(self, msg: m.RolloutSubmission) -> RolloutReceived:
         if self.owed.pop(msg.lease_id, 0) is not None:

@@ -11,9 +11,19 @@ learner below its batch until they expire, then takes them again. So:
   `hub.serving.leasing`). The hub applies the cap to the peer's identity (its join token's id when
   tokens are required, else its connection) and to its address, each with its own `Standing`;
 - a peer is *proven* once it delivered more groups than it let expire. Leases of unproven
-  peers are a probation share on top of the budget, `probation` of them in all and no more at
-  one address than its cap, so no set of hoarders, however many connections, holds a lease of
-  the learner's budget: proven peers always have all of it.
+  peers are on top of the budget, each unproven peer on its own probation: its cap (`start`,
+  and no more at one address than the address's cap), whatever the others hold. So no set of
+  hoarders, however many connections, holds a lease of the learner's budget (proven peers
+  always have all of it), nor a new peer's first leases: hoarders that joined first from 8 or
+  128 networks hold theirs, and the first honest peer gets its own at once and proves itself
+  with its first admitted group (a shared probation of one batch let 8 hoarders hold it all,
+  taking it again at each expiry, and a new run stayed at step 0). What they hold is prompts
+  out of the epoch for a lease timeout at a time (re-issued first, after), not work the
+  learner waits for: their leases are not counted among the groups ahead of a new one
+  (`hub.serving.leasing`). `PROBATION_LEASES` bounds them all, as the lease book's memory.
+  With S = 0 there is no room on top of the budget (a lease beyond it could only be generated
+  after the step it was taken from): there unproven peers take leases inside the budget,
+  under their caps, and hoarders that came first can hold it; use join tokens.
 
 A peer's queue. A peer works through its leases one at a time (`leases_in_flight` of them
 queued, so its engine never idles), so a lease's timeout must not run while the lease waits
@@ -40,6 +50,8 @@ Pure: plain counts in, a bool out. The hub keeps the standings and counts the op
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+PROBATION_LEASES = 4096  # open leases all unproven peers may hold at once: a memory bound
 
 
 @dataclass(frozen=True)
@@ -86,18 +98,20 @@ def proven(standing: Standing) -> bool:
 def may_grant(identity: Standing, address: Standing, held: Held, budget: int, probation: int,
               policy: QuotaPolicy) -> bool:
     """Whether one more lease may go to a peer with these standings now. `budget`: the hub's
-    lease budget; `probation`: open leases all unproven peers together may hold on top of it."""
+    lease budget; `probation`: open leases all unproven peers together may hold on top of it
+    (0: none, they take leases inside the budget)."""
     if (held.by_identity >= cap(identity, policy, policy.max_open)
             or held.by_address >= cap(address, policy, None)):
         return False
-    if proven(identity):  # unproven peers' leases (up to the probation) are not in the budget
+    if proven(identity):  # unproven peers' leases are not in the budget
         return held.outstanding - min(held.unproven, probation) < budget
-    if not probation:  # no share of their own (S = 0): inside the budget, under the caps above
+    if not probation:  # no room of their own (S = 0): inside the budget, under the caps above
         return held.outstanding < budget
-    # Per address, unproven peers are held to the address's own cap (above): peers that
-    # delivered from it vouch for it, so a lab behind one NAT (or the demo's local peers)
-    # brings new peers in as fast as its proven ones deliver; a fresh address gets `start`.
-    return held.unproven < probation and held.outstanding < budget + probation
+    # Each unproven peer is held to its own cap and its address's (above): peers that
+    # delivered from an address vouch for it, so a lab behind one NAT (or the demo's local
+    # peers) brings new peers in as fast as its proven ones deliver; a fresh address gets
+    # `start`. What other unproven peers hold takes nothing of its share.
+    return held.unproven < probation
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EVENTS = ("reward_mismatch", "logprob_mismatch", "bad_chunk", "text_mismatch", "false_report",
-          "observation_mismatch", "lease_expired", "bad_rollout", "forged_pass")
+          "observation_mismatch", "lease_expired", "bad_rollout", "forged_pass", "flood")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class TrustPolicy:
         # A completion whose program printed its harness's decoy token or exited 0 in the
         # middle of its tests (`echo2p2p.scoring.code`): written to forge a reward.
         "forged_pass": 0.3,
+        # A connection closed for sending one kind of message far past its rate
+        # (`echo2p2p.frame_budget`): no honest peer comes near it. Two quarantine a token.
+        "flood": 0.3,
     })
     credit: float = 0.01
     """Regained per rollout whose spot-check passed."""

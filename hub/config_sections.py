@@ -469,10 +469,20 @@ class LimitsConfig:
     """Joins a minute, sustained, with one peer key (one peer process; 0 = no limit)."""
     join_burst_per_key: int = 4
     """Joins at once with one peer key before `joins_per_min_per_key` holds."""
+    joins_per_min_total: float = 300.0
+    """Joins a minute, sustained, for the whole hub, shared fairly among the networks joining
+    (an IPv4 /24, an IPv6 /48: each network's share is this over the networks that joined in
+    the last minute), so churn from many addresses costs the hub no more than this; past it,
+    connections are answered HTTP 429 before any websocket work (0 = no limit). Lower: less
+    hub time on churn, a big fleet's restart takes longer to rejoin."""
+    join_burst_total: int = 256
+    """Joins at once for the whole hub before `joins_per_min_total` holds (a fleet back from a
+    hub restart); each network may take `join_burst` of them at once."""
 
     def __post_init__(self) -> None:
         for name, least in (("max_frame_bytes", 1), ("joins_per_min", 0), ("join_burst", 1),
-                            ("joins_per_min_per_key", 0), ("join_burst_per_key", 1)):
+                            ("joins_per_min_per_key", 0), ("join_burst_per_key", 1),
+                            ("joins_per_min_total", 0), ("join_burst_total", 1)):
             if not getattr(self, name) >= least:  # NaN too
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
 

@@ -38,9 +38,10 @@ class Counters:
     rejected: int = 0
     duplicates: int = 0
     closed_for_protocol: int = 0
-    refused: int = 0  # joins without a valid token
-    joins_too_often: int = 0  # hellos refused by the join limits (echo2p2p.join_limits)
+    refused: int = 0  # joins without a valid token, or from an address with its share joined
+    joins_too_often: int = 0  # connections and hellos refused by the join limits (join_limits)
     cut_off: int = 0  # peers that stopped reading
+    closed_for_flooding: int = 0  # of closed_for_protocol, for a kind of frame far past its rate
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
     spot_failed: int = 0  # of those, forged (see hub.spotcheck)
     withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
@@ -51,6 +52,7 @@ class Counters:
     stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
     # Every group turned away, by reason: `rejected` ones and stale ones (`hub.serving.admission`).
     rejected_by: Counter[str] = field(default_factory=Counter)
+    frames_dropped: Counter[str] = field(default_factory=Counter)  # kind -> past its rate
 
     def totals(self) -> dict[str, int]:
         """The running totals (the histograms left out), as `HubStatistics` takes them."""
@@ -59,7 +61,7 @@ class Counters:
     def state(self) -> dict[str, Any]:
         """Every total and histogram, as msgpack-able data (for a checkpoint)."""
         return {**self.totals(), "rejected_by": dict(self.rejected_by),
-                "stale_lags": dict(self.stale_lags),
+                "stale_lags": dict(self.stale_lags), "frames_dropped": dict(self.frames_dropped),
                 "relay_reports": [[*key, n] for key, n in self.relay_reports.items()]}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -69,6 +71,7 @@ class Counters:
             if name in self.totals() and isinstance(value, int):
                 setattr(self, name, value)
         self.rejected_by.update(state.get("rejected_by", {}))
+        self.frames_dropped.update(state.get("frames_dropped", {}))
         self.stale_lags.update({int(k): n for k, n in state.get("stale_lags", {}).items()})
         self.relay_reports.update({(peer, reason): n
                                    for peer, reason, n in state.get("relay_reports", [])})
@@ -95,6 +98,7 @@ class HubStatistics:
     closed_for_protocol: int
     refused: int
     cut_off: int
+    closed_for_flooding: int
     spot_checked: int
     spot_failed: int
     withdrawn_groups: int
@@ -112,6 +116,7 @@ class HubStatistics:
     stale_in_queue: int  # admitted groups aged out of the queue untrained
     dropped_lags: Mapping[int, int]  # lag in versions -> groups dropped as stale (arrival, queue)
     rejected_by: Mapping[str, int]  # reason -> groups turned away for it (rejected and stale)
+    frames_dropped: Mapping[str, int]  # message kind -> frames dropped past its rate
     relay_reports_by: Mapping[tuple[str, str], int]  # (accused peer, fault) -> reports heard
     relays_failed: frozenset[str]  # identities whose chunk server failed the hub's own check
     quarantined: frozenset[str]  # identities quarantined
@@ -169,7 +174,7 @@ def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], coun
         drawn_problems=lease_stats.drawn_total, queue=tuple(buffer.groups()),
         queue_sources=buffer.sources(), stale_in_queue=buffer.statistics().dropped_stale_total,
         dropped_lags=dict(counters.stale_lags + buffer.dropped_lags),
-        rejected_by=dict(counters.rejected_by),
+        rejected_by=dict(counters.rejected_by), frames_dropped=dict(counters.frames_dropped),
         relay_reports_by=dict(counters.relay_reports), relays_failed=frozenset(relays_failed),
         quarantined=quarantined,
         trust_events={who: dict(events) for who, events in trust.events.items()},

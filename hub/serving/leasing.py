@@ -24,8 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from echo2p2p.lease_quota import (Held, LeaseQuota, latest_s, may_grant, paced_cap, proven,
-                                  queue_wait_s)
+from echo2p2p import messages as m
+from echo2p2p.lease_quota import (PROBATION_LEASES, Held, LeaseQuota, latest_s, may_grant,
+                                  paced_cap, proven, queue_wait_s)
 from echo2p2p.leases import Lease, LeaseBook
 from echo2p2p.staleness import lease_budget
 
@@ -73,12 +74,13 @@ class Quotas:
         `published`: the newest version published (None: none yet, every lease counts)."""
         self.book, self.rates, self.published = book, rates, published
         self.timeout_s, self.group_size = cfg.staleness.lease_timeout_s, cfg.grpo.group_size
-        # Unproven peers share one batch of leases on top of the budget (`may_grant`); with
-        # S = 0 none: each batch is trained on the version that made it, so a lease beyond it
-        # could only be generated after the step it was taken from, and its group would pass
-        # as fresh with a version tag one ahead. There they share the budget, under their caps.
-        self.budget, self.probation = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag), \
-            cfg.grpo.prompts_per_step if cfg.staleness.max_lag else 0
+        # Unproven peers each hold their own probation leases on top of the budget
+        # (`may_grant`); with S = 0 none: each batch is trained on the version that made it, so
+        # a lease beyond it could only be generated after the step it was taken from, and its
+        # group would pass as fresh with a version tag one ahead. There they share the budget,
+        # under their caps.
+        self.budget = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag)
+        self.probation = PROBATION_LEASES if cfg.staleness.max_lag else 0
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
 
     def holdings(self) -> Holdings:
@@ -122,8 +124,8 @@ class Quotas:
     def ahead(self, outstanding: int, holdings: Holdings | None = None) -> int:
         """Of `outstanding`, the groups the learner counts on. Not counted, so that a lease
         granted now is not dated a step later for them (it would wait for a version that needs
-        the very batch it was kept from): leases of unproven peers (up to the probation share:
-        they are extra), orphans of a resumed hub (nobody holds them: they may never come) and
+        the very batch it was kept from): leases of unproven peers (on their probation: they
+        are extra), orphans of a resumed hub (nobody holds them: they may never come) and
         leases dated for a version not yet published (they come after a batch that cannot
         wait for them)."""
         h = holdings or self.holdings()
@@ -149,6 +151,16 @@ class Quotas:
             self.book.expired(conn.identity, conn.address_key)
             if conn.held_version is not None and not proven(self.book.standing(conn.identity)):
                 self.guard.distrust(conn, "lease_expired")
+
+
+def grant_of(lease: Lease, group_size: int, now: float) -> m.LeaseGrant:
+    """The `lease` frame that grants `lease` (a `TokenizedProblem`'s) at `now`."""
+    p = lease.problem
+    return m.LeaseGrant(lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids,
+                        p.problem.answer, group_size,
+                        # The latest it may be answered: sooner only if the peer stops
+                        # delivering (its admitted groups renew it, `echo2p2p.lease_quota`).
+                        lease.latest - now, lease.min_version)
 
 
 def new_lease_id() -> str:

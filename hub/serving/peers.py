@@ -27,6 +27,7 @@ from echo2p2p.session import Session, State
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 
 CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
+FAULT_CLOSE_S = 1.0  # the same, closing a peer for a fault: the goodbye and close frame go out
 
 
 @dataclass
@@ -139,11 +140,16 @@ async def keep_alive(conn: PeerConn, heartbeat_s: float, timeout_s: float,
 
 
 async def close_connection(ws: web.WebSocketResponse, session: Session, code: int, reason: str,
-                           transport: asyncio.BaseTransport | None) -> None:
+                           transport: asyncio.BaseTransport | None, *, fault: bool = False) -> None:
     """Say why (Goodbye), then close with the same code and reason. A peer that does not read
-    cannot take even that, so after CLOSE_DEADLINE_S the connection is cut."""
+    cannot take even that, so after CLOSE_DEADLINE_S the connection is cut. For a `fault` (a
+    frame that broke the protocol, a flood) the hub stops reading first and cuts after
+    FAULT_CLOSE_S: waiting for the peer's close frame would mean parsing whatever it queued
+    before it, which a flooder makes megabytes."""
+    if fault and isinstance(transport, asyncio.ReadTransport):
+        transport.pause_reading()
     try:
-        async with asyncio.timeout(CLOSE_DEADLINE_S):
+        async with asyncio.timeout(FAULT_CLOSE_S if fault else CLOSE_DEADLINE_S):
             if not ws.closed and session.state is not State.CLOSED:
                 try:
                     await ws.send_bytes(session.send(m.Goodbye(code, reason)))
@@ -153,6 +159,19 @@ async def close_connection(ws: web.WebSocketResponse, session: Session, code: in
     except TimeoutError:
         if transport is not None:
             transport.abort()
+
+
+def network_of(remote: str | None) -> str | None:
+    """The network `remote` is in, for the hub's fair share of joins: an IPv4 address's /24,
+    an IPv6 address's /48 (what one site holds; an attacker with many such networks is the
+    case the shares are for)."""
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return remote
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ipaddress.ip_network((ip, 24 if ip.version == 4 else 48), strict=False))
 
 
 def address_group(remote: str | None) -> str | None:

@@ -4,8 +4,9 @@
 and hands what the protocol makes of it to the hub: the hello to `greet` (the joined
 `PeerConn`, or None: refused and closed), every later event through the `on` table, and the
 end of the connection to `leave`. A frame that breaks the protocol closes the connection with
-its code and a short reason; a connection with no hello within `peer_timeout_s` is closed; a
-peer over its read budget is paused, not closed. Beside the pump run the peer's writer (its
+its code and a short reason (one of a kind sent far past its rate, `Flooding`, is first handed
+to `on[Flooding]`: it costs trust); a connection with no hello within `peer_timeout_s` is
+closed; a peer over its read budget is paused, not closed. Beside the pump run the peer's writer (its
 outbox under a deadline) and keep-alive (`hub.serving.peers`). It knows nothing of leases, versions or
 rollouts: the hub's handlers do.
 """
@@ -21,7 +22,7 @@ from aiohttp import WSMsgType, web
 
 from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
-from echo2p2p.errors import RemoteProtocolError
+from echo2p2p.errors import Flooding, RemoteProtocolError
 from echo2p2p.runtime.process import loop_now
 
 from ..config import HubConfig
@@ -55,7 +56,7 @@ async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: Toke
         async with asyncio.TaskGroup() as tg:
             helpers: list[asyncio.Task] = []
             while (event := await _next_event(ws, protocol, conn, request, cfg.network.peer_timeout_s,
-                                              counters)) is not None:
+                                              counters, on)) is not None:
                 if not isinstance(event, hp.HelloReceived):
                     on[type(event)](conn, event)
                 elif (conn := await greet(ws, protocol, event.hello, request)) is None:
@@ -77,8 +78,8 @@ async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: Toke
 
 
 async def _next_event(ws: web.WebSocketResponse, protocol: hp.HubProtocol, conn: PeerConn | None,
-                      request: web.Request, peer_timeout_s: float, counters: Any
-                      ) -> hp.Event | None:
+                      request: web.Request, peer_timeout_s: float, counters: Any,
+                      on: Mapping[type, Callable[[PeerConn, Any], None]]) -> hp.Event | None:
     """The peer's next event, or None once the connection ends (closed here if need be)."""
     try:  # before its hello, nothing keeps a silent connection in check
         frame = await ws.receive(None if conn else peer_timeout_s)
@@ -93,8 +94,11 @@ async def _next_event(ws: web.WebSocketResponse, protocol: hp.HubProtocol, conn:
         event = protocol.receive_frame(data, loop_now())
     except RemoteProtocolError as exc:
         counters.closed_for_protocol += 1
+        if isinstance(exc, Flooding) and conn is not None:
+            on[Flooding](conn, exc)
         log.info("closing %s: %s", conn.peer_id if conn else request.remote, exc.reason)
-        await close_connection(ws, protocol.session, exc.code, exc.reason, request.transport)
+        await close_connection(ws, protocol.session, exc.code, exc.reason, request.transport,
+                               fault=True)
         return None
     if (pause_s := protocol.pause_s(loop_now())) > 0:  # over its read budget: a rate limit,
         await asyncio.sleep(pause_s)  # not a sync; backpressures this peer

@@ -29,6 +29,7 @@ from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.buffer import RolloutBuffer, ScoredGroup
+from echo2p2p.errors import Flooding
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
@@ -51,7 +52,7 @@ from ..learning.durable import Journal
 from .peers import PeerConn, close_connection
 from .pump import pump
 from .quarantine import TrustGuard
-from .leasing import Quotas, new_lease_id
+from .leasing import Quotas, grant_of, new_lease_id
 from ..tasks.task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook
 from ..overlay.tracker import VersionTracker
@@ -100,7 +101,6 @@ class Hub:
         self._buffer = RolloutBuffer(cfg.staleness.max_lag)
         self._pool = Pool(cfg.staleness.activation, cfg.staleness.activation_margin)
         self._tokens = TokenBook(cfg.network.tokens) if cfg.network.tokens else None
-        self._door = Door(cfg.limits, self._tokens, self._counters)  # who may join now
         self._trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         trust = self._trust  # its quarantined set is replaced on restore: looked up each time
         self._tracker = VersionTracker(cfg.overlay, self._peers, self._pool, on_event=self._on_event,
@@ -108,6 +108,7 @@ class Hub:
         self._guard = TrustGuard(self._trust, self._leases, self._buffer, self._counters,
                                  journal=self._journal, route_around=self._tracker.route_around,
                                  on_quarantine=self._quarantine)
+        self._door = Door(cfg.limits, self._tokens, self._counters, self._guard)  # who may join
         self._accusations = Accusations(
             cfg.overlay.relay, self._peers, self._tracker, self._guard, self._counters, signing_key,
             run_id, new_peer_id=self._new_peer_id, on_event=self._dated)
@@ -172,12 +173,7 @@ class Hub:
                 holdings.add(conn, self._quotas.book, self._quotas.ready(lease))
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
-                p = lease.problem
-                conn.post(m.LeaseGrant(
-                    lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids, p.problem.answer,
-                    # The latest it may be answered: sooner only if the peer stops delivering
-                    # (its admitted groups renew it, `echo2p2p.lease_quota`).
-                    cfg.grpo.group_size, lease.latest - now, lease.min_version))
+                conn.post(grant_of(lease, cfg.grpo.group_size, now))
 
     def replan(self, required: float | None) -> None:
         """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).
@@ -291,14 +287,18 @@ class Hub:
             on_served=self._tracker.chunk_served,
             authorize=Tickets(self.hub_key, self.run_id, "hub"))}
 
-    async def _handle_ws(self, request: web.Request) -> web.WebSocketResponse:
-        """One peer connection, through the frame pump (`hub.serving.pump`)."""
+    async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
+        """One peer connection, through the frame pump (`hub.serving.pump`), unless the door
+        turns it away first (HTTP 429: the join limits, before any websocket work)."""
+        if (refused := self._door.turn_away(request.remote, self._peers.values())) is not None:
+            return refused
         tracker, accusations = self._tracker, self._accusations
         on = {hp.CreditsAdded: lambda conn, event: self.dispatch(),
               hp.RolloutReceived: self._submitted, hp.HoldingReported: self._holding,
               hp.TransferReported: lambda c, e: tracker.transfer_reported(c, e.report),
               hp.RelayAccused: lambda c, e: accusations.heard(c, e.report),
-              hp.HeartbeatReceived: lambda conn, event: None}
+              hp.HeartbeatReceived: lambda conn, event: None,
+              hp.FrameDropped: self._door.dropped, Flooding: self._door.flooded}
         return await pump(request, self.cfg, self._counters, self._tokens, greet=self._greet,
                           on=on, leave=self._leave)
 
@@ -314,10 +314,9 @@ class Hub:
 
     def _join(self, ws: web.WebSocketResponse, protocol: hp.HubProtocol, hello: m.Hello,
               transport: asyncio.BaseTransport | None, remote: str | None = None) -> PeerConn:
-        self._next_peer += 1
-        self._journal("peer", self._next_peer)  # a resumed hub never hands out an id again
-        peer_id = f"p{self._next_peer}"
+        peer_id = self._new_peer_id()
         conn = PeerConn(peer_id, hello, ws, protocol, transport, remote=remote)
+        self._door.admitted(conn, loop_now())  # its identity's frame budget, shared
         cfg, newest, key = self.cfg, self._tracker.newest, self._signing_key
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.run.model, self.setup.kind, newest.version if newest else 0,
@@ -355,8 +354,8 @@ class Hub:
             self._tracker.holding_reported(conn, event.version)  # T_bcast counts the reload
 
     def _new_peer_id(self) -> str:
-        """A peer id never handed out before, for the hub's own gossip checks (a liar must not
-        tell them from a neighbour that joined)."""
+        """A peer id never handed out before (a resumed hub's journal keeps the count): for a
+        peer that joins, and the hub's own checks (a liar must not tell them from one)."""
         self._next_peer += 1
         self._journal("peer", self._next_peer)
         return f"p{self._next_peer}"

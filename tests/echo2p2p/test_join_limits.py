@@ -70,3 +70,42 @@ def test_the_buckets_kept_are_bounded_least_recently_used_first():
     bucket.take("d", 0.0)
     assert len(bucket) == 3
     assert bucket.level("a", 0.0) == 2 and bucket.level("b", 0.0) == 4  # "b" was forgotten
+
+
+def share(total: Rate = Rate(60, 8), burst: int = 4) -> JoinLimits:
+    return JoinLimits(Rate(0, 1), Rate(0, 1), Rate(0, 1), total, network_burst=burst)
+
+
+def test_a_network_alone_gets_the_hubs_whole_rate_two_share_it():
+    """One network churning refills at the hub's 60 a minute (one a second); with a second
+    network joining too, each refills at half that."""
+    gate = share(Rate(60, 64))
+    for _ in range(4):
+        assert gate.refusal(0.0, network="n1") is None
+    assert gate.refusal(0.0, network="n1") == REASONS["network"]
+    assert gate.refusal(1.0, network="n1") is None
+    for _ in range(4):
+        assert gate.refusal(1.0, network="n2") is None  # a new network: its own burst
+    assert gate.refusal(2.0, network="n1") == REASONS["network"]  # half a token a second now
+    assert gate.refusal(3.0, network="n1") is None
+
+
+def test_the_hubs_last_quarter_is_kept_for_quiet_networks():
+    """Busy networks stop at the hub's reserve (a quarter of its burst, here 2: each network's
+    first join, quiet until then, may dip into it); a network that has not joined in the last
+    minute may take what is left."""
+    gate = share(Rate(60, 8), burst=8)
+    taken = sum(gate.refusal(0.0, network=f"busy{i % 3}") is None for i in range(30))
+    assert taken == 7 and gate.refusal(0.0, network="busy0") == REASONS["hub"]
+    assert gate.refusal(0.0, network="quiet") is None
+    assert gate.share.hub.level("", 0.0) == 0
+
+
+def test_a_refused_knock_spends_nothing_and_a_penalty_delays_the_next_join():
+    gate = JoinLimits(Rate(60, 2), Rate(0, 1), Rate(0, 1), Rate(600, 64), network_burst=2)
+    assert gate.knock(0.0, "a", "n") is None and gate.knock(0.0, "a", "n") is None
+    assert gate.knock(0.0, "a", "n") == REASONS["address"]
+    gate.penalize(0.0, "b", "m", 4)  # b and its network flooded: 4 joins' worth owed
+    assert gate.knock(2.0, "b", "m") == REASONS["address"]  # 2 - 4 + 2 refilled: none yet
+    assert gate.knock(3.0, "b", "m") is None
+    assert gate.share.hub.level("", 3.0) == 64  # the penalty was theirs, not the hub's

@@ -1,6 +1,6 @@
 """The lease quota (`echo2p2p.lease_quota`): a peer's cap on open leases grows with what it
-delivered and shrinks with what it let expire; unproven peers share a probation on top of the
-budget. Values are worked by hand below."""
+delivered and shrinks with what it let expire; unproven peers each hold their own probation
+leases on top of the budget. Values are worked by hand below."""
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,15 +71,31 @@ def test_the_quota_book_counts_per_key():
 
 @given(delivered=st.integers(0, 100), expired=st.integers(0, 100), mine=st.integers(0, 100),
        unproven=st.integers(0, 30), outstanding=st.integers(0, 100))
-def test_no_grant_past_the_cap_or_past_budget_plus_probation(delivered, expired, mine,
-                                                             unproven, outstanding):
-    """Whatever the counts, a grant never takes a peer past its cap, nor the hub past budget
-    plus probation."""
+def test_no_grant_past_the_cap_the_budget_or_the_probation(delivered, expired, mine,
+                                                           unproven, outstanding):
+    """Whatever the counts, a grant never takes a peer past its cap, a proven peer's work past
+    the budget (unproven leases aside), nor unproven peers' leases past the probation."""
     s = Standing(delivered, expired)
-    h = held(mine, mine, min(unproven, mine), max(outstanding, mine))
+    h = held(mine, mine, min(unproven, mine) if not proven(s) else unproven,
+             max(outstanding, mine))
     if may_grant(s, Standing(delivered=1000), h, 8, 4, POLICY):
         assert h.by_identity < cap(s, POLICY, 64)
-        assert h.outstanding < 8 + 4
+        if proven(s):
+            assert h.outstanding - min(h.unproven, 4) < 8
+        else:
+            assert h.unproven < 4
+
+
+def test_hoarders_that_came_first_take_nothing_of_a_new_peers_start():
+    """256 leases held by 128 unproven hoarders (each at its own cap, each at an address of its
+    own) and a full budget of proven work: a new peer from another address still gets its
+    start, and no more."""
+    crowd = held(unproven=256, outstanding=8 + 256)
+    assert may_grant(NEW, NEW, crowd, 8, 4096, POLICY)
+    assert may_grant(NEW, NEW, held(mine=1, here=1, unproven=257, outstanding=265), 8, 4096, POLICY)
+    assert not may_grant(NEW, NEW, held(mine=2, here=2, unproven=258, outstanding=266), 8, 4096,
+                         POLICY)
+    assert not may_grant(NEW, NEW, held(unproven=4096, outstanding=5000), 8, 4096, POLICY)
 
 
 def test_without_a_probation_share_unproven_peers_take_leases_inside_the_budget():

@@ -15,10 +15,12 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
 - hoard: `sources` (8) connections, one per address, each asking for `n` (4096) leases and
   never answering one.
 - flood: one connection sending frames of kind `frame` (version_held, relay_report, heartbeat,
-  transfer_report, lease_request) as fast as the socket takes them; `accuse` names the peer id
-  a relay_report accuses, `version` the version the frames name (0).
+  transfer_report, lease_request) as fast as the socket takes them, and once closed, a new one
+  with a fresh key, as often as the hub lets it join; `accuse` names the peer id a
+  relay_report accuses, `version` the version the frames name (0).
 - http: `connections` (16) clients asking GET `target` (a full URL) as fast as answered.
-- churn: hello-then-leave from `sources` (32) addresses x `keys` (16) peer keys, round robin.
+- churn: hello-then-leave from `sources` (32) addresses, each with `keys` (16) peer keys of its
+  own, round robin.
 """
 
 from __future__ import annotations
@@ -164,18 +166,21 @@ FLOOD_FRAMES: dict[str, Callable[[dict[str, Any]], bytes]] = {
 
 
 async def flood(url: str, counts: Counts, **params: Any) -> None:
+    """Flood, and when closed, join again with a fresh key and flood again, as the hub lets it."""
     frame_kind = params.get("frame", "version_held")
     data = FLOOD_FRAMES[frame_kind](params)
     async with session(source(1)) as http:
-        ws = await joined(http, url, counts, f"flood-{frame_kind}")
-        if ws is None:
-            return
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(drain(ws, counts))
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                while not ws.closed:
-                    await ws.send_bytes(data)
-                    counts["sent"] += 1
+        while True:
+            ws = await joined(http, url, counts, f"flood-{frame_kind}")
+            if ws is None:
+                await asyncio.sleep(0.5)  # refused: try again soon, a retry timer
+                continue
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(drain(ws, counts))
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    while not ws.closed:
+                        await ws.send_bytes(data)
+                        counts["sent"] += 1
 
 
 async def http_flood(url: str, counts: Counts, target: str = "", connections: int = 16) -> None:
@@ -196,11 +201,11 @@ async def http_flood(url: str, counts: Counts, target: str = "", connections: in
 
 async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> None:
     sessions = [session(source(k)) for k in range(1, sources + 1)]
-    peer_keys = [signing.new_private_key() for _ in range(keys)]
+    peer_keys = [[signing.new_private_key() for _ in range(keys)] for _ in range(sources)]
     try:
         for turn in range(10**9):
-            http, key = sessions[turn % sources], peer_keys[(turn // sources) % keys]
-            ws = await joined(http, url, counts, "churn", key)
+            k = turn % sources
+            ws = await joined(sessions[k], url, counts, "churn", peer_keys[k][turn // sources % keys])
             counts["hellos"] += 1
             if ws is not None:
                 await ws.close()

@@ -6,7 +6,7 @@ Churn: two `RawPeer` loops beside one honest peer say hello, and leave, as fast 
 them. A welcomed fresh key reports the newest version whole (a claim nothing checks), so that a
 later hello with the same key, once a newer version is out, makes the hub catch it up by a
 delta from that base. The hub must hold the joins to its limits (`echo2p2p.join_limits`),
-refusing the rest with close 4005 and the reason before it does any work for them, and encode
+refusing the rest with HTTP 429 before the websocket upgrade (issue 42, item 4), and encode
 catch-up deltas at most `catch_up_builds` at once, while the honest peer goes on training.
 """
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from echo2p2p.hub.overlay.catchup import MAX_ENTRIES
-from echo2p2p.join_limits import REASONS
 
 from .attackers import raw_peer
 from .conftest import yes
@@ -55,30 +54,40 @@ async def churn(url: str, seen: Churn, stop: asyncio.Event) -> None:
         if seen.hellos % 2 and seen.planted and seen.planted[0][1] < seen.newest:
             claim = seen.planted.popleft()
         seen.hellos += 1
-        async with raw_peer(url) as attacker:
-            if claim is not None:
-                attacker.key = claim[0]
-            welcome = await attacker.hello(name="churn")
-            if welcome is None:
-                seen.refusals[(attacker.close_code, attacker.close_reason)] += 1
-                seen.sent_more += [f["t"] for f in attacker.frames] != ["goodbye"]
-                if claim is not None:
-                    seen.planted.appendleft(claim)  # refused at the address: try it again
-                continue
-            seen.welcomed += 1
-            seen.newest = max(seen.newest, welcome["version"])
-            if claim is not None:
-                seen.claims += 1
-            else:  # "I hold it whole": the hub remembers it for this key's next connection
-                await attacker.send("transfer_report", version=welcome["version"],
-                                    base_version=None, download_s=1.0, bytes_from_hub=0,
-                                    bytes_from_peers=0, sources=[])
-                seen.planted.append((attacker.key, welcome["version"]))
+        try:
+            welcomed = await join_once(url, seen, claim)
+        except aiohttp.WSServerHandshakeError as exc:  # turned away before the upgrade
+            seen.refusals[(exc.status, "")] += 1
+            welcomed = False
+        if not welcomed and claim is not None:
+            seen.planted.appendleft(claim)  # refused at the address: try it again
+
+
+async def join_once(url: str, seen: Churn, claim: tuple[bytes, int] | None) -> bool:
+    """One hello (with `claim`'s key, if any) and leave; whether it was welcomed."""
+    async with raw_peer(url) as attacker:
+        if claim is not None:
+            attacker.key = claim[0]
+        welcome = await attacker.hello(name="churn")
+        if welcome is None:
+            seen.refusals[(attacker.close_code, attacker.close_reason)] += 1
+            seen.sent_more += [f["t"] for f in attacker.frames] != ["goodbye"]
+            return False
+        seen.welcomed += 1
+        seen.newest = max(seen.newest, welcome["version"])
+        if claim is not None:
+            seen.claims += 1
+        else:  # "I hold it whole": the hub remembers it for this key's next connection
+            await attacker.send("transfer_report", version=welcome["version"],
+                                base_version=None, download_s=1.0, bytes_from_hub=0,
+                                bytes_from_peers=0, sources=[])
+            seen.planted.append((attacker.key, welcome["version"]))
+        return True
 
 
 async def test_reconnect_churn_is_held_to_the_join_limits(tmp_path, row):
-    """Joins from one address beyond its burst and rate are closed with 4005 and the reason,
-    never welcomed; catch-up encodes stay within their bound; the honest peer trains."""
+    """Joins from one address beyond its burst and rate are answered 429 before the websocket
+    upgrade, never welcomed; catch-up encodes stay within their bound; the honest peer trains."""
     r = row("R3-7. reconnect churn: one address, new key per hello, claimed catch-up bases")
     cfg = small_cfg(tmp_path)
     async with hub_and_honest_peer(cfg) as (run, honest):
@@ -111,7 +120,7 @@ async def test_reconnect_churn_is_held_to_the_join_limits(tmp_path, row):
               f"{cfg.limits.join_burst} at once + {cfg.limits.joins_per_min:.0f}/min; {versions} versions "
               f"published meanwhile")
     assert alive and honest_still_there
-    assert set(seen.refusals) == {(4005, REASONS["address"])}, seen.refusals
+    assert set(seen.refusals) == {(429, "")}, seen.refusals  # the reason is the 429's body
     assert seen.sent_more == 0  # no welcome, no version announced: refused before any work
     assert seen.welcomed <= limit, (seen.welcomed, limit)
     assert stats.joins_too_often >= sum(seen.refusals.values())

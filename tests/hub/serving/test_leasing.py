@@ -15,7 +15,7 @@ from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook
 
-CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8, probation 4
+CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8
 
 
 def conn(peer_id: str, remote: str = "10.0.0.1") -> PeerConn:
@@ -51,6 +51,16 @@ def test_a_new_peer_gets_its_start_and_an_address_shares_it():
     assert grant_while_allowed(quotas, leases, a) == 2
     assert grant_while_allowed(quotas, leases, b) == 0  # its address's new-peer share is taken
     assert grant_while_allowed(quotas, leases, far) == 2  # another address: the probation's rest
+
+
+def test_hoarders_from_many_networks_leave_a_new_peer_its_start():
+    """128 unproven hoarders, each from a /24 of its own, hold their start (256 leases, far
+    past a batch); a new peer that comes after them still gets its own 2 at once."""
+    hoarders = [conn(f"h{n}", remote=f"127.{n}.0.1") for n in range(1, 129)]
+    honest = conn("p1", remote="127.0.0.1")
+    quotas, leases, _ = rig(*hoarders, honest)
+    assert sum(grant_while_allowed(quotas, leases, h) for h in hoarders) == 256
+    assert grant_while_allowed(quotas, leases, honest) == 2
 
 
 def test_a_proven_peer_gets_the_whole_budget_beside_hoarders():
