@@ -96,6 +96,15 @@ class Credentials:
         self._prefix = f"{peer_id}.{signing.public_key(private_key).hex()}.{ticket.hex()}."
         self._headers: dict[str, dict[str, str]] = {}
 
+    @classmethod
+    def issued(cls, signing_key: bytes, run_id: str, peer_id: str) -> Credentials:
+        """A new identity `peer_id`, its own key pair and a ticket the hub (holder of
+        `signing_key`) signs for it: how the hub asks a peer's server as a receiver would, since
+        a server that could tell the hub's checks apart would pass them and fail the others."""
+        private = signing.new_private_key()
+        return cls(run_id, peer_id, private,
+                   signing.sign_ticket(signing_key, run_id, peer_id, signing.public_key(private)))
+
     @property
     def peer_key(self) -> bytes:
         """Our public key, which the ticket binds."""

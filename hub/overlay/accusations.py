@@ -1,10 +1,12 @@
 """What the hub does with an accusation of a relay: it looks for itself before anything follows.
 
 A `relay_report` names a peer and a fault. On the tracker and the striped chain the hub fetches
-the chunk from the accused's chunk route with its own ticket (`hub.overlay.relay_checks.RelayJudge`); on
-gossip it dials the accused's `/gossip` as a fresh peer of its own and asks for the piece
-(`hub.overlay.gossip_check.GossipJudge`). Nonsense (an unknown or departed peer, oneself, an unknown
-fault) is dropped here, before it is counted.
+the chunk (for "slow", one of the accused's newest share, timed) from the accused's chunk route
+(`hub.overlay.relay_checks.RelayJudge`); on gossip it dials the accused's `/gossip` and asks
+for the piece (`hub.overlay.gossip_check.GossipJudge`). Either way it asks as a new receiver
+would: under an id of its peer-id sequence, never handed out before, a fresh key and a ticket
+of this run, so the accused cannot serve the check well and its receivers badly. Nonsense (an
+unknown or departed peer, oneself, an unknown fault) is dropped here, before it is counted.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p import signing
+from echo2p2p.failover import HUB
 from echo2p2p.overlay.tickets import Credentials
 
 from .gossip_check import GossipJudge
 from ..serving.peers import PeerConn
 from ..serving.quarantine import TrustGuard
-from .relay_checks import RelayCheck, RelayJudge
+from .relay_checks import RelayCheck, RelayJudge, newest_share
 from .tracker import VersionTracker
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
@@ -33,15 +36,18 @@ class Accusations:
                  guard: TrustGuard, counters: Any, signing_key: bytes, run_id: str, *,
                  new_peer_id: Callable[[], str], on_event: Callable[[dict[str, Any]], None]):
         """`relay`: the overlay (`OverlayConfig.relay`); `counters`: the hub's `Counters`;
-        `signing_key`: the hub's, for its own ticket to an accused's chunks (b"": a rig without
-        tickets) and the gossip judge's link; `new_peer_id`: an id never handed out, for that
-        link; `on_event`: the run log."""
+        `signing_key`: the hub's, for its own ticket (its probes of a new chunk server) and
+        the tickets of its checks (b"": a rig without tickets); `new_peer_id`: an id never
+        handed out (and journaled), for each check; `on_event`: the run log."""
         self.relay, self.peers, self.tracker, self.counters = relay, peers, tracker, counters
-        credentials = Credentials(run_id, "hub", signing_key, signing.sign_ticket(
-            signing_key, run_id, "hub", signing.public_key(signing_key))) if signing_key else None
+        hub = Credentials(run_id, HUB, signing_key, signing.sign_ticket(
+            signing_key, run_id, HUB, signing.public_key(signing_key))) if signing_key else None
+        mint = lambda: (Credentials.issued(signing_key, run_id, new_peer_id())  # noqa: E731
+                        if signing_key else None)
         failed = lambda conn: tracker.route_around(conn.peer_id)  # noqa: E731
-        self.relays = RelayJudge(RelayCheck(credentials), distrust=guard.distrust,
-                                 failed=failed, on_event=on_event)
+        self.relays = RelayJudge(
+            RelayCheck(hub, mint), failed=failed, distrust=guard.distrust, on_event=on_event,
+            newest=lambda peer_id: newest_share(peer_id, tracker.broadcasts, tracker.snapshot))
         self.gossip = GossipJudge(signing_key, run_id, new_peer_id=new_peer_id,
                                   distrust=guard.distrust, failed=failed, on_event=on_event)
 

@@ -2,13 +2,14 @@
 
 No gossip `relay_report` is believed as it stands. The hub dials the accused's GET /gossip as
 an ordinary peer (an id from the hub's own sequence, a fresh key, a ticket it signs for them:
-a liar cannot tell the check from a new neighbour), wants the contested chunk and judges the
-answer against the signed manifest. A corrupt piece is `bad_chunk` (quarantine: no leases, no
-seeds, in no neighbour sample); no answer, or a `cancel` of a chunk its `have` on that link
-claims, takes it out of relaying without a trust event (slowness proves no lie). Anything else
-proves nothing, and a whole piece does not cost the accuser: a liar that corrupts only one
-victim's pieces must not frame that victim. Bounded: a few checks at once, one per (accuser,
-accused, manifest) and one per chunk of an accused.
+`Credentials.issued`, as the tracker's checks; a liar cannot tell the check from a new
+neighbour by who it says it is), wants the contested chunk and judges the answer against the
+signed manifest. A corrupt piece is `bad_chunk` (quarantine: no leases, no seeds, in no
+neighbour sample); no answer, or a `cancel` of a chunk its `have` on that link claims, takes it
+out of relaying without a trust event (slowness proves no lie). Anything else proves nothing,
+and a whole piece does not cost the accuser: a liar that corrupts only one victim's pieces must
+not frame that victim. Bounded: a few checks at once, one per (accuser, accused, manifest) and
+one per chunk of an accused.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 import aiohttp
 
 from echo2p2p import messages as m
-from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size
@@ -124,14 +124,11 @@ class GossipJudge:
     async def _judge(self, accuser: PeerConn, accused: PeerConn, reason: str,
                      manifest: m.Manifest, index: int) -> None:
         async with self._slots:
-            peer_id, private = self._new_peer_id(), signing.new_private_key()
-            ticket = signing.sign_ticket(self._key, self._run_id, peer_id,
-                                         signing.public_key(private))
+            credentials = Credentials.issued(self._key, self._run_id, self._new_peer_id())
             if self._http is None:
                 self._http = aiohttp.ClientSession()
             verdict = await fetch_piece(self._http, accused.server_url, accused.peer_id,
-                                        Credentials(self._run_id, peer_id, private, ticket),
-                                        manifest, index)
+                                        credentials, manifest, index)
         log.warning("checked %s's report of %s over a gossip link (%s, chunk %d of v%d): %s",
                     accuser.peer_id, accused.peer_id, reason, index, manifest.version, verdict)
         self._on_event({"event": "relay_check", "accuser": accuser.peer_id, "relay": "gossip",

@@ -2,15 +2,24 @@
 
 A peer advertises a chunk server URL in its hello; the hub deals it chunks only once it has
 asked that server itself (`probe`: any authorised answer within the deadline), and it times
-that server's uplink itself (`uplink_bps`), which deals the first version's shares. A peer that
-accuses a relay of a corrupt chunk, a stall or no answer names the chunk, and the hub fetches
-that chunk from the accused with its own ticket (`fetch`): a chunk that arrives whole and
-matches the signed manifest's digest clears the accused (and a "corrupt" accuser has lied); a
-wrong digest convicts it; no answer in time keeps it out of relaying. Accused of "slow", it
-is asked for the chunk once more, now that it holds it, as a receiver asks, and timed: far
-slower than the rate its share was dealt for (`echo2p2p.pace`), it relays nothing more on
-this connection and its upload estimate falls to what the hub measured. Requests go to the
-scheme, host and port of the advertised URL only, never to a path someone chose.
+that server's uplink itself (`uplink_bps`), which deals the first version's shares. Both are
+the hub's openly (its own ticket, peer id `hub`; /probe opens to no other), once, at the join.
+A peer that accuses a relay of a corrupt chunk, a stall or no answer names the chunk, and the
+hub fetches that chunk from the accused (`fetch`): a chunk that arrives whole and matches the
+signed manifest's digest clears the accused (and a "corrupt" accuser has lied); a wrong digest
+convicts it; no answer in time keeps it out of relaying. Accused of "slow", it is asked for a
+chunk of its share in the newest version it relays, timed, and judged by the receivers' own
+rule (`echo2p2p.pace`): far slower than the rate its share was dealt for, it relays nothing
+more on this connection and its upload estimate falls to what the hub measured.
+
+A check must look like any receiver, or a relay serves checks at once and receivers slowly:
+each fetch goes out as a receiver that joined now (`receiver_fetch`): an identity of its own
+from the hub's peer-id sequence with a key pair of its own and a ticket of this run
+(`mint`), on a connection of its own, with a receiver's query and headers, polling as
+`echo2p2p.overlay.download` does. What a check cannot hide: it comes from the hub's address,
+its id was never a source in any plan (as a leaf's), and it asks one chunk of a share.
+Requests go to the scheme, host and port of the advertised URL only, never to a path someone
+chose.
 
 `RelayCheck` does the HTTP; `RelayJudge` keeps the verdicts (who relays, who lied) and runs
 the checks as tasks that end with the hub; hub.server routes around a failed relay.
@@ -20,20 +29,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.snapshot import chunk_digest
-from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S, PENDING, fetch_chunk
+from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S, PENDING, ChunkAnswer, fetch_chunk
 from echo2p2p.overlay.serving import PIECE_BYTES, PROBE_PATH
 from echo2p2p.propagation import MAX_RATE_BYTES_S
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
-from echo2p2p.pace import DEFAULT_WINDOW, GRACE_S, measured_bps, per_request_bps, slow_after_s
+from echo2p2p.pace import DEFAULT_WINDOW, measured_bps, per_request_bps, too_slow
 from echo2p2p.relay import Broadcast
 
 from ..serving.peers import PeerConn
@@ -46,21 +57,67 @@ PROBE_ATTEMPTS = 3  # probes before a server that does not answer stays a leaf
 PROBE_RETRY_S = 2.0  # between probe attempts
 PROBE_BYTES = 512 << 10  # timed from a new chunk server: its uplink before any version spreads
 MIN_PROBED_BYTES = 64 << 10  # less than this by the deadline says nothing about an uplink
-FETCH_WAIT_S = 10.0  # how long the accused may long-poll for the contested chunk
-PACE_WAIT_S = 5.0  # the timed fetch of a "slow" check asks as receivers do (relay_stall_s / 2),
-# so the accused cannot tell it from theirs by its query; it holds the chunk by then: no wait
+RECEIVER_STALL_S = 10.0  # a check asks as a receiver of the peers' default relay_stall_s does:
+# wait = half of it, asked again after a 503 until it has passed (then a "stall")
 CHECKS_AT_ONCE = 8  # hub-side probes and fetches in flight; more wait their turn
 MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
 
-VERDICTS = ("intact", "corrupt", "stall", "unreachable", "slow")
+# "pending": a pace check's chunk never came in (503 to the end): nothing is judged by it.
+VERDICTS = ("intact", "corrupt", "stall", "unreachable", "slow", "pending")
+
+
+@dataclass(frozen=True)
+class Share:
+    """The chunks a relay serves in one manifest, and the rate, bits/s, that each request a
+    receiver sends it may expect (`echo2p2p.pace.per_request_bps`)."""
+
+    manifest: m.Manifest
+    chunks: list[int]
+    rate_bps: float
+
+
+def newest_share(peer_id: str, broadcasts: Mapping[tuple[int, int | None], Broadcast],
+                 snapshot: Callable[[int, int | None], Snapshot | None]) -> Share | None:
+    """What `peer_id` relays in the newest manifest (full before delta) in which it owns any
+    chunk, as the plan a receiver joining now gets tells it (the owners' plan); None if none."""
+    for key in sorted(broadcasts, key=lambda k: (k[0], k[1] is None), reverse=True):
+        broadcast, snap = broadcasts[key], snapshot(*key)
+        owned = [i for i in range(broadcast.n_chunks) if broadcast.owner(i) == peer_id]
+        if owned and snap is not None:
+            plan = broadcast.plan()
+            rate_bps = next((s.rate_bps for s in plan.sources if s.peer_id == peer_id), 0.0)
+            return Share(snap.manifest, owned,
+                         per_request_bps(rate_bps, plan.window or DEFAULT_WINDOW))
+    return None
+
+
+async def receiver_fetch(url: str, wire_bytes: int, headers: dict[str, str],
+                         stall_s: float) -> ChunkAnswer:
+    """GET the chunk at `url` (`wire_bytes` long) as a receiver of `relay_stall_s` = `stall_s`
+    that joined now asks for it (`echo2p2p.overlay.download.Download._fetch`): on a connection
+    of its own, `wait` = `stall_s` / 2, the same deadline, and again after each 503 until
+    `stall_s` has passed; the last answer."""
+    poll_s = stall_s / 2
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_s, sock_read=stall_s)
+    async with aiohttp.ClientSession() as http:
+        asked = time.monotonic()
+        while True:
+            answer = await fetch_chunk(
+                http, url, wire_bytes, wait_s=poll_s, headers=headers, timeout=timeout,
+                deadline_s=poll_s + stall_s + wire_bytes / MIN_RATE_BYTES_S)
+            if answer.fault != PENDING or time.monotonic() - asked > stall_s:
+                return answer
 
 
 class RelayCheck:
-    """Probes and contested-chunk fetches, made with the hub's own credentials."""
+    """Probes, made under the hub's own `credentials`, and chunk fetches, each made as a
+    receiver of its own: `mint()` is a new identity of this run for each (None: the hub issues
+    no tickets)."""
 
-    def __init__(self, credentials: Credentials | None):
-        self.credentials = credentials
-        self._http: aiohttp.ClientSession | None = None
+    def __init__(self, credentials: Credentials | None,
+                 mint: Callable[[], Credentials | None] = lambda: None):
+        self.credentials, self.mint = credentials, mint
+        self._http: aiohttp.ClientSession | None = None  # the probes' only
         self._slots = asyncio.Semaphore(CHECKS_AT_ONCE)
 
     def _session(self) -> aiohttp.ClientSession:
@@ -111,23 +168,21 @@ class RelayCheck:
             return None
         return min(8 * got / elapsed, MAX_RATE_BYTES_S * 8)
 
-    async def fetch(self, base_url: str, audience: str, manifest: m.Manifest, index: int,
-                    wait_s: float = FETCH_WAIT_S, deadline_s: float | None = None
-                    ) -> tuple[str, float]:
-        """Fetch chunk `index` of `manifest` from `audience`'s server, letting it wait `wait_s`
-        for the chunk, within `deadline_s` (None: a receiver's, at least), and judge it: one of
-        VERDICTS but "slow", and the seconds from the request to the last byte or the fault
-        (the wait for one of our own slots not counted)."""
+    async def fetch(self, base_url: str, audience: str, manifest: m.Manifest,
+                    index: int) -> tuple[str, float]:
+        """Fetch chunk `index` of `manifest` from `audience`'s server as a receiver that joined
+        now (`receiver_fetch`, under an identity `mint` makes for it alone) and judge it: one
+        of VERDICTS but "slow", PENDING if it never held the chunk, and the seconds from the
+        last request to its last byte or fault (the wait for one of our own slots not counted)."""
         entry = manifest.chunks[index]
         url = base_url + chunk_path(manifest.version, manifest.base_version, index)
-        if deadline_s is None:
-            deadline_s = wait_s + PROBE_TIMEOUT_S + entry.wire_bytes / MIN_RATE_BYTES_S
         async with self._slots:
-            answer = await fetch_chunk(self._session(), url, entry.wire_bytes, wait_s=wait_s,
-                                       deadline_s=deadline_s, headers=self._headers(audience))
+            credentials = self.mint()
+            log.debug("asking %s for chunk %d of v%d as %s", audience, index, manifest.version,
+                      credentials.peer_id if credentials is not None else "anyone")
+            headers = credentials.header(audience) if credentials is not None else {}
+            answer = await receiver_fetch(url, entry.wire_bytes, headers, RECEIVER_STALL_S)
         elapsed = answer.done - answer.sent
-        if answer.fault == PENDING:  # alive, but it never got the chunk it should serve
-            return "stall", elapsed
         if answer.fault is not None:
             return answer.fault, elapsed
         return ("intact" if chunk_digest(answer.data) == entry.digest else "corrupt"), elapsed
@@ -140,13 +195,15 @@ class RelayCheck:
 
 
 class RelayJudge:
-    """Who may relay, on the hub's own evidence. `distrust(conn, event)` counts a trust event,
+    """Who may relay, on the hub's own evidence. `newest(peer_id)` is the `Share` it relays in
+    the newest manifest (`newest_share`), `distrust(conn, event)` counts a trust event,
     `failed(conn)` routes every plan around a relay that failed a check, `on_event(record)`
     writes the run log."""
 
-    def __init__(self, check: RelayCheck, *, distrust: Callable[[PeerConn, str], None],
-                 failed: Callable[[PeerConn], None], on_event: Callable[[dict[str, Any]], None]):
-        self.check = check
+    def __init__(self, check: RelayCheck, *, newest: Callable[[str], Share | None],
+                 distrust: Callable[[PeerConn, str], None], failed: Callable[[PeerConn], None],
+                 on_event: Callable[[dict[str, Any]], None]):
+        self.check, self._newest = check, newest
         self._distrust, self._failed, self._on_event = distrust, failed, on_event
         self.bad: set[str] = set()  # identities whose chunk server failed a check: never again
         self._accusations: set[tuple[str, str, tuple]] = set()  # (accuser, accused, manifest)
@@ -196,36 +253,49 @@ class RelayJudge:
 
     async def _judge(self, accuser: PeerConn, accused: PeerConn, reason: str,
                      manifest: m.Manifest, index: int, rate_bps: float) -> None:
-        verdict, _ = await self.check.fetch(accused.server_url, accused.peer_id, manifest, index)
-        if verdict == "intact" and reason == "slow":  # it holds the chunk now: time it
-            nbytes = manifest.chunks[index].wire_bytes
-            floor_bps = 8 * MIN_RATE_BYTES_S  # as the receiver's rule: never looser than a stall
-            limit_s = slow_after_s(nbytes, max(rate_bps, floor_bps))
-            timed, elapsed_s = await self.check.fetch(  # cut off once it is slow in any case
-                accused.server_url, accused.peer_id, manifest, index, wait_s=PACE_WAIT_S,
-                deadline_s=limit_s + GRACE_S)
-            if timed in ("intact", "stall") and elapsed_s > limit_s:  # late, or cut off
-                verdict = "slow"
-                self._slow(accused, measured_bps(nbytes, elapsed_s))
-            elif timed != "unreachable":  # gone meanwhile (a version it dropped): no evidence
-                verdict = timed
-        log.warning("checked %s's report of %s (%s, chunk %d of v%d): %s", accuser.peer_id,
-                    accused.peer_id, reason, index, manifest.version, verdict)
+        asked, chunk = Share(manifest, [index], rate_bps), index
+        if reason == "slow":  # any chunk of its share tells its pace: one of the newest, as a
+            asked = self._newest(accused.peer_id) or asked  # receiver asks now, at random, so
+            chunk = random.choice(asked.chunks)  # that it cannot keep a few quick to pass
+        verdict, elapsed_s = await self.check.fetch(accused.server_url, accused.peer_id,
+                                                    asked.manifest, chunk)
+        if reason == "slow":
+            verdict = self._paced(accused, asked, chunk, verdict, elapsed_s)
+        elif verdict == PENDING:  # alive, but it never got the chunk it should serve
+            verdict = "stall"
+        checked = (asked.manifest.version, asked.manifest.base_version)
+        log.warning("checked %s's report of %s (%s, chunk %d of v%d) on chunk %d of v%d: %s",
+                    accuser.peer_id, accused.peer_id, reason, index, manifest.version, chunk,
+                    checked[0], verdict)
         self._on_event({"event": "relay_check", "accuser": accuser.peer_id,
                         "accused": accused.peer_id, "reason": reason,
-                        "version": manifest.version, "chunk": index, "verdict": verdict})
-        if verdict in ("intact", "slow"):
-            if reason == "corrupt":  # the chunk is whole: the accusation was a lie
-                self._distrust(accuser, "false_report")
-            return
-        key = (accused.identity, (manifest.version, manifest.base_version), index)
-        if verdict == "corrupt" and key not in self._convictions:
-            self._convictions.add(key)
+                        "version": manifest.version, "chunk": index,
+                        "checked": [*checked, chunk], "verdict": verdict})
+        if verdict == "intact" and reason == "corrupt":  # whole: the accusation was a lie
+            self._distrust(accuser, "false_report")
+        if verdict == "corrupt" and (accused.identity, checked, chunk) not in self._convictions:
+            self._convictions.add((accused.identity, checked, chunk))
             self._distrust(accused, "bad_chunk")
-        if accused.relay != "failed":
+        failed = verdict == "corrupt" or (verdict in ("stall", "unreachable") and reason != "slow")
+        if failed and accused.relay != "failed":
             accused.relay = "failed"
             self.bad.add(accused.identity)
             self._failed(accused)
+
+    def _paced(self, accused: PeerConn, share: Share, index: int, verdict: str,
+               elapsed_s: float) -> str:
+        """What a pace check found, having fetched chunk `index` of `share` (`verdict`, its last
+        request `elapsed_s` long): "slow", and so judged, past the receivers' own rule (a
+        receiver that waited as long would report it), or cut off by their deadline; else the
+        fetch's verdict. "pending" (it does not hold that chunk yet) and "unreachable" (a
+        version it dropped, or gone) say nothing of its pace."""
+        nbytes = share.manifest.chunks[index].wire_bytes
+        rate_bps = max(share.rate_bps, 8 * MIN_RATE_BYTES_S)  # as a receiver's: never looser
+        if verdict == "stall" or (verdict == "intact" and too_slow(  # than its stall deadline
+                nbytes, elapsed_s, rate_bps, RECEIVER_STALL_S / 2)):
+            self._slow(accused, measured_bps(nbytes, elapsed_s))
+            return "slow"
+        return verdict
 
     def _slow(self, accused: PeerConn, measured: float | None) -> None:
         """The hub itself saw `accused` deliver far below its dealt rate: it relays nothing more

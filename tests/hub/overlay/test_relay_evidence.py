@@ -1,6 +1,7 @@
 """The hub believes no relay report without its own evidence: probes before dealing chunks,
-contested chunks fetched and hashed by the hub, transfer reports bounded by what a manifest
-could carry; peers build chunk URLs from host and port only."""
+contested chunks fetched and hashed by the hub, asked for as any receiver asks, transfer
+reports bounded by what a manifest could carry; peers build chunk URLs from host and port
+only."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import math
 import os
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -15,12 +17,13 @@ from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from echo2p2p.relay import owners_of
+from echo2p2p.pace import DEFAULT_WINDOW, share_rate_bps
+from echo2p2p.relay import Broadcast, Member, owners_of
 from echo2p2p.session import Session, Side
 from echo2p2p.hub.overlay import relay_checks as hub_relays
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
-from echo2p2p.overlay.tickets import Credentials, server_base
+from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker, wait_until
@@ -32,11 +35,12 @@ V0 = b"\0" * 1024
 @pytest.fixture
 def quick_checks(monkeypatch):
     """The hub's own checks on shorter deadlines: a probe 1 s (not 5 s) an attempt, 0.2 s
-    apart, and a contested chunk long-polled for 1 s (not 10 s). A server that never answers
-    is then judged in 3.4 s, not 19; an honest one on 127.0.0.1 answers in milliseconds."""
+    apart, and a contested chunk asked as a receiver of relay_stall_s 1 s (not 10 s) asks. A
+    server that never answers is then judged in 3.4 s, not 19; an honest one on 127.0.0.1
+    answers in milliseconds."""
     monkeypatch.setattr(hub_relays, "PROBE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(hub_relays, "PROBE_RETRY_S", 0.2)
-    monkeypatch.setattr(hub_relays, "FETCH_WAIT_S", 1.0)
+    monkeypatch.setattr(hub_relays, "RECEIVER_STALL_S", 1.0)
 
 
 @contextlib.asynccontextmanager
@@ -266,3 +270,81 @@ async def test_a_download_never_requests_a_path_or_query_the_source_chose():
         sig = bytes.fromhex(ticket.rsplit(".", 1)[1])
         assert signing.verify_chunk_auth(signing.public_key(me), "run", "p7", sig)
         assert not signing.verify_chunk_auth(signing.public_key(me), "run", "hub", sig)
+
+
+async def test_the_hubs_check_asks_as_a_receiver_asks():
+    """A chunk the hub checks is asked for as a receiver's download asks for it (path, query,
+    every header in order but the ticket), under a ticket of this run for an id of the hub's
+    own, never the same twice, with a key of its own and on a connection of its own: only its
+    probe at a join carries the hub's ticket, so a relay cannot serve the checks alone well."""
+    seen: list[tuple[str, list[tuple[str, str]], str, object]] = []
+    key = signing.new_private_key()
+    pub = blob_version(key, 0, os.urandom(64 << 10), chunk_bytes=CHUNK)
+
+    async def relay(request: web.Request) -> web.Response:
+        seen.append((request.path_qs, [(k, v) for k, v in request.headers.items()
+                                       if k != TICKET_HEADER],
+                     request.headers.get(TICKET_HEADER, ""),
+                     request.transport.get_extra_info("peername")))
+        return web.Response(body=pub.full.chunks[int(request.match_info["index"])])
+
+    app = web.Application()
+    app.router.add_get("/chunk/{version}/{base}/{index}", relay)
+    me = signing.new_private_key()
+    receiver = Credentials("run", "p1", me, signing.sign_ticket(key, "run", "p1",
+                                                                signing.public_key(me)))
+    ids = iter(["p8", "p9"])
+    hub = Credentials("run", "hub", key, signing.sign_ticket(key, "run", "hub",
+                                                             signing.public_key(key)))
+    check = hub_relays.RelayCheck(hub, lambda: Credentials.issued(key, "run", next(ids)))
+    store = ChunkStore()
+    n = len(pub.full.chunks)
+    async with serving(app) as port, aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{port}"
+        download = Download(store, store.begin(pub.full.manifest), http=http, me="p1",
+                            hub_base_url=base, report=lambda msg: asyncio.sleep(0),
+                            credentials=receiver)  # the peers' default relay_stall_s
+        download.set_plan(m.RelayPlan(0, None, 1, [m.RelaySource("p7", base)], b"\0" * 4 * n))
+        await download.run()
+        asked = len(seen)
+        assert await check.probe(base, "p7", 0)
+        verdicts = [await check.fetch(base, "p7", pub.full.manifest, i) for i in (0, 1)]
+        await check.close()
+    by_receiver = {path: headers for path, headers, _, _ in seen[:asked]}
+    probe, *checks = seen[asked:]
+    assert [v for v, _ in verdicts] == ["intact", "intact"]
+    assert probe[2].startswith("hub.") and probe[0].endswith("?wait=0")
+    tickets = Tickets(signing.public_key(key), "run", "p7")
+    for i, (path, headers, ticket, connection) in enumerate(checks):
+        assert path == f"/chunk/0/full/{i}?wait=5.0" and headers == by_receiver[path]
+        peer_id, peer_key = ticket.split(".")[:2]
+        assert peer_id == f"p{8 + i}" and peer_key != signing.public_key(key).hex()
+        assert tickets(SimpleNamespace(headers={TICKET_HEADER: ticket}))
+        assert connection != probe[3]
+    assert checks[0][2].split(".")[1] != checks[1][2].split(".")[1]
+    assert checks[0][3] != checks[1][3]
+
+
+def test_a_pace_check_asks_for_the_newest_share_the_relay_serves():
+    """The share a "slow" check times is the accused's in the newest manifest where it owns
+    chunks (the full one before a delta), at the rate each request of a receiver joining now
+    is told to expect; a manifest it was routed out of does not count."""
+    key = signing.new_private_key()
+    data = {v: os.urandom(8 * CHUNK) for v in (1, 2, 3)}
+    pubs = {1: blob_version(key, 1, data[1], chunk_bytes=CHUNK),
+            2: blob_version(key, 2, data[2], (1, data[1]), chunk_bytes=CHUNK),
+            3: blob_version(key, 3, data[3], chunk_bytes=CHUNK)}
+    snaps = {(1, None): pubs[1].full, (2, None): pubs[2].full, (2, 1): pubs[2].delta,
+             (3, None): pubs[3].full}
+    members = [Member("p1", "http://a:1", 8e6), Member("p2", "http://b:1", 16e6),
+               Member("p3", None)]
+    broadcasts = {}
+    for key_ in snaps:
+        broadcasts[key_] = Broadcast(*key_, len(snaps[key_].chunks))
+        broadcasts[key_].start(members)
+    broadcasts[(3, None)].drop("p1")
+    share = hub_relays.newest_share("p1", broadcasts, lambda v, b: snaps.get((v, b)))
+    assert share is not None and share.manifest == pubs[2].full.manifest
+    assert share.chunks == [i for i in range(8) if broadcasts[(2, None)].owner(i) == "p1"]
+    assert share.chunks and share.rate_bps == share_rate_bps(8e6, 2) / DEFAULT_WINDOW
+    assert hub_relays.newest_share("p3", broadcasts, lambda v, b: snaps.get((v, b))) is None
