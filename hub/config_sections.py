@@ -117,7 +117,9 @@ class TasksConfig:
     reasoning-gym), scored by the generator (leave it when --dataset names the task)."""
     task_args: str = ""
     """JSON object of the reasoning-gym generator's config keywords, with --task rg:<name>:
-    '{"min_digits": 1, "max_digits": 2}' ('' = the generator's defaults)."""
+    '{"min_digits": 1, "max_digits": 2}' ('' = the generator's defaults). A completion scores
+    1 when the generator gives its answer full credit, else 0; add "partial_credit": true for
+    the generator's own scores, partial credit included (which pays a policy for hedging)."""
     dataset: str = ""
     """A Hugging Face dataset as the task, read offline with the `datasets` library (pip install
     'echo2p2p[data]'): a local .parquet, .jsonl/.json, .csv or .arrow file, a folder of them or

@@ -5,12 +5,18 @@ Rows are shuffled with `split_seed` and the first `eval_size` are held out; the 
 the task, never to a run (a run's seed orders the prompts, the held-out set stays put). A
 GSM8K-style answer ("reasoning ... #### 72") keeps only the part after the last "####".
 
-Reward: `math_verify` when it is installed (gold first; both timeouts off, because its
-signal-based timeout breaks outside the main thread and peers score in worker threads), else a
-normalised exact match of the last number-like token (or of the whole text when neither side has
-one). Either way the text inside the last <answer>...</answer> is scored, if there is one.
-math-verify warns, once per process, that its timeouts are off; every scoring worker and peer
-is a process of its own, so that one record of its two loggers is dropped (`_quiet_timeouts`).
+Reward: the final answer the completion commits to (`echo2p2p.tasks.final_answer`: its
+answer tags, its box, else its final line, right of its last "="), never a hedge or an echo of
+the question. Against a numeric gold ("72", "1,000") that statement must hold exactly one
+number, equal to the gold ("84 + 80 = 84 + 80" scores 0 against 164, which math-verify alone
+would credit: it evaluates the echoed sum); math-verify is not called. Against an expression
+gold ("\\frac{1}{2}") the statement may hold no more numbers than the gold, then `math_verify`
+judges it when installed (gold first, parsed as boxed LaTeX, as is a boxed statement; both
+timeouts off, because its signal-based timeout breaks outside the main thread and peers score
+in worker threads), else a normalised exact match of the last number-like token (or of the
+whole text when neither side has one). math-verify warns, once per process, that its timeouts
+are off; every scoring worker and peer is a process of its own, so that one record of its two
+loggers is dropped (`_quiet_timeouts`).
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from typing import Any
 
 from .answers import last_boxed
 from .base import Problem, check_split
+from .final_answer import (ANSWER_TAG, Statement, committed_statement, number_count,
+                           plain_number, same_number, single_number)
 
 KIND = "math"
 SPLIT_SEED = 0  # the default split; a run's seed orders prompts, it never moves this
 PROMPT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}.\n"
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 try:  # optional dependency: pip install echo2p2p[math]
@@ -56,7 +63,7 @@ _quiet_timeouts()
 
 
 def _answer_part(text: str) -> str:
-    tagged = _ANSWER_TAG.findall(text)
+    tagged = ANSWER_TAG.findall(text)
     return tagged[-1] if tagged else text
 
 
@@ -76,13 +83,35 @@ def normalize_answer(text: str) -> str:
 
 
 def math_reward(answer: str, completion: str) -> float:
-    """1.0 if the completion's final answer equals `answer` mathematically, else 0.0."""
-    pred = _answer_part(completion)
+    """1.0 if the final answer the completion commits to equals `answer`, else 0.0 (the rules
+    are the module docstring's)."""
+    gold = plain_number(answer)
+    said = committed_statement(completion, numeric=gold is not None, keep_equation="=" in answer)
+    if said is None:
+        return 0.0
+    if gold is not None:
+        return 1.0 if same_number(single_number(said.text), gold) else 0.0
+    if number_count(said.text) > number_count(answer):  # an unevaluated expression
+        return 0.0
     if _mv_verify is not None:
-        gold_parsed = _mv_parse(answer, parsing_timeout=None)
-        pred_parsed = _mv_parse(pred, parsing_timeout=None)
-        return 1.0 if _mv_verify(gold_parsed, pred_parsed, timeout_seconds=None) else 0.0
-    return 1.0 if normalize_answer(answer) == normalize_answer(pred) and pred.strip() else 0.0
+        gold_parsed = _mv_parse(_boxed(answer), parsing_timeout=None)
+        return 1.0 if _mv_verify(gold_parsed, _parsed(said), timeout_seconds=None) else 0.0
+    return 1.0 if normalize_answer(answer) == normalize_answer(said.text) else 0.0
+
+
+def _boxed(text: str) -> str:
+    """`text` as math-verify reads a boxed answer: a bare "\\sqrt{2}" or "2\\sqrt{3}" parses
+    to nothing, or to 2, outside a box."""
+    return f"\\boxed{{{text}}}"
+
+
+def _parsed(said: Statement) -> list:
+    """math-verify's reading of a statement: boxed content as LaTeX; a final line as prose
+    (math-verify finds "$...$" in it), else as LaTeX."""
+    if said.boxed:
+        return _mv_parse(_boxed(said.text), parsing_timeout=None)
+    return (_mv_parse(said.text, parsing_timeout=None)
+            or _mv_parse(_boxed(said.text), parsing_timeout=None))
 
 
 def json_object(line: str, lineno: int) -> dict:

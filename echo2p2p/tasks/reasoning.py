@@ -12,7 +12,15 @@ by question text, by construction.
 The prompt is the generator's question and `INSTRUCTION`. Scoring (`GeneratorScore`) needs the
 whole entry (answer and metadata), which peers never receive, so peers do not score these tasks
 (their kind, "rg:<name>", is not one of `echo2p2p.tasks.REWARDS`): the hub's scorers call
-`dataset.score_answer(extract_answer(completion, entry), entry)`.
+`dataset.score_answer(answer, entry)`. Strict by default: 1.0 when the generator gives full
+credit to the answer the completion commits to (`committed_answer`: one number against a
+numeric gold, `echo2p2p.tasks.final_answer`), else 0.0. Many generators' scorers give partial
+credit, chain_sum's `len(gold) / len(answer)` when the gold is inside a longer answer: the gold
+with a digit appended earns ~0.66, two numbers ~0.39, digit soup up to 0.2, where a wrong
+answer earns 0, so a policy learns to hedge. Full credit or nothing keeps each generator's own
+normalisation ("+01,000.00" is 1000 to chain_sum) and pays nothing for a hedge.
+`partial_credit=True` (`--task-args '{"partial_credit": true}'`, `task_options`) gives the
+generator's score as it is, on what `extract_answer` takes (the last number, say).
 
 `reasoning_gym` is imported only when a generator is opened (`open_generator`): LookupError for
 an unknown name (naming close ones), ValueError for arguments the generator rejects, ImportError
@@ -28,17 +36,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import Problem, check_split
+from .final_answer import ANSWER_TAG, NUMBER, committed_statement, single_number
 
 KIND_PREFIX = "rg:"
+PARTIAL_CREDIT = "partial_credit"  # a task-args key of ours, never passed to the generator
+FULL_CREDIT = 1.0  # exactly: spell_backward gives 0.9999999999999998 to its gold plus a letter
 INSTRUCTION = "Give only the final answer."
 EVAL_SEED = 1_000_000_007  # the held-out draw; items are seeded seed + index, far from TRAIN_SEED's
 TRAIN_SEED = 0
 TRAIN_SIZE = 10_000  # the hub cycles through these in shuffled epochs
 EVAL_DRAWS_PER_PROBLEM = 20  # draws tried per held-out problem wanted, when questions repeat
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _LEAD_IN = re.compile(r"^(?:the\s+(?:final\s+)?answer\s+is:?|(?:final\s+)?answer\s*:)\s*", re.I)
+
+
+def _is_number(entry: Mapping[str, Any]) -> bool:
+    """The entry's gold answer is a bare number ("42", "-1,234.5"; not "5%", which a generator
+    compares as text)."""
+    return NUMBER.fullmatch(str(entry.get("answer", "")).strip()) is not None
 
 
 def extract_answer(completion: str, entry: Mapping[str, Any]) -> str:
@@ -46,17 +61,43 @@ def extract_answer(completion: str, entry: Mapping[str, Any]) -> str:
     <answer>...</answer>; else, when the gold answer is a number, the last number ("5 - 3 = 2"
     gives "2", "1,234." gives "1234"); else the last non-empty line without a leading
     "Answer:" or "The answer is" and a trailing period."""
-    tagged = _ANSWER_TAG.findall(completion)
+    tagged = ANSWER_TAG.findall(completion)
     if tagged:
         return tagged[-1].strip()
-    if _NUMBER.fullmatch(str(entry.get("answer", "")).strip()):
-        numbers = _NUMBER.findall(completion)
+    if _is_number(entry):
+        numbers = NUMBER.findall(completion)
         if numbers:
             return numbers[-1].replace(",", "")
     lines = [line.strip() for line in completion.splitlines() if line.strip()]
     if not lines:
         return ""
     return _LEAD_IN.sub("", lines[-1]).strip().removesuffix(".").strip()
+
+
+def committed_answer(completion: str, entry: Mapping[str, Any]) -> str:
+    """What of `completion` the strict scorer hands the generator: the one number of the
+    statement it commits to when the gold answer is a number ("84 + 80 = 164" gives "164";
+    "164 or 165", "84 + 80" give ""), else that statement without a leading "Answer:" or
+    "The answer is" and a trailing period; "" when it commits to several answers."""
+    numeric = _is_number(entry)
+    said = committed_statement(completion, numeric=numeric, keep_equation=not numeric)
+    if said is None:
+        return ""
+    if numeric:
+        return single_number(said.text) or ""
+    return _LEAD_IN.sub("", said.text).strip().removesuffix(".").strip()
+
+
+def task_options(args: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the generator's config keywords, partial_credit) of a task's arguments: `PARTIAL_CREDIT`
+    is this module's option, not the generator's; ValueError unless it is true or false."""
+    generator_args = dict(args)
+    partial = generator_args.pop(PARTIAL_CREDIT, False)
+    if not isinstance(partial, bool):
+        raise ValueError(f"{PARTIAL_CREDIT!r} must be true (the generator's partial-credit "
+                         f"scorer) or false (full credit or nothing, the default), got "
+                         f"{partial!r}")
+    return generator_args, partial
 
 
 def open_generator(name: str, args: Mapping[str, Any], *, seed: int, size: int) -> Any:
@@ -85,8 +126,11 @@ class ReasoningTask:
     """A reasoning-gym generator's problems with a held-out split fixed by its own seeds."""
 
     def __init__(self, name: str, args: Mapping[str, Any] | None = None, *,
-                 eval_size: int = 256, train_size: int = TRAIN_SIZE):
-        self.name, self.args = name, dict(args or {})
+                 eval_size: int = 256, train_size: int = TRAIN_SIZE,
+                 partial_credit: bool = False):
+        """`args`: the generator's config keywords; `partial_credit`: score with the
+        generator's own scores, partial credit included (default: full credit or nothing)."""
+        self.name, self.args, self.partial_credit = name, dict(args or {}), partial_credit
         self.kind = KIND_PREFIX + name
         train = list(open_generator(name, self.args, seed=TRAIN_SEED, size=train_size))
         distinct = len({e["question"] for e in train})
@@ -118,38 +162,44 @@ class ReasoningTask:
 
     def scorer(self) -> GeneratorScore:
         """What the hub's scorers call for this task."""
-        return GeneratorScore(self.name, self.args)
+        return GeneratorScore(self.name, self.args, partial_credit=self.partial_credit)
 
     def reward(self, answer: str, completion: str) -> float:
         raise TypeError("a reasoning-gym task is scored against the whole entry: use scorer()")
 
 
 class GeneratorScore:
-    """`score(problem, completion)`: the generator's `score_answer` on the extracted answer
-    against the problem's entry (`Problem.row`). Picklable: the generator is rebuilt, once,
-    where it is unpickled (a scoring worker, as it starts). Raises on a score that is not a
-    number in [0, 1] (a scorer counts that sample as failed and scores it 0)."""
+    """`score(problem, completion)`: 1.0 if the generator's `score_answer` gives full credit to
+    the answer the completion commits to (`committed_answer`) against the problem's entry
+    (`Problem.row`), else 0.0; with `partial_credit`, its score as it is, of what
+    `extract_answer` takes. Picklable: the generator is rebuilt, once, where it is unpickled (a
+    scoring worker, as it starts). Raises on a score that is not a number in [0, 1] (a scorer
+    counts that sample as failed and scores it 0)."""
 
-    def __init__(self, name: str, args: Mapping[str, Any]):
-        self.name, self.args = name, dict(args)
+    def __init__(self, name: str, args: Mapping[str, Any], *, partial_credit: bool = False):
+        self.name, self.args, self.partial_credit = name, dict(args), partial_credit
         self._dataset: Any = None
 
     def __call__(self, problem: Problem, completion: str) -> float:
         if self._dataset is None:
             self._dataset = open_generator(self.name, self.args, seed=EVAL_SEED, size=1)
         entry = problem.row
-        value = float(self._dataset.score_answer(extract_answer(completion, entry), entry))
+        answer = (extract_answer if self.partial_credit else committed_answer)(completion, entry)
+        value = float(self._dataset.score_answer(answer, entry))
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise ValueError(f"{self.name}.score_answer returned {value}, not in [0, 1]")
-        return value
+        if self.partial_credit:
+            return value
+        return 1.0 if value >= FULL_CREDIT else 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "args": self.args}
+        return {"name": self.name, "args": self.args, "partial_credit": self.partial_credit}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Opens the generator now: in a scoring worker that is while it starts, not within the
         first completion's deadline (importing reasoning-gym takes a second or more)."""
         self.name, self.args = state["name"], state["args"]
+        self.partial_credit = state["partial_credit"]
         self._dataset = open_generator(self.name, self.args, seed=EVAL_SEED, size=1)
 
 

@@ -8,8 +8,9 @@
   (TRL's standard or conversational format): users' rows, scored by the reward functions
   (`reward`, ours or TRL's; default "exact_match" against each row's "answer");
 - otherwise the built-in addition task, a question/answer JSONL file, a dataset or a
-  reasoning-gym generator ("rg:<name>"), scored by the task's own reward (a generator's: its
-  own scorer, `GeneratorScore`) unless `reward` names functions to use instead.
+  reasoning-gym generator ("rg:<name>"), scored by the task's own reward (a generator's: full
+  credit from its own scorer or nothing, `GeneratorScore`; its partial credit on request)
+  unless `reward` names functions to use instead.
 Peers learn only the task's kind: one they can score themselves ("addition", "math", an
 environment's "env:<name>") makes their claimed rewards checkable; "custom" (users' functions,
 which never travel to a volunteer) and "rg:<name>" (scored against the generator's whole entry,
@@ -33,7 +34,7 @@ from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFu
                                       load_reward)
 from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
                             RecordsTask)
-from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask
+from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask, task_options
 
 from ..config import HubConfig
 from .dataset_task import open_dataset_task
@@ -145,10 +146,13 @@ def open_task(cfg: HubConfig) -> Any:
 
 
 def _generator_task(cfg: HubConfig) -> ReasoningTask:
-    """The reasoning-gym generator `--task rg:<name>` names; ConfigError naming the field."""
+    """The reasoning-gym generator `--task rg:<name>` names, scored strictly unless --task-args
+    holds "partial_credit": true (ours: the generator never sees it); ConfigError naming the
+    field."""
     try:
-        task = ReasoningTask(cfg.tasks.task.removeprefix(KIND_PREFIX), cfg.tasks.generator_args,
-                             eval_size=cfg.tasks.eval_problems)
+        args, partial = task_options(cfg.tasks.generator_args)
+        task = ReasoningTask(cfg.tasks.task.removeprefix(KIND_PREFIX), args,
+                             eval_size=cfg.tasks.eval_problems, partial_credit=partial)
     except ImportError:
         raise ConfigError("task", "rg:<name> tasks need reasoning-gym: pip install "
                                   "reasoning-gym") from None
@@ -157,8 +161,9 @@ def _generator_task(cfg: HubConfig) -> ReasoningTask:
     except ValueError as exc:
         raise ConfigError("task_args", str(exc)) from None
     held = len(task.problems("eval"))
-    log.info("%s: %d problems to train on, %d distinct questions held out", task.kind,
-             len(task.problems("train")), held)
+    log.info("%s: %d problems to train on, %d distinct questions held out, scored %s", task.kind,
+             len(task.problems("train")), held,
+             "with the generator's partial credit" if partial else "full credit or nothing")
     if held < cfg.tasks.eval_problems:
         log.warning("%s makes few distinct questions: %d held out, not --eval-problems %d "
                     "(at most half of them)", task.kind, held, cfg.tasks.eval_problems)

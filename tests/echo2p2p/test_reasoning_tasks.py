@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from echo2p2p.scoring import worker
-from echo2p2p.tasks.reasoning import (INSTRUCTION, GeneratorScore, ReasoningTask,
-                                      extract_answer, open_generator)
+from echo2p2p.tasks.reasoning import (INSTRUCTION, PARTIAL_CREDIT, GeneratorScore,
+                                      ReasoningTask, committed_answer, extract_answer,
+                                      open_generator, task_options)
 
 ONE_DIGIT_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -80,9 +81,19 @@ def test_generator_scores_right_one_and_wrong_zero(sums):
     assert score(problem, f"{problem.row['question']} {problem.answer}") == 1.0
     assert score(problem, f"<answer>{problem.answer}</answer>") == 1.0
     assert score(problem, "I do not know.") == 0.0
-    # chain_sum's own scorer credits a gold answer inside a longer one
-    assert score(problem, f"{problem.answer}00") == pytest.approx(
+    assert score(problem, f"{problem.answer}07") == 0.0  # full credit or nothing
+
+
+def test_partial_credit_is_the_generators_own_score(sums):
+    """With partial_credit the generator's score stands as it is: chain_sum credits a gold
+    answer inside a longer one with len(gold) / len(answer), and survives pickling."""
+    task = ReasoningTask("chain_sum", ONE_DIGIT_SUMS, eval_size=64, train_size=2000,
+                         partial_credit=True)
+    score = pickle.loads(pickle.dumps(task.scorer()))
+    problem = task.problems("eval")[0]
+    assert score(problem, f"{problem.answer}07") == pytest.approx(
         len(problem.answer) / (len(problem.answer) + 2))
+    assert score(problem, problem.answer) == 1.0
 
 
 class OutOfRange:
@@ -120,3 +131,34 @@ def test_arguments_the_generator_rejects_carry_its_message(args, says):
 def test_task_reward_points_to_the_scorer(sums):
     with pytest.raises(TypeError, match="scorer"):
         sums.reward("1", "1")
+
+
+@pytest.mark.parametrize("completion, gold, expected", [
+    ("5 - 3 = 2", "2", "2"),
+    ("The answer is 1,234.", "1234", "1234"),
+    ("It is -4", "-4", "-4"),
+    ("The answer is 7.\n\nHope this helps!", "7", "7"),  # a sign-off is not an answer
+    ("3 apples and 2.5 pears", "2.5", ""),  # two numbers: not one answer
+    ("12 or 13", "13", ""),
+    ("<answer>12 13</answer>", "13", ""),
+    ("<answer>12</answer> then <answer>13</answer>", "13", ""),  # tags that disagree
+    ("<answer>13</answer> and 99", "13", "13"),
+    ("\\boxed{13} or \\boxed{12}", "13", ""),
+    ("4 + 9 = 4 + 9", "13", ""),  # the question echoed
+    ("I think\nAnswer: blue.", "blue", "blue"),
+    ("<answer>dog, cat</answer>", "dog, cat", "dog, cat"),
+    ("no number at all", "7", ""),
+])
+def test_committed_answer(completion, gold, expected):
+    """The strict scorer reads one answer: against a number, the one number of the final
+    statement; "" when the completion commits to several."""
+    assert committed_answer(completion, {"answer": gold}) == expected
+
+
+def test_task_options_take_partial_credit_out_of_the_generators_keywords():
+    """"partial_credit" is ours: taken out of the keywords, a boolean or a ValueError."""
+    assert task_options({"min_digits": 1}) == ({"min_digits": 1}, False)
+    assert task_options({PARTIAL_CREDIT: True, "min_digits": 1}) == ({"min_digits": 1}, True)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="'partial_credit' must be true .* or false"):
+            task_options({PARTIAL_CREDIT: bad})

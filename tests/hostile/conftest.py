@@ -109,12 +109,10 @@ def honest_baseline(tmp_path_factory) -> Baseline:
 def _by_item(r: Row) -> tuple[tuple[int, ...], str]:
     """Rows in the issues' order: attacks are labelled "<item number>. ..." (an earlier round),
     "R3-<item number>. ..." (issue 28's round three) or "<issue>-<item number>. ..." (issue 42
-    on: "42-3."), optionally with a letter ("5a.")."""
+    on, after round three), optionally with a letter ("5a.")."""
     label = r.attack.split(". ", 1)[0]
     numbers = tuple(int(n) for n in re.findall(r"\d+", label))
-    if label.startswith("R"):
-        return numbers, r.attack
-    return (numbers if "-" in label else (0, *numbers)), r.attack
+    return (numbers if label.startswith("R") or "-" in label else (0, *numbers)), r.attack
 
 
 def table(rows: list[Row]) -> list[str]:

@@ -1,7 +1,9 @@
 """A verifier bomb (issue 11, item 7): on the math task with math-verify installed, a completion
-whose token ids decode to \\boxed{9^{9^{9^{9}}}} keeps `verify` running for minutes. The hub must
-score off its event loop, in a process it can kill, under a deadline: that completion scores 0,
-the timeout is counted, and heartbeats, leases and the honest peer go on meanwhile.
+whose token ids decode to \\boxed{9^{99999999999}} keeps `verify` running for minutes against an
+expression answer (against a number the math reward wants one number and never calls
+math-verify, issue 42). The hub must score off its event loop, in a process it can kill, under a
+deadline: that completion scores 0, the timeout is counted, and heartbeats, leases and the
+honest peer go on meanwhile.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from .attackers import raw_peer
 from .conftest import yes
 from .harness import hub_alive, hub_and_honest_peer, mark, small_cfg, still_training
 
-BOMB = r"\boxed{9^{9^{9^{9}}}}"
-RIGHT = r"\boxed{3}"
+BOMB = r"\boxed{9^{99999999999}}"
+HALF = r"\frac{1}{2}"
+RIGHT = rf"\boxed{{{HALF}}}"
 SCORE_DEADLINE_S = 1.0
 
 
@@ -41,9 +44,9 @@ class LoopLag:
 @pytest.mark.timeout(120)
 async def test_verifier_bomb_scores_zero_and_freezes_nothing(tmp_path, row):
     """A verifier bomb scores 0 at the scoring deadline, counted; nothing else is frozen."""
-    r = row(r"7. verifier bomb: token ids decoding to \boxed{9^{9^{9^{9}}}} (math task)")
-    task = tmp_path / "three.jsonl"
-    rows = ({"question": f"Problem {i}: what is 1 + 2?", "answer": "3"} for i in range(40))
+    r = row(r"7. verifier bomb: token ids decoding to \boxed{9^{99999999999}} (math task)")
+    task = tmp_path / "half.jsonl"
+    rows = ({"question": f"Problem {i}: what is 1 / 2?", "answer": HALF} for i in range(40))
     task.write_text("".join(json.dumps(q) + "\n" for q in rows))
     cfg = small_cfg(tmp_path, task=str(task), max_new_tokens=len(BOMB) + 2,
                     spot_check_fraction=0.0, score_timeout_s=SCORE_DEADLINE_S)

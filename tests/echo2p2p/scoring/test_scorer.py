@@ -14,7 +14,9 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import OverBudget, Scorer
 from echo2p2p.tasks import addition_reward, math_reward
 
-BOMB = r"\boxed{9^{9^{9^{9}}}}"  # math-verify with its timeouts off never finishes on this
+# math-verify with its timeouts off never finishes on this against an expression gold (against
+# a number the math reward takes one number and never calls it)
+BOMB, BOMB_GOLD = r"\boxed{9^{99999999999}}", r"\frac{1}{2}"
 
 
 def char_tokenizer():
@@ -47,7 +49,8 @@ async def test_math_bomb_is_killed_at_its_deadline_and_the_group_is_scored():
     worker serves the next call."""
     pytest.importorskip("math_verify")
     with Scorer(math_reward, timeout_s=2.0) as scorer:
-        group = [("3", r"\boxed{3}"), ("3", BOMB), ("4", r"so \boxed{4}"), ("3", r"\boxed{5}")]
+        group = [("3", r"\boxed{3}"), (BOMB_GOLD, BOMB), ("4", r"so \boxed{4}"),
+                 ("3", r"\boxed{5}")]
         pending = asyncio.create_task(scorer.score(group))
         while not pending.done():  # the loop keeps turning while the worker is stuck
             await asyncio.to_thread(lambda: None)
@@ -68,7 +71,7 @@ def test_blocking_use_from_a_thread_and_a_whole_bombed_batch():
     with Scorer(math_reward, timeout_s=1.0) as scorer:
         assert scorer.score_blocking([("1", r"\boxed{1}")]).rewards == [1.0]
         (pid,) = scorer.statistics().worker_pids
-        scored = scorer.score_blocking([("3", BOMB), ("2", BOMB)])
+        scored = scorer.score_blocking([(BOMB_GOLD, BOMB), (BOMB_GOLD, BOMB)])
         assert scored.rewards == [0.0, 0.0] and scored.timed_out == 2
         assert scorer.statistics().timeouts == 2 and not alive(pid)
 
@@ -94,7 +97,7 @@ async def test_close_mid_verifier_cancels_the_waiter_and_kills_the_busy_worker()
     scorer = Scorer(math_reward, timeout_s=600.0)
     await scorer.start()
     (pid,) = scorer.statistics().worker_pids
-    waiting = scorer.submit([("3", BOMB)])  # sent at once: the worker is idle
+    waiting = scorer.submit([(BOMB_GOLD, BOMB)])  # sent at once: the worker is idle
     scorer.close()
     assert waiting.cancelled() and not alive(pid)
 

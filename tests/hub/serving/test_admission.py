@@ -123,7 +123,9 @@ async def test_a_verifier_that_never_returns_does_not_stall_the_hub():
     hub welcomes a new peer; at the deadline it scores 0, the rest of its group is scored
     right, and the timeout is counted."""
     pytest.importorskip("math_verify")
-    lines = [json.dumps({"question": f"{i} + 0", "answer": str(i)}) for i in range(1, 5)]
+    # expression answers: against a number the math reward never calls math-verify
+    lines = [json.dumps({"question": f"1 / {i}", "answer": f"\\frac{{1}}{{{i}}}"})
+             for i in range(2, 6)]
     task = MathTask.from_lines(lines, eval_size=1)
     cfg = HubConfig.from_flat(port=0, group_size=4, max_new_tokens=64, score_timeout_s=10.0)
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")]
@@ -132,7 +134,7 @@ async def test_a_verifier_that_never_returns_does_not_stall_the_hub():
 
     def bombed(lease: m.LeaseGrant, g: int) -> list[m.Sample]:
         right = rf"\boxed{{{lease.answer}}}"
-        return ([completion(r"\boxed{9^{9^{9^{9}}}}", r"\boxed{9^{9^{9^{9}}}}")]
+        return ([completion(r"\boxed{9^{99999999999}}", r"\boxed{9^{99999999999}}")]
                 + [completion(right, right, 1.0)] * (g - 1))
 
     async def meet_a_bystander() -> None:

@@ -34,6 +34,24 @@ def test_generator_task_scored_by_the_hubs_workers():
     assert scored.failed == scored.timed_out == 0
 
 
+def test_hedges_score_zero_unless_partial_credit_is_asked_for():
+    """In the hub's workers a hedge of the gold scores 0 by default; --task-args with
+    "partial_credit": true (never passed to the generator) gives chain_sum's own partial
+    credit back."""
+    def scores(task_args: str) -> list[float]:
+        setup = open_setup(HubConfig.from_flat(task="rg:chain_sum", task_args=task_args,
+                                               eval_problems=8))
+        problems = [p for p in setup.task.problems("eval") if p.answer.isdigit()]
+        hedged = [(p, f"<answer>{p.answer} {int(p.answer) + 1}</answer>") for p in problems]
+        with Scorer(setup.reward, timeout_s=30.0, name="rg-test") as scorer:
+            return scorer.score_blocking(hedged).rewards
+
+    strict = scores(SUMS)
+    assert strict and strict == [0.0] * len(strict)
+    partial = scores(SUMS[:-1] + ', "partial_credit": true}')
+    assert partial and all(0.0 < r < 1.0 for r in partial)
+
+
 def test_few_distinct_questions_are_said_in_the_log(caplog):
     """products of two digits makes 100 questions: 50 are held out, and the log says why."""
     setup = open_setup(HubConfig.from_flat(task="rg:products", task_args=SUMS, eval_problems=64))
@@ -59,6 +77,8 @@ def test_users_reward_functions_read_the_generated_row():
     ({"task": "rg:chain_sum", "task_args": '{"min_terms": 5, "max_terms": 2}'}, "task_args",
      "max_terms must be >= min_terms"),
     ({"task_args": '{"min_digits": 1}'}, "task_args", "rg:<name>"),
+    ({"task": "rg:chain_sum", "task_args": '{"partial_credit": "yes"}'}, "task_args",
+     "'partial_credit' must be true"),
 ])
 def test_mistakes_name_the_field(fields, field, says):
     with pytest.raises(ConfigError, match=says) as caught:
