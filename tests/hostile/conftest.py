@@ -107,11 +107,14 @@ def honest_baseline(tmp_path_factory) -> Baseline:
 
 
 def _by_item(r: Row) -> tuple[tuple[int, ...], str]:
-    """Rows in the issues' order: attacks are labelled "<item number>. ..." (an earlier round)
-    or "R3-<item number>. ..." (issue 28's round three), optionally with a letter ("5a.")."""
+    """Rows in the issues' order: attacks are labelled "<item number>. ..." (an earlier round),
+    "R3-<item number>. ..." (issue 28's round three) or "<issue>-<item number>. ..." (a later
+    issue: "42-5."), optionally with a letter ("5a."); rounds sort by their number, the first
+    round as 0 and an issue's rows after round three's."""
     label = r.attack.split(". ", 1)[0]
-    return (tuple(int(n) for n in re.findall(r"\d+", label)) if label.startswith("R")
-            else (0, *(int(n) for n in re.findall(r"\d+", label))), r.attack)
+    numbers = tuple(int(n) for n in re.findall(r"\d+", label))
+    later = label.startswith("R") or re.match(r"\d+-", label)
+    return (numbers if later else (0, *numbers)), r.attack
 
 
 def table(rows: list[Row]) -> list[str]:
