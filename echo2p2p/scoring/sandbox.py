@@ -9,35 +9,61 @@ sets the limits and namespaces below on itself, then forks the program's interpr
 What it guarantees (Linux):
 - time: at `timeout_s` wall time (start-up included) its process group is SIGKILLed, and each
   process has RLIMIT_CPU of ceil(timeout_s) + 1 s;
-- memory: RLIMIT_AS of `memory_bytes` per process (past it an allocation raises MemoryError);
+- memory: RLIMIT_AS of `memory_bytes` per process (past it an allocation raises MemoryError).
+  For a root caller where cgroup v2 hands the memory and pids controllers down
+  (`sandbox_cgroup`; `cgroup` in the result), all its processes share a cgroup of their own:
+  memory.max of `memory_bytes` for them together, shared memory and the kernel's memory for
+  their IPC objects included (past it the kernel kills them all: "killed by SIGKILL (the memory
+  limit)"), pids.max of `max_processes` (and its child), killed whole and removed after the run.
+  Its processes are the first the kernel's OOM killer takes (oom_score_adj 1000), before the
+  hub's;
 - files: RLIMIT_FSIZE of `file_bytes` per file written (stdout and stderr too), RLIMIT_NOFILE of
   `max_open_files`, no core dumps; its working directory is removed afterwards;
 - environment: none of the caller's variables reach it;
 - user: a root caller's program runs as uid and gid 65534 (nobody), with no capabilities and
   RLIMIT_NPROC of `max_processes`; no file of the hub's is its, and no /proc/<pid> of a root
   process opens for it;
-- when this process may create namespaces (root: mount, PID and network ones; otherwise a user
-  namespace too, if unprivileged ones are on), `isolated` in the result: its root directory is a
-  new one (chroot) holding only the system's programs and libraries (/bin, /lib*, /usr), the
-  Python installation, a /proc that shows it its own processes only (for a root caller:
+- when this process may create namespaces (root: mount, PID, network and IPC ones; otherwise a
+  user namespace too, if unprivileged ones are on), `isolated` in the result: its root directory
+  is a new one (chroot) holding only the system's programs and libraries (/bin, /lib*, /usr),
+  the Python installation, a /proc that shows it its own processes only (for a root caller:
   hidepid, no other user's command line) and its working directory, all read-only but that
-  directory: nothing else of the host exists for it, the hub's run directory and key
-  included. No network: the new namespace has only a loopback interface, down, so no
-  connection succeeds, 127.0.0.1 included. Every process it starts dies with it (the kernel
-  kills a PID namespace whole when its first process ends, and that one dies with this child).
+  directory: nothing else of the host exists for it, the hub's run directory and key included.
+  No network: the new namespace has only a loopback interface, down, so no connection succeeds,
+  127.0.0.1 included. Every process it starts dies with it (the kernel kills a PID namespace
+  whole when its first process ends, and that one dies with this child).
+  IPC: its System V shared memory, semaphores and message queues and its POSIX message queues
+  are its own IPC namespace's, never the host's, and go with it: nothing of them is left once
+  the run ends (the kernel frees a dead namespace's objects on its work queue, moments after).
+  Its root has no /dev, so no /dev/shm: POSIX shared memory and named semaphores fail to open
+  (ENOENT). For a root caller the namespace has limits (`ipc_limits`): `memory_bytes` of System
+  V segments in all, each removed when it is last detached (so filled segments cannot pile up
+  past what its processes map, which RLIMIT_AS bounds), IPC_OBJECTS segments, message queues and
+  semaphore sets, and RLIMIT_MSGQUEUE of QUEUE_BYTES (at most the caller's own) for its uid's
+  POSIX queues.
   A caller that is not root cannot change uid: its program keeps the caller's uid, unmapped in
   its user namespace (so its exec drops every capability), and gets no /proc (whose
-  /proc/<pid>/root would reach the caller's files), at most `max_processes` processes.
-  Without namespaces (`isolated` False, logged once at WARNING): no network, mount or process
-  isolation and no new root, and only the process group is killed, which a process that calls
-  setsid() escapes. As root the program still runs as nobody (and fails to start if the
-  interpreter lies where nobody may not go, as under a /root of mode 0700: safe, scores 0).
+  /proc/<pid>/root would reach the caller's files), at most `max_processes` processes; its IPC
+  namespace keeps the kernel's defaults (an unmapped uid cannot set its limits): its objects
+  still go with it, but while it runs the System V segments it fills and detaches are not
+  bounded (its POSIX queues are, by RLIMIT_MSGQUEUE).
+  Without namespaces (`isolated` False, logged once at WARNING): no network, mount, process or
+  IPC isolation and no new root: what it makes of shared memory and message queues is the host's
+  and stays, and only the process group is killed, which a process that calls setsid() escapes
+  (but not its cgroup, where it has one). As root the program still runs as nobody (and fails to
+  start if the interpreter lies where nobody may not go, as under a /root of mode 0700: safe,
+  scores 0).
 
 What it does not guarantee: it is no security boundary against a program that exploits the kernel
 or Python itself. Run by a caller that is not root and without namespaces, the program can read
 every file the caller can, the hub's key included: run the hub as root (its programs run as
 nobody), where unprivileged user namespaces are on, or in a container. Disk use is bounded per
-file, not in total. Not POSIX-portable: it needs Linux and Python 3.11+.
+file, not in total. Without a cgroup, memory is bounded per process, not in total: up to
+`max_processes` times `memory_bytes` (for a root caller, its System V segments included: one
+that none of its processes maps is gone, or never had a page); and the program's uid counts
+against RLIMIT_NPROC and RLIMIT_MSGQUEUE with every other process of that uid (nobody, for a
+root caller).
+Not POSIX-portable: it needs Linux and Python 3.11+.
 """
 
 from __future__ import annotations
@@ -57,7 +83,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import sandbox_child
+from . import sandbox_cgroup, sandbox_child
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +92,8 @@ DEFAULT_MEMORY_BYTES = 256 * 2**20
 DEFAULT_FILE_BYTES = 2**20
 DEFAULT_OPEN_FILES = 64
 DEFAULT_PROCESSES = 32
+QUEUE_BYTES = 2**20  # RLIMIT_MSGQUEUE: POSIX message queues' bytes, for the program's uid
+IPC_OBJECTS = 16  # System V segments, message queues and semaphore sets, each, in its namespace
 TAIL_BYTES = 4096  # of stdout and of stderr, kept in the result
 # The interpreter the program runs on: the installation's own, never a virtual environment's
 # (whose site-packages `-S` skips anyway, and whose folder the program's root does not hold).
@@ -85,6 +113,7 @@ class SandboxResult:
     why: str  # "" when passed, else a short reason: "timed out after 2 s", "exit status 1: ..."
     isolated: bool  # ran in its own namespaces and root directory (module docstring)
     uid: int | None  # the program's uid (65534: nobody, for a root caller); None: set-up failed
+    cgroup: bool  # its processes ran in a cgroup v2 of their own (memory.max, pids.max)
 
 
 def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -109,17 +138,36 @@ def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             os.chown(work, sandbox_child.NOBODY, sandbox_child.NOBODY)  # must pass through
             os.chmod(root, 0o711)  # root (mkdtemp's 0700) when no chroot hides it
         limits = {"RLIMIT_CPU": math.ceil(timeout_s) + 1, "RLIMIT_AS": memory_bytes,
-                  "RLIMIT_FSIZE": file_bytes, "RLIMIT_NOFILE": max_open_files, "RLIMIT_CORE": 0}
-        with _pipes(talk is not None) as (theirs, ours):
+                  "RLIMIT_FSIZE": file_bytes, "RLIMIT_NOFILE": max_open_files, "RLIMIT_CORE": 0,
+                  "RLIMIT_MSGQUEUE": QUEUE_BYTES}
+        with _pipes(talk is not None) as (theirs, ours), \
+                sandbox_cgroup.for_run(memory_bytes, max_processes) as cgroup:
             spec = {"work": work, "report": os.path.join(root, "report"),
                     "parent": os.getpid(), "processes": max_processes, "limits": limits,
                     "interpreter": INTERPRETER, "root": jail, "binds": _binds(),
-                    "channel": theirs}
+                    "channel": theirs, "cgroup": cgroup and cgroup.path,
+                    "ipc": ipc_limits(memory_bytes)}
             argv = [sys.executable, "-I", "-S", sandbox_child.__file__, json.dumps(spec)]
             timed_out, returncode = _run_child(root, argv, timeout_s, theirs, ours, talk)
-        return _result(root, timed_out, returncode, timeout_s)
+            out_of_memory = cgroup is not None and cgroup.oom_kills() > 0
+        return _result(root, timed_out, returncode, timeout_s, cgroup is not None, out_of_memory)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def ipc_limits(memory_bytes: int) -> dict[str, str]:
+    """The limits of a program's IPC namespace, as its /proc/sys files and their values (a new
+    namespace starts with the kernel's defaults, not the host's settings: about 2**64 bytes of
+    System V shared memory, 32,000 message queues). Its System V segments hold `memory_bytes`
+    in all, and each goes when it is last detached (or, never attached, when the process that
+    made it ends: shm_rmid_forced), not at the end of the run."""
+    page_bytes = os.sysconf("SC_PAGE_SIZE")
+    n = str(IPC_OBJECTS)
+    shm_pages = -(-memory_bytes // page_bytes)
+    return {"kernel/shmmax": str(memory_bytes), "kernel/shmall": str(shm_pages),
+            "kernel/shmmni": n, "kernel/shm_rmid_forced": "1", "kernel/msgmni": n,
+            "kernel/sem": f"64 {64 * IPC_OBJECTS} 64 {n}",  # per set, in all, per call, sets
+            "fs/mqueue/queues_max": n}
 
 
 def sandbox_refusal(timeout_s: float = 30.0) -> str | None:
@@ -252,7 +300,8 @@ def _wait_exited(child: subprocess.Popen, timeout_s: float) -> bool:
         os.close(exited)
 
 
-def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> SandboxResult:
+def _result(root: str, timed_out: bool, returncode: int, timeout_s: float, cgroup: bool,
+            out_of_memory: bool) -> SandboxResult:
     report = _read(os.path.join(root, "report"), 4096).splitlines()
     isolated = bool(report) and report[0] == "isolated"
     if report and not isolated:
@@ -270,7 +319,9 @@ def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> Sa
     elif code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         why = f"killed by {name}" + {"SIGXCPU": " (the CPU time limit)",
-                                     "SIGXFSZ": " (the file size limit)"}.get(name, "")
+                                     "SIGXFSZ": " (the file size limit)",
+                                     "SIGKILL": " (the memory limit)" if out_of_memory else ""
+                                     }.get(name, "")
     elif code:
         last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
         why = f"exit status {code}" + (f": {last[:200]}" if last else "")
@@ -278,7 +329,7 @@ def _result(root: str, timed_out: bool, returncode: int, timeout_s: float) -> Sa
         why = ""
     return SandboxResult(passed=code == 0, exit_code=code, timed_out=timed_out,
                          stdout_tail=stdout, stderr_tail=stderr, why=why, isolated=isolated,
-                         uid=uid)
+                         uid=uid, cgroup=cgroup)
 
 
 def _read(path: str, tail_bytes: int) -> str:
@@ -295,6 +346,7 @@ def _warn_once(reason: str) -> None:
     global _warned_unisolated
     if not _warned_unisolated:
         _warned_unisolated = True
-        log.warning("sandboxed programs run without network, mount or process isolation on this "
-                    "machine (%s): they can reach the network, write what this user can write, "
-                    "and a process that leaves its group outlives the run", reason)
+        log.warning("sandboxed programs run without network, mount, process or IPC isolation "
+                    "on this machine (%s): they can reach the network, write what this user can "
+                    "write, leave shared memory and message queues behind in the host's IPC "
+                    "namespace, and a process that leaves its group outlives the run", reason)

@@ -1,6 +1,6 @@
-"""The code-reward sandbox under attack (issue 28, items 2-4): a hub training on a code task (its
-reward runs the completion's program against the row's tests), an honest peer, and raw peers
-submitting chosen token ids.
+"""The code-reward sandbox under attack (issue 28, items 2-4; issue 42, item 5): a hub training on
+a code task (its reward runs the completion's program against the row's tests), an honest peer,
+and raw peers submitting chosen token ids.
 
 - R3-2: a program that reads the hub's key and sleeps on one of its bits, one rollout per bit,
   to read the bit back from the ack's timing. The key is not there to read, and every answer
@@ -8,6 +8,8 @@ submitting chosen token ids.
 - R3-3: a completion that reads the harness's token from its program file, prints the pass
   line and calls os._exit(0), which the old harness scored 1.0 on any problem.
 - R3-4: four connections whose samples sleep to the sandbox's limit, to saturate the scorer.
+- 42-5: programs that make and fill System V shared-memory segments and open a POSIX message
+  queue, which outlived the sample, the run and the peer in the host's IPC namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import pytest
 
 from echo2p2p.messages import pack_ids, pack_logprobs
 from echo2p2p.scoring import code
+from echo2p2p.scoring.sandbox_child import NOBODY
+
+from tests.echo2p2p.scoring import host_ipc
 
 from .attackers import RawPeer, raw_peer
 from .conftest import yes
@@ -221,3 +226,74 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
     assert alive
     assert refusals > 0
     assert cut_off == {HONEST: False, **{f"burner-{i}": True for i in range(4)}}, cut_off
+
+
+MIB = 2**20
+# One 16 MiB segment made, attached and filled at each call of answer(), which the row's three
+# tests call: 48 MiB a sample, as the issue's 384 MiB per 8-sample rollout. 149 characters.
+SHM = ("[setattr(l.shmat,'restype',c.c_void_p)or c.memset(l.shmat(l.shmget(0,1<<24,896),None,0),"
+       "1,1<<24)for c in[__import__('ctypes')]for l in[c.CDLL(None)]]")
+QUEUE = "/echo2-hostile"  # O_CREAT | O_RDWR, mode 0600
+MQ = f"[c.CDLL(None).mq_open(b'{QUEUE}',66,384,None)for c in[__import__('ctypes')]]"
+
+
+@pytest.mark.timeout(600)
+async def test_shared_memory_and_message_queues_are_gone_with_the_sample(tmp_path, row):
+    """Rollouts whose programs make and fill System V segments and open a POSIX message queue,
+    one after the other for as long as a rate is measured, leave the host's shared memory, its
+    System V objects and its queues as they were, and training goes on."""
+    r = row("42-5. shared memory and message queues: 3 of 4 samples fill 3 x 16 MiB System V "
+            "segments, 1 opens a POSIX queue; rollouts back to back")
+    cfg = code_cfg(tmp_path)
+    host_ipc.unlink_queue(QUEUE)
+    before = {kind: set(host_ipc.sysv(kind)) for kind in host_ipc.KINDS}
+    answers: list[dict] = []
+    try:
+        async with hub_and_honest_peer(cfg) as (run, honest), \
+                raw_peer(run.url, keep_alive=True) as attacker:
+            assert await attacker.hello(name="hoarder", engine="transformers") is not None
+            without = await steps_per_min(run, RATE_STEPS)
+            shmem_before = host_ipc.shmem_bytes()
+            since = mark(run, honest)
+            stop = asyncio.Event()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_hoard(attacker, run.tokenizer, [SHM] * 3 + [MQ], answers, stop))
+                with_ = await steps_per_min(run, RATE_STEPS)
+                stop.set()  # its last rollout is answered, then it stops
+            shmem_after = host_ipc.shmem_bytes()
+            left = {kind: [i for i, (_, uid) in host_ipc.sysv(kind).items()
+                           if i not in before[kind] and uid == NOBODY]
+                    for kind in host_ipc.KINDS}
+            queue_left = host_ipc.queue_exists(QUEUE)
+            after = await steps_per_min(run, RATE_STEPS)
+            r.steps_per_min = cell_rate(without, with_)
+            r.honest_training = await still_training(run, honest, since)
+            r.hub_alive = yes(alive := await hub_alive(run))
+            events = run.hub.statistics().trust_events.get(attacker.peer_id, {})
+    finally:  # what a leaking sandbox left (the red check on the old one)
+        for kind in host_ipc.KINDS:
+            host_ipc.remove_sysv(kind, {i for i, (_, uid) in host_ipc.sysv(kind).items()
+                                        if i not in before[kind] and uid == NOBODY})
+        host_ipc.unlink_queue(QUEUE)
+    verdicts = ", ".join(sorted({f"{a['t']} {a.get('reason', '')}".strip() for a in answers}))
+    r.reaction = (f"rollouts {verdicts}; trust events {dict(events) or 'none'}; host Shmem "
+                  f"{shmem_before / MIB:.0f} -> {shmem_after / MIB:.0f} MiB, new System V "
+                  f"objects in the host's namespace: "
+                  f"{', '.join(f'{k} {len(v)}' for k, v in left.items())}; queue left: "
+                  f"{'yes' if queue_left else 'no'}")
+    made = len(answers) * 3 * 3
+    r.note = (f"{len(answers)} rollouts, {made} segments of 16 MiB made ({made * 16} MiB); "
+              f"steps/min after: {after:.1f}")
+    assert alive
+    assert len(answers) >= 2
+    assert left == {"shm": [], "msg": [], "sem": []}, left
+    assert not queue_left
+    assert shmem_after - shmem_before < 48 * MIB, (shmem_before, shmem_after)  # one sample's
+
+
+async def _hoard(peer: RawPeer, tok, texts: list[str], answers: list[dict],
+                 stop: asyncio.Event) -> None:
+    """Rollouts of `texts`, each after the hub answered the one before, until `stop`; the
+    hub's answers into `answers`."""
+    while not stop.is_set():
+        answers.append((await submit(peer, tok, texts))[0])

@@ -1,8 +1,10 @@
-"""The sandbox (limits, throwaway directory, no network, processes killed whole) and the code task's
-reward that runs a completion's program against its row's tests in it."""
+"""The sandbox (limits, throwaway directory, no network, processes killed whole, IPC objects in
+a namespace of its own) and the code task's reward that runs a completion's program against its
+row's tests in it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -17,7 +19,9 @@ import pytest
 
 from echo2p2p.scoring.code import ForgedPass, code_tests, program_of
 from echo2p2p.scoring import sandbox
-from echo2p2p.scoring.sandbox import INTERPRETER, run_python, sandbox_refusal
+from echo2p2p.scoring.sandbox import INTERPRETER, ipc_limits, run_python, sandbox_refusal
+
+from . import host_ipc
 
 ROOT = Path(__file__).resolve().parents[3]
 ADD = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
@@ -175,6 +179,122 @@ def test_a_child_that_leaves_the_group_is_killed_too(isolated):
     result = run_python(SPAWN.format(n=2, escape="os.setsid()", then="pass"))
     pids = [int(line) for line in result.stdout_tail.split()]
     assert len(pids) == 2 and all(gone(pid) for pid in pids)
+
+
+IPC = """\
+import ctypes, os
+libc, rt = ctypes.CDLL(None, use_errno=True), ctypes.CDLL('librt.so.1', use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+def made(what, result):
+    print(what + ':', 'made' if result >= 0 else os.strerror(ctypes.get_errno()), flush=True)
+segment = libc.shmget({key}, 2**20, 0o1600)
+made('shm', segment)
+if segment >= 0:
+    ctypes.memset(libc.shmat(segment, None, 0), 1, 2**20)
+made('msg', libc.msgget({key}, 0o1600))
+made('sem', libc.semget({key}, 1, 0o1600))
+made('mq', rt.mq_open({name!r}.encode(), os.O_CREAT | os.O_RDWR, 0o600, None))
+try:
+    import _posixshmem
+    made('posix shm', _posixshmem.shm_open({name!r}, os.O_CREAT | os.O_RDWR, 0o600))
+except OSError as e:
+    print('posix shm:', e.strerror, flush=True)
+{then}
+"""
+
+
+def fresh_key() -> int:
+    """A System V key no one uses (random, never IPC_PRIVATE's 0)."""
+    return 0x2E000000 + int.from_bytes(os.urandom(3), "big")
+
+
+@pytest.mark.parametrize("then", ["pass", "import time; time.sleep(60)"], ids=["exits", "hangs"])
+def test_shared_memory_and_message_queues_are_not_the_hosts(isolated, then):
+    """With namespaces, the System V segment, message queue and semaphore set and the POSIX
+    message queue a program makes are its own IPC namespace's (made there), never the host's:
+    none is left after the run, whether the program exits or is killed at the deadline; and
+    its root has no /dev/shm, so POSIX shared memory is refused."""
+    need(isolated)
+    key, name = fresh_key(), f"/echo2-test-{os.urandom(4).hex()}"
+    try:
+        result = run_python(IPC.format(key=key, name=name, then=then),
+                            timeout_s=1.0 if "sleep" in then else 5.0)
+        said = dict(line.split(": ", 1) for line in result.stdout_tail.splitlines())
+        left = {kind: [i for i, (k, _) in host_ipc.sysv(kind).items() if k == key]
+                for kind in host_ipc.KINDS}
+        assert left == {"shm": [], "msg": [], "sem": []}
+        assert not host_ipc.queue_exists(name)
+        assert not os.path.exists("/dev/shm" + name)
+        assert said == {"shm": "made", "msg": "made", "sem": "made", "mq": "made",
+                        "posix shm": "No such file or directory"}, result.stdout_tail
+    finally:  # what a leaking sandbox left (the red check on the old one)
+        for kind in host_ipc.KINDS:
+            host_ipc.remove_sysv(kind, {i for i, (k, _) in host_ipc.sysv(kind).items() if k == key})
+        host_ipc.unlink_queue(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("/dev/shm" + name)
+
+
+SHM_BOMB = """\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+SIZE, buf = 16 * 2**20, ctypes.create_string_buffer(512)
+touched = []
+for i in range(40):  # 640 MiB, one 16 MiB segment at a time: made, filled, detached, kept
+    segment = libc.shmget({key} + i, SIZE, 0o1600)
+    if segment < 0:
+        break
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, SIZE)
+    libc.shmdt(address)
+    touched.append(segment)
+print('touched', len(touched), flush=True)
+print('alive', sum(libc.shmctl(s, 2, buf) == 0 for s in touched), flush=True)  # IPC_STAT
+reserved = 0
+while reserved < 40 and libc.shmget({key} + 100 + reserved, SIZE, 0o1600) >= 0:
+    reserved += 1  # never attached: no pages, but the size counts against the namespace's total
+print('reserved', reserved, flush=True)
+"""
+
+
+def test_shared_memory_past_the_memory_limit_is_not_held(isolated):
+    """A program that fills 16 MiB System V segments one after the other, detaching each and
+    keeping it, holds no more than memory_bytes of them at once (a detached segment goes at
+    once; with a cgroup, past its memory.max the program is killed), and cannot reserve more
+    than memory_bytes of segments in all."""
+    need(isolated)
+    key, memory_bytes, segment_bytes = fresh_key(), 96 * 2**20, 16 * 2**20
+    try:
+        result = run_python(SHM_BOMB.format(key=key), memory_bytes=memory_bytes, timeout_s=10)
+        said = dict(line.split() for line in result.stdout_tail.splitlines())
+        if getattr(result, "cgroup", False) and "memory limit" in result.why:
+            return  # the kernel killed it at memory.max (getattr: a sandbox without cgroups)
+        assert result.passed, result.why
+        assert int(said["alive"]) * segment_bytes <= memory_bytes, said
+        assert int(said["reserved"]) * segment_bytes <= memory_bytes, said
+        assert int(said["touched"]) == 40  # each went once detached: room for the next
+    finally:
+        keys = {key + i for i in range(40)} | {key + 100 + i for i in range(40)}
+        host_ipc.remove_sysv("shm", {i for i, (k, _) in host_ipc.sysv("shm").items()
+                                     if k in keys})
+
+
+def test_ipc_limits_bound_the_namespace_to_the_memory_limit():
+    """The IPC namespace's limits: System V shared memory of memory_bytes in all (in pages,
+    rounded up), a segment gone once detached, and a few objects of each kind."""
+    page_bytes = os.sysconf("SC_PAGE_SIZE")
+    limits = ipc_limits(10 * page_bytes + 1)
+    assert limits["kernel/shmmax"] == str(10 * page_bytes + 1)
+    assert limits["kernel/shmall"] == "11"
+    assert limits["kernel/shm_rmid_forced"] == "1"
+    assert int(limits["kernel/shmmni"]) <= 64 and int(limits["kernel/msgmni"]) <= 64
+    semmsl, semmns, _, semmni = map(int, limits["kernel/sem"].split())
+    assert semmns <= 4096 and semmni <= 64 and semmsl <= semmns
+    assert int(limits["fs/mqueue/queues_max"]) <= 64
 
 
 def test_no_network_not_even_to_a_listening_local_port(isolated):
