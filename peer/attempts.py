@@ -71,6 +71,9 @@ class Attempts:
             refused = isinstance(exc.os_error, ConnectionRefusedError)
             why = "connection refused: nothing listens on that port" if refused else exc.strerror
             return f"hub {self.address} not reachable ({why})"
+        if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status == 429:
+            return (f"hub {self.address} turns joins away for now (HTTP 429: too many from this "
+                    f"address or network, or in all)")
         if isinstance(exc, aiohttp.WSServerHandshakeError):
             return f"hub {self.address} not ready (it answered HTTP {exc.status} on {self.path})"
         if isinstance(exc, TimeoutError):

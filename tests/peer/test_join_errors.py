@@ -10,8 +10,10 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator
 
+import aiohttp
 from aiohttp import web
 
+from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.loop import HubRun
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
@@ -172,3 +174,27 @@ async def test_an_untrusted_certificate_names_the_flag(tmp_path):
         assert_gave_up(code, err, f"hub {url.split('/')[2]}'s TLS certificate is not trusted",
                        "--ca-cert")
         assert hub.statistics().refused == 0 and not hub.peer_views()
+
+
+async def test_a_hub_turning_joins_away_is_retried_until_it_lets_the_peer_in():
+    """A hub that answers 429 at the upgrade (its address holds its share of connections) is
+    retried with a line that says so; once the share frees up, the peer is welcomed."""
+    async with tracker(max_peers_per_address=1) as (hub, _, url, _), \
+            aiohttp.ClientSession() as http:
+        holder = await http.ws_connect(url)
+        await holder.send_bytes(m.encode(m.Hello("holder", "relay", "cpu")))
+        await holder.receive()  # its welcome: the address's one connection is taken
+        proc = await asyncio.create_subprocess_exec(*PEER, url, *FLAGS, "--reconnect-max-s", "0.5",
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                while "retrying in" not in (line := (await proc.stderr.readline()).decode()):
+                    assert line, f"the peer exited ({await proc.wait()})"
+                assert "turns joins away for now (HTTP 429" in line, line
+                await holder.close()
+                await hub.wait_peers(0)
+                await hub.wait_peers(1)  # the peer, in
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), DEADLINE_S)
