@@ -60,6 +60,8 @@ def budget_middleware(budget: RequestBudget, classes: Mapping[str, str | None]) 
         try:
             if verdict.delay_s:
                 await asyncio.sleep(verdict.delay_s)  # its turn, or the refusal's hold: a pacing timer
+                if request.transport is None:  # the client went meanwhile: build nothing for it
+                    return too_many(verdict.retry_after_s)
             if verdict.action == REFUSE:
                 log.info("refused a request for %r from %s: over its budget of %s requests",
                          request.path[:80], address, route)

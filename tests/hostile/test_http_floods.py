@@ -27,6 +27,7 @@ from echo2p2p.hub.serving import http_limits
 from echo2p2p.hub.view import dashboard as dashboard_module
 from echo2p2p.hub.view.metrics import RunCollector
 from echo2p2p.log_budget import LINES_PER_WINDOW, WINDOW_S
+from echo2p2p.request_budget import PAGES
 from echo2p2p.runtime import process
 
 from tests.conftest import wait_until
@@ -36,7 +37,8 @@ from .harness import (HONEST, Rates, attacker_process, hub_alive, hub_and_honest
                       peer_id, small_cfg, steps_per_min, still_training)
 
 CONNECTIONS = 16
-MEASURED_STEPS = 20  # learner steps timed without, with and after the attacker (~20 s each here)
+MEASURED_STEPS = 60  # learner steps timed without, with and after the attacker (15-40 s each here):
+# long enough that the burst each address may spend at once is a small part of the flood
 RELAY_LINE = "%s reports relay %s on v%d: %s"  # hub.overlay.accusations' line for one report
 
 
@@ -85,6 +87,13 @@ def allowed(cfg, elapsed_s: float) -> float:
     return cfg.limits.http_burst + cfg.limits.http_requests_per_min / 60 * elapsed_s + 1
 
 
+def most_builds(cfg, elapsed_s: float) -> float:
+    """The most builds of one answer while an attacker ran `elapsed_s`: one a moment, over
+    that time and the longest wait of a request it left waiting, and one for `hub_alive`."""
+    waits_s = http_limits.request_budget(cfg.limits).limits[PAGES].max_wait_s
+    return (elapsed_s + waits_s) / http_limits.FRESH_S + 2
+
+
 async def test_a_status_flood_is_held_to_the_addresss_budget(tmp_path, row, monkeypatch):
     """16 connections asking /status on the peers' port as fast as answered get at most the
     address's budget; /status is built at most once a moment; the honest peer trains."""
@@ -106,7 +115,7 @@ async def test_a_status_flood_is_held_to_the_addresss_budget(tmp_path, row, monk
               f"/min an address; answers built once a {http_limits.FRESH_S:.0f} s")
     assert alive
     assert seen.get("status_200", 0) <= allowed(cfg, elapsed_s), seen
-    assert 1 <= builds["status"] <= elapsed_s / http_limits.FRESH_S + 2, builds
+    assert 1 <= builds["status"] <= most_builds(cfg, elapsed_s), builds
 
 
 async def test_a_dashboard_flood_is_held_to_the_addresss_budget(tmp_path, row, monkeypatch):
@@ -132,8 +141,8 @@ async def test_a_dashboard_flood_is_held_to_the_addresss_budget(tmp_path, row, m
     r.note = "routes /, /api/snapshot, /status, /metrics in turn; no dashboard token (loopback)"
     assert alive
     assert seen.get("status_200", 0) <= allowed(cfg, elapsed_s), seen
-    assert 1 <= builds["status"] <= elapsed_s / http_limits.FRESH_S + 2, builds
-    assert 1 <= collects["collect"] <= elapsed_s / http_limits.FRESH_S + 2, collects
+    assert 1 <= builds["status"] <= most_builds(cfg, elapsed_s), builds
+    assert 1 <= collects["collect"] <= most_builds(cfg, elapsed_s), collects
 
 
 async def test_a_relay_report_flood_writes_a_bounded_log(tmp_path, row, caplog, monkeypatch):
@@ -173,6 +182,7 @@ async def test_a_relay_report_flood_writes_a_bounded_log(tmp_path, row, caplog, 
     r.steps_per_min = rates.cell()
     r.reaction += (f"; {budget.held_back} lines held back, told in {len(told)} summary lines "
                    f"({relay_told} of the reports)")
-    r.note = f"{LINES_PER_WINDOW} lines of a kind a {WINDOW_S:.0f} s window; the frames' own budget aside"
+    r.note = (f"{LINES_PER_WINDOW} lines of a kind a {WINDOW_S:.0f} s window; the steps lost are the "
+              f"reports' own handling, which the frame budget (not this test's) limits")
     assert alive
     assert budget.told == budget.held_back and relay_told <= budget.held_back

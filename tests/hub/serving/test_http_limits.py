@@ -67,8 +67,9 @@ async def test_past_the_open_bound_a_request_is_dropped_with_its_connection():
     async with serving(app) as port, client() as http:
         url = f"http://127.0.0.1:{port}/slow"
         held = [asyncio.create_task(statuses(http, url, 1)) for _ in range(2)]
-        while budget.open_requests(PAGES, "127.0.0.1") < 2:
-            await asyncio.sleep(0.01)  # polling the server's count, with the guard below
+        async with asyncio.timeout(GUARD_S):
+            while budget.open_requests(PAGES, "127.0.0.1") < 2:
+                await asyncio.sleep(0.01)  # polling the server's count
         async with http.get(url) as r:
             assert r.status == 429 and r.headers["Connection"] == "close"
             assert r.headers["Retry-After"] == "1"
@@ -76,6 +77,33 @@ async def test_past_the_open_bound_a_request_is_dropped_with_its_connection():
         assert [await t for t in held] == [[(200, None)]] * 2
         assert await statuses(http, url, 1) == [(200, None)]
     assert budget.statistics().limited == {(PAGES, "dropped"): 1}
+
+
+async def test_a_request_whose_client_left_while_it_waited_is_not_answered():
+    """A request waiting its turn whose client hangs up meanwhile never reaches the handler
+    (what a flood leaves waiting as it stops costs no build)."""
+    calls = []
+
+    async def handler(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        return web.Response(text="built")
+
+    budget = RequestBudget({PAGES: RouteLimit(Rate(60, 1), 2.0, max_open=8)})
+    app = web.Application(middlewares=[budget_middleware(budget, {})])
+    app.router.add_get("/built", handler)
+    async with serving(app) as port, client() as http:
+        assert await statuses(http, f"http://127.0.0.1:{port}/built", 1) == [(200, None)]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /built HTTP/1.1\r\nHost: x\r\n\r\n")  # its turn is a second away
+        await writer.drain()
+        async with asyncio.timeout(GUARD_S):
+            while budget.open_requests(PAGES, "127.0.0.1") == 0:
+                await asyncio.sleep(0.01)  # until the server holds it
+            writer.close()
+            while budget.open_requests(PAGES, "127.0.0.1"):
+                await asyncio.sleep(0.01)  # until its wait is over
+    assert calls == ["/built"]
+    assert budget.statistics().limited == {(PAGES, "delayed"): 1}
 
 
 def test_recent_builds_a_value_at_most_once_a_moment():
