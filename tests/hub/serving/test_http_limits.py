@@ -13,6 +13,8 @@ from aiohttp import web
 
 from echo2p2p.join_limits import Rate
 from echo2p2p.request_budget import PAGES, RequestBudget, RouteLimit
+from echo2p2p.hub.overlay.model_files import ModelFiles, model_routes
+from echo2p2p.hub.serving.app import ROUTE_CLASSES
 from echo2p2p.hub.serving.http_limits import Recent, budget_middleware
 
 from tests.conftest import serving, tracker
@@ -104,6 +106,14 @@ async def test_a_request_whose_client_left_while_it_waited_is_not_answered():
                 await asyncio.sleep(0.01)  # until its wait is over
     assert calls == ["/built"]
     assert budget.statistics().limited == {(PAGES, "delayed"): 1}
+
+
+async def test_every_route_peers_use_has_its_class():
+    """The websocket, the chunks and the model files are classed by the paths they are
+    registered under: a renamed route would fall to the pages' budget, which peers outrun."""
+    async with tracker() as (hub, _, _, _):
+        peer_routes = {*hub.routes(), *model_routes(ModelFiles("m", {}))}
+    assert peer_routes == set(ROUTE_CLASSES)
 
 
 def test_recent_builds_a_value_at_most_once_a_moment():
