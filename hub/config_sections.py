@@ -480,11 +480,20 @@ class LimitsConfig:
     join_burst_total: int = 256
     """Joins at once for the whole hub before `joins_per_min_total` holds (a fleet back from a
     hub restart); each network may take `join_burst` of them at once."""
+    http_requests_per_min: float = 600.0
+    """Requests a minute, sustained, from one IP address (an IPv6 /64) to /status, /metrics and
+    the dashboard, on either port (0 = no limit). Past it a request waits its turn, up to 2 s,
+    then is answered 429 with Retry-After; each answer is built at most once a second anyway.
+    Model files and chunks have budgets of their own, sized for many peers behind one NAT."""
+    http_burst: int = 120
+    """Requests at once from one address to those routes before `http_requests_per_min` holds
+    (a page load is 6)."""
 
     def __post_init__(self) -> None:
         for name, least in (("max_frame_bytes", 1), ("joins_per_min", 0), ("join_burst", 1),
                             ("joins_per_min_per_key", 0), ("join_burst_per_key", 1),
-                            ("joins_per_min_total", 0), ("join_burst_total", 1)):
+                            ("joins_per_min_total", 0), ("join_burst_total", 1),
+                            ("http_requests_per_min", 0), ("http_burst", 1)):
             if not getattr(self, name) >= least:  # NaN too
                 raise ConfigError(name, f"must be >= {least}, got {getattr(self, name)}")
 

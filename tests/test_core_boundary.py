@@ -40,7 +40,7 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
                 "multiprocessing", "os", "pickle", "resource", "select", "shutil", "signal",
                 "subprocess", "tempfile", "threading"},
     # environments written for Gymnasium and verifiers, imported only when a run names one
-    "runtime": {"asyncio", "aiohttp", "concurrent", "importlib", "os", "pathlib",
+    "runtime": {"asyncio", "aiohttp", "atexit", "concurrent", "importlib", "os", "pathlib",
                 "prometheus_client", "signal", "socket", "threading", "tqdm", "uvloop", "gymnasium",
                 "verifiers"},
 }

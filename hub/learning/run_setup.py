@@ -30,6 +30,7 @@ from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
 
 from ..serving.app import bind, serve, tls_context
+from ..serving.http_limits import request_budget
 from ..config import SECRETS, HubConfig
 from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
@@ -79,11 +80,12 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
     routes = {"/status": status_route(run),
               **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
+    budget = request_budget(cfg.limits)  # one per address for both ports; the dashboard shows it
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
             await hub.scorer.start()
-        async with serve(hub, cfg.network.host, cfg.network.port, routes, sock=sock) as port, \
-                dashboard(run, board_sock) as board:
+        async with serve(hub, cfg.network.host, cfg.network.port, routes, sock=sock,
+                         budget=budget) as port, dashboard(run, board_sock, budget) as board:
             run.port, run.dashboard_port = port, board
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]

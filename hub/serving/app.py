@@ -3,8 +3,10 @@
 `bind` opens a listener first, so that a busy port fails the start before anything loads;
 `serve(hub, host, port)` mounts the hub's routes (`Hub.routes()`: the peers' websocket on /ws
 and the hub's share of the overlay's chunks on /chunk/...) and any extra ones, behind the HTTP
-idle and request-head deadlines, with the hub's TLS, and sends the peers away on exit. It knows nothing of
-leases, versions or rollouts: those are `echo2p2p.hub.serving.server.Hub`'s.
+idle and request-head deadlines and a request budget per address (`hub.serving.http_limits`:
+chunks and model files at the peers' rates, the rest as pages, /ws exempt: the join limits
+hold it), with the hub's TLS, and sends the peers away on exit. It knows nothing of leases,
+versions or rollouts: those are `echo2p2p.hub.serving.server.Hub`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from echo2p2p.errors import ConfigError
+from echo2p2p.request_budget import CHUNKS, FILES, RequestBudget
 from echo2p2p.runtime import http_deadlines
 from echo2p2p.runtime.tcp import listening_socket
 
+from .http_limits import budget_middleware, request_budget
+
 if TYPE_CHECKING:
     from .server import Hub
+
+ROUTE_CLASSES = {"/ws": None, "/chunk/{version}/{base}/{index}": CHUNKS, "/model/": FILES,
+                 "/model/{name}": FILES}  # every other route (/status) and path: pages
 
 
 def bind(host: str, port: int, field: str, congestion: str = "") -> socket.socket:
@@ -48,10 +56,13 @@ def bind(host: str, port: int, field: str, congestion: str = "") -> socket.socke
 
 @contextlib.asynccontextmanager
 async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = None, *,
-                sock: socket.socket | None = None) -> AsyncIterator[int]:
+                sock: socket.socket | None = None, budget: RequestBudget | None = None
+                ) -> AsyncIterator[int]:
     """Serve the hub's routes and any extra GET `routes` on host:port (or on `sock`, a listener
-    bound already: `bind`); yields the bound port. Peers are sent away on exit."""
-    app = web.Application()
+    bound already: `bind`), under `budget` (None: one of this server's own, as the hub's
+    limits say); yields the bound port. Peers are sent away on exit."""
+    budget = budget or request_budget(hub.cfg.limits)
+    app = web.Application(middlewares=[budget_middleware(budget, ROUTE_CLASSES)])
     for path, handler in {**hub.routes(), **(routes or {})}.items():
         app.router.add_get(path, handler)
     tls = tls_context(hub.cfg.network.tls_cert, hub.cfg.network.tls_key)

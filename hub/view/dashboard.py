@@ -8,7 +8,11 @@ clients listen). With `dashboard_token` set every request needs it, as `Authoriz
 or `?token=` (and /status on the peers' port answers only its public part without it,
 `status_route`); TLS is the hub's (tls_cert/tls_key). Behind the HTTP idle and request-head
 deadlines (`echo2p2p.runtime.http_deadlines`), which never cut a response being sent: an event
-stream stays open, with a comment line every HEARTBEAT_S so that proxies keep it too.
+stream stays open, with a comment line every HEARTBEAT_S so that proxies keep it too. Every
+request spends from its address's budget (`hub.serving.http_limits`: an event stream is a page
+request and one of the streams an address may hold open), checked before the token; the
+status, the snapshot, the page and /metrics are built at most once a moment (`Recent`), and
+the page's files are read once and served from memory.
 Reads the run, never changes it; knows nothing of how records are made.
 """
 
@@ -31,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from echo2p2p.request_budget import STREAMS, RequestBudget
 from echo2p2p.runtime import http_deadlines
 
 from ..serving.app import bind, tls_context
+from ..serving.http_limits import Recent, budget_middleware, request_budget
 from .feed import Feed, event_frame, finite_json
 from .metrics import metrics_handler
 from ..config_sections import is_loopback
@@ -46,6 +52,7 @@ log = logging.getLogger(__name__)
 
 FILES = Path(__file__).with_name("page")
 STATIC = ("dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css")
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 STATUS_EVERY_S = 2.0
 HEARTBEAT_S = 15.0
 REPLAYED = ("eval", "step", "propagation")  # the run log records a resumed feed starts from
@@ -60,10 +67,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @contextlib.asynccontextmanager
-async def dashboard(run: HubRun, sock: socket.socket | None = None) -> AsyncIterator[int | None]:
+async def dashboard(run: HubRun, sock: socket.socket | None = None,
+                    budget: RequestBudget | None = None) -> AsyncIterator[int | None]:
     """`start_hub`'s dashboard: none (None) when cfg.view.dashboard_port is -1, else a feed on the
-    run log, served on cfg.view.dashboard_host:dashboard_port (or on `sock`, bound already);
-    yields the bound port."""
+    run log, served on cfg.view.dashboard_host:dashboard_port (or on `sock`, bound already)
+    under `budget` (`serve_dashboard`); yields the bound port."""
     cfg = run.cfg
     if cfg.view.dashboard_port < 0:
         yield None
@@ -74,7 +82,7 @@ async def dashboard(run: HubRun, sock: socket.socket | None = None) -> AsyncIter
             feed.record(record)
     run.runlog.listeners.append(feed.record)
     try:
-        async with serve_dashboard(run, feed, sock=sock) as port:
+        async with serve_dashboard(run, feed, sock=sock, budget=budget) as port:
             host = f"[{cfg.view.dashboard_host}]" if ":" in cfg.view.dashboard_host else cfg.view.dashboard_host
             log.info("dashboard on %s://%s:%d/", "https" if cfg.network.tls_cert else "http", host, port)
             yield port
@@ -84,20 +92,29 @@ async def dashboard(run: HubRun, sock: socket.socket | None = None) -> AsyncIter
 
 @contextlib.asynccontextmanager
 async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None, *,
-                          sock: socket.socket | None = None) -> AsyncIterator[int]:
+                          sock: socket.socket | None = None, budget: RequestBudget | None = None
+                          ) -> AsyncIterator[int]:
     """Serve `run`'s dashboard from `feed` on cfg.view.dashboard_host, port `port` (None: cfg's;
-    0: a free one), or on `sock` (bound already: `hub.serving.app.bind`); yields the bound port.
-    Open event streams end on exit."""
+    0: a free one), or on `sock` (bound already: `hub.serving.app.bind`), under `budget` (None:
+    one of its own, as cfg.limits says); yields the bound port. Open event streams end on exit."""
     cfg = run.cfg
-    app = web.Application(middlewares=[token_check(cfg.view.dashboard_token)])
+    budget = budget or request_budget(cfg.limits)
+    recent = Recent()
+
+    def now() -> dict[str, Any]:  # the status of the moment, shared by the routes below
+        return recent.get("status", lambda: status(run))
+
+    app = web.Application(middlewares=[budget_middleware(budget, {"/events": STREAMS}),
+                                       token_check(cfg.view.dashboard_token)])
     app.on_response_prepare.append(_secure_headers)
-    app.router.add_get("/", _index(run))
-    app.router.add_get("/static/{name}", _static)
-    app.router.add_get("/status", json_answer(lambda: status(run)))
-    app.router.add_get("/metrics", metrics_handler(run))
-    app.router.add_get("/api/snapshot", json_answer(lambda: snapshot(run, feed)))
+    app.router.add_get("/", _index(now, recent))
+    app.router.add_get("/static/{name}", _static())
+    app.router.add_get("/status", json_answer(now, recent, "status"))
+    app.router.add_get("/metrics", metrics_handler(run, budget=budget))
+    app.router.add_get("/api/snapshot", json_answer(lambda: snapshot(run, feed, now()), recent,
+                                                    "snapshot"))
     app.router.add_get("/events", _events(run, feed))
-    app.cleanup_ctx.append(_status_ticker(run, feed))
+    app.cleanup_ctx.append(_status_ticker(now, feed))
     tls = tls_context(cfg.network.tls_cert, cfg.network.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
@@ -111,9 +128,9 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None, *,
         await runner.cleanup()
 
 
-def snapshot(run: HubRun, feed: Feed) -> dict[str, Any]:
-    """What /api/snapshot answers: everything the page draws."""
-    now = status(run)
+def snapshot(run: HubRun, feed: Feed, now: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What /api/snapshot answers: everything the page draws (`now`: the status, if built)."""
+    now = status(run) if now is None else now
     return {"run_id": run.hub.run_id, "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa,
             "step": run.hub.step, **feed.snapshot(), "staleness": now["staleness"],
             "status": now}
@@ -155,10 +172,11 @@ def token_check(token: str) -> Any:
 def status_route(run: HubRun) -> Handler:
     """GET /status on the peers' port, which anyone who can reach the hub may ask: all of it
     with the dashboard token (with none set: on a hub listening on loopback only), else only
-    the run's public part (`status.public_status`), which is what health checks need."""
-    token = run.cfg.view.dashboard_token
-    everything = json_answer(lambda: status(run))
-    public = json_answer(lambda: public_status(run))
+    the run's public part (`status.public_status`), which is what health checks need. Each
+    is built at most once a moment."""
+    token, recent = run.cfg.view.dashboard_token, Recent()
+    everything = json_answer(lambda: status(run), recent, "status")
+    public = json_answer(lambda: public_status(run), recent, "public")
 
     async def handle(request: web.Request) -> web.Response:
         full = _carries(request, token.encode()) if token else is_loopback(run.cfg.network.host)
@@ -179,18 +197,26 @@ async def _secure_headers(request: web.Request, response: web.StreamResponse) ->
     response.headers.update(HEADERS)
 
 
-def _index(run: HubRun) -> Handler:
-    """The page, with the run's figures of the moment in its tiles (a first paint for scripts
-    and slow clients: dashboard.js redraws them), and a CSP that allows its own inline scripts
-    by their hashes and nothing else inline: a peer's name that ever reached the DOM as markup
-    could not run."""
+def _index(now: Callable[[], dict[str, Any]], recent: Recent) -> Handler:
+    """The page, with the run's figures of the moment (`now()`, a /status answer) in its tiles
+    (a first paint for scripts and slow clients: dashboard.js redraws them), and a CSP that
+    allows its own inline scripts by their hashes and nothing else inline: a peer's name that
+    ever reached the DOM as markup could not run. The file is read once; the page built at most
+    once a moment."""
+    page: list[bytes] = []
 
-    async def handle(request: web.Request) -> web.Response:
-        html = first_paint(await asyncio.to_thread((FILES / "index.html").read_bytes), status(run))
+    def painted() -> tuple[bytes, str]:
+        html = first_paint(page[0], now())
         scripts = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s).digest()).decode()}'"
                            for s in INLINE_SCRIPT.findall(html))
+        return html, CSP.format(scripts=scripts)
+
+    async def handle(request: web.Request) -> web.Response:
+        if not page:
+            page.append(await asyncio.to_thread((FILES / "index.html").read_bytes))
+        html, csp = recent.get("page", painted)
         return web.Response(body=html, content_type="text/html", charset="utf-8",
-                            headers={"Content-Security-Policy": CSP.format(scripts=scripts)})
+                            headers={"Content-Security-Policy": csp})
 
     return handle
 
@@ -228,18 +254,32 @@ def _shown(value: Any, spec: str, prefix: str = "") -> str | None:
     return prefix + format(value, spec)
 
 
-async def _static(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
-    if name not in STATIC:
-        raise web.HTTPNotFound(text="no such file\n")
-    return web.FileResponse(FILES / name)
-
-
-def json_answer(data: Callable[[], Any]) -> Handler:
-    """A GET handler answering `data()` as JSON (not finite numbers as null)."""
+def _static() -> Handler:
+    """GET /static/{name}: the allow-listed files of the page, each read once (small: about
+    80 KB in all) and served from memory."""
+    kept: dict[str, bytes] = {}
 
     async def handle(request: web.Request) -> web.Response:
-        return web.Response(text=finite_json(data()), content_type="application/json")
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound(text="no such file\n")
+        if name not in kept:
+            kept[name] = await asyncio.to_thread((FILES / name).read_bytes)
+        return web.Response(body=kept[name], content_type=STATIC_TYPES[Path(name).suffix])
+
+    return handle
+
+
+def json_answer(data: Callable[[], Any], recent: Recent | None = None, key: str = "") -> Handler:
+    """A GET handler answering `data()` as JSON (not finite numbers as null); with `recent`,
+    the text kept there under `key` for a moment, so a flood costs one build a moment."""
+
+    def text() -> str:
+        return finite_json(data())
+
+    async def handle(request: web.Request) -> web.Response:
+        body = text() if recent is None else recent.get(("json", key), text)
+        return web.Response(text=body, content_type="application/json")
 
     return handle
 
@@ -270,14 +310,16 @@ def _events(run: HubRun, feed: Feed) -> Handler:
     return handle
 
 
-def _status_ticker(run: HubRun, feed: Feed) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A cleanup context: the status event, every STATUS_EVERY_S while any client listens."""
+def _status_ticker(now: Callable[[], dict[str, Any]], feed: Feed
+                   ) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context: the status event (`now()`), every STATUS_EVERY_S while any client
+    listens."""
 
     async def tick() -> None:
         while True:
             await asyncio.sleep(STATUS_EVERY_S)  # a timer, not a sync
             if feed.clients:
-                feed.publish("status", status(run))
+                feed.publish("status", now())
 
     async def ticking(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(tick())

@@ -16,7 +16,10 @@ Per-peer series are bounded: at most MAX_PEER_SERIES connected peers get a `peer
 value is the hub's id of the peer, never a name the peer sent. `labelled_peers` picks them: the
 most admitted completions first, ties to the earliest joined; the others count in the totals
 only (and in `echo2_peers_unlabelled`). A peer's name and engine appear in one info metric, cut
-to `[A-Za-z0-9._-]` and 32 characters (`echo2p2p.runtime.prometheus`). Knows nothing of HTTP.
+to `[A-Za-z0-9._-]` and 32 characters (`echo2p2p.runtime.prometheus`). With the hub's request
+budget (`echo2p2p.request_budget`), its counts too: `echo2_http_requests_total{route}` and
+`echo2_http_requests_limited_total{route,outcome}`. The exposition is built at most once a
+moment (`hub.serving.http_limits.Recent`): a flood of scrapes costs one collection a second.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, InfoMetricFamily, Metric)
 from prometheus_client.utils import floatToGoString
 
 from echo2p2p import messages as m
-from echo2p2p.runtime.prometheus import exposition, gauge, label_text
+from echo2p2p.request_budget import OUTCOMES, RequestBudget
+from echo2p2p.runtime.prometheus import gauge, label_text
+
+from ..serving.http_limits import Recent
 
 if TYPE_CHECKING:
     from ..serving.counters import HubStatistics, PeerView
@@ -152,8 +158,10 @@ class RecordWatch:
 class RunCollector:
     """Reads the run each scrape: nothing is counted twice, nothing on the hub's hot paths."""
 
-    def __init__(self, run: HubRun, watch: RecordWatch, max_peer_series: int = MAX_PEER_SERIES):
+    def __init__(self, run: HubRun, watch: RecordWatch, max_peer_series: int = MAX_PEER_SERIES,
+                 budget: RequestBudget | None = None):
         self.run, self.watch, self.max_peer_series = run, watch, max_peer_series
+        self.budget = budget
 
     def collect(self) -> Iterator[Metric]:
         stats = self.run.hub.statistics()
@@ -163,6 +171,8 @@ class RunCollector:
         yield from self._cost(stats)
         yield from self._propagation()
         yield from self._peers()
+        if self.budget is not None:
+            yield from http_families(self.budget)
 
     def _hub(self, stats: HubStatistics) -> Iterator[Metric]:
         hub, cfg = self.run.hub, self.run.cfg
@@ -342,12 +352,39 @@ def ratio_gauges(record: Mapping[str, Any]) -> Iterator[Metric]:
         yield family
 
 
-def metrics_handler(run: HubRun, max_peer_series: int = MAX_PEER_SERIES
+def http_families(budget: RequestBudget) -> Iterator[Metric]:
+    """The hub's HTTP request budget: requests served and limited, by route class (a handful:
+    `echo2p2p.request_budget`) and outcome; requests open now."""
+    stats = budget.statistics()
+    served = CounterMetricFamily("echo2_http_requests", "HTTP requests served (websocket "
+                                 "upgrades aside), by route class.", labels=["route"])
+    limited = CounterMetricFamily("echo2_http_requests_limited", "HTTP requests over their "
+                                  "address's budget: delayed (served late), refused (429) or "
+                                  "dropped (429 and the connection closed).",
+                                  labels=["route", "outcome"])
+    for route in budget.limits:
+        served.add_metric([route], stats.served.get(route, 0))
+        for outcome in OUTCOMES:
+            limited.add_metric([route, outcome], stats.limited.get((route, outcome), 0))
+    yield served
+    yield limited
+    yield gauge("echo2_http_requests_open", "HTTP requests being answered or waiting their "
+                 "turn.", stats.open)
+
+
+def metrics_handler(run: HubRun, max_peer_series: int = MAX_PEER_SERIES,
+                    budget: RequestBudget | None = None
                     ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """GET /metrics: the text exposition of `run`'s metrics, with at most `max_peer_series`
-    peers' own series."""
+    peers' own series and `budget`'s counts, collected at most once a moment."""
     watch = RecordWatch(run.records)
     run.runlog.listeners.append(watch)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run, watch, max_peer_series))
-    return exposition(registry)
+    registry.register(RunCollector(run, watch, max_peer_series, budget))
+    recent = Recent()
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=recent.get("metrics", lambda: generate_latest(registry)),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle

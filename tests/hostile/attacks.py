@@ -18,7 +18,8 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
   transfer_report, lease_request) as fast as the socket takes them, and once closed, a new one
   with a fresh key, as often as the hub lets it join; `accuse` names the peer id a
   relay_report accuses, `version` the version the frames name (0).
-- http: `connections` (16) clients asking GET `target` (a full URL) as fast as answered.
+- http: `connections` (16) clients asking GET `target` (a full URL, or a list of them that
+  each client asks in turn) as fast as answered; counts by status.
 - churn: hello-then-leave from `sources` (32) addresses, each with `keys` (16) peer keys of its
   own, round robin.
 """
@@ -183,11 +184,14 @@ async def flood(url: str, counts: Counts, **params: Any) -> None:
                         counts["sent"] += 1
 
 
-async def http_flood(url: str, counts: Counts, target: str = "", connections: int = 16) -> None:
-    async def one() -> None:
-        while True:
+async def http_flood(url: str, counts: Counts, target: str | list[str] = "",
+                     connections: int = 16) -> None:
+    targets = [target] if isinstance(target, str) else target
+
+    async def one(first: int) -> None:
+        for n in range(first, 10**12):
             try:
-                async with http.get(target) as resp:
+                async with http.get(targets[n % len(targets)]) as resp:
                     await resp.read()
                     counts[f"status_{resp.status}"] += 1
             except (aiohttp.ClientError, OSError):
@@ -195,8 +199,8 @@ async def http_flood(url: str, counts: Counts, target: str = "", connections: in
                 await asyncio.sleep(0.01)  # a retry timer, not a synchronisation
 
     async with session(source(1)) as http, asyncio.TaskGroup() as tg:
-        for _ in range(connections):
-            tg.create_task(one())
+        for k in range(connections):
+            tg.create_task(one(k))
 
 
 async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> None:

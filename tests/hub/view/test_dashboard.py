@@ -13,6 +13,7 @@ import re
 import socket
 import ssl
 import tracemalloc
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from yarl import URL
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.view import dashboard as dashboard_module
 from echo2p2p.hub.view.dashboard import FILES, STATIC, logged_before, serve_dashboard
+from echo2p2p.hub.view.metrics import RunCollector
 from echo2p2p.hub.view.feed import KEEP, POINTS, STEP_SERIES, VERSION_KEYS, Feed
 from echo2p2p.hub.learning.run_setup import start_hub
 
@@ -191,6 +194,65 @@ async def test_a_stuck_client_is_dropped_and_the_steps_go_on(hub_cfg):
             stuck.settimeout(30)
             assert await asyncio.to_thread(drain, stuck) == "cut"
             reader.cancel()
+
+
+async def test_a_flood_of_the_computed_routes_builds_each_once_a_moment(hub_cfg, monkeypatch):
+    """20 requests each of the page, /status, /api/snapshot and /metrics on the dashboard's port
+    and /status on the peers' port, within one moment (made an hour here): the status is built
+    once per port, /metrics collected once, the page's files read once."""
+    monkeypatch.setattr("echo2p2p.hub.serving.http_limits.FRESH_S", 3600.0)
+    built = Counter()
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            built[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(dashboard_module, "status", counted("status", dashboard_module.status))
+    monkeypatch.setattr(RunCollector, "collect", counted("metrics", RunCollector.collect))
+    read_bytes = Path.read_bytes
+
+    def read(path: Path) -> bytes:  # the page's files only: the run reads files of its own
+        built["read"] += path.parent == FILES
+        return read_bytes(path)
+
+    async with start_hub(hub_cfg, stream=None) as run, aiohttp.ClientSession() as http:
+        monkeypatch.setattr(Path, "read_bytes", read)
+        board, peers = f"http://127.0.0.1:{run.dashboard_port}", f"http://127.0.0.1:{run.port}"
+        urls = [board + path for path in ("/", "/status", "/api/snapshot", "/metrics",
+                                          *(f"/static/{name}" for name in STATIC))]
+        for _ in range(20):
+            for url in [*urls, peers + "/status"]:
+                async with http.get(url) as r:
+                    assert r.status == 200, url
+                    await r.read()
+    assert built == {"status": 2, "metrics": 1, "read": 1 + len(STATIC)}
+
+
+async def test_requests_over_an_addresss_budget_are_counted_in_metrics(hub_cfg, monkeypatch):
+    """8 requests at once from one address with a burst of 3 at 1/s: some wait their turn, the
+    rest are refused; /metrics (asked from another address) counts what the client saw."""
+    monkeypatch.setattr("echo2p2p.hub.serving.http_limits.FRESH_S", 0.0)
+    cfg = hub_cfg.replace(http_requests_per_min=60, http_burst=3)
+    other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with (start_hub(cfg, stream=None) as run, aiohttp.ClientSession() as http,
+                aiohttp.ClientSession(connector=other) as scraper):
+        url = f"http://127.0.0.1:{run.dashboard_port}"
+
+        async def ask() -> int:
+            async with http.get(url + "/status") as r:
+                return r.status
+
+        seen = Counter(await asyncio.gather(*(ask() for _ in range(8))))
+        async with scraper.get(url + "/metrics") as r:
+            fams = {f.name: f for f in text_string_to_metric_families(await r.text())}
+    counts = {(s.name, s.labels.get("outcome")): s.value for s in fams["echo2_http_requests"].samples
+              + fams["echo2_http_requests_limited"].samples if s.labels["route"] == "pages"}
+    assert seen[429] >= 1 and seen[200] + seen[429] == 8, seen
+    assert counts[("echo2_http_requests_total", None)] == seen[200] + 1  # + the scrape itself
+    assert counts[("echo2_http_requests_limited_total", "refused")] == seen[429]
+    assert counts[("echo2_http_requests_limited_total", "delayed")] >= 1
 
 
 def drain(sock: socket.socket) -> str:

@@ -82,9 +82,12 @@ def peer_labels(fams: dict) -> set[str]:
             for s in f.samples}
 
 
-async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg):
+async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg, monkeypatch):
     """Hub + 2 peers, 3 steps: /metrics parses, follows the naming rules, and says what the
     hub's own statistics, records and propagation say; a bound of 1 leaves 1 peer labelled."""
+    # each scrape below must see the hub as it is then (the peers gone a moment ago), not the
+    # exposition kept for a second against floods (test_the_exposition_is_built_once_a_moment)
+    monkeypatch.setattr("echo2p2p.hub.serving.http_limits.FRESH_S", 0.0)
     cfg = hub_cfg.replace(max_steps=3, max_lag=2, publish_every=1, eval_every=3, eval_problems=4)
     async with start_hub(cfg, stream=None) as run:
         seen: list[dict] = []
