@@ -37,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from echo2p2p import messages as m
 from echo2p2p.request_budget import OUTCOMES, RequestBudget
+from echo2p2p.frame_budget import HUB_RATES
 from echo2p2p.runtime.prometheus import gauge, label_text
 
 from ..serving.http_limits import Recent
@@ -61,8 +62,10 @@ HUB_COUNTERS = (
     ("echo2_refused_joins", "Joins refused (no valid token, too many from one address).",
      "refused"),
     ("echo2_cut_off_peers", "Peers cut off because they stopped reading.", "cut_off"),
-    ("echo2_joins_too_often", "Hellos refused by the join limits (per address, key, token).",
-     "joins_too_often"),
+    ("echo2_joins_too_often", "Connections and hellos refused by the join limits (per "
+     "address, network, key, token, and the hub's join budget).", "joins_too_often"),
+    ("echo2_flood_closes", "Peer connections closed for sending one kind of frame far past "
+     "its rate.", "closed_for_flooding"),
     ("echo2_catch_up_builds", "Catch-up deltas encoded.", "catch_up_builds"),
     ("echo2_catch_up_shared", "Catch-up deltas a peer got from another's encode.",
      "catch_up_shared"),
@@ -203,6 +206,12 @@ class RunCollector:
         for reason, n in sorted(stats.rejected_by.items()):  # the hub's own words: bounded
             rejected.add_metric([reason], n)
         yield rejected
+        dropped = CounterMetricFamily("echo2_frames_dropped", "Frames from peers dropped past "
+                                      "their kind's rate (echo2p2p.frame_budget).",
+                                      labels=["kind"])
+        for kind in HUB_RATES:  # the only kinds with a rate
+            dropped.add_metric([kind], stats.frames_dropped.get(kind, 0))
+        yield dropped
         relays = CounterMetricFamily("echo2_relay_reports", "Accusations of a relay heard from "
                                      "peers, by fault.", labels=["reason"])
         for reason in m.RELAY_FAULTS:  # the only reasons the hub keeps

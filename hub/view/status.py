@@ -36,6 +36,7 @@ def status(run: HubRun) -> dict[str, Any]:
         "cost": {**stats.cost, "lp_bound_usd_per_hour": stats.lp_bound_usd_per_hour},
         "staleness": staleness(run.runlog.staleness, stats),
         "queued_groups": stats.queued_groups, "open_leases": stats.open_leases,
+        "frames_dropped": dict(stats.frames_dropped),
         "last": run.records[-1] if run.records else None,
     }
 

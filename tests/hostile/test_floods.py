@@ -9,6 +9,7 @@ and costs its identity trust.
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from echo2p2p.frame_budget import HUB_RATES
@@ -41,6 +42,9 @@ async def test_a_flood_of_one_frame_kind_is_dropped_then_closed(tmp_path, row, k
         r.honest_training = await still_training(run, honest, since)
         stats = hub.statistics()
         r.hub_alive = yes(alive := await hub_alive(run))
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{run.port}/status") as resp:
+            shown = (await resp.json())["frames_dropped"]
     rates = Rates(without, with_, after)
     r.steps_per_min = rates.cell()
     flooders = [who for who, events in stats.trust_events.items() if events.get("flood")]
@@ -52,5 +56,5 @@ async def test_a_flood_of_one_frame_kind_is_dropped_then_closed(tmp_path, row, k
     assert alive
     assert report.get("closed_4006", 0) >= 1, report  # the goodbye's code, through its flood
     assert stats.closed_for_flooding == report["welcomed"]  # every connection of it
-    assert stats.frames_dropped.get(kind, 0) >= 1
+    assert stats.frames_dropped.get(kind, 0) >= 1 and shown == stats.frames_dropped
     assert flooders and honest_identity not in flooders
