@@ -301,7 +301,9 @@ def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
     passed on `copies` times, takes it over MAX_TAIL of that time (its last chunk leaves only
     once it has come): a slow peer's share must not hold the fast ones back. What those caps
     leave goes to the others (water-filling); only when every member is capped do shares pass
-    their caps, and a member's `max_share` (a probation share) only when every member has one."""
+    their caps, and a member's `max_share` (a probation share) never while another member has
+    none: when every member has one (a new run), nobody better can take the rest, and they are
+    dealt by uplink as if they had none."""
     seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
     if not members or not chunks:
         return seeds
@@ -313,6 +315,8 @@ def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
             for r in rates]
     caps = [0.0 if c * MAX_TAIL < 1 else c for c in caps]
     firm = [mb.max_share is not None for mb in members]
+    if all(firm):  # nobody proven: only a benched member's 0 still holds
+        firm = [mb.max_share == 0 for mb in members]
     caps = [min(c, max(mb.max_share, 0)) if f else c for c, mb, f in zip(caps, members, firm)]
     counts = capped_shares(len(chunks), [r if r > 0 else default for r in rates], caps, firm)
     dealt = [j for j, c in enumerate(counts) if c > 0]
