@@ -25,8 +25,9 @@ from echo2p2p.session import Session, Side
 
 from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker, wait_until
+from tests.peer.test_overlay import Peers, holds
 
-CHUNK = 16 << 10
+CHUNK = 16 << 10  # as tests/peer/test_overlay.py
 V0 = b"\0" * 1024
 
 
@@ -155,3 +156,21 @@ async def test_a_tracker_owner_that_fetches_nothing_is_routed_around_within_its_
         assert idle.peer_id not in {s.peer_id for s in later.sources}
         (silence,) = silences(records)
         assert silence["peer"] == idle.peer_id and silence["chunks"] == owners.count(idle.peer_id)
+
+
+async def test_a_tracker_receiver_withdraws_its_wants_of_an_owner_dealt_around():
+    """A real peer on the tracker asks the silent owner for its chunks (a 503 server: "not yet",
+    again and again); once the hub routes around it, the peer withdraws those wants and takes
+    the chunks by the new plan, so it reports no stall of the owner (its stall deadline, 10 s,
+    was never reached) and holds v1."""
+    data = os.urandom(16 * CHUNK)
+    async with tracker() as (hub, key, url, records), answers_503() as dead, \
+            Peers(url, 1, relay_stall_s=10.0) as (honest,), seeder(url, "silent", dead) as idle:
+        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+        await probed(hub, 2)
+        await wait_until(lambda: holds(honest, 0))
+        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        await wait_until(lambda: holds(honest, 1))
+        assert bytes(honest.fetcher.store.stream(1)) == data
+        assert [s["peer"] for s in silences(records)] == [idle.peer_id]
+        assert hub.statistics().relay_reports_by == {}
