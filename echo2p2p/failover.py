@@ -14,8 +14,9 @@ not asked, of its source, at most `window` at once per source), `finished` is to
 ended, `plan` takes the hub's revisions. A request out to a peer that a revision no longer
 routes its chunk through (`moved`: the hub dealt it elsewhere, as when that peer fetched
 nothing of its share, `echo2p2p.seed_watch`) is withdrawn by the shell (`release`) and asked
-again by the plan, rather than waited on until the stall deadline. The shell (`echo2p2p.overlay.download.Download`) runs
-the requests and reads the clock; bench/emulated_peers.py drives it the same way.
+again by the plan, rather than waited on until the stall deadline. The shell
+(`echo2p2p.overlay.download.Download`) runs the requests and reads the clock;
+bench/emulated_peers.py drives it the same way.
 """
 
 from __future__ import annotations

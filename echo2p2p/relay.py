@@ -56,7 +56,7 @@ class Member:
     upload_bps: float = 0.0  # measured upload bandwidth; 0 = not measured yet
     # The most chunks of one manifest it may be dealt, whatever its uplink (`echo2p2p.seed_watch`:
     # None for a peer that has shown it fetches what it is dealt, a probation share for one that
-    # has not, 0 while benched for silence); past it only when no member without one is left.
+    # has not, 0 while benched for silence); a probation share holds while a member has none.
     max_share: int | None = None
 
     @property

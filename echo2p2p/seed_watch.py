@@ -18,7 +18,10 @@ request waiting for one of the hub's upload slots is open: a busy hub is not the
 Any chunk of the manifest counts, not only its share's (a tracker peer whose source failed
 fetches that source's chunks from the hub first, and its own after them), but each once: asking
 again for a chunk it was sent neither shields nor renews it, so asking cannot keep a share
-it never fetches alive for longer than the manifest has chunks.
+it never fetches alive for longer than the manifest has chunks. Only a manifest's first deal is
+watched (an heir of re-dealt chunks may hold them already, from the peer that went); a
+superseded manifest's shares are dropped (peers drop those downloads), the quiet of each
+carried to the peer's share of the next version, so versions faster than the grace hide no one.
 
 Standing, per identity (BitTorrent's optimistic unchoke seen from the tracker: a newcomer is
 tried on a small share, a whole one is earned by doing):

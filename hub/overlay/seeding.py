@@ -103,10 +103,10 @@ class Seeding:
         self._timer, self._timer_at = None, float("inf")
         for silence in self.watch.due(self._now()):
             version, base = silence.key
-            log.info("%s fetched none of its %d chunk(s) of v%d%s for %.1f s: dealt to others; "
-                     "no share for %.0f s", silence.peer_id, len(silence.chunks), version,
+            log.info("%s asked the hub for nothing of v%d%s for %.1f s: its %d unfetched "
+                     "chunk(s) dealt to others; no share for %.0f s", silence.peer_id, version,
                      "" if base is None else f" (delta from v{base})", silence.quiet_s,
-                     silence.bench_s)
+                     len(silence.chunks), silence.bench_s)
             self._on_event({"event": "seeder_silent", "peer": silence.peer_id,
                             "identity": silence.identity, "version": version,
                             "base_version": base, "chunks": len(silence.chunks),
