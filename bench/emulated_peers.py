@@ -369,8 +369,8 @@ def run_gossip(setup: Setup) -> Result:
                                   hub_bps=setup.hub_bps_known)
     for peer in w.peers.values():
         deal = deals[peer.id]
-        encoded, plan_bytes = gossip_announcement(w.man, deal.seed, deal.neighbours)
-        w.announce(peer, encoded, plan_bytes, deal.seed, deal.neighbours)
+        encoded, plan_bytes = gossip_announcement(w.man, deal.from_hub, deal.neighbours)
+        w.announce(peer, encoded, plan_bytes, deal.from_hub, deal.neighbours)
     res = w.finish()
     res.extra["links"] = len(links)
     return res

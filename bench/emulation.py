@@ -341,7 +341,9 @@ class World:
         only for those none of its links holds."""
         orphans = sorted(i for p in gone for i in self.deals[p].seed)
         here = [mb for mb in self.members if not self.peers[mb.peer_id].gone]
-        for peer_id, seed in deal_seeds(here, orphans).items():
+        heirs = [mb for mb in here if mb.seeds]  # no NAT'd heir; with none, everyone fetches
+        shares = deal_seeds(heirs, orphans) if heirs else {mb.peer_id: orphans for mb in here}
+        for peer_id, seed in shares.items():
             if seed:
                 self.control(gossip_announcement(self.man, seed, [])[1], sent=True)
                 peer = self.peers[peer_id]

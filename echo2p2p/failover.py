@@ -11,8 +11,12 @@ then they are asked again.
 
 Driving it: `requests(now, window)` says which requests to send (each chunk still wanted and
 not asked, of its source, at most `window` at once per source), `finished` is told how each
-ended, `plan` takes the hub's revisions. The shell (`echo2p2p.overlay.download.Download`) runs
-the requests and reads the clock; bench/emulated_peers.py drives it the same way.
+ended, `plan` takes the hub's revisions. A request out to a peer that a revision no longer
+routes its chunk through (`moved`: the hub dealt it elsewhere, as when that peer fetched
+nothing of its share, `echo2p2p.seed_watch`) is withdrawn by the shell (`release`) and asked
+again by the plan, rather than waited on until the stall deadline. The shell
+(`echo2p2p.overlay.download.Download`) runs the requests and reads the clock;
+bench/emulated_peers.py drives it the same way.
 """
 
 from __future__ import annotations
@@ -140,6 +144,18 @@ class Failover:
             self._asked[index] = source
             out.append((index, source))
         return out
+
+    def moved(self) -> list[tuple[int, str]]:
+        """(chunk, source) of each request out to a peer source the plan no longer routes that
+        chunk through: to withdraw (`release`) and ask again."""
+        return [(i, s) for i, s in self._asked.items() if s != HUB and self.owners[i] != s]
+
+    def release(self, index: int, source: str) -> None:
+        """Chunk `index`'s request to `source` was withdrawn, not failed: asked again by the
+        plan, and nobody is reported."""
+        if self._asked.get(index) == source:
+            del self._asked[index]
+            self._load[source] -= 1
 
     def asked(self, index: int) -> str | None:
         """The source chunk `index`'s request is out to; None if none is."""

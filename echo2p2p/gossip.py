@@ -26,9 +26,10 @@ among the links that hold a chunk, since a NAT'd peer's upload has only its link
 half-NAT'd peers from 1.56 (FIFO) to 1.36 x M/B, and 8 of them from 1.38 (rarity before NAT)
 to 1.18, their uniform time.
 
-A seeder that leaves before the hub sent it its seeds: the hub deals them again
-(`relay.deal_seeds`, one message to each receiver) and `add_seed` takes them; with the hub's
-control connection cut, the fallback (3.) finds them instead.
+A seeder that leaves before the hub sent it its seeds, or asks the hub for none of them within
+about a second (`echo2p2p.seed_watch`): the hub deals them again (`relay.deal_seeds`, one
+message to each receiver) and `add_seed` takes them; with the hub's control connection cut,
+the fallback (3.) finds them instead.
 
 A link whose piece failed (corrupt, stalled) is avoided for the rest of this manifest: its
 wants are released and it is never asked again. The hub is never avoided: a failed want of the

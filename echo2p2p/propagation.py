@@ -38,6 +38,7 @@ class Propagation:
     received: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # source -> (bytes, span)
     predicted_bcast_s: float | None = None  # the capacity model's, made at publication
     dealt: dict[str, int] = field(default_factory=dict)  # chunks each peer relays or seeds
+    idle: int = 0  # peers announced it but not expected: announced an earlier one, none held
 
     def count(self, reporter: str, report: m.TransferReport, size: int) -> None:
         """`reporter`'s transfer report of a manifest of `size` wire bytes, believed only as far
@@ -84,7 +85,7 @@ class Propagation:
             "hub_sent_s": round(self.hub_sent_after_s, 3),
             "complete": complete, "full_wire_bytes": size,
             "delta_wire_bytes": delta_wire_bytes,
-            "peers_on_delta": self.on_delta,
+            "peers_on_delta": self.on_delta, "peers_idle": self.idle,
             "bytes_from_hub": self.bytes_from_hub, "bytes_from_peers": self.bytes_from_peers,
             "hub_upload_copies": round(self.bytes_from_hub / size, 3) if size else None,
         }

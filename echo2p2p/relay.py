@@ -9,7 +9,9 @@ while the next one is still arriving. With N peers of upload B each, that takes 
 M/B + 2 chunk times while N is well under the chunk count (past it, each owner uploads its
 one or two chunks N - 1 times over: 5.7 x M/B for 256 peers and 54 chunks in
 `bench/gossip_sweep.py`); a star (the hub sends everything to everyone) takes N * M/B.
-A peer that cannot accept connections is a leaf: it owns nothing and only pulls.
+A peer that cannot accept connections is a leaf: it owns nothing and only pulls. Nor does a
+peer the hub has not seen fetch what it was dealt own more than a probation share
+(`Member.max_share`, from `echo2p2p.seed_watch`): every other peer waits on an owner.
 
 When an owner leaves, or peers report it as corrupt or stalled, its chunks are re-dealt to the
 remaining owners (a new plan revision); a chunk nobody can serve comes from the hub.
@@ -52,6 +54,15 @@ class Member:
     peer_id: str
     url: str | None  # its chunk server; None for a leaf
     upload_bps: float = 0.0  # measured upload bandwidth; 0 = not measured yet
+    # The most chunks of one manifest it may be dealt, whatever its uplink (`echo2p2p.seed_watch`:
+    # None for a peer that has shown it fetches what it is dealt, a probation share for one that
+    # has not, 0 while benched for silence); a probation share holds while a member has none.
+    max_share: int | None = None
+
+    @property
+    def seeds(self) -> bool:
+        """Whether it may be dealt chunks at all: it accepts connections and is not benched."""
+        return bool(self.url) and self.max_share != 0
 
 
 def deal(n_chunks: int, weights: list[float]) -> list[int]:
@@ -177,6 +188,15 @@ class Broadcast:
                 counts[owner] += 1
         return counts
 
+    def shares(self) -> dict[str, list[int]]:
+        """The chunks each member owns now: those it alone fetches from the hub, for the
+        others (in the ring, its stripes)."""
+        out: dict[str, list[int]] = {pid: [] for pid in self.members}
+        for i, owner in enumerate(self._owners):
+            if owner is not None:
+                out[owner].append(i)
+        return out
+
     def source(self, peer_id: str, index: int) -> str | None:
         """Whom `peer_id` is told to fetch chunk `index` from now (None: the hub)."""
         owner, ring = self.owner(index), self.ring()
@@ -192,7 +212,7 @@ class Broadcast:
 
     def _redeal(self, chunks: range | list[int]) -> None:
         servers = [mb for mb in self.members.values()
-                   if mb.url and mb.peer_id not in self.excluded]
+                   if mb.seeds and mb.peer_id not in self.excluded]
         if self.strategy == "striped-chain":  # a first hop outside the ring would feed nobody
             servers = [self.members[p] for p in self.ring()]
         if self.strategy == "star" or not servers:
@@ -213,8 +233,12 @@ def ring_of(members: list[Member], hub_bps: float | None) -> list[str]:
     too, since the hub's estimate of its own rate may be low or missing: measured over a
     version it is the pace the peers pulled at, not the uplink (without it, in
     `bench/gossip_sweep.py`, 16 peers with a third at B/4 took 3.4 x the max-flow bound against
-    1.8). All serving members when fewer than two would be left."""
-    servers = [mb for mb in members if mb.url]
+    1.8). All serving members when fewer than two would be left. A member on a probation share
+    (`Member.max_share`) is no link while two members without one are there: a link that never
+    fetches holds its whole part of the ring, not one share, until a stall deadline."""
+    servers = [mb for mb in members if mb.seeds]
+    proven = [mb for mb in servers if mb.max_share is None]
+    servers = proven if len(proven) >= 2 else servers
     measured = sorted(mb.upload_bps for mb in servers if 0 < mb.upload_bps < math.inf)
     median = measured[len(measured) // 2] if measured else 0.0
     ref = max(hub_bps if hub_bps and 0 < hub_bps < math.inf else 0.0, median)
@@ -229,22 +253,38 @@ class GossipDeal:
 
     seed: list[int]  # chunk indices it fetches from the hub (every chunk has one seeder)
     neighbours: list[m.RelaySource]  # a random sample of the other members' chunk servers
+    own: list[int] = field(default_factory=list)  # chunks nobody seeds: it fetches them from the
+    # hub for itself (unless a link has one), as every member does; no share anyone waits on
+
+    @property
+    def from_hub(self) -> list[int]:
+        """Every chunk it asks the hub for first: the announcement's `seed`."""
+        return self.seed + self.own
 
 
 def gossip_plan(members: list[Member], n_chunks: int, degree: int = GOSSIP_DEGREE,
                 rng: random.Random | None = None, hub_bps: float | None = None
                 ) -> dict[str, GossipDeal]:
     """The hub's whole part in a gossip version: every chunk dealt to exactly one seeder, in
-    proportion to measured upload like the tracker's owners (NAT'd members seed too: they
-    upload over the links they open), and each member a sample of `degree` (at most
-    MAX_NEIGHBOURS) other members that accept links; a member that accepts none gets twice as
-    many, since nobody dials it (in `bench/gossip_sweep.py` that took half-NAT'd swarms from
-    1.55 to 1.40 x M/B at 32 peers). A seeder uploads each seed at least once: its share is
-    capped at what its uplink sends while the hub sends the version at `hub_bps`. O(N) work
-    and messages, none per chunk."""
-    seeds = deal_seeds(members, list(range(n_chunks)), 1, hub_bps)
-    return {mb.peer_id: GossipDeal(seeds[mb.peer_id], neighbour_sample(
-                members, mb.peer_id, degree if mb.url else 2 * degree, rng)) for mb in members}
+    proportion to measured upload like the tracker's owners, and each member a sample of
+    `degree` (at most MAX_NEIGHBOURS) other members that accept links; a member that accepts
+    none gets twice as many, since nobody dials it (in `bench/gossip_sweep.py` that took
+    half-NAT'd swarms from 1.55 to 1.40 x M/B at 32 peers). A seeder uploads each seed at least
+    once: its share is capped at what its uplink sends while the hub sends the version at
+    `hub_bps`. O(N) work and messages, none per chunk.
+
+    Only members that accept links and are not benched seed (`Member.seeds`), a probationer
+    no more than its `max_share`: every other member waits on a seeder for its seeds (or for
+    `relay_stall_s`, its fallback to the hub), so a share goes only where the hub could check
+    that it is fetched (`echo2p2p.seed_watch`); a NAT'd member's upload still counts, over the
+    links it dials. With no seeder at all, every member fetches every chunk from the hub for
+    itself (`GossipDeal.own`), as in a star, rather than wait."""
+    seeders = [mb for mb in members if mb.seeds]
+    seeds = deal_seeds(seeders, list(range(n_chunks)), 1, hub_bps)
+    own = [] if seeders else list(range(n_chunks))
+    return {mb.peer_id: GossipDeal(seeds.get(mb.peer_id, []), neighbour_sample(
+                members, mb.peer_id, degree if mb.url else 2 * degree, rng), list(own))
+            for mb in members}
 
 
 def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
@@ -261,7 +301,9 @@ def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
     passed on `copies` times, takes it over MAX_TAIL of that time (its last chunk leaves only
     once it has come): a slow peer's share must not hold the fast ones back. What those caps
     leave goes to the others (water-filling); only when every member is capped do shares pass
-    their caps."""
+    their caps, and a member's `max_share` (a probation share) never while another member has
+    none: when every member has one (a new run), nobody better can take the rest, and they are
+    dealt by uplink as if they had none."""
     seeds: dict[str, list[int]] = {mb.peer_id: [] for mb in members}
     if not members or not chunks:
         return seeds
@@ -272,18 +314,26 @@ def deal_seeds(members: list[Member], chunks: list[int], copies: int = 1,
     caps = [r * len(chunks) / (max(copies, 1) * hub_bps) if r and capped else math.inf
             for r in rates]
     caps = [0.0 if c * MAX_TAIL < 1 else c for c in caps]
-    counts = capped_shares(len(chunks), [r if r > 0 else default for r in rates], caps)
+    firm = [mb.max_share is not None for mb in members]
+    if all(firm):  # nobody proven: only a benched member's 0 still holds
+        firm = [mb.max_share == 0 for mb in members]
+    caps = [min(c, max(mb.max_share, 0)) if f else c for c, mb, f in zip(caps, members, firm)]
+    counts = capped_shares(len(chunks), [r if r > 0 else default for r in rates], caps, firm)
     dealt = [j for j, c in enumerate(counts) if c > 0]
     for i, k in zip(chunks, deal(len(chunks), [counts[j] for j in dealt])):
         seeds[members[dealt[k]].peer_id].append(i)
     return seeds
 
 
-def capped_shares(n: int, weights: list[float], caps: list[float]) -> list[int]:
+def capped_shares(n: int, weights: list[float], caps: list[float],
+                  firm: list[bool] | None = None) -> list[int]:
     """`n` items as whole counts in proportion to `weights`, none over its cap (water-filling:
     a capped member keeps its cap and the rest is shared among the others); when the caps add
-    up to less than `n`, what is left is shared by weight over everyone whose cap is not 0
-    (over everyone, if all are). The counts sum to n."""
+    up to less than `n`, what is left is shared by weight over the first of: those whose cap is
+    not 0 and not `firm`; those not `firm` (a slow uplink still delivers, an unproven peer may
+    not: a `firm` cap is a probation share); those whose cap is not 0; everyone. The counts
+    sum to n."""
+    firm = firm or [False] * len(weights)
     counts = [0.0] * len(weights)
     free = set(range(len(weights)))
     left = float(n)
@@ -299,12 +349,15 @@ def capped_shares(n: int, weights: list[float], caps: list[float]) -> list[int]:
             counts[j] = math.floor(caps[j])
             left -= counts[j]
         free -= over
-    spill = [w if k > 0 else 0.0 for w, k in zip(weights, caps)]  # a zero cap takes no spill
-    spill = spill if any(spill) else weights
+    tiers = ([w if k > 0 and not f else 0.0 for w, k, f in zip(weights, caps, firm)],
+             [0.0 if f else w for w, f in zip(weights, firm)],
+             [w if k > 0 else 0.0 for w, k in zip(weights, caps)], weights)
+    spill = next(t for t in tiers if any(t))
     counts = [c + left * w / sum(spill) for c, w in zip(counts, spill)]
     whole = [math.floor(c + 1e-9) for c in counts]  # then the largest remainders get one more,
-    order = sorted(range(len(counts)),  # first those it takes past no cap
-                   key=lambda j: (whole[j] + 1 > caps[j], whole[j] - counts[j]))
+    order = sorted(range(len(counts)),  # first those it takes past no cap, then past no firm one
+                   key=lambda j: (whole[j] + 1 > caps[j] and firm[j], whole[j] + 1 > caps[j],
+                                  whole[j] - counts[j]))
     for j in order[:n - sum(whole)]:
         whole[j] += 1
     return whole

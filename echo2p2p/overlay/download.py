@@ -97,6 +97,7 @@ class Download:
                            show=self.first or None)
         try:
             while not self.failover.complete:
+                self._withdraw(in_flight)
                 for i, source in self.failover.requests(time.monotonic(), self.window):
                     in_flight[asyncio.create_task(self._fetch(i, source))] = (i, source)
                 for task in await self._finished(in_flight, HUB_RETRY_S):
@@ -118,6 +119,17 @@ class Download:
                 task.cancel()
             bar.close()
         return self.statistics(time.monotonic() - start)
+
+    def _withdraw(self, in_flight: dict[asyncio.Task, tuple[int, str]]) -> None:
+        """Cancel the requests out to a source the plan no longer routes their chunk through
+        (`Failover.moved`): the hub dealt it elsewhere, so waiting out the stall deadline on
+        the old source would only hold the chunk back."""
+        moved = set(self.failover.moved())
+        for task, entry in list(in_flight.items()):
+            if entry in moved and not task.done():
+                task.cancel()
+                del in_flight[task]
+                self.failover.release(*entry)
 
     def statistics(self, download_s: float) -> TransferStats:
         """What this download fetched, from whom, over `download_s` seconds."""

@@ -4,8 +4,10 @@
 whole stream is at its base, else in full) with a relay plan per manifest
 (`echo2p2p.relay.Broadcast`); a late joiner, a peer back from a disconnect or a cold standby
 peer put to work catches up on the newest: as one delta from a version it holds whole
-(`hub.overlay.catchup`), else in full. Plans are re-dealt when a relaying peer leaves, is quarantined
-or fails the hub's own check; each peer's report of a finished transfer feeds the per-version
+(`hub.overlay.catchup`), else in full. A share goes only to a peer the seed watch allows
+(`hub.overlay.seeding`: a probation share until the hub saw it fetch what it was dealt). Plans
+are re-dealt when a relaying peer leaves, is quarantined, fails the hub's own check or fetches
+nothing of its share within its grace; each peer's report of a finished transfer feeds the per-version
 propagation record (`echo2p2p.propagation.Propagation`) and, once a version has spread, the
 peers' measured upload and the hub's send rate, from which the next version's T_bcast is
 predicted.
@@ -25,8 +27,10 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 from echo2p2p.propagation import Propagation
 from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour_sample
+from echo2p2p.seed_watch import Key, Silence
 
 from .catchup import CatchUps
+from .seeding import Seeding
 from ..config_sections import OverlayConfig
 from ..serving.peers import PeerConn
 from .versions import Published, Snapshot
@@ -53,6 +57,9 @@ class VersionTracker:
         self.catchups = CatchUps(overlay.catch_up_versions, max_building=overlay.catch_up_builds)
         # Gossip: (version, base) -> peer id -> its seed chunks, and the plan revision sent last.
         self.seeds: dict[tuple[int, int | None], tuple[dict[str, list[int]], int]] = {}
+        # Who may be dealt chunks, and whether they fetch them (`echo2p2p.seed_watch`).
+        self.seeding = Seeding(self._silent, on_event=on_event, now=now,
+                               hub_bps=self.hub_bps_estimate)
 
     @property
     def newest(self) -> Published | None:
@@ -66,6 +73,7 @@ class VersionTracker:
         """Make `version` the newest and announce it to every peer, with a relay plan."""
         for old in list(self.propagation.values()):
             self.report_propagation(old, final=True)  # superseded: say how far it got
+        self.seeding.superseded(version.version)
         self.published[version.version] = version
         for old in sorted(self.published)[:-self.overlay.keep_versions]:
             del self.published[old]
@@ -76,9 +84,13 @@ class VersionTracker:
         on_delta = [c for c in conns
                     if delta is not None and c.stream_version == delta.manifest.base_version]
         in_full = [c for c in conns if c not in on_delta]
+        # A peer announced a version before that holds none whole yet is not waited for: an
+        # idle connection would leave every record incomplete (and T_bcast unmeasured).
+        fetching = {c.peer_id for c in conns if c.stream_version is not None or c.announced < 0}
         self.propagation[version.version] = Propagation(
-            version.version, self._now(), {c.peer_id for c in conns}, on_delta=len(on_delta),
-            predicted_bcast_s=self.predicted_bcast_s(version, conns, len(on_delta)))
+            version.version, self._now(), fetching, on_delta=len(on_delta),
+            predicted_bcast_s=self.predicted_bcast_s(version, conns, len(on_delta)),
+            idle=len(conns) - len(fetching))
         for snap, members in ((delta, on_delta), (version.full, in_full)):
             if not members:
                 continue
@@ -87,6 +99,7 @@ class VersionTracker:
                 continue
             broadcast = self._broadcast(snap)
             broadcast.start([self.member(c) for c in members])
+            self._watch(snap, broadcast.shares())
             self.propagation[version.version].dealt.update(broadcast.dealt())
             for conn in members:
                 conn.protocol.announce(version.version)
@@ -95,9 +108,10 @@ class VersionTracker:
 
     def announce_gossip(self, snap: Snapshot, conns: list[PeerConn], late: bool = False) -> None:
         """Gossip: one announcement per peer with its seed chunks and a neighbour sample, and
-        nothing after it (no plan revisions, no lookups). Quarantined peers seed nothing; a
-        `late` joiner dials a sample of every peer here, and seeds nothing if another peer
-        here holds the (full) version whole, else everything (nobody else may have it)."""
+        nothing after it but re-dealt seeds. Quarantined peers seed nothing, nor do leaves and
+        benched peers (`relay.gossip_plan`), and every share is watched (`Seeding`); a `late`
+        joiner dials a sample of every peer here, and fetches nothing from the hub if another
+        peer here holds the (full) version whole, else everything (nobody else may have it)."""
         manifest = snap.manifest
         seeders = [c for c in conns if not late and not self._quarantined(c)]
         if late and (manifest.base_version is not None or not any(
@@ -111,10 +125,11 @@ class VersionTracker:
             self.seeds[(manifest.version, manifest.base_version)] = (
                 {pid: list(d.seed) for pid, d in deals.items()}, 1)
             self.seeds = {k: v for k, v in self.seeds.items() if k[0] in self.published}
+            self._watch(snap, {pid: d.seed for pid, d in deals.items()})
         everyone = [self.member(c) for c in (self.peers.values() if late else conns)]
         for conn in conns:
             deal = deals.get(conn.peer_id)
-            seed = deal.seed if deal is not None else []
+            seed = deal.from_hub if deal is not None else []
             gossip = m.GossipPlan(manifest.version, manifest.base_version,
                                   m.pack_ids(seed),
                                   deal.neighbours if deal is not None
@@ -173,6 +188,7 @@ class VersionTracker:
             broadcast.join(member)
         else:
             broadcast.start([member])
+            self._watch(snap, broadcast.shares())
         conn.post(m.VersionAnnouncement(snap.manifest, broadcast.plan(conn.peer_id),
                                         snap.signature))
 
@@ -195,7 +211,14 @@ class VersionTracker:
         return rates[len(rates) // 2] if rates else None
 
     def member(self, conn: PeerConn) -> Member:
-        return conn.member(relays=not self._quarantined(conn))
+        """`conn` in a broadcast: a relay if it may be one, with the share the watch allows."""
+        return conn.member(relays=not self._quarantined(conn), max_share=self.seeding.cap(conn))
+
+    def _watch(self, snap: Snapshot, shares: dict[str, list[int]]) -> None:
+        """`shares` of `snap` were first dealt: the watch expects each peer to fetch its own."""
+        chunk_bytes = max((c.wire_bytes for c in snap.manifest.chunks), default=0)
+        key = (snap.manifest.version, snap.manifest.base_version)
+        self.seeding.dealt(key, shares, self.peers, chunk_bytes)
 
     # --- re-dealing ------------------------------------------------------------------
 
@@ -203,36 +226,67 @@ class VersionTracker:
         """Deal `peer_id`'s chunks, in every broadcast, to other relays and tell the members;
         in gossip, its seed chunks to the other seeders (`reseed`)."""
         self.reseed(peer_id)
-        for (version, _), broadcast in self.broadcasts.items():
-            if broadcast.drop(peer_id) is None:
-                continue
-            log.debug("routed v%d around %s", version, peer_id)
-            for member in broadcast.members:
-                if (conn := self.peers.get(member)) is not None:
-                    conn.post(broadcast.plan(member))
+        for key, broadcast in list(self.broadcasts.items()):
+            self._drop(key, broadcast, peer_id)
+
+    def _drop(self, key: Key, broadcast: Broadcast, peer_id: str) -> None:
+        """`peer_id` relays nothing more in `broadcast`: the members get the new plan. (The
+        new owners' added chunks are not watched: one may hold them already, from `peer_id`.)"""
+        if broadcast.drop(peer_id) is None:
+            return
+        log.debug("routed v%d around %s", key[0], peer_id)
+        for member in broadcast.members:
+            if (conn := self.peers.get(member)) is not None:
+                conn.post(broadcast.plan(member))
 
     def reseed(self, peer_id: str) -> None:
         """Gossip: `peer_id` (left, quarantined or failed the hub's check) may not have passed
-        its seed chunks on; deal them among the other seeders still here, one plan revision
-        each, carrying only the added seeds. A receiver fetches one from the hub only if none
-        of its links holds it (`echo2p2p.gossip.Swarm`), so a seed already spread costs nothing."""
-        for (version, base), (deals, revision) in list(self.seeds.items()):
-            orphans = deals.pop(peer_id, [])
-            heirs = [c for pid in deals if (c := self.peers.get(pid)) is not None
-                     and not self._quarantined(c)]
-            if not orphans or not heirs or version not in self.propagation:
-                continue
-            self.seeds[(version, base)] = (deals, revision + 1)
-            log.debug("routed v%d around %s", version, peer_id)
-            for pid, added in deal_seeds([self.member(c) for c in heirs], orphans).items():
-                deals[pid] += added
-                gossip = m.GossipPlan(version, base, m.pack_ids(added), [])
+        its seed chunks on; deal them again (`_reseed`)."""
+        for key, (deals, _) in list(self.seeds.items()):
+            self._reseed(key, peer_id, deals.pop(peer_id, []))
+
+    def _reseed(self, key: Key, peer_id: str, orphans: list[int]) -> None:
+        """Gossip: deal `orphans`, seeds of `peer_id`, among the other seeders of manifest `key`
+        still here, one plan revision each, carrying only the added seeds. A receiver fetches
+        one from the hub only if none of its links holds it (`echo2p2p.gossip.Swarm`), so a
+        seed already spread costs nothing (and for that reason the heirs' added seeds are not
+        watched: asking nothing for them says nothing). With no seeder left, every member takes
+        them all, as it takes the chunks nobody seeds (`relay.gossip_plan`)."""
+        deals, revision = self.seeds[key]
+        version, base = key
+        members = [self.member(c) for pid in deals
+                   if pid != peer_id and (c := self.peers.get(pid)) is not None]
+        if not orphans or not members or version not in self.propagation:
+            return
+        heirs = [mb for mb in members if mb.seeds]
+        added = (deal_seeds(heirs, orphans) if heirs
+                 else {mb.peer_id: list(orphans) for mb in members})
+        self.seeds[key] = (deals, revision + 1)
+        log.debug("routed v%d around %s", version, peer_id)
+        for pid, seeds in added.items():
+            if seeds:
+                gossip = m.GossipPlan(version, base, m.pack_ids(seeds), [])
                 self.peers[pid].post(m.RelayPlan(version, base, revision + 1, [], b"", gossip))
+        if heirs:
+            for pid, seeds in added.items():
+                deals[pid] += seeds
+
+    def _silent(self, silence: Silence) -> None:
+        """The watch heard nothing of a dealt peer for its grace: its chunks not fetched go
+        to others now (gossip: `_reseed`; a tracker's broadcast routes around it)."""
+        key, peer_id = silence.key, silence.peer_id
+        if key in self.seeds:
+            deals = self.seeds[key][0]
+            deals[peer_id] = [i for i in deals.get(peer_id, []) if i not in silence.chunks]
+            self._reseed(key, peer_id, list(silence.chunks))
+        elif (broadcast := self.broadcasts.get(key)) is not None:
+            self._drop(key, broadcast, peer_id)
 
     def peer_left(self, peer_id: str) -> None:
         """`peer_id` left (already out of `peers`): re-deal its chunks, and report the versions
         that have now reached every peer still here."""
         self.route_around(peer_id)
+        self.seeding.left(peer_id)
         for prop in list(self.propagation.values()):
             self.report_propagation(prop)
 
@@ -254,6 +308,10 @@ class VersionTracker:
             return GONE
         return snap.chunks[index]
 
+    def close(self) -> None:
+        """Stop the seed watch's timer."""
+        self.seeding.close()
+
     def chunk_served(self, version: int, nbytes: int) -> None:
         if (prop := self.propagation.get(version)) is not None:
             prop.bytes_from_hub += nbytes
@@ -265,6 +323,7 @@ class VersionTracker:
         if snap is None:
             return
         conn.protocol.note_whole(msg.version)
+        self.seeding.whole(conn, (msg.version, msg.base_version))
         self.catchups.remember(conn.hello.peer_key, msg.version)  # for its next connection
         prop = self.propagation.get(msg.version)
         if prop is None or conn.peer_id not in prop.expected or conn.peer_id in prop.done_after_s:

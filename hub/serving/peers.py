@@ -86,11 +86,13 @@ class PeerConn:
         """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
         return server_base(self.hello.listen_addr) if self.hello.listen_addr else None
 
-    def member(self, relays: bool = True) -> Member:
+    def member(self, relays: bool = True, max_share: int | None = None) -> Member:
         """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
-        `relays`: a quarantined peer only pulls)."""
+        `relays`: a quarantined peer only pulls), dealt at most `max_share` chunks of a
+        manifest (`echo2p2p.seed_watch`)."""
         relays = relays and self.relay == "ok"
-        return Member(self.peer_id, self.server_url if relays else None, self.upload_bps)
+        return Member(self.peer_id, self.server_url if relays else None, self.upload_bps,
+                      max_share)
 
     def post(self, msg: m.Message) -> None:
         """Queue `msg` for this peer's writer task; never waits on the socket."""

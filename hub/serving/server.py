@@ -280,12 +280,11 @@ class Hub:
 
     def routes(self) -> dict[str, Handler]:
         """The hub's GET routes for `hub.serving.app.serve`: the peers' websocket (/ws) and the hub's
-        share of the chunks (/chunk/..., ticket-checked, rate-limited at `upload_limit_mbps`)."""
-        mbps = self.cfg.overlay.upload_limit_mbps
-        return {"/ws": self._handle_ws, "/chunk/{version}/{base}/{index}": chunk_handler(
-            self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps else None,
-            on_served=self._tracker.chunk_served,
-            authorize=Tickets(self.hub_key, self.run_id, "hub"))}
+        share of the chunks (/chunk/..., ticket-checked, rate-limited, watched: hub.overlay.seeding)."""
+        mbps, tickets = self.cfg.overlay.upload_limit_mbps, Tickets(self.hub_key, self.run_id, "hub")
+        chunks = chunk_handler(self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps
+                               else None, on_served=self._tracker.chunk_served, authorize=tickets)
+        return {"/ws": self._handle_ws, "/chunk/{version}/{base}/{index}": self._tracker.seeding.watched(chunks, tickets)}
 
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         """One peer connection, through the frame pump (`hub.serving.pump`), unless the door
@@ -375,6 +374,7 @@ class Hub:
         await asyncio.gather(*judging, return_exceptions=True)
         if self.scorer is not None:
             self.scorer.close()
+        self._tracker.close()
         await self._accusations.close()
 
     # --- durability (echo2p2p.hub.learning.durable) -------------------------------------------

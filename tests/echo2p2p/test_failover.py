@@ -172,3 +172,17 @@ def test_a_chunk_lower_than_all_out_to_its_source_is_asked_past_the_window():
     assert f.requests(1.0, 2) == [(0, "new")]
     f.finished(0, "new", None, 2.0)
     assert f.requests(2.0, 2) == [(1, "new")]
+
+
+def test_a_request_out_to_a_source_the_hub_dealt_around_is_withdrawn_and_asked_again():
+    """The hub re-dealt a's chunk to b (a fetched nothing of its share): the request out to a
+    is `moved`, released without a report, and asked of b; the one out to b stays."""
+    f = Failover(2, "me")
+    f.plan(plan([0, 1], ["a", "b"]), {"a", "b"})
+    assert f.requests(0.0, 4) == [(0, "a"), (1, "b")]
+    assert f.moved() == []
+    f.plan(plan([0, 0], ["b"], revision=2), {"a", "b"})
+    assert f.moved() == [(0, "a")]
+    f.release(0, "a")
+    assert f.moved() == [] and f.requests(1.0, 4) == [(0, "b")]
+    assert f.statistics().failed_sources == ()

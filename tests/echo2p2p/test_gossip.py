@@ -304,12 +304,19 @@ def test_runs_are_deterministic_and_peers_differ():
        degree=st.integers(0, 100), seed=st.integers(0, 9))
 def test_every_chunk_has_one_seeder_and_neighbours_are_capped(n_public, n_nat, n_chunks, degree,
                                                                seed):
+    """Every chunk has exactly one seeder, always one that accepts links (a NAT'd member seeds
+    nothing: nobody could check it fetches); with none such, every member fetches every
+    chunk for itself. Neighbour samples hold only members that accept links."""
     members = ([Member(f"s{i}", f"http://10.0.0.{i}:1", float(i % 3)) for i in range(n_public)]
                + [Member(f"n{i}", None) for i in range(n_nat)])
     deals = gossip_plan(members, n_chunks, degree, random.Random(seed))
     assert set(deals) == {mb.peer_id for mb in members}
     seeds = [i for d in deals.values() for i in d.seed]
-    assert sorted(seeds) == (list(range(n_chunks)) if members else [])
+    assert sorted(seeds) == (list(range(n_chunks)) if n_public else [])
+    assert all(not d.seed for p, d in deals.items() if p.startswith("n"))
+    for d in deals.values():
+        assert d.own == ([] if n_public else list(range(n_chunks)))
+        assert sorted(d.from_hub) == sorted(d.seed + d.own)
     for peer, d in deals.items():
         ids = [nb.peer_id for nb in d.neighbours]
         assert peer not in ids and len(set(ids)) == len(ids)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2p2p import messages as m
-from echo2p2p.relay import (Broadcast, Member, capped_shares, deal, deal_seeds, owners_of,
+from echo2p2p.relay import (Broadcast, Member, capped_shares, deal, deal_seeds, owners_of, ring_of,
                             propagation)
 
 FAST = settings(max_examples=80, deadline=None)
@@ -328,3 +328,50 @@ def test_a_gossip_seeder_too_slow_to_pass_one_seed_on_in_time_seeds_nothing():
     seeds = deal_seeds(members, list(range(200)), copies=1, hub_bps=40e6)
     assert len(seeds["s0"]) == 0 and len(seeds["s1"]) == 200
     assert len(deal_seeds(members, list(range(200)))["s0"]) == 18
+
+
+# --- probation: a share only for a peer the hub saw fetch what it was dealt (issue 42) -----
+
+
+def test_a_probation_share_is_firm_where_an_uplink_cap_is_not():
+    """A proven seeder on a slower uplink than the hub's (capped at 11 of 23; at 30 Mbit/s too
+    slow for even one, by MAX_TAIL) takes the rest past its cap; the newcomer beside it,
+    however fast, never more than its 1."""
+    newcomer = Member("new", "http://b:1", 1e9, max_share=1)
+    for bps in (50e6, 30e6):
+        proven = Member("proven", "http://a:1", bps)
+        seeds = deal_seeds([proven, newcomer], list(range(23)), copies=1, hub_bps=100e6)
+        assert (len(seeds["proven"]), len(seeds["new"])) == (22, 1)
+
+
+def test_probationers_alone_are_dealt_as_before():
+    """Nobody proven (a new run, or a manifest only newcomers fetch): nobody better can seed,
+    so the shares are by uplink as without caps; benched members still get none."""
+    members = [Member(f"n{i}", f"http://n{i}:1", 10e6, max_share=1) for i in range(3)]
+    benched = Member("b", "http://b:1", 10e6, max_share=0)
+    seeds = deal_seeds([*members, benched], list(range(30)))
+    assert sorted(map(len, seeds.values())) == [0, 10, 10, 10] and seeds["b"] == []
+
+
+@FAST
+@given(n=st.integers(0, 200), proven=st.integers(0, 5), probation=st.integers(0, 5),
+       hub_bps=st.sampled_from([None, 10e6, 1e9]))
+def test_no_probationer_passes_its_share_while_a_proven_member_can_take_more(
+        n, proven, probation, hub_bps):
+    members = ([Member(f"p{i}", f"http://p{i}:1", 5e6 * (i + 1)) for i in range(proven)]
+               + [Member(f"n{i}", f"http://n{i}:1", 1e9, max_share=1) for i in range(probation)])
+    seeds = deal_seeds(members, list(range(n)), copies=1, hub_bps=hub_bps)
+    assert sorted(i for s in seeds.values() for i in s) == (list(range(n)) if members else [])
+    if proven:
+        assert all(len(seeds[f"n{i}"]) <= 1 for i in range(probation))
+
+
+def test_the_ring_takes_no_probationer_while_two_proven_members_serve():
+    """A link that never fetches holds its child's whole part of the ring, not one share: with
+    two proven members or more, a newcomer pulls from the first hops and heads no stripe."""
+    members = [*_members(3), Member("new", "http://n:1", max_share=1), Member("gone", "http://g:1",
+                                                                                max_share=0)]
+    bc = Broadcast(1, None, 12, strategy="striped-chain")
+    bc.start(members)
+    assert bc.ring() == ["s0", "s1", "s2"] and bc.shares()["new"] == bc.shares()["gone"] == []
+    assert ring_of(members[2:4], None) == ["s2", "new"]  # one proven: as before, less the benched

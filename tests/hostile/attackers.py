@@ -25,6 +25,8 @@ from aiohttp import web
 from echo2p2p import signing
 from echo2p2p import messages as m
 from echo2p2p.messages import to_wire
+from echo2p2p.overlay.store import chunk_path
+from echo2p2p.overlay.tickets import Credentials
 
 from tests.conftest import serving
 
@@ -144,6 +146,57 @@ async def raw_peer(url: str, keep_alive: bool = False) -> AsyncIterator[RawPeer]
                     task.cancel()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(ws.close(), 5)
+
+
+def owned(peer_id: str, frame: Frame) -> tuple[tuple[int, int | None], list[int]] | None:
+    """The manifest a frame's plan is of and the chunks it deals `peer_id` (an owner's, or
+    gossip seeds); None for a frame without a plan."""
+    plan = frame if frame["t"] == "relay_plan" else frame.get("plan") if frame["t"] == "version" else None
+    if plan is None:
+        return None
+    key = (plan["version"], plan["base_version"])
+    if plan.get("gossip"):
+        return key, list(m.unpack_ids(plan["gossip"]["seed"]))
+    mine = [k for k, s in enumerate(plan["sources"]) if s["peer_id"] == peer_id]
+    owners = m.unpack_ids(plan["owners"])
+    return key, [i for i, o in enumerate(owners) if o in mine]
+
+
+async def fetch_share(peer: RawPeer, hub_url: str) -> None:
+    """Forever: fetch from the hub's chunk route, with `peer`'s ticket, every chunk the hub
+    deals `peer`, as an honest relay does before it serves them. A relay that serves what it
+    never fetched is silent to the hub's seed watch (`echo2p2p.seed_watch`) and soon dealt
+    nothing; the relays of attacks about something else must not be caught by that first."""
+    welcome = peer.welcome
+    assert welcome is not None, "not welcomed"
+    credentials = Credentials(welcome["run_id"], peer.peer_id, peer.key, welcome["ticket"])
+    base = hub_url.replace("ws", "http", 1).removesuffix("/ws")
+    done: set[tuple[int, int | None, int]] = set()
+    seen = 0
+    async with aiohttp.ClientSession() as http:
+        while (frame := await peer.wait_frame(lambda f: owned(peer.peer_id, f) is not None,
+                                              3600.0, since=seen, allow_close=True)) is not None:
+            seen = peer.frames.index(frame, seen) + 1
+            (version, base_version), chunks = owned(peer.peer_id, frame)
+            for i in chunks:
+                if (version, base_version, i) not in done:
+                    done.add((version, base_version, i))
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.get(base + chunk_path(version, base_version, i),
+                                            headers=credentials.header("hub")) as resp:
+                            await resp.read()
+
+
+@contextlib.asynccontextmanager
+async def sharing(peer: RawPeer, hub_url: str) -> AsyncIterator[None]:
+    """`fetch_share(peer, hub_url)` running until the block ends."""
+    task = asyncio.create_task(fetch_share(peer, hub_url))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
 - idle: `connections` (1) peers that say hello and heartbeat and do nothing else; `engine`
   ("transformers"); `serve` (false): also advertise a chunk server that answers every request
   at once with 503 (alive, holding nothing) and never fetches a chunk.
+- leaf: a peer written from the protocol docs without the optional parts: no chunk server,
+  no gossip links; it fetches every chunk of each version announced to it from the hub's chunk
+  route (with its ticket, 2 requests at a time, the newest announcement first) and reports
+  each transfer; `engine` ("relay"). Counts: `versions`, `chunks`, `seeds_dealt` (chunk indices
+  the announcements and re-deals named as its seeds).
 - hoard: `sources` (8) connections, one per address, each asking for `n` (4096) leases and
   never answering one.
 - flood: one connection sending frames of kind `frame` (version_held, relay_report, heartbeat,
@@ -42,6 +47,8 @@ from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p import signing
+from echo2p2p.overlay.store import chunk_path
+from echo2p2p.overlay.tickets import Credentials
 
 REPORT_S = 0.5
 Counts = collections.Counter
@@ -72,8 +79,10 @@ def session(address: str) -> aiohttp.ClientSession:
 
 
 async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: str,
-                 key: bytes | None = None, **fields: Any) -> aiohttp.ClientWebSocketResponse | None:
-    """A websocket to the hub that said hello and got its welcome, else None (counted by why)."""
+                 key: bytes | None = None, welcome: list[dict] | None = None,
+                 **fields: Any) -> aiohttp.ClientWebSocketResponse | None:
+    """A websocket to the hub that said hello and got its welcome (appended to `welcome`, if
+    given), else None (counted by why)."""
     try:
         ws = await http.ws_connect(url, max_msg_size=0, compress=0)
     except aiohttp.WSServerHandshakeError as exc:
@@ -86,6 +95,8 @@ async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: st
     msg = await ws.receive()
     if msg.type is aiohttp.WSMsgType.BINARY and msgpack.unpackb(msg.data).get("t") == "welcome":
         counts["welcomed"] += 1
+        if welcome is not None:
+            welcome.append(msgpack.unpackb(msg.data))
         return ws
     counts[f"refused_{ws.close_code}"] += 1
     await ws.close()
@@ -132,6 +143,61 @@ async def idle(url: str, counts: Counts, connections: int = 1, engine: str = "tr
             if ws is not None:
                 tg.create_task(drain(ws, counts))
                 tg.create_task(heartbeats(ws))
+
+
+async def leaf(url: str, counts: Counts, engine: str = "relay") -> None:
+    key, welcome = signing.new_private_key(), []
+    newest: list[m.Manifest] = []  # the last manifest announced, once
+    announced = asyncio.Event()
+    async with session(source(1)) as http:
+        ws = await joined(http, url, counts, "leaf", key, welcome, engine=engine)
+        if ws is None:
+            return
+        w = welcome[0]
+        credentials = Credentials(w["run_id"], w["peer_id"], key, w["ticket"])
+        hub = url.replace("ws", "http", 1).removesuffix("/ws")
+
+        async def read() -> None:
+            async for msg in ws:
+                if msg.type is not aiohttp.WSMsgType.BINARY:
+                    continue
+                got = m.decode(msg.data)
+                plan = got.plan if isinstance(got, m.VersionAnnouncement) else got
+                if isinstance(plan, m.RelayPlan) and plan.gossip is not None:
+                    counts["seeds_dealt"] += len(m.unpack_ids(plan.gossip.seed))
+                if isinstance(got, m.VersionAnnouncement):
+                    newest[:] = [got.manifest]
+                    announced.set()
+            counts[f"closed_{ws.close_code}"] += 1
+
+        async def one(manifest: m.Manifest, index: int) -> int:
+            path = chunk_path(manifest.version, manifest.base_version, index)
+            async with http.get(hub + path, params={"wait": "5"},
+                                headers=credentials.header("hub")) as resp:
+                return len(await resp.read()) if resp.status == 200 else 0
+
+        async def download() -> None:
+            while True:
+                await announced.wait()
+                announced.clear()
+                manifest, start = newest[0], time.monotonic()
+                got = 0
+                for i in range(0, len(manifest.chunks), 2):  # 2 requests at a time
+                    sizes = await asyncio.gather(*(one(manifest, k) for k in range(
+                        i, min(i + 2, len(manifest.chunks)))))
+                    got += sum(sizes)
+                    counts["chunks"] += sum(n > 0 for n in sizes)
+                await ws.send_bytes(frame(
+                    "transfer_report", version=manifest.version,
+                    base_version=manifest.base_version, download_s=time.monotonic() - start,
+                    bytes_from_hub=got, bytes_from_peers=0, sources=[]))
+                counts["versions"] += 1
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(heartbeats(ws)), tg.create_task(download())]
+            await read()
+            for task in tasks:  # the hub closed
+                task.cancel()
 
 
 async def hoard(url: str, counts: Counts, sources: int = 8, n: int = 4096) -> None:
@@ -219,7 +285,8 @@ async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> 
 
 
 ATTACKS: dict[str, Callable[..., Awaitable[None]]] = {
-    "idle": idle, "hoard": hoard, "flood": flood, "http": http_flood, "churn": churn}
+    "idle": idle, "leaf": leaf, "hoard": hoard, "flood": flood, "http": http_flood,
+    "churn": churn}
 
 
 async def main(kind: str, url: str, params: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from echo2p2p.overlay.serving import PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER
 
 from tests.conftest import wait_until
-from .attackers import Request, dead_relay, raw_peer, recording_relay
+from .attackers import Request, dead_relay, raw_peer, recording_relay, sharing
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
                       still_training, steps)
@@ -133,12 +133,14 @@ async def test_relay_urls_use_host_and_port_and_tickets_do_not_replay(tmp_path, 
             recording_relay(run.hub.chunk_lookup) as odd_relay, \
             recording_relay(run.hub.chunk_lookup) as relay, \
             raw_peer(run.url, keep_alive=True) as odd, \
-            raw_peer(run.url, keep_alive=True) as harvester:
+            raw_peer(run.url, keep_alive=True) as harvester, contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
         odd_welcome = await odd.hello(name="path-and-query",
                                       listen_addr=odd_relay.url + "/anything?x=")
-        # And one whose URL is plain, to be dealt chunks whatever the hub makes of the other.
+        # And one whose URL is plain, to be dealt chunks whatever the hub makes of the other
+        # (it fetches them from the hub, as a relay must to keep a share).
         assert await harvester.hello(name="harvester", listen_addr=relay.url) is not None
+        await stack.enter_async_context(sharing(harvester, run.url))
         since = mark(run, honest)
 
         def harvested() -> list[Request]:

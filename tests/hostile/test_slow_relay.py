@@ -22,7 +22,7 @@ from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER
 
 from tests.conftest import serving, wait_until
-from .attackers import CHUNK_IN_URL, raw_peer
+from .attackers import CHUNK_IN_URL, raw_peer, sharing
 from .conftest import yes
 from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
                       run_events, small_cfg, steps_per_min, still_training)
@@ -97,10 +97,11 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
     cfg = small_cfg(tmp_path, relay="pipelined", anchor_every=1)
     async with hub_and_honest_peer(cfg) as (run, honest), \
             slow_relay(run.hub.chunk_lookup, honest.cfg.relay_stall_s) as relay, \
-            raw_peer(run.url, keep_alive=True) as attacker:
+            raw_peer(run.url, keep_alive=True) as attacker, contextlib.AsyncExitStack() as stack:
         honest_id = peer_id(run, HONEST)
         without = await steps_per_min(run)
         assert await attacker.hello(name="slow-relay", listen_addr=relay.url) is not None
+        await stack.enter_async_context(sharing(attacker, run.url))  # keeps its share dealt
 
         def conn() -> PeerView:  # the hub's view of the attacker now
             return run.hub.peer_views()[attacker.peer_id]

@@ -108,24 +108,29 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
             p.stream_version == 1 for p in hub.peer_views().values()))
 
 
-async def test_nated_peers_upload_over_the_links_they_open():
-    """6 peers, 3 of them with no chunk server (nobody can dial them): each still uploads over
-    the links it dialled, and the hub uploads about one copy."""
+async def test_nated_peers_seed_nothing_and_pull_over_the_links_they_open():
+    """6 peers, 3 of them with no chunk server (nobody can dial them): only the 3 others are
+    dealt seeds (a share the hub could not check is one everyone may wait on: issue 42), the
+    NAT'd ones pull over the links they dialled, asked first by rank, and the hub uploads
+    about one copy."""
     data = os.urandom(1 << 20)
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 3) as public, \
             Peers(url, 3, listen="") as nated:
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 6)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
+        hub.publish(v1)
         await records.wait_for("propagation", version=1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*public, *nated])
-        assert all(c.served_url is None and c.meter.served_bytes > 0 for c in nated)
+        assert all(c.served_url is None for c in nated)
         nated_ids = {c.welcome.peer_id for c in nated}
         accepted = [(p, link) for c in public for p, link in c.fetcher.links.links.items()]
         assert {p for p, link in accepted if link.natted} == nated_ids  # served first by rank
         assert all(not link.natted for p, link in accepted if p not in nated_ids)
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 6
+    assert all(record["chunks_dealt"][p] == 0 for p in nated_ids)
+    assert sum(record["chunks_dealt"].values()) == len(v1.full.chunks)
     assert record["bytes_from_hub"] <= 1.5 * record["full_wire_bytes"]
     assert record["bytes_from_peers"] >= 4 * len(data)
 
