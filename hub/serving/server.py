@@ -284,7 +284,8 @@ class Hub:
         mbps, tickets = self.cfg.overlay.upload_limit_mbps, Tickets(self.hub_key, self.run_id, "hub")
         chunks = chunk_handler(self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps
                                else None, on_served=self._tracker.chunk_served, authorize=tickets)
-        return {"/ws": self._handle_ws, "/chunk/{version}/{base}/{index}": self._tracker.seeding.watched(chunks, tickets)}
+        return {"/ws": self._handle_ws,
+                "/chunk/{version}/{base}/{index}": self._tracker.seeding.watched(chunks, tickets)}
 
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         """One peer connection, through the frame pump (`hub.serving.pump`), unless the door
