@@ -9,12 +9,14 @@ at the system's virtual time): no owner starves, and a fresh connection gets no 
 A batch (one pipe round trip) holds many owners' items, taken in that order as if each item
 were charged its owner's mean time on the way (start-time fair queueing over the batch), until
 the batch would take `BATCH_S` at those means: with 64 cheap peers waiting, one round trip
-scores a few hundred samples instead of one. An owner not yet measured, or whose next item
-would not fit, ends the batch where its turn comes (it opens the next one, alone if its items
-are slow), so an item of unknown or long cost never sits in a batch behind which others
-wait; and the worker stops a batch that runs past `CUT_S` (an owner whose cheap history hid a
-slow item) and hands the rest back to be queued again in order. Each item is charged what it
-took, so a batch of many owners leaves every owner's figures exact.
+scores a few hundred samples instead of one. An owner whose next item would not fit ends the
+batch where its turn comes (it opens the next one: alone, if its items are known to be slow);
+an owner not yet measured has one item in a batch at its turn, its first measure. What no
+mean foretells (an unmeasured owner's item, or a slow one behind a cheap history) the worker
+bounds: it stops a batch once it has run `CUT_S` and hands the rest back, queued again in
+order and ranked anew now that the slow item is charged. So no batch runs longer than `CUT_S`
+and one item, whoever's items are in it. Each item is charged what it took, so a batch of
+many owners leaves every owner's figures exact.
 An owner is over its budget while its items took more than `per_item_s` each on average and it
 used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
 are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
@@ -70,22 +72,22 @@ class FairQueue:
 
     def pop(self, now: float, max_items: int) -> list[tuple[Hashable, Any]]:
         """The next batch, as `(owner, item)` pairs in fair order: 1 to `max_items` items,
-        as many as take `BATCH_S` at their owners' means (an unmeasured owner's item alone).
-        Call only when not empty."""
+        as many as take `BATCH_S` at their owners' means, and one item of each unmeasured
+        owner whose turn comes. Call only when not empty."""
         heap = [(self._rank(o, now), n, o) for n, o in enumerate(self._queues)]
         heapq.heapify(heap)
         batch: list[tuple[Hashable, Any]] = []
         planned_s = 0.0
         while heap and len(batch) < max_items:
             rank, n, owner = heap[0]
-            cost_s = self._mean_s(owner, now)
-            if batch and planned_s + cost_s > BATCH_S:  # its turn: it opens the next batch
-                break
+            mean_s = self._mean_s(owner, now)
+            if rank == math.inf or batch and planned_s + (mean_s or 0.0) > BATCH_S:
+                break  # its turn, but not in this batch: it opens the next one
             queue = self._queues[owner]
             batch.append((owner, queue.popleft()))
-            planned_s += cost_s
-            if queue:  # its next item ranks as if this one were charged already
-                heapq.heapreplace(heap, (rank + cost_s, n, owner))
+            planned_s += mean_s or 0.0
+            if queue:  # its next item ranks as if this one were charged; unmeasured: no next
+                heapq.heapreplace(heap, (math.inf if mean_s is None else rank + mean_s, n, owner))
             else:
                 heapq.heappop(heap)
                 del self._queues[owner]
@@ -122,19 +124,25 @@ class FairQueue:
         alone is never held back), and more than `OUTLIER` x the cheapest other owner's mean:
         when every peer's items are slow (a policy that still writes endless loops, as early in
         code RL) nobody is singled out, and sybils cannot raise the cheapest honest mean."""
+        # First the mean, which decay leaves as it is (both sums shrink alike), from the stored
+        # sums without an exp: the hub asks this of every waiting peer at each lease dispatch,
+        # and an honest peer's answer ends here.
+        kept_s, kept_items, _ = self._usage.get(owner, (0.0, 0.0, now))
+        if not kept_s > per_item_s * kept_items:
+            return False
         used, scored = self._decayed(owner, now)
-        if not (used > per_item_s and used > per_item_s * scored):  # first: the hub asks this
-            return False  # of every peer at each lease dispatch, and honest ones stop here
+        if not used > per_item_s:
+            return False
         others = {*self._queues, *self._usage} - {owner}
         if not others:
             return False
         means = [u / n for u, n in (self._decayed(o, now) for o in others) if n > MIN_ITEMS]
         return used > OUTLIER * min(means, default=0.0) * scored
 
-    def _mean_s(self, owner: Hashable, now: float) -> float:
-        """What one of `owner`'s items is expected to take: its mean (inf: not measured)."""
+    def _mean_s(self, owner: Hashable, now: float) -> float | None:
+        """What one of `owner`'s items is expected to take: its mean (None: not measured)."""
         used, scored = self._decayed(owner, now)
-        return used / scored if scored > 0 else math.inf
+        return used / scored if scored > 0 else None
 
     def _rank(self, owner: Hashable, now: float) -> float:
         """What orders the owners: the seconds used, plus a newcomer's start, decayed."""

@@ -7,13 +7,13 @@ evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers
 GRPO group, an evaluation batch), each for an owner (the hub's: a peer); a worker that is idle
 gets a batch of many owners' items in fair order, the owner that used the least scoring time
 lately first, as many as their owners' mean times say take ~50 ms, up to `MAX_BATCH_ITEMS` (one
-pipe round trip for many cheap ones under load; an unmeasured or slow owner's item alone)
-(`echo2p2p.scoring.fairness`: a peer whose samples burn the deadline waits behind the others,
-and past its budget what it has queued is failed with `OverBudget`). The worker times each
-item and stops a batch run past `CUT_S`: each owner is charged its own items' seconds, and
-what the worker left is queued again in front. The loop
-reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
-a submission costs two process wake-ups and no GIL hand-off.
+pipe round trip for many cheap ones under load; one item of an owner not yet measured, a slow
+owner's alone) (`echo2p2p.scoring.fairness`: a peer whose samples burn the deadline waits
+behind the others, and past its budget what it has queued is failed with `OverBudget`). The
+worker times each item and stops a batch run past `CUT_S`: each owner is charged its own
+items' seconds, and what the worker left is queued again in front. The loop reads its answer
+when the pipe is readable: no thread sits between the loop and a worker, so a submission
+costs two process wake-ups and no GIL hand-off.
 
 The worker (`echo2p2p.scoring.worker.WorkerProcess`) stamps the index and start time of the
 completion it is on into shared memory. A timer on the loop fires at that completion's deadline,

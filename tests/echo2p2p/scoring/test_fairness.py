@@ -51,21 +51,22 @@ def test_a_batch_takes_what_fits_in_batch_s_at_the_owners_means():
     assert q.pop(0.0, max_items=256) == [("c", "c")] * 256
 
 
-def test_an_unmeasured_or_slow_owner_ends_the_batch_where_its_turn_comes():
-    """Cheap owners' items go ahead of it in fair order; at its turn the batch ends, and it
-    opens the next batch alone: an item of unknown or long cost is never first in a batch
-    that others then wait behind, nor in the middle of one."""
+def test_an_unmeasured_owner_has_one_item_a_batch_and_a_slow_one_opens_the_next():
+    """At its turn an owner not yet measured has one item in the batch (its first measure)
+    and the cheap owners' go on; a known-slow owner's turn ends the batch, and it opens the
+    next one alone."""
     q = FairQueue()
     q.charge("cheap", 0.001, 10, now=0.0)
     q.push("cheap", ["c1", "c2"], now=0.0)
     q.push("fresh", ["f1", "f2"], now=0.0)  # level with cheap: next after c1
-    assert q.pop(0.0, max_items=256) == [("cheap", "c1")]
-    q.charge("cheap", 0.0001, 1, now=0.0)
-    assert q.pop(0.0, max_items=256) == [("fresh", "f1")]  # unmeasured: alone
+    assert q.pop(0.0, max_items=256) == [("cheap", "c1"), ("fresh", "f1"), ("cheap", "c2")]
     q.charge("fresh", 1.0, 1, now=0.0)  # slow
-    q.push("cheap", ["c3"], now=0.0)
-    assert q.pop(0.0, max_items=256) == [("cheap", "c2"), ("cheap", "c3")]
+    q.push("cheap", ["c3", "c4"], now=0.0)
+    assert q.pop(0.0, max_items=256) == [("cheap", "c3"), ("cheap", "c4")]
+    q.push("cheap", ["c5"], now=0.0)
+    q.charge("cheap", 5.0, 100, now=0.0)  # cheap now ranks after fresh
     assert q.pop(0.0, max_items=256) == [("fresh", "f2")]
+    assert q.pop(0.0, max_items=256) == [("cheap", "c5")]
 
 
 def test_usage_decays_over_the_window_and_is_forgotten():
