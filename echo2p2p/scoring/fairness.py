@@ -74,20 +74,20 @@ class FairQueue:
         """The next batch, as `(owner, item)` pairs in fair order: 1 to `max_items` items,
         as many as take `BATCH_S` at their owners' means, and one item of each unmeasured
         owner whose turn comes. Call only when not empty."""
-        heap = [(self._rank(o, now), n, o) for n, o in enumerate(self._queues)]
+        heap = [(self._rank(o, now), n, o, self._mean_s(o)) for n, o in enumerate(self._queues)]
         heapq.heapify(heap)
         batch: list[tuple[Hashable, Any]] = []
         planned_s = 0.0
         while heap and len(batch) < max_items:
-            rank, n, owner = heap[0]
-            mean_s = self._mean_s(owner, now)
+            rank, n, owner, mean_s = heap[0]
             if rank == math.inf or batch and planned_s + (mean_s or 0.0) > BATCH_S:
                 break  # its turn, but not in this batch: it opens the next one
             queue = self._queues[owner]
             batch.append((owner, queue.popleft()))
             planned_s += mean_s or 0.0
             if queue:  # its next item ranks as if this one were charged; unmeasured: no next
-                heapq.heapreplace(heap, (math.inf if mean_s is None else rank + mean_s, n, owner))
+                rank = math.inf if mean_s is None else rank + mean_s
+                heapq.heapreplace(heap, (rank, n, owner, mean_s))
             else:
                 heapq.heappop(heap)
                 del self._queues[owner]
@@ -139,10 +139,11 @@ class FairQueue:
         means = [u / n for u, n in (self._decayed(o, now) for o in others) if n > MIN_ITEMS]
         return used > OUTLIER * min(means, default=0.0) * scored
 
-    def _mean_s(self, owner: Hashable, now: float) -> float | None:
-        """What one of `owner`'s items is expected to take: its mean (None: not measured)."""
-        used, scored = self._decayed(owner, now)
-        return used / scored if scored > 0 else None
+    def _mean_s(self, owner: Hashable) -> float | None:
+        """What one of `owner`'s items is expected to take: its mean (None: not measured), of
+        the stored sums, as decay leaves it."""
+        kept_s, kept_items, _ = self._usage.get(owner, (0.0, 0.0, 0.0))
+        return kept_s / kept_items if kept_items > 0 else None
 
     def _rank(self, owner: Hashable, now: float) -> float:
         """What orders the owners: the seconds used, plus a newcomer's start, decayed."""
