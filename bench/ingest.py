@@ -12,8 +12,10 @@ Phase 2 (half load): peers pace submissions to half that rate -> p99 submit-to-a
     python bench/ingest.py [--peers 64] [--seconds 8] [--tokens 256] [--group-size 8]
                            [--score-workers 1]
 
-Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "p99_ack_ms": ...}.
-A rollout is one completion; a submission carries a group of G of them.
+Prints a table, then one JSON line: {"bench": "ingest", "rollouts_per_s": ..., "p99_ack_ms": ...,
+"round_trips_per_group": ..., "hub_file": ...} (a phase with no ack has None latencies; the
+file says which tree's hub ran). A rollout is one completion; a submission carries a group of
+G of them. To compare commits, each in an environment of its own: `bench/ingest_compare.py`.
 
 With --dashboard-clients N the hub process also serves the live dashboard on the hub's loop
 (`echo2p2p.hub.view.dashboard`: a feed given a step record per drained batch, as the learner loop
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 
+import echo2p2p.hub  # noqa: E402
 from echo2p2p import messages as m  # noqa: E402
 from echo2p2p.completions import CompletionDecoder  # noqa: E402
 from echo2p2p.session import Session, Side  # noqa: E402
@@ -309,7 +312,10 @@ async def hub_main(args: argparse.Namespace) -> None:
         drainer = tg.create_task(drain(hub))
         full = await phase(hub, url, args, rate=0.0)
         half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
-        half = await phase(hub, url, args, rate=half_rate_groups)
+        # Half of nothing would be an unpaced phase (rate 0): none is run, its figures are None.
+        half = await phase(hub, url, args, rate=half_rate_groups) if half_rate_groups else \
+            {"rollouts_per_s": 0.0, "p50_ms": None, "p99_ms": None, "hub_cpu": 0.0,
+             "peers_cpu": 0.0}
         drainer.cancel()
     scoring = hub.statistics().scoring
     await hub.close_all()
@@ -318,16 +324,27 @@ async def hub_main(args: argparse.Namespace) -> None:
           f"{'hub CPU':>9}{'peers CPU':>11}")
     for name, r in (("saturation", full), ("half load", half)):
         print(f"{name:<12}{r['rollouts_per_s']:>12.0f}{r['rollouts_per_s'] / args.group_size:>10.0f}"
-              f"{r['p50_ms']:>12.2f}{r['p99_ms']:>12.2f}{r['hub_cpu']:>9.2f}{r['peers_cpu']:>11.2f}")
+              f"{ms(r['p50_ms']):>12}{ms(r['p99_ms']):>12}{r['hub_cpu']:>9.2f}"
+              f"{r['peers_cpu']:>11.2f}")
     print(f"({args.peers} peers, {args.tokens}-token rollouts with logprobs, G={args.group_size}, "
           f"{args.seconds:.0f} s per phase, uvloop={'uvloop' in sys.modules})")
     print(f"(scored from the ids by {args.score_workers} worker process(es): {scoring.calls} "
           f"groups in {scoring.round_trips} round trips, {scoring.timeouts} timeouts)")
+    print(f"(hub imported from {Path(echo2p2p.hub.__file__).parent})")
     print(json.dumps({"bench": "ingest", "rollouts_per_s": round(full["rollouts_per_s"]),
-                      "p99_ack_ms": round(half["p99_ms"], 2), "peers": args.peers,
-                      "tokens": args.tokens, "group_size": args.group_size,
+                      "p99_ack_ms": half["p99_ms"] and round(half["p99_ms"], 2),
+                      "p99_ack_saturation_ms": full["p99_ms"] and round(full["p99_ms"], 2),
+                      "peers": args.peers, "tokens": args.tokens, "group_size": args.group_size,
                       "groups_per_s": round(full["rollouts_per_s"] / args.group_size),
-                      "half_load_rollouts_per_s": round(half["rollouts_per_s"])}))
+                      "half_load_rollouts_per_s": round(half["rollouts_per_s"]),
+                      "round_trips_per_group": scoring.calls and round(
+                          scoring.round_trips / scoring.calls, 3),
+                      "hub_file": echo2p2p.hub.__file__}))
+
+
+def ms(value: float | None) -> str:
+    """A latency for the table: '-' when its phase got no ack."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,14 +2,21 @@
 
 A `FairQueue` keeps one queue of items per owner and each owner's scoring seconds and items
 scored, decayed exponentially with a time constant of `WINDOW_S` (so the figures are about
-those of the last minute). The next batch goes to the owner that used least: a peer whose
-samples burn the deadline falls behind every peer that scores cheaply, and waits for them. An
-owner new to it starts level with the least-used owner waiting (as a new flow in weighted fair
-queueing starts at the system's virtual time): no owner starves, and a fresh connection gets
-no head start. While several owners wait, a batch is one item, so an honest peer's
-group waits for at most one of another's items; alone, an owner gets as many as its items' mean
-time says fit in `BATCH_S` (one pipe round trip for many cheap ones, as math-verify's; one at a
-time for an owner not yet measured or whose items are slow, as a program's run).
+those of the last minute). Items go out least-used owner first: a peer whose samples burn the
+deadline falls behind every peer that scores cheaply, and waits for them. An owner new to it
+starts level with the least-used owner waiting (as a new flow in weighted fair queueing starts
+at the system's virtual time): no owner starves, and a fresh connection gets no head start.
+A batch (one pipe round trip) holds many owners' items, taken in that order as if each item
+were charged its owner's mean time on the way (start-time fair queueing over the batch), until
+the batch would take `BATCH_S` at those means: with 64 cheap peers waiting, one round trip
+scores a few hundred samples instead of one. An owner whose next item would not fit ends the
+batch where its turn comes (it opens the next one: alone, if its items are known to be slow);
+an owner not yet measured has one item in a batch at its turn, its first measure. What no
+mean foretells (an unmeasured owner's item, or a slow one behind a cheap history) the worker
+bounds: it stops a batch once it has run `CUT_S` and hands the rest back, queued again in
+order and ranked anew now that the slow item is charged. So no batch runs longer than `CUT_S`
+and one item, whoever's items are in it. Each item is charged what it took, so a batch of
+many owners leaves every owner's figures exact.
 An owner is over its budget while its items took more than `per_item_s` each on average and it
 used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
 are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
@@ -21,12 +28,14 @@ Pure bookkeeping: the caller measures the seconds and passes `now`.
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 WINDOW_S = 60.0  # the usage's time constant: seconds used long ago count less
-BATCH_S = 0.05  # what one batch should take, at its owner's mean: what another waits for at most
+BATCH_S = 0.05  # what one batch should take at its owners' means
+CUT_S = 2 * BATCH_S  # a worker this far into a batch starts no more of it (others wait <= + 1 item)
 OUTLIER = 3.0  # over budget only past this many times the cheapest other owner's mean item time
 MIN_ITEMS = 0.5  # items scored (decayed) before an owner's mean is a yardstick for others
 
@@ -61,20 +70,28 @@ class FairQueue:
         else:
             queue.extend(items)
 
-    def pop(self, now: float, max_items: int) -> tuple[Hashable, list[Any]]:
-        """The next batch: the least-used waiting owner's first item, or, if it is the only
-        one waiting, as many as fit in `BATCH_S` at its mean (1 to `max_items`). Call only
-        when not empty."""
-        owner = min(self._queues, key=lambda o: self._rank(o, now))
-        queue = self._queues[owner]
-        used, scored = self._decayed(owner, now)
-        take = 1
-        if len(self._queues) == 1 and scored > 0:
-            take = max(1, min(max_items, int(BATCH_S * scored / max(used, 1e-9))))
-        batch = [queue.popleft() for _ in range(min(take, len(queue)))]
-        if not queue:
-            del self._queues[owner]
-        return owner, batch
+    def pop(self, now: float, max_items: int) -> list[tuple[Hashable, Any]]:
+        """The next batch, as `(owner, item)` pairs in fair order: 1 to `max_items` items,
+        as many as take `BATCH_S` at their owners' means, and one item of each unmeasured
+        owner whose turn comes. Call only when not empty."""
+        heap = [(self._rank(o, now), n, o, self._mean_s(o)) for n, o in enumerate(self._queues)]
+        heapq.heapify(heap)
+        batch: list[tuple[Hashable, Any]] = []
+        planned_s = 0.0
+        while heap and len(batch) < max_items:
+            rank, n, owner, mean_s = heap[0]
+            if rank == math.inf or batch and planned_s + (mean_s or 0.0) > BATCH_S:
+                break  # its turn, but not in this batch: it opens the next one
+            queue = self._queues[owner]
+            batch.append((owner, queue.popleft()))
+            planned_s += mean_s or 0.0
+            if queue:  # its next item ranks as if this one were charged; unmeasured: no next
+                rank = math.inf if mean_s is None else rank + mean_s
+                heapq.heapreplace(heap, (rank, n, owner, mean_s))
+            else:
+                heapq.heappop(heap)
+                del self._queues[owner]
+        return batch
 
     def drop(self, unwanted: Callable[[Any], bool]) -> list[Any]:
         """Take every queued item `unwanted` says, and return them."""
@@ -107,12 +124,26 @@ class FairQueue:
         alone is never held back), and more than `OUTLIER` x the cheapest other owner's mean:
         when every peer's items are slow (a policy that still writes endless loops, as early in
         code RL) nobody is singled out, and sybils cannot raise the cheapest honest mean."""
+        # First the mean, which decay leaves as it is (both sums shrink alike), from the stored
+        # sums without an exp: the hub asks this of every waiting peer at each lease dispatch,
+        # and an honest peer's answer ends here.
+        kept_s, kept_items, _ = self._usage.get(owner, (0.0, 0.0, now))
+        if not kept_s > per_item_s * kept_items:
+            return False
         used, scored = self._decayed(owner, now)
-        others = ({*self._queues, *self._usage} - {owner})
-        if not (used > per_item_s and used > per_item_s * scored and others):
+        if not used > per_item_s:
+            return False
+        others = {*self._queues, *self._usage} - {owner}
+        if not others:
             return False
         means = [u / n for u, n in (self._decayed(o, now) for o in others) if n > MIN_ITEMS]
         return used > OUTLIER * min(means, default=0.0) * scored
+
+    def _mean_s(self, owner: Hashable) -> float | None:
+        """What one of `owner`'s items is expected to take: its mean (None: not measured), of
+        the stored sums, as decay leaves it."""
+        kept_s, kept_items, _ = self._usage.get(owner, (0.0, 0.0, 0.0))
+        return kept_s / kept_items if kept_items > 0 else None
 
     def _rank(self, owner: Hashable, now: float) -> float:
         """What orders the owners: the seconds used, plus a newcomer's start, decayed."""

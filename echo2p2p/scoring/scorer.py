@@ -5,13 +5,15 @@ drives them from one event loop: the loop of its first `await scorer.score(...)`
 loop in a thread of its own when its first caller is a plain thread (`score_blocking`, as an
 evaluation in `asyncio.to_thread` or the synchronous baseline calls it). Callers queue items (a
 GRPO group, an evaluation batch), each for an owner (the hub's: a peer); a worker that is idle
-gets the items of the owner that used the least scoring time lately: one while other owners
-wait, else as many as its mean time per item says take ~50 ms, up to `MAX_BATCH_ITEMS` (one
-pipe round trip for many cheap ones under load) (`echo2p2p.scoring.fairness`: a peer whose
-samples burn the deadline waits behind the others, and past its budget what it has queued is
-failed with `OverBudget`). Its worker time is charged to it. The loop
-reads its answer when the pipe is readable: no thread sits between the loop and a worker, so
-a submission costs two process wake-ups and no GIL hand-off.
+gets a batch of many owners' items in fair order, the owner that used the least scoring time
+lately first, as many as their owners' mean times say take ~50 ms, up to `MAX_BATCH_ITEMS` (one
+pipe round trip for many cheap ones under load; one item of an owner not yet measured, a slow
+owner's alone) (`echo2p2p.scoring.fairness`: a peer whose samples burn the deadline waits
+behind the others, and past its budget what it has queued is failed with `OverBudget`). The
+worker times each item and stops a batch run past `CUT_S`: each owner is charged its own
+items' seconds, and what the worker left is queued again in front. The loop reads its answer
+when the pipe is readable: no thread sits between the loop and a worker, so a submission
+costs two process wake-ups and no GIL hand-off.
 
 The worker (`echo2p2p.scoring.worker.WorkerProcess`) stamps the index and start time of the
 completion it is on into shared memory. A timer on the loop fires at that completion's deadline,
@@ -48,7 +50,7 @@ from typing import Any
 
 from echo2p2p.errors import ScoringError
 from . import worker as w
-from .fairness import FairQueue
+from .fairness import CUT_S, FairQueue
 from .jobs import Job as _Job
 from .jobs import Scored, ScorerStats
 
@@ -296,10 +298,10 @@ class Scorer:
         self._pump()
 
     def _pump(self) -> None:
-        """Give queued items to idle workers, the least-used owner's first."""
+        """Give queued items to idle workers, in fair order (the least-used owner's first)."""
         while self._idle and self._queue:
-            owner, batch = self._queue.pop(time.monotonic(), MAX_BATCH_ITEMS)
-            batch = [(job, i) for job, i in batch if not job.future.done()]
+            batch = [(job, i) for _, (job, i) in self._queue.pop(time.monotonic(), MAX_BATCH_ITEMS)
+                     if not job.future.done()]
             if batch:
                 self._send(self._idle.pop(), batch)
 
@@ -309,7 +311,7 @@ class Scorer:
         self._round_trips += 1
         try:
             # An idle worker is blocked reading its pipe, so this write does not wait on it.
-            worker.conn.send([job.items[i] for job, i in batch])
+            worker.conn.send((CUT_S, [job.items[i] for job, i in batch]))
         except OSError:  # died while idle: none of the batch is to blame
             self._replace(worker, culprit=None)
             return
@@ -324,7 +326,7 @@ class Scorer:
         self._loop.remove_reader(worker.conn.fileno())
         os.set_blocking(worker.conn.fileno(), True)
         try:
-            out = worker.conn.recv()
+            out, seconds = worker.conn.recv()
         except (EOFError, OSError):  # died (killed from outside, out of memory, ...)
             worker.listening = False
             self._replace(worker, culprit=self._current(worker)[0], timed_out=False)
@@ -332,12 +334,14 @@ class Scorer:
         worker.listening = False
         worker.timer.cancel()
         batch, worker.batch = worker.batch, None
-        self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at, len(batch))
-        worker.started += len(batch)
+        done, left = batch[:len(out)], batch[len(out):]
+        worker.started += len(done)
         self._busy.discard(worker)
         self._idle.append(worker)
-        self._completions += len(batch)
-        for (job, i), result in zip(batch, out):
+        self._requeue(left)  # the worker stopped past CUT_S: these go first again
+        self._charge(done, seconds)
+        self._completions += len(done)
+        for (job, i), result in zip(done, out):
             if result[1] == w.FAILED:
                 self._failures += 1
                 self._log_failure(result[2])
@@ -351,17 +355,35 @@ class Scorer:
             log.warning("%s: a reward function failed (%s); that sample scores 0 (%d failures "
                         "so far)", self.name, why, self._failures)
 
-    def _charge(self, owner: Hashable, seconds: float, items: int) -> None:
-        """`owner`'s items took `seconds`; past its budget, what it has queued is failed with
+    def _charge(self, entries: list[tuple[_Job, int]], seconds: Sequence[float]) -> None:
+        """`entries` took `seconds` each: each owner is charged its own items' seconds, as its
+        worker timed them. (Not the batch's round trip, which is the same for a batch of one
+        item or of hundreds: in the means that size batches it would shrink them just when
+        the machine is busy.) Past its budget, what an owner has queued is failed with
         `OverBudget` (its caller refuses them: the peer's queue no longer holds the others)."""
+        used: dict[Hashable, list[float]] = {}
+        for (job, _), item_s in zip(entries, seconds, strict=True):
+            tally = used.setdefault(job.owner, [0.0, 0])
+            tally[0] += item_s
+            tally[1] += 1
         now = time.monotonic()
-        self._queue.charge(owner, seconds, items, now)
+        for owner, (owner_s, items) in used.items():
+            self._queue.charge(owner, owner_s, int(items), now)
         self._queue.forget(now)
-        if self.sample_budget_s and owner is not None and self._queue.over_budget(
-                owner, self.sample_budget_s, now):
-            for job in {job for job, _ in self._queue.drop(lambda e: e[0].owner == owner)}:
-                if not job.future.done():
-                    job.future.set_exception(OverBudget(owner))
+        for owner in used:
+            if self.sample_budget_s and owner is not None and self._queue.over_budget(
+                    owner, self.sample_budget_s, now):
+                for job in {job for job, _ in self._queue.drop(lambda e: e[0].owner == owner)}:
+                    if not job.future.done():
+                        job.future.set_exception(OverBudget(owner))
+
+    def _requeue(self, entries: list[tuple[_Job, int]]) -> None:
+        """Queue `entries` again, each in front of its owner's others, in their order."""
+        by_owner: dict[Hashable, list[tuple[_Job, int]]] = {}
+        for entry in entries:
+            by_owner.setdefault(entry[0].owner, []).append(entry)
+        for owner, owned in by_owner.items():
+            self._queue.push(owner, owned, time.monotonic(), front=True)
 
     def _current(self, worker: w.WorkerProcess) -> tuple[int, float]:
         """(position in its batch, monotonic start) of the completion the worker is on."""
@@ -380,14 +402,17 @@ class Scorer:
 
     def _replace(self, worker: w.WorkerProcess, culprit: int | None, timed_out: bool = False) -> None:
         """Kill `worker`, score its culprit 0, queue the rest of its batch again, start another."""
-        batch = worker.batch or []
-        if batch:  # its owner pays for the time it held the worker, the deadline included
-            self._charge(batch[0][0].owner, time.monotonic() - worker.sent_at,
-                         int(culprit is not None))
+        batch, held_s = worker.batch or [], time.monotonic() - worker.sent_at
         self._busy.discard(worker)
         self._drop(worker)
-        if culprit is not None and culprit < len(batch):
+        if culprit is None or culprit >= len(batch):
+            self._requeue(batch)
+        else:
             job, i = batch[culprit]
+            self._requeue(batch[:culprit] + batch[culprit + 1:])
+            # Its owner pays for all the time it held the worker, the deadline included: the
+            # items scored before it are lost with the worker, and scored again.
+            self._charge([batch[culprit]], [held_s])
             if timed_out:
                 self._timeouts += 1
             else:
@@ -400,9 +425,6 @@ class Scorer:
                         if timed_out else "killed its worker", self._timeouts,
                         item[1] if len(item) == 2 else "(decoded from ids)")
             job.put(i, (0.0, w.TIMEOUT if timed_out else w.FAILED, ""))
-            batch = batch[:culprit] + batch[culprit + 1:]
-        if batch:
-            self._queue.push(batch[0][0].owner, batch, time.monotonic(), front=True)
         self._restarts += 1
         self._spawn_missing()
 

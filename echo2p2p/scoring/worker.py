@@ -2,13 +2,15 @@
 
 Started by `echo2p2p.scoring.scorer.Scorer` (spawn, never fork: the parent holds torch and threads).
 It is handed the reward function, and for the hub a `CompletionDecoder`, pickled once at
-start; then it reads batches of items from its pipe and answers each batch with one list of
-`(reward, note, detail)`. Before each completion it stamps its index and start time into a
-shared array, so the parent can see which one overran its deadline and kill the process: a
-verifier stuck in C code (math-verify on `\\boxed{9^{9^{9^{9}}}}` runs for ever) cannot be
-interrupted any other way. It never sees a socket or the parent's event loop, and it dies with
-the thread that spawned it, so with the hub or peer (Linux: the kernel's parent-death signal;
-elsewhere at its next read).
+start; then it reads batches `(cut_s, items)` from its pipe and answers each with the list of
+`(reward, note, detail)` of the items it scored and the seconds each took: all of them, or
+those up to the first that ends past `cut_s` into the batch (the parent queues the rest again,
+so one slow item holds up no more of them). Before each completion it stamps its index and
+start time into a shared array, so the parent can see which one overran its deadline and kill
+the process: a verifier stuck in C code (math-verify on `\\boxed{9^{9^{9^{9}}}}` runs for
+ever) cannot be interrupted any other way. It never sees a socket or the parent's event loop,
+and it dies with the thread that spawned it, so with the hub or peer (Linux: the kernel's
+parent-death signal; elsewhere at its next read).
 
 `WorkerProcess` is the parent's side of one such child: spawn it, wait until it is ready, kill
 it. Items are `(key, text)`, scored as they are (`reward(key, text)`; the key is what the caller
@@ -60,13 +62,19 @@ def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | No
             return
         if batch is None:
             return
-        out = []
-        for item in batch:
-            progress[1] = time.monotonic()  # the start first: the parent reads the index first
+        cut_s, items = batch
+        out, seconds = [], []
+        began = time.monotonic()
+        for item in items:
+            start = progress[1] = time.monotonic()  # first: the parent reads the index first
             progress[0] = started
             started += 1
             out.append(score_item(reward, decoder, item))
-        conn.send(out)
+            end = time.monotonic()
+            seconds.append(end - start)
+            if end - began > cut_s:  # the rest goes back to be queued again
+                break
+        conn.send((out, seconds))
 
 
 def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]:

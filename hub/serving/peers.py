@@ -11,6 +11,7 @@ No lease or version decision is made here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 from collections.abc import Callable
@@ -69,16 +70,19 @@ class PeerConn:
     def announced(self) -> int:
         return self.protocol.announced
 
-    @property
+    @functools.cached_property
     def identity(self) -> str:
         """Whom trust is kept for: the join token's id (a peer cannot shed its record by
-        reconnecting), else this connection."""
+        reconnecting), else this connection. Once per connection, as `address_key`."""
         token_id = self.hello.token.partition(".")[0]
         return f"token:{token_id}" if token_id else self.peer_id
 
-    @property
+    @functools.cached_property
     def address_key(self) -> str:
-        """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`)."""
+        """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`); once
+        per connection (its hello and address are fixed): each lease dispatch reads both for
+        every open lease and every peer, and parsing the address each time took more of the
+        hub's time than reading the rollouts (`bench/ingest.py`, 64 peers)."""
         return f"addr:{address_group(self.remote)}" if self.remote else self.identity
 
     @property

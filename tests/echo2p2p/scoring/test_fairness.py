@@ -1,5 +1,6 @@
-"""Fair queueing of scoring over owners: least-used first, one item at a time while several wait,
-the per-item budget; synchronous, with explicit `now`."""
+"""Fair queueing of scoring over owners: least-used first, batches of many owners' items in that
+order (an unmeasured or slow owner's item alone), the per-item budget; synchronous, with
+explicit `now`."""
 
 from __future__ import annotations
 
@@ -7,21 +8,65 @@ import math
 
 import pytest
 
-from echo2p2p.scoring.fairness import WINDOW_S, FairQueue
+from echo2p2p.scoring.fairness import BATCH_S, WINDOW_S, FairQueue
 
 
-def test_the_least_used_owner_is_served_first_one_item_at_a_time():
-    """While two owners wait, the one that used less gets the next item, one item per batch."""
+def test_the_least_used_owner_is_served_first_and_slow_items_one_at_a_time():
+    """While two owners wait, the one that used less gets the next item; items slower than
+    BATCH_S at their owner's mean go one per batch."""
     q = FairQueue()
     q.push("burner", ["b1", "b2"], now=0.0)
     q.push("honest", ["h1", "h2"], now=0.0)
     q.charge("burner", 4.0, 4, now=0.0)
     q.charge("honest", 0.5, 4, now=0.0)
-    assert q.pop(1.0, max_items=256) == ("honest", ["h1"])
-    assert q.pop(1.0, max_items=256) == ("honest", ["h2"])
-    assert q.pop(1.0, max_items=256) == ("burner", ["b1"])  # alone, but its items are slow
-    assert q.pop(1.0, max_items=256) == ("burner", ["b2"])
+    assert q.pop(1.0, max_items=256) == [("honest", "h1")]
+    assert q.pop(1.0, max_items=256) == [("honest", "h2")]
+    assert q.pop(1.0, max_items=256) == [("burner", "b1")]  # alone, but its items are slow
+    assert q.pop(1.0, max_items=256) == [("burner", "b2")]
     assert not q
+
+
+def test_a_batch_holds_many_cheap_owners_items_in_fair_order():
+    """Cheap owners that used alike share one batch round robin; one that used more comes in
+    once the others' items, charged at their means on the way, have caught up with it."""
+    q = FairQueue()
+    for owner, items in (("a", 8), ("b", 8), ("c", 9)):
+        q.charge(owner, items / 1024, items, now=0.0)  # 1/1024 s an item (exact in binary)
+        q.push(owner, [f"{owner}{i}" for i in range(1, 4)], now=0.0)
+    batch = q.pop(0.0, max_items=256)
+    assert [item for _, item in batch] == ["a1", "b1", "a2", "b2", "c1", "a3", "b3", "c2", "c3"]
+    assert all(item.startswith(owner) for owner, item in batch) and not q
+
+
+def test_a_batch_takes_what_fits_in_batch_s_at_the_owners_means():
+    """Items go in while the batch's time at their owners' means stays within BATCH_S, and
+    never past max_items."""
+    q = FairQueue()
+    for owner in "ab":
+        q.charge(owner, 0.4 * BATCH_S * 10, 10, now=0.0)  # 0.4 BATCH_S an item
+        q.push(owner, [owner] * 5, now=0.0)
+    assert len(q.pop(0.0, max_items=256)) == 2  # a third would make 1.2 BATCH_S
+    q.charge("c", 0.001, 1000, now=0.0)  # 1 us an item
+    q.push("c", ["c"] * 300, now=0.0)
+    assert q.pop(0.0, max_items=256) == [("c", "c")] * 256
+
+
+def test_an_unmeasured_owner_has_one_item_a_batch_and_a_slow_one_opens_the_next():
+    """At its turn an owner not yet measured has one item in the batch (its first measure)
+    and the cheap owners' go on; a known-slow owner's turn ends the batch, and it opens the
+    next one alone."""
+    q = FairQueue()
+    q.charge("cheap", 0.001, 10, now=0.0)
+    q.push("cheap", ["c1", "c2"], now=0.0)
+    q.push("fresh", ["f1", "f2"], now=0.0)  # level with cheap: next after c1
+    assert q.pop(0.0, max_items=256) == [("cheap", "c1"), ("fresh", "f1"), ("cheap", "c2")]
+    q.charge("fresh", 1.0, 1, now=0.0)  # slow
+    q.push("cheap", ["c3", "c4"], now=0.0)
+    assert q.pop(0.0, max_items=256) == [("cheap", "c3"), ("cheap", "c4")]
+    q.push("cheap", ["c5"], now=0.0)
+    q.charge("cheap", 5.0, 100, now=0.0)  # cheap now ranks after fresh
+    assert q.pop(0.0, max_items=256) == [("fresh", "f2")]
+    assert q.pop(0.0, max_items=256) == [("cheap", "c5")]
 
 
 def test_usage_decays_over_the_window_and_is_forgotten():
@@ -75,11 +120,11 @@ def test_an_owner_alone_gets_a_batch_its_mean_time_allows():
     """Alone, an unmeasured owner gets one item; a cheap one up to max_items; a slow one, one."""
     q = FairQueue()
     q.push("new", list(range(10)), now=0.0)
-    assert q.pop(0.0, max_items=256) == ("new", [0])
+    assert q.pop(0.0, max_items=256) == [("new", 0)]
     q.charge("new", 0.001, 100, now=0.0)  # 10 us an item
-    assert q.pop(0.0, max_items=4) == ("new", [1, 2, 3, 4])
+    assert q.pop(0.0, max_items=4) == [("new", i) for i in (1, 2, 3, 4)]
     q.charge("new", 100.0, 100, now=0.0)  # now ~1 s an item
-    assert q.pop(0.0, max_items=256) == ("new", [5])
+    assert q.pop(0.0, max_items=256) == [("new", 5)]
 
 
 def test_a_new_owner_starts_level_with_the_least_used_waiting_one():
@@ -90,7 +135,7 @@ def test_a_new_owner_starts_level_with_the_least_used_waiting_one():
     q.charge("honest", 5.0, 30, now=0.0)
     q.push("honest", ["h1", "h2"], now=0.0)
     q.push("fresh", ["f1", "f2"], now=0.0)
-    assert q.pop(0.0, max_items=256) == ("honest", ["h1"])
+    assert q.pop(0.0, max_items=256) == [("honest", "h1")]
     q.charge("honest", 0.2, 1, now=0.0)
-    assert q.pop(0.0, max_items=256) == ("fresh", ["f1"])
+    assert q.pop(0.0, max_items=256) == [("fresh", "f1")]
     assert not q.over_budget("fresh", 1.0, now=0.0)  # its start orders it, it is no usage

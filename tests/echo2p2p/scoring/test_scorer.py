@@ -207,3 +207,36 @@ async def test_an_owner_past_its_budget_has_its_queue_failed_over_budget():
             await slow
         assert scorer.over_budget("burner", 0.1) and not scorer.over_budget("honest", 0.1)
         assert (await scorer.score([("", "0")], owner="honest")).rewards == [1.0]
+
+
+@pytest.mark.timeout(120)
+async def test_one_round_trip_scores_many_waiting_owners_cheap_items():
+    """Cheap items of many owners that wait while the worker is busy go out in a batch, in
+    fair order, not one round trip each (64 peers always wait: one a sample was 0.10x)."""
+    with Scorer(sleepy_reward, timeout_s=5.0) as scorer:
+        owners = [f"peer-{n}" for n in range(8)]
+        for owner in owners:  # each measured: an unmeasured owner's item goes alone
+            await scorer.score([("", "0")], owner=owner)
+        busy = scorer.submit([("", "0")], owner="first")  # sent now; the others queue behind
+        before = scorer.statistics().round_trips
+        jobs = [scorer.submit([("", "0")] * 4, owner=owner) for owner in owners]
+        assert all(s.rewards == [1.0] * 4 for s in await asyncio.gather(*jobs))
+        await busy
+        assert scorer.statistics().round_trips - before <= 8  # one an item: 32
+
+
+@pytest.mark.timeout(120)
+async def test_a_slow_item_in_a_shared_batch_is_charged_to_its_owner_and_cuts_the_batch():
+    """An owner whose cheap history got a slow item into a batch with another's pays that
+    item's time alone (each item is timed), and the worker stops the batch after it: the
+    other's items go next, before the slow owner's second item."""
+    with Scorer(sleepy_reward, timeout_s=5.0) as scorer:
+        for owner in ("honest", "burner"):
+            await scorer.score([("", "0")], owner=owner)
+        busy = scorer.submit([("", "0")], owner="first")  # both queue behind it, cheap-looking
+        slow = scorer.submit([("", "0.3")] * 2, owner="burner")
+        fast = scorer.submit([("", "0")] * 4, owner="honest")
+        await asyncio.wait({slow, fast}, return_when=asyncio.FIRST_COMPLETED)
+        assert fast.done() and not slow.done()
+        assert (await slow).rewards == [1.0] * 2 and (await busy).rewards == [1.0]
+        assert scorer.usage_s("honest") < 0.1 and scorer.usage_s("burner") > 0.5  # 0.6, decaying
