@@ -95,8 +95,10 @@ class Door:
         return None
 
     def _crowded(self, remote: str | None, peers: Iterable[PeerConn]) -> str | None:
-        group = address_group(remote)  # an IPv6 host's /64 counts as one address here too
-        if sum(address_group(c.remote) == group for c in peers) >= self.max_per_address:
+        # An IPv6 host's /64 counts as one address here too; each peer's key is parsed once
+        # (`PeerConn.address_key`), as a knock may come for every connection attempt.
+        key = f"addr:{address_group(remote)}"
+        if remote and sum(c.address_key == key for c in peers) >= self.max_per_address:
             return "too many connections from this address"
         return None
 

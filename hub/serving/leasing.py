@@ -92,6 +92,15 @@ class Quotas:
             holdings.add(self.peers.get(lease.peer_id), self.book, self.ready(lease))
         return holdings
 
+    def full(self, outstanding: int) -> bool:
+        """Whether no peer may have a lease now, known without counting holdings: the budget is
+        used up (`outstanding` open, queued or judged) and every connected peer is proven, so
+        none has a probation lease to take either (`may_grant`). At saturation almost every
+        dispatch (a credit added, a group judged) ends here: counting the holdings per call
+        cost the hub more than reading the rollouts (`bench/ingest.py`, 64 peers)."""
+        return outstanding >= self.budget and all(
+            proven(self.book.standing(conn.identity)) for conn in self.peers.values())
+
     def ready(self, lease: Lease) -> bool:
         """Whether `lease` can be generated now: a version it may use is published."""
         newest = self.published()

@@ -152,7 +152,9 @@ class Hub:
 
     def dispatch(self) -> None:
         """Grant leases to peers with credits as budget and quotas (`hub.serving.leasing`) allow, newest first."""
-        cfg = self.cfg
+        cfg, outstanding = self.cfg, self._leases.open_count + len(self._buffer) + len(self._judging)
+        if self._quotas.full(outstanding):
+            return
         ready = sorted((p for p in self._peers.values() if p.credits > 0
                         and self._pool.is_active(p.peer_id) and not self._guard.quarantined(p)
                         and not self._admission.over_budget(p)),
@@ -160,7 +162,6 @@ class Hub:
         holdings = self._quotas.holdings()
         while ready:  # round-robin over the peers, newest version first
             for conn in list(ready):
-                outstanding = self._leases.open_count + len(self._buffer) + len(self._judging)
                 if conn.credits <= 0 or conn.ws.closed or \
                         not self._quotas.allows(conn, outstanding, holdings):
                     ready.remove(conn)
@@ -171,6 +172,7 @@ class Hub:
                     cfg.grpo.prompts_per_step, cfg.staleness.max_lag),
                     *self._quotas.wait_s(conn, holdings))  # its place in the peer's queue
                 holdings.add(conn, self._quotas.book, self._quotas.ready(lease))
+                outstanding += 1
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 conn.post(grant_of(lease, cfg.grpo.group_size, now))
@@ -204,8 +206,7 @@ class Hub:
         self._on_event({**record, "step": self.step})
 
     def _quarantine(self, record: dict[str, Any]) -> None:
-        """An identity was quarantined (`hub.serving.quarantine`): logged, waiters woken, and its
-        leases' budget dealt to the others."""
+        """An identity was quarantined: logged, waiters woken, its leases' budget dealt anew."""
         self._dated(record)
         self._changes.notify()
         self.dispatch()
@@ -341,8 +342,7 @@ class Hub:
         self._pool.leave(conn.peer_id, loop_now())
         back = self._leases.release_peer(conn.peer_id)
         self._quotas.left(conn)
-        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name,
-                 len(back))
+        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
         self._tracker.peer_left(conn.peer_id)
         self.replan(self._pool.required)
         self.dispatch()

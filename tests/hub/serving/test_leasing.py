@@ -156,3 +156,20 @@ def test_a_lease_waiting_for_an_unpublished_version_does_not_date_a_lease_a_step
         quotas.book.delivered(holder.identity, holder.address_key)
     leases.grant(holder.peer_id, 0.0, 19)
     assert dated(quotas, leases, step=20, queued=3) == 18
+
+
+def test_a_full_budget_with_every_peer_proven_is_known_without_counting_holdings():
+    """`full` says no lease may go anywhere only when the budget is used up and every connected
+    peer is proven: an unproven one may still take its probation lease, a proven one a lease
+    the budget frees (as `allows` would find, one peer at a time)."""
+    good, new = conn("p1"), conn("p2", remote="10.9.9.9")
+    quotas, leases, _ = rig(good, new)
+    for _ in range(20):
+        quotas.book.delivered(good.identity, good.address_key)
+    assert grant_while_allowed(quotas, leases, new) == 2
+    assert grant_while_allowed(quotas, leases, good) == 8
+    assert not quotas.full(leases.open_count)  # `new` is unproven: its leases are on top
+    quotas.book.delivered(new.identity, new.address_key)
+    quotas.book.delivered(new.identity, new.address_key)
+    assert quotas.full(leases.open_count) and not quotas.allows(good, leases.open_count)
+    assert not quotas.full(quotas.budget - 1)
