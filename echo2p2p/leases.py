@@ -119,6 +119,10 @@ class LeaseBook(Generic[P]):
     def open_leases(self) -> Iterator[Lease[P]]:
         return iter(self._open.values())
 
+    def judged_leases(self) -> Iterator[Lease[P]]:
+        """Leases completed and still being judged (no verdict yet)."""
+        return iter(self._judging.values())
+
     def grant(self, peer_id: str, now: float, min_version: int, wait_s: float = 0.0,
               latest_s: float | None = None) -> Lease[P]:
         """A lease of the next problem for `peer_id`, due `wait_s` + the timeout from `now`

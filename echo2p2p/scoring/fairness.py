@@ -21,7 +21,10 @@ An owner is over its budget while its items took more than `per_item_s` each on 
 used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
 are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
 refuses its submissions (`echo2p2p.hub.serving.admission`) and the scorer fails what it has queued,
-until what it used has decayed (about a minute and a half for a group of 4 that ran 1 s each).
+and it stays over until what it used has decayed to `RELEASE` x `per_item_s` (about a minute and
+a half after one sample that ran 1 s; without that hold, one such sample decayed under the
+budget within a second, and a peer whose samples burn exactly the budget was granted, queued
+and refused some 50 leases a second, each scoring one of its samples now and then).
 Pure bookkeeping: the caller measures the seconds and passes `now`.
 """
 
@@ -38,6 +41,7 @@ BATCH_S = 0.05  # what one batch should take at its owners' means
 CUT_S = 2 * BATCH_S  # a worker this far into a batch starts no more of it (others wait <= + 1 item)
 OUTLIER = 3.0  # over budget only past this many times the cheapest other owner's mean item time
 MIN_ITEMS = 0.5  # items scored (decayed) before an owner's mean is a yardstick for others
+RELEASE = 0.25  # an owner found over budget stays so until its usage decays to this x per_item_s
 
 
 class FairQueue:
@@ -47,6 +51,7 @@ class FairQueue:
         self._queues: dict[Hashable, collections.deque[Any]] = {}
         self._usage: dict[Hashable, tuple[float, float, float]] = {}  # (seconds, items, as of)
         self._start: dict[Hashable, tuple[float, float]] = {}  # a newcomer's (seconds, as of)
+        self._held: set[Hashable] = set()  # found over budget, and not yet decayed to RELEASE
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -127,6 +132,10 @@ class FairQueue:
         # First the mean, which decay leaves as it is (both sums shrink alike), from the stored
         # sums without an exp: the hub asks this of every waiting peer at each lease dispatch,
         # and an honest peer's answer ends here.
+        if owner in self._held:  # held until its usage decays: a hysteresis, not a new verdict
+            if self._decayed(owner, now)[0] > RELEASE * per_item_s:
+                return True
+            self._held.discard(owner)
         kept_s, kept_items, _ = self._usage.get(owner, (0.0, 0.0, now))
         if not kept_s > per_item_s * kept_items:
             return False
@@ -137,7 +146,10 @@ class FairQueue:
         if not others:
             return False
         means = [u / n for u, n in (self._decayed(o, now) for o in others) if n > MIN_ITEMS]
-        return used > OUTLIER * min(means, default=0.0) * scored
+        if used > OUTLIER * min(means, default=0.0) * scored:
+            self._held.add(owner)
+            return True
+        return False
 
     def _mean_s(self, owner: Hashable) -> float | None:
         """What one of `owner`'s items is expected to take: its mean (None: not measured), of
@@ -163,3 +175,4 @@ class FairQueue:
                       and self._rank(o, now) < below_items]:
             self._usage.pop(owner, None)
             self._start.pop(owner, None)
+            self._held.discard(owner)

@@ -90,6 +90,13 @@ class Quotas:
         for lease in self.leases.open_leases():
             # No holder: a resumed hub's orphan, anyone's to complete and no one's to count on.
             holdings.add(self.peers.get(lease.peer_id), self.book, self.ready(lease))
+        # An unproven peer's probation counts its submissions still being judged too: else one
+        # whose samples wait behind others' at the scorer takes lease after lease, each queued,
+        # thousands before its first is scored (issue 42). A proven peer's are in the budget.
+        for lease in self.leases.judged_leases():
+            if (holder := self.peers.get(lease.peer_id)) is not None and \
+                    not proven(self.book.standing(holder.identity)):
+                holdings.add(holder, self.book)
         return holdings
 
     def full(self, outstanding: int) -> bool:

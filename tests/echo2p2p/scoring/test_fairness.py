@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from echo2p2p.scoring.fairness import BATCH_S, WINDOW_S, FairQueue
+from echo2p2p.scoring.fairness import BATCH_S, RELEASE, WINDOW_S, FairQueue
 
 
 def test_the_least_used_owner_is_served_first_and_slow_items_one_at_a_time():
@@ -82,16 +82,32 @@ def test_usage_decays_over_the_window_and_is_forgotten():
 
 def test_an_owner_is_over_budget_only_with_slow_items_and_others_scoring():
     """Slow items (mean above the per-item budget) put an owner over budget while another
-    scores; cheap items, scoring alone, or usage decayed below one item's budget do not."""
+    scores; cheap items, scoring alone, or usage decayed below RELEASE x one item's budget do
+    not."""
     q = FairQueue()
     q.charge("burner", 4.4, 4, now=0.0)  # 1.1 s an item
+    assert not q.over_budget("burner", 2.0, now=0.0)  # within a looser budget
     assert not q.over_budget("burner", 1.0, now=0.0)  # alone
     q.charge("honest", 3.0, 16, now=0.0)  # 0.19 s an item
+    assert not q.over_budget("burner", 2.0, now=0.0)  # within a looser budget still
     assert q.over_budget("burner", 1.0, now=0.0)
     assert not q.over_budget("honest", 1.0, now=0.0)
-    assert not q.over_budget("burner", 2.0, now=0.0)  # within a looser budget
-    later = WINDOW_S * math.log(4.4) + 1  # 4.4 s decayed below 1 s
-    assert not q.over_budget("burner", 1.0, now=later)
+    released = WINDOW_S * math.log(4.4 / RELEASE)  # 4.4 s decayed to RELEASE x 1 s
+    assert q.over_budget("burner", 1.0, now=released - 1)
+    assert not q.over_budget("burner", 1.0, now=released + 1)
+
+
+def test_one_sample_at_the_budget_holds_its_owner_over_until_it_decays():
+    """An owner found over budget after one sample of 1.02 s (a budget of 1 s) stays over for
+    over a minute, not until that one sample decays under the budget a second later: each
+    turn back under the budget would get it leases again, every one refused."""
+    q = FairQueue()
+    q.charge("honest", 3.0, 16, now=0.0)
+    q.charge("burner", 1.02, 1, now=0.0)
+    assert q.over_budget("burner", 1.0, now=0.0)
+    assert q.usage_s("burner", 2.0) < 1.0  # the plain rule would let it go here
+    assert q.over_budget("burner", 1.0, now=2.0) and q.over_budget("burner", 1.0, now=60.0)
+    assert not q.over_budget("burner", 1.0, now=WINDOW_S * math.log(1.02 / RELEASE) + 1)
 
 
 def test_when_every_owner_is_slow_nobody_is_over_budget():

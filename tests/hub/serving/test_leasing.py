@@ -173,3 +173,29 @@ def test_a_full_budget_with_every_peer_proven_is_known_without_counting_holdings
     quotas.book.delivered(new.identity, new.address_key)
     assert quotas.full(leases.open_count) and not quotas.allows(good, leases.open_count)
     assert not quotas.full(quotas.budget - 1)
+
+
+def test_an_unproven_peers_submissions_being_judged_count_against_its_cap():
+    """A new peer that answers its leases at once, while its samples wait at the scorer, takes
+    no more than its cap until they are judged (else it queued thousands); a proven peer's
+    judged submissions are the budget's, not its cap's."""
+    new, good = conn("p1"), conn("p2", remote="10.9.9.9")
+    quotas, leases, _ = rig(new, good)
+    for _ in range(20):
+        quotas.book.delivered(good.identity, good.address_key)
+    taken = []
+    for _ in range(2):
+        taken.append(leases.grant(new.peer_id, 0.0, 0))
+    for lease in taken:
+        leases.complete(lease.lease_id, new.peer_id)  # submitted: now being judged
+    assert not quotas.allows(new, 2)
+    leases.requeue(taken[0], "rejected")  # judged
+    assert quotas.allows(new, 1)
+    mine = leases.grant(good.peer_id, 0.0, 0)
+    leases.complete(mine.lease_id, good.peer_id)
+    judged = 2  # the new peer's one left, and this one: both in the hub's outstanding
+    granted = 0
+    while quotas.allows(good, leases.open_count + judged) and granted < 100:
+        leases.grant(good.peer_id, 0.0, 0)
+        granted += 1
+    assert granted == 8 - 1  # the budget less its own judged one (the new peer's is on top)
