@@ -22,8 +22,12 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
   each client asks in turn) as fast as answered; counts by status.
 - churn: hello-then-leave from `sources` (32) addresses, each with `keys` (16) peer keys of its
   own, round robin.
-- discerning: a peer that does a peer's work on its own terms (tests/hostile/peer_attacks.py):
-  a relay that serves the hub's checks at once and receivers slowly.
+- discerning, rollouts: peers that do a peer's work on their own terms (tests/hostile/
+  peer_attacks.py): a relay that serves the hub's checks at once and receivers slowly, and
+  rollouts of chosen completions, one after the hub answered the last.
+
+An attack that takes a `stop` event ends itself once SIGTERM sets it (within GRACE_S), as the
+rollouts kind does after its last rollout is answered; the others are cancelled.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import json
 import signal
 import sys
@@ -46,6 +51,7 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 
 REPORT_S = 0.5
+GRACE_S = 20.0  # an attack that ends itself on SIGTERM has this long (the harness waits 30 s)
 Counts = collections.Counter
 
 
@@ -255,11 +261,18 @@ async def main(kind: str, url: str, params: dict[str, Any]) -> None:
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    attack = asyncio.create_task(kinds()[kind](url, counts, **params))
+    run = kinds()[kind]
+    ends_itself = "stop" in inspect.signature(run).parameters
+    if ends_itself:
+        params = {**params, "stop": stop}
+    attack = asyncio.create_task(run(url, counts, **params))
     while not stop.is_set() and not attack.done():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), REPORT_S)
         report()
+    if ends_itself:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(attack), GRACE_S)
     attack.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await attack

@@ -6,17 +6,21 @@
   its own, and holds the chunks it is asked for as a relay that fetched them would: from the
   hub's chunk route, under its own ticket. `stall_s`: the receivers' relay_stall_s, which
   paces them; `name` ("discerning-relay").
+- rollouts: leases one prompt at a time and submits `samples` ([text, token ids] each, the
+  first group_size of them) as its group, the next once the hub answered the last; with
+  `stop` it ends after its last rollout is answered (tests/hostile/test_sandbox.py, 42-5).
 
 Counts that name something are keyed "<family>: <name>" (`harness.family` reads them back):
 `fast: <tell> (wait=W)`, requests the relay took for the hub's; `slow: <peer id>`, chunks it
 served slowly, by who asked; `caught: <peer id>`, ids it caught checking; `announced: <v>`,
-1 if v's announcement plan named it a source, else 0.
+1 if v's announcement plan named it a source, else 0; `answer: <ack | reject reason>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +29,13 @@ import msgpack
 from aiohttp import web
 
 from echo2p2p import signing
+from echo2p2p.messages import pack_ids, pack_logprobs
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials
 
-from .attacks import Counts, heartbeats, listening, session, source, welcomed
+from .attacks import Counts, frame, heartbeats, listening, session, source, welcomed
 
 KEEP_VERSIONS = 4  # chunks of older versions than the newest few are dropped from the cache
 
@@ -204,4 +209,46 @@ async def slowly(request: web.Request, data: bytes, stall_s: float,
     return resp
 
 
-KINDS = {"discerning": discerning}
+def samples_of(samples: Iterable[list], group_size: int) -> list[dict[str, Any]]:
+    """Wire samples for a group: each [text, its token ids, EOS included], reward 0, a logprob
+    of -1 a token."""
+    return [{"token_ids": pack_ids(ids), "text": text, "reward": 0.0,
+             "logprobs": pack_logprobs([-1.0] * len(ids)), "finish_reason": "stop"}
+            for text, ids in list(samples)[:group_size]]
+
+
+async def rollouts(url: str, counts: Counts, samples: list[list], stop: asyncio.Event,
+                   name: str = "hoarder") -> None:
+    """Lease a prompt, submit `samples` as its group, and once the hub answered, again; after
+    `stop`, the rollout under way is answered, then it leaves."""
+    async with session(source(1)) as http:
+        got = await welcomed(http, url, counts, name, engine="transformers")
+        if got is None:
+            return
+        ws, welcome = got
+        newest = welcome["version"]
+        async with asyncio.TaskGroup() as tg:
+            beats = tg.create_task(heartbeats(ws))
+            await ws.send_bytes(frame("lease_request", n=1))
+            async for msg in ws:
+                if msg.type is not aiohttp.WSMsgType.BINARY:
+                    continue
+                f = msgpack.unpackb(msg.data)
+                if f["t"] == "version":
+                    newest = max(newest, f["manifest"]["version"])
+                elif f["t"] == "lease":
+                    await ws.send_bytes(frame("rollout", lease_id=f["lease_id"], version=newest,
+                                              samples=samples_of(samples, f["group_size"])))
+                    counts["rollouts"] += 1
+                elif f["t"] in ("ack", "reject"):
+                    counts[f"answer: {f['t']} {f.get('reason', '')}".strip()] += 1
+                    counts["answers"] += 1
+                    if stop.is_set():
+                        break
+                    await ws.send_bytes(frame("lease_request", n=1))
+            beats.cancel()
+            await ws.close()
+        counts[f"closed_{ws.close_code}"] += 1
+
+
+KINDS = {"discerning": discerning, "rollouts": rollouts}
