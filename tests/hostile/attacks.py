@@ -27,6 +27,12 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
   each client asks in turn) as fast as answered; counts by status.
 - churn: hello-then-leave from `sources` (32) addresses, each with `keys` (16) peer keys of its
   own, round robin.
+- discerning, rollouts: peers that do a peer's work on their own terms (tests/hostile/
+  peer_attacks.py): a relay that serves the hub's checks at once and receivers slowly, and
+  rollouts of chosen completions, one after the hub answered the last.
+
+An attack that takes a `stop` event ends itself once SIGTERM sets it (within GRACE_S), as the
+rollouts kind does after its last rollout is answered; the others are cancelled.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import json
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -51,6 +58,7 @@ from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
 
 REPORT_S = 0.5
+GRACE_S = 20.0  # an attack that ends itself on SIGTERM has this long (the harness waits 30 s)
 Counts = collections.Counter
 
 
@@ -78,11 +86,10 @@ def session(address: str) -> aiohttp.ClientSession:
                                                                 limit=0))
 
 
-async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: str,
-                 key: bytes | None = None, welcome: list[dict] | None = None,
-                 **fields: Any) -> aiohttp.ClientWebSocketResponse | None:
-    """A websocket to the hub that said hello and got its welcome (appended to `welcome`, if
-    given), else None (counted by why)."""
+async def welcomed(http: aiohttp.ClientSession, url: str, counts: Counts, name: str,
+                   key: bytes | None = None, **fields: Any
+                   ) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]] | None:
+    """A websocket to the hub that said hello, and its welcome; None if refused (counted by why)."""
     try:
         ws = await http.ws_connect(url, max_msg_size=0, compress=0)
     except aiohttp.WSServerHandshakeError as exc:
@@ -93,14 +100,21 @@ async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: st
         return None
     await ws.send_bytes(hello(name, key or signing.new_private_key(), **fields))
     msg = await ws.receive()
-    if msg.type is aiohttp.WSMsgType.BINARY and msgpack.unpackb(msg.data).get("t") == "welcome":
-        counts["welcomed"] += 1
-        if welcome is not None:
-            welcome.append(msgpack.unpackb(msg.data))
-        return ws
+    if msg.type is aiohttp.WSMsgType.BINARY:
+        welcome = msgpack.unpackb(msg.data)
+        if welcome.get("t") == "welcome":
+            counts["welcomed"] += 1
+            return ws, welcome
     counts[f"refused_{ws.close_code}"] += 1
     await ws.close()
     return None
+
+
+async def joined(http: aiohttp.ClientSession, url: str, counts: Counts, name: str,
+                 key: bytes | None = None, **fields: Any) -> aiohttp.ClientWebSocketResponse | None:
+    """A websocket to the hub that said hello and got its welcome, else None (counted by why)."""
+    got = await welcomed(http, url, counts, name, key, **fields)
+    return got[0] if got is not None else None
 
 
 async def drain(ws: aiohttp.ClientWebSocketResponse, counts: Counts) -> None:
@@ -118,42 +132,47 @@ async def heartbeats(ws: aiohttp.ClientWebSocketResponse) -> None:
         await asyncio.sleep(2.0)  # a timer, not a synchronisation
 
 
-async def dead_server(counts: Counts) -> str:
-    """A chunk server that answers everything at once with 503 and never holds a chunk."""
-
-    async def handle(request: web.Request) -> web.Response:
-        counts["served_503"] += 1
-        return web.Response(status=503)
-
+@contextlib.asynccontextmanager
+async def listening(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> AsyncIterator[str]:
+    """An HTTP server on source(1), port 0, where `handle` answers every request; its URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, source(1), 0)
-    await site.start()
-    return f"http://{source(1)}:{runner.addresses[0][1]}"
+    try:
+        await web.TCPSite(runner, source(1), 0).start()
+        yield f"http://{source(1)}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 async def idle(url: str, counts: Counts, connections: int = 1, engine: str = "transformers",
                serve: bool = False) -> None:
-    listen = await dead_server(counts) if serve else None
-    async with session(source(1)) as http, asyncio.TaskGroup() as tg:
-        for i in range(connections):
-            ws = await joined(http, url, counts, f"idle-{i}", engine=engine, listen_addr=listen)
-            if ws is not None:
-                tg.create_task(drain(ws, counts))
-                tg.create_task(heartbeats(ws))
+    async def dead(request: web.Request) -> web.Response:
+        """A chunk server's answer holding nothing: alive (503), and never fetches a chunk."""
+        counts["served_503"] += 1
+        return web.Response(status=503)
+
+    async with contextlib.AsyncExitStack() as stack:
+        listen = await stack.enter_async_context(listening(dead)) if serve else None
+        async with session(source(1)) as http, asyncio.TaskGroup() as tg:
+            for i in range(connections):
+                ws = await joined(http, url, counts, f"idle-{i}", engine=engine,
+                                  listen_addr=listen)
+                if ws is not None:
+                    tg.create_task(drain(ws, counts))
+                    tg.create_task(heartbeats(ws))
 
 
 async def leaf(url: str, counts: Counts, engine: str = "relay") -> None:
-    key, welcome = signing.new_private_key(), []
+    key = signing.new_private_key()
     newest: list[m.Manifest] = []  # the last manifest announced, once
     announced = asyncio.Event()
     async with session(source(1)) as http:
-        ws = await joined(http, url, counts, "leaf", key, welcome, engine=engine)
-        if ws is None:
+        if (got := await welcomed(http, url, counts, "leaf", key, engine=engine)) is None:
             return
-        w = welcome[0]
+        ws, w = got
         credentials = Credentials(w["run_id"], w["peer_id"], key, w["ticket"])
         hub = url.replace("ws", "http", 1).removesuffix("/ws")
 
@@ -284,9 +303,13 @@ async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> 
             await http.close()
 
 
-ATTACKS: dict[str, Callable[..., Awaitable[None]]] = {
-    "idle": idle, "leaf": leaf, "hoard": hoard, "flood": flood, "http": http_flood,
-    "churn": churn}
+def kinds() -> dict[str, Callable[..., Awaitable[None]]]:
+    """Every kind, by name. peer_attacks builds on this module's connections, so it is imported
+    here, as an attack starts, not at the top (run as `-m`, this module is `__main__` and
+    peer_attacks imports it again under its own name: a copy of functions, no state shared)."""
+    from . import peer_attacks
+    return {"idle": idle, "leaf": leaf, "hoard": hoard, "flood": flood, "http": http_flood,
+            "churn": churn, **peer_attacks.KINDS}
 
 
 async def main(kind: str, url: str, params: dict[str, Any]) -> None:
@@ -299,11 +322,18 @@ async def main(kind: str, url: str, params: dict[str, Any]) -> None:
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    attack = asyncio.create_task(ATTACKS[kind](url, counts, **params))
+    run = kinds()[kind]
+    ends_itself = "stop" in inspect.signature(run).parameters
+    if ends_itself:
+        params = {**params, "stop": stop}
+    attack = asyncio.create_task(run(url, counts, **params))
     while not stop.is_set() and not attack.done():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), REPORT_S)
         report()
+    if ends_itself:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(attack), GRACE_S)
     attack.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await attack

@@ -2,9 +2,11 @@
 whether the hub still serves, whether the honest peer still trains after an attack began, and
 the records the hub wrote (quarantines, relay reports).
 
-Everything runs on one event loop: the hub, the honest peer (a real `PeerClient` with the real
-CPU engine) and the attacker. Waits are on events or on a condition polled with a deadline
-(`wait_until`), never on sleeps; nothing here asserts how long anything took.
+The hub and the honest peer (a real `PeerClient` with the real CPU engine) run on the test's
+event loop; an attacker whose cost is measured as a rate runs in a process of its own
+(`attacker_process`, tests/hostile/attacks.py), the others on the same loop. Waits are on
+events or on a condition polled with a deadline (`wait_until`), never on sleeps; nothing here
+asserts how long anything took.
 """
 
 from __future__ import annotations
@@ -142,6 +144,13 @@ class AttackerProcess:
                 assert self.proc.returncode is None, f"the attacker ended: {self.report}"
                 await self._pulse.wait()
         return self.report
+
+
+def family(report: dict[str, Any], name: str) -> dict[str, int]:
+    """The counts of one family in an attacker's report, by what they name: its keys
+    "<name>: <what>" (tests/hostile/peer_attacks.py's `fast: <tell>`, `slow: <peer id>`, ...)."""
+    prefix = f"{name}: "
+    return {k[len(prefix):]: v for k, v in report.items() if k.startswith(prefix)}
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,9 @@ and raw peers submitting chosen token ids.
   line and calls os._exit(0), which the old harness scored 1.0 on any problem.
 - R3-4: four connections whose samples sleep to the sandbox's limit, to saturate the scorer.
 - 42-5: programs that make and fill System V shared-memory segments and open a POSIX message
-  queue, which outlived the sample, the run and the peer in the host's IPC namespace.
+  queue, which outlived the sample, the run and the peer in the host's IPC namespace; their
+  peer runs in a process of its own (tests/hostile/peer_attacks.py, kind "rollouts"), as its
+  cost is a rate.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from tests.echo2p2p.scoring import host_ipc
 
 from .attackers import RawPeer, raw_peer
 from .conftest import yes
-from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
-                      small_cfg, steps_per_min, still_training)
+from .harness import (HONEST, Rates, attacker_process, cell_rate, family, hub_alive,
+                      hub_and_honest_peer, mark, peer_id, small_cfg, steps_per_min,
+                      still_training)
 
 PROGRAM = "def answer():\n    return {completion}\n"  # examples/code.jsonl's template
 SANDBOX_S = 1.0  # each row's sandbox limit (timeout_s)
@@ -67,9 +70,14 @@ def code_cfg(tmp_path: Path, **overrides):
                      spot_check_fraction=0.0, score_timeout_s=SCORE_DEADLINE_S, **overrides)
 
 
+def token_ids(tok, text: str) -> list[int]:
+    """Token ids that decode to `text`, EOS kept (as engines keep it)."""
+    return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+
+
 def sample(tok, text: str, reward: float = 0.0) -> dict:
     """A sample whose token ids decode to `text` (EOS kept, as engines keep it)."""
-    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    ids = token_ids(tok, text)
     return {"token_ids": pack_ids(ids), "text": text, "reward": reward,
             "logprobs": pack_logprobs([-1.0] * len(ids)), "finish_reason": "stop"}
 
@@ -253,53 +261,47 @@ async def test_shared_memory_and_message_queues_are_gone_with_the_sample(tmp_pat
     cfg = code_cfg(tmp_path)
     host_ipc.unlink_queue(QUEUE)
     before = {kind: set(host_ipc.sysv(kind)) for kind in host_ipc.KINDS}
-    answers: list[dict] = []
     try:
-        async with hub_and_honest_peer(cfg) as (run, honest), \
-                raw_peer(run.url, keep_alive=True) as attacker:
-            assert await attacker.hello(name="hoarder", engine="transformers") is not None
+        async with hub_and_honest_peer(cfg) as (run, honest):
             without = await steps_per_min(run, RATE_STEPS)
             shmem_before = host_ipc.shmem_bytes()
             since = mark(run, honest)
-            stop = asyncio.Event()
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(_hoard(attacker, run.tokenizer, [SHM] * 3 + [MQ], answers, stop))
+            samples = [[text, token_ids(run.tokenizer, text)] for text in [SHM] * 3 + [MQ]]
+            # In a process of its own (tests/hostile/peer_attacks.py), which stops once its
+            # last rollout is answered.
+            async with attacker_process("rollouts", run.url, name="hoarder",
+                                        samples=samples) as hoarder:
+                # Under way: its first rollout answered, and the next (at least) to come.
+                await hoarder.wait_report(lambda c: c.get("answers", 0) >= 1)
+                identity = run.hub.peer_views()[peer_id(run, "hoarder")].identity
                 with_ = await steps_per_min(run, RATE_STEPS)
-                stop.set()  # its last rollout is answered, then it stops
+            report = hoarder.report
             shmem_after = host_ipc.shmem_bytes()
             left = {kind: [i for i, (_, uid) in host_ipc.sysv(kind).items()
                            if i not in before[kind] and uid == NOBODY]
                     for kind in host_ipc.KINDS}
             queue_left = host_ipc.queue_exists(QUEUE)
             after = await steps_per_min(run, RATE_STEPS)
-            r.steps_per_min = cell_rate(without, with_)
+            r.steps_per_min = Rates(without, with_, after).cell()
             r.honest_training = await still_training(run, honest, since)
             r.hub_alive = yes(alive := await hub_alive(run))
-            events = run.hub.statistics().trust_events.get(attacker.peer_id, {})
+            events = run.hub.statistics().trust_events.get(identity, {})
     finally:  # what a leaking sandbox left (the red check on the old one)
         for kind in host_ipc.KINDS:
             host_ipc.remove_sysv(kind, {i for i, (_, uid) in host_ipc.sysv(kind).items()
                                         if i not in before[kind] and uid == NOBODY})
         host_ipc.unlink_queue(QUEUE)
-    verdicts = ", ".join(sorted({f"{a['t']} {a.get('reason', '')}".strip() for a in answers}))
-    r.reaction = (f"rollouts {verdicts}; trust events {dict(events) or 'none'}; host Shmem "
+    answers = report.get("answers", 0)
+    r.reaction = (f"rollouts {', '.join(sorted(family(report, 'answer')))}; trust events "
+                  f"{dict(events) or 'none'}; host Shmem "
                   f"{shmem_before / MIB:.0f} -> {shmem_after / MIB:.0f} MiB, new System V "
                   f"objects in the host's namespace: "
                   f"{', '.join(f'{k} {len(v)}' for k, v in left.items())}; queue left: "
                   f"{'yes' if queue_left else 'no'}")
-    made = len(answers) * 3 * 3
-    r.note = (f"{len(answers)} rollouts, {made} segments of 16 MiB made ({made * 16} MiB); "
-              f"steps/min after: {after:.1f}")
+    made = answers * 3 * 3
+    r.note = f"{answers} rollouts, {made} segments of 16 MiB made ({made * 16} MiB)"
     assert alive
-    assert len(answers) >= 2
+    assert answers >= 2
     assert left == {"shm": [], "msg": [], "sem": []}, left
     assert not queue_left
     assert shmem_after - shmem_before < 48 * MIB, (shmem_before, shmem_after)  # one sample's
-
-
-async def _hoard(peer: RawPeer, tok, texts: list[str], answers: list[dict],
-                 stop: asyncio.Event) -> None:
-    """Rollouts of `texts`, each after the hub answered the one before, until `stop`; the
-    hub's answers into `answers`."""
-    while not stop.is_set():
-        answers.append((await submit(peer, tok, texts))[0])
