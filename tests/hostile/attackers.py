@@ -29,6 +29,7 @@ from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.conftest import serving
+from .peer_attacks import owned
 
 Frame = dict[str, Any]
 
@@ -146,20 +147,6 @@ async def raw_peer(url: str, keep_alive: bool = False) -> AsyncIterator[RawPeer]
                     task.cancel()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(ws.close(), 5)
-
-
-def owned(peer_id: str, frame: Frame) -> tuple[tuple[int, int | None], list[int]] | None:
-    """The manifest a frame's plan is of and the chunks it deals `peer_id` (an owner's, or
-    gossip seeds); None for a frame without a plan."""
-    plan = frame if frame["t"] == "relay_plan" else frame.get("plan") if frame["t"] == "version" else None
-    if plan is None:
-        return None
-    key = (plan["version"], plan["base_version"])
-    if plan.get("gossip"):
-        return key, list(m.unpack_ids(plan["gossip"]["seed"]))
-    mine = [k for k, s in enumerate(plan["sources"]) if s["peer_id"] == peer_id]
-    owners = m.unpack_ids(plan["owners"])
-    return key, [i for i, o in enumerate(owners) if o in mine]
 
 
 async def fetch_share(peer: RawPeer, hub_url: str) -> None:

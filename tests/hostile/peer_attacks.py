@@ -29,7 +29,7 @@ import msgpack
 from aiohttp import web
 
 from echo2p2p import signing
-from echo2p2p.messages import pack_ids, pack_logprobs
+from echo2p2p.messages import pack_ids, pack_logprobs, unpack_ids
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 from echo2p2p.overlay.store import chunk_path
@@ -46,9 +46,22 @@ def plan_in(f: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def sources(plan: dict[str, Any]) -> set[str]:
-    """The peers a relay plan routes chunks through."""
+    """The peers a relay plan routes chunks through (a source always owns some)."""
     return {s["peer_id"] for s in plan["sources"]}
 
+
+def owned(peer_id: str, frame: dict[str, Any]) -> tuple[tuple[int, int | None], list[int]] | None:
+    """The manifest a frame's plan is of and the chunks it deals `peer_id` (an owner's, or
+    gossip seeds); None for a frame without a plan."""
+    plan = plan_in(frame)
+    if plan is None:
+        return None
+    key = (plan["version"], plan["base_version"])
+    if plan.get("gossip"):
+        return key, list(unpack_ids(plan["gossip"]["seed"]))
+    mine = [k for k, s in enumerate(plan["sources"]) if s["peer_id"] == peer_id]
+    owners = unpack_ids(plan["owners"])
+    return key, [i for i, o in enumerate(owners) if o in mine]
 
 def asker(request: web.Request) -> str:
     """The peer id a request's ticket names ('' without one)."""
@@ -120,6 +133,11 @@ class HubChunks:
         self.base_url = "http://" + hub_url.split("://", 1)[1].split("/", 1)[0]
         self._kept: dict[tuple[int, int | None, int], bytes] = {}
 
+    async def fetch(self, version: int, base: int | None, index: int) -> None:
+        """`get`, for its side effect (kept), whatever the hub answers."""
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            await self.get(version, base, index)
+
     async def get(self, version: int, base: int | None, index: int) -> bytes | None:
         """The chunk's bytes, or None if the hub does not hold it."""
         key = (version, base, index)
@@ -177,7 +195,12 @@ async def discerning(url: str, counts: Counts, stall_s: float,
             beats = tg.create_task(heartbeats(ws))
             async for msg in ws:
                 if msg.type is aiohttp.WSMsgType.BINARY:
-                    relay.heard(msgpack.unpackb(msg.data))
+                    relay.heard(frame := msgpack.unpackb(msg.data))
+                    # Its share, fetched as it is dealt, as an honest relay does: a relay that
+                    # fetches nothing is silent to the hub's seed watch and dealt nothing soon.
+                    if (dealt := owned(welcome["peer_id"], frame)) is not None:
+                        for index in dealt[1]:
+                            tg.create_task(state[0][1].fetch(*dealt[0], index))
             beats.cancel()
         counts[f"closed_{ws.close_code}"] += 1
 

@@ -18,22 +18,13 @@ from echo2p2p.overlay.tickets import TICKET_HEADER
 
 from tests.conftest import wait_until
 from .attackers import Request, dead_relay, raw_peer, recording_relay, sharing
+from .peer_attacks import plan_in, sources
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
                       still_training, steps)
 
 ACCUSERS = 3  # the report's number: 3 x bad_chunk 0.2 took an honest peer below 0.5
 RUN_STEPS = 40  # max_steps of the relay runs: they must get there, not only start
-
-
-def plan_in(frame: dict) -> dict | None:
-    """The relay plan a frame carries: a re-deal, or the first plan inside an announcement."""
-    return frame if frame["t"] == "relay_plan" else frame.get("plan") if frame["t"] == "version" else None
-
-
-def sources(plan: dict) -> set[str]:
-    """The peers a relay plan routes chunks through (a source always owns some)."""
-    return {s["peer_id"] for s in plan["sources"]}
 
 
 def owner_of_first_chunk(plan: dict) -> str | None:

@@ -26,7 +26,8 @@ from .attackers import CHUNK_IN_URL, raw_peer, sharing
 from .conftest import yes
 from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
                       run_events, small_cfg, steps_per_min, still_training)
-from .test_relays import ACCUSERS, owner_of_first_chunk, plan_in, sources
+from .peer_attacks import plan_in, sources
+from .test_relays import ACCUSERS, owner_of_first_chunk
 
 
 @dataclass
