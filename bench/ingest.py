@@ -290,7 +290,8 @@ async def hub_main(args: argparse.Namespace) -> None:
 
     cfg = HubConfig.from_flat(port=0, group_size=args.group_size, prompts_per_step=128,
                     max_new_tokens=args.tokens, max_lag=1, score_workers=args.score_workers,
-                    joins_per_min=0)  # every emulated peer joins at once from 127.0.0.1
+                    joins_per_min=0, joins_per_min_total=0)  # every emulated peer joins at
+    # once from 127.0.0.1, once a phase: the join limits are not what this measures
     task = AdditionTask()
     problems = [TokenizedProblem(p, [ord(c) % 100 for c in p.prompt]) for p in task.problems("train")]
     hub = Hub(cfg, "bench", task, problems, decode=CompletionDecoder(build_char_tokenizer()))

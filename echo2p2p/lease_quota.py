@@ -121,21 +121,40 @@ class LeaseQuota:
 
     policy: QuotaPolicy = field(default_factory=QuotaPolicy)
     standings: dict[str, Standing] = field(default_factory=dict)
+    # The keys `proven` now, kept as they change: the hub asks it of every connected peer at
+    # each lease dispatch, and of the holder of every lease it counts.
+    proven_keys: set[str] = field(default_factory=set)
 
     def standing(self, key: str) -> Standing:
         return self.standings.get(key, Standing())
+
+    def is_proven(self, key: str) -> bool:
+        """`proven(self.standing(key))`, without building a standing."""
+        return key in self.proven_keys
 
     def delivered(self, *keys: str) -> None:
         """A group of these keys' was admitted."""
         for key in keys:
             s = self.standing(key)
-            self.standings[key] = replace(s, delivered=s.delivered + 1)
+            self._set(key, replace(s, delivered=s.delivered + 1))
 
     def expired(self, *keys: str) -> None:
         """A lease of these keys' ran past its deadline."""
         for key in keys:
             s = self.standing(key)
-            self.standings[key] = replace(s, expired=s.expired + 1)
+            self._set(key, replace(s, expired=s.expired + 1))
+
+    def forget(self, key: str) -> None:
+        """`key`'s standing is of no use any more (a connection's own, once it left)."""
+        self.standings.pop(key, None)
+        self.proven_keys.discard(key)
+
+    def _set(self, key: str, standing: Standing) -> None:
+        self.standings[key] = standing
+        if proven(standing):
+            self.proven_keys.add(key)
+        else:
+            self.proven_keys.discard(key)
 
 
 def paced_cap(group_s: float | None, timeout_s: float) -> int | None:

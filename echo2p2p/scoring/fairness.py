@@ -42,6 +42,7 @@ CUT_S = 2 * BATCH_S  # a worker this far into a batch starts no more of it (othe
 OUTLIER = 3.0  # over budget only past this many times the cheapest other owner's mean item time
 MIN_ITEMS = 0.5  # items scored (decayed) before an owner's mean is a yardstick for others
 RELEASE = 0.25  # an owner found over budget stays so until its usage decays to this x per_item_s
+FORGET_EVERY_S = 1.0  # how often `forget` walks the owners at most
 
 
 class FairQueue:
@@ -52,6 +53,7 @@ class FairQueue:
         self._usage: dict[Hashable, tuple[float, float, float]] = {}  # (seconds, items, as of)
         self._start: dict[Hashable, tuple[float, float]] = {}  # a newcomer's (seconds, as of)
         self._held: set[Hashable] = set()  # found over budget, and not yet decayed to RELEASE
+        self._forget_at = -math.inf  # when `forget` next walks the owners
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -169,7 +171,11 @@ class FairQueue:
 
     def forget(self, now: float, below_items: float = 0.01) -> None:
         """Drop the usage of owners idle long enough that their items scored have decayed to
-        nothing (about 5 minutes after one item): bounded memory."""
+        nothing (about 5 minutes after one item): bounded memory. At most once a second (the
+        scorer asks at every batch, and the walk over every owner cost it more than the batch)."""
+        if now < self._forget_at:
+            return
+        self._forget_at = now + FORGET_EVERY_S
         for owner in [o for o in {*self._usage, *self._start} if o not in self._queues
                       and self._decayed(o, now)[1] < below_items
                       and self._rank(o, now) < below_items]:

@@ -57,7 +57,7 @@ class Holdings:
         self.by_peer[holder.peer_id] += 1
         self.by_identity[holder.identity] += 1
         self.by_address[holder.address_key] += 1
-        unproven = not proven(book.standing(holder.identity))
+        unproven = not book.is_proven(holder.identity)
         self.unproven += unproven
         self.unproven_counted += unproven and ready
 
@@ -86,16 +86,17 @@ class Quotas:
     def holdings(self) -> Holdings:
         """The open leases counted by holder, once: `Hub.dispatch` takes one per pass and
         `add`s each lease it grants, instead of a walk over every open lease per grant."""
-        holdings = Holdings()
+        holdings, newest, peers = Holdings(), self.published(), self.peers
         for lease in self.leases.open_leases():
             # No holder: a resumed hub's orphan, anyone's to complete and no one's to count on.
-            holdings.add(self.peers.get(lease.peer_id), self.book, self.ready(lease))
+            holdings.add(peers.get(lease.peer_id), self.book,
+                         newest is None or lease.min_version <= newest)  # `ready`, inline
         # An unproven peer's probation counts its submissions still being judged too: else one
         # whose samples wait behind others' at the scorer takes lease after lease, each queued,
         # thousands before its first is scored (issue 42). A proven peer's are in the budget.
         for lease in self.leases.judged_leases():
-            if (holder := self.peers.get(lease.peer_id)) is not None and \
-                    not proven(self.book.standing(holder.identity)):
+            if (holder := peers.get(lease.peer_id)) is not None and \
+                    not self.book.is_proven(holder.identity):
                 holdings.add(holder, self.book)
         return holdings
 
@@ -105,8 +106,9 @@ class Quotas:
         none has a probation lease to take either (`may_grant`). At saturation almost every
         dispatch (a credit added, a group judged) ends here: counting the holdings per call
         cost the hub more than reading the rollouts (`bench/ingest.py`, 64 peers)."""
+        proven_keys = self.book.proven_keys
         return outstanding >= self.budget and all(
-            proven(self.book.standing(conn.identity)) for conn in self.peers.values())
+            conn.identity in proven_keys for conn in self.peers.values())
 
     def ready(self, lease: Lease) -> bool:
         """Whether `lease` can be generated now: a version it may use is published."""
@@ -151,7 +153,7 @@ class Quotas:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is
         never used again); its token's and its address's are kept."""
         if conn.identity == conn.peer_id:
-            self.book.standings.pop(conn.identity, None)
+            self.book.forget(conn.identity)
 
     def expired(self, late: list[Lease]) -> None:
         """These leases ran past their deadlines: each holder held one from others for

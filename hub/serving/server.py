@@ -14,6 +14,9 @@ log record; the trust guard's quarantine), never by reaching into another part. 
 loop (`echo2p2p.hub.learning.loop`) calls `wait_batch`, `finish_step`, `publish`, `dispatch`,
 `replan` and `checkpoint`; everyone else (/status, /metrics, the dashboard, the step record,
 tests and benches) reads `statistics()`, `peer_views()` and waits with `wait_<condition>()`.
+
+Over 400 lines: `Hub` still wires its parts' callbacks itself (join, leave, dispatch, judging,
+quarantine, durability); the sans-IO hub core (issue 44) takes the decisions out of it.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class Hub:
         self._next_peer = 0
         self._peers: dict[str, PeerConn] = {}
         self._judging: set[asyncio.Task] = set()  # one per submission being scored or checked
+        self._dispatch_due = False  # a lease pass is scheduled for the end of this loop turn
         # The parts, each built after what it uses.
         self._counters = Counters()
         self._leases: LeaseBook[TokenizedProblem] = LeaseBook(
@@ -151,7 +155,20 @@ class Hub:
         self._changes.notify()
 
     def dispatch(self) -> None:
-        """Grant leases to peers with credits as budget and quotas (`hub.serving.leasing`) allow, newest first."""
+        """Grant leases to peers with credits as budget and quotas (`hub.serving.leasing`)
+        allow, newest first, at the end of this event loop turn: every frame read in one turn
+        (a credit, a judged group) asks for a pass, and one pass serves them all (at 64 peers,
+        a pass per frame was most of the hub's time: `bench/ingest.py`)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            return self._dispatch()
+        if not self._dispatch_due:
+            self._dispatch_due = True
+            loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_due = False
         cfg, outstanding = self.cfg, self._leases.open_count + len(self._buffer) + len(self._judging)
         if self._quotas.full(outstanding):
             return
