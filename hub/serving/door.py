@@ -20,6 +20,7 @@ own identity and its protocol's budget is all there is.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -43,6 +44,8 @@ log = logging.getLogger("echo2p2p.hub.serving.server")  # reported with the hub'
 
 FLOOD_JOINS = 16  # joins' worth of its address's and network's tokens a flood's close costs
 RETRY_AFTER_S = "5"  # what a connection the join limits turned away is told to wait, at least
+REFUSAL_HOLD_S = 1.0  # a refused connection waits this long for its 429
+HELD_REFUSALS = 1024  # refusals held back at once, all addresses (open sockets: bounded)
 
 
 class Door:
@@ -53,6 +56,7 @@ class Door:
         """`guard`: what a flood costs its sender's trust (None: a rig that keeps no trust)."""
         self.tokens, self.counters, self.guard = tokens, counters, guard
         self.budgets: OrderedDict[str, FrameBudget] = OrderedDict()  # by identity, LRU
+        self._held = 0  # refusals being held back (`turn_away`)
         self.max_per_address = limits.max_peers_per_address
         self.limits = JoinLimits(Rate(limits.joins_per_min, limits.join_burst),
                                  Rate(limits.joins_per_min_per_key, limits.join_burst_per_key),
@@ -60,12 +64,24 @@ class Door:
                                  Rate(limits.joins_per_min_total, limits.join_burst_total),
                                  network_burst=limits.join_burst)
 
-    def turn_away(self, remote: str | None, peers: Iterable[PeerConn]) -> web.Response | None:
+    async def turn_away(self, remote: str | None,
+                        peers: Iterable[PeerConn]) -> web.Response | None:
         """The HTTP 429 that turns a connection from `remote` away before its websocket
-        upgrade (`knock`), or None: let it in."""
+        upgrade (`knock`), or None: let it in. The refusal is held back `REFUSAL_HOLD_S`
+        first (a tarpit, as Tor and BitTorrent trackers answer a client that asks too often):
+        a churner asking again at once made the hub answer 1,300 refusals a second, which cost
+        training more than the joins it was refused; held, one asking in turn gets one
+        answer a second. At most `HELD_REFUSALS` are held at once: past them, at once."""
         why = self.knock(remote, peers, loop_now())
-        return None if why is None else web.Response(
-            status=429, text=why, headers={"Retry-After": RETRY_AFTER_S})
+        if why is None:
+            return None
+        if self._held < HELD_REFUSALS:
+            self._held += 1
+            try:
+                await asyncio.sleep(REFUSAL_HOLD_S)  # the tarpit itself, not a synchronisation
+            finally:
+                self._held -= 1
+        return web.Response(status=429, text=why, headers={"Retry-After": RETRY_AFTER_S})
 
     def knock(self, remote: str | None, peers: Iterable[PeerConn], now: float) -> str | None:
         """Why a connection from `remote` may not even upgrade to a websocket now (the hub

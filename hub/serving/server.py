@@ -308,7 +308,8 @@ class Hub:
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         """One peer connection, through the frame pump (`hub.serving.pump`), unless the door
         turns it away first (HTTP 429: the join limits, before any websocket work)."""
-        if (refused := self._door.turn_away(request.remote, self._peers.values())) is not None:
+        refused = await self._door.turn_away(request.remote, self._peers.values())
+        if refused is not None:
             return refused
         tracker, accusations = self._tracker, self._accusations
         on = {hp.CreditsAdded: lambda conn, event: self.dispatch(),

@@ -25,8 +25,8 @@ Kinds (PARAMS is a JSON object; keys below, with defaults):
   relay_report accuses, `version` the version the frames name (0).
 - http: `connections` (16) clients asking GET `target` (a full URL, or a list of them that
   each client asks in turn) as fast as answered; counts by status.
-- churn: hello-then-leave from `sources` (32) addresses, each with `keys` (16) peer keys of its
-  own, round robin.
+- churn: hello-then-leave from `sources` (32) addresses at once, each with `keys` (16) peer
+  keys of its own, round robin, each asking again as soon as it is answered.
 - discerning, rollouts: peers that do a peer's work on their own terms (tests/hostile/
   peer_attacks.py): a relay that serves the hub's checks at once and receivers slowly, and
   rollouts of chosen completions, one after the hub answered the last.
@@ -289,18 +289,21 @@ async def http_flood(url: str, counts: Counts, target: str | list[str] = "",
 
 
 async def churn(url: str, counts: Counts, sources: int = 32, keys: int = 16) -> None:
-    sessions = [session(source(k)) for k in range(1, sources + 1)]
-    peer_keys = [[signing.new_private_key() for _ in range(keys)] for _ in range(sources)]
-    try:
-        for turn in range(10**9):
-            k = turn % sources
-            ws = await joined(sessions[k], url, counts, "churn", peer_keys[k][turn // sources % keys])
-            counts["hellos"] += 1
-            if ws is not None:
-                await ws.close()
-    finally:
-        for http in sessions:
-            await http.close()
+    """Every address at once, each saying hello and leaving as fast as the hub answers it,
+    round robin over its own keys."""
+
+    async def one(k: int) -> None:
+        peer_keys = [signing.new_private_key() for _ in range(keys)]
+        async with session(source(k)) as http:
+            for turn in range(10**9):
+                ws = await joined(http, url, counts, "churn", peer_keys[turn % keys])
+                counts["hellos"] += 1
+                if ws is not None:
+                    await ws.close()
+
+    async with asyncio.TaskGroup() as tg:
+        for k in range(1, sources + 1):
+            tg.create_task(one(k))
 
 
 def kinds() -> dict[str, Callable[..., Awaitable[None]]]:

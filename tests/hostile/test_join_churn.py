@@ -60,4 +60,4 @@ async def test_join_churn_from_many_networks_is_held_to_the_hubs_join_budget(tmp
               f"shared by networks; catch-up builds {stats.catch_up_builds}")
     assert alive
     assert report.get("welcomed", 0) <= budget, (report, budget)
-    assert report.get("refused_http_429", 0) > report.get("welcomed", 0)
+    assert report.get("refused_http_429", 0) >= NETWORKS  # past its burst, every network heard 429

@@ -109,9 +109,9 @@ def test_join_limits_are_checked(field, value):
 
 async def test_a_real_peer_gets_back_in_at_once_after_a_flood_was_refused():
     """Past the burst, raw connections from 127.0.0.1 are answered 429 before the websocket
-    upgrade; a real peer that was already joined and lost its connection is welcomed again once
-    the bucket has a token: it retries on its own backoff, nothing special."""
-    async with tracker(join_burst=3, joins_per_min=120) as (hub, _, url, _):
+    upgrade (held back a second); a real peer that was already joined and lost its connection
+    is welcomed again once the bucket has a token: it retries on its own backoff, nothing special."""
+    async with tracker(join_burst=3, joins_per_min=12) as (hub, _, url, _):  # 5 s a token
         stop = asyncio.Event()
         peer = PeerClient(PeerConfig(hub_url=url, engine="relay", listen="", name="honest"))
         async with asyncio.TaskGroup() as tg:
@@ -137,3 +137,28 @@ async def test_a_real_peer_gets_back_in_at_once_after_a_flood_was_refused():
             await hub.wait_peers(1)
             stop.set()
         assert hub.statistics().joins_too_often >= 1
+
+
+async def test_a_refusal_is_held_back_and_past_the_held_ones_answered_at_once(monkeypatch):
+    """A refused connection's 429 comes after the hold (a tarpit: a churner asking again at
+    once gets one answer a hold); past HELD_REFUSALS held at once, the next is answered first."""
+    import echo2p2p.hub.serving.door as door_module
+
+    monkeypatch.setattr(door_module, "HELD_REFUSALS", 2)
+    monkeypatch.setattr(door_module, "REFUSAL_HOLD_S", 0.5)
+    door = Door(CFG.limits, None, Counters())
+    for _ in range(3):
+        assert await door.turn_away("10.0.0.1", []) is None  # the burst
+    answered: list[int] = []
+
+    async def ask(i: int) -> None:
+        resp = await door.turn_away("10.0.0.1", [])
+        assert resp.status == 429 and resp.text == REASONS["address"]
+        answered.append(i)
+
+    async with asyncio.TaskGroup() as tg:
+        for i in range(3):
+            tg.create_task(ask(i))
+            await asyncio.sleep(0)  # each starts (and is held) in turn: an order, not a wait
+    assert answered[0] == 2 and sorted(answered[1:]) == [0, 1]
+    assert door._held == 0
