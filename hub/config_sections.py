@@ -255,6 +255,11 @@ class ScoringConfig:
     tells nothing of how long the programs ran (what is admitted is trained on at once; only
     the answer waits). 0 = group_size x score_timeout_s, the longest one group's scoring may
     take; an answer judged later than that (a scorer backed up) leaves when judged."""
+    unisolated_code: bool = False
+    """With a reward that runs the completion's program (code_tests), start even where the
+    sandbox cannot give programs namespaces of their own (no user namespaces for a user that is
+    not root): they then reach the network, write what this user can write and leave shared
+    memory behind. Off: such a machine is refused at start, saying why."""
 
     def __post_init__(self) -> None:
         if self.score_workers < 1:

@@ -47,7 +47,8 @@ What it guarantees (Linux):
   namespace keeps the kernel's defaults (an unmapped uid cannot set its limits): its objects
   still go with it, but while it runs the System V segments it fills and detaches are not
   bounded (its POSIX queues are, by RLIMIT_MSGQUEUE).
-  Without namespaces (`isolated` False, logged once at WARNING): no network, mount, process or
+  Without namespaces (`isolated` False, logged once at WARNING; a hub refuses to start a
+  reward that runs programs on such a machine unless given --unisolated-code): no network, mount, process or
   IPC isolation and no new root: what it makes of shared memory and message queues is the host's
   and stays, and only the process group is killed, which a process that calls setsid() escapes
   (but not its cgroup, where it has one). As root the program still runs as nobody (and fails to
@@ -170,15 +171,23 @@ def ipc_limits(memory_bytes: int) -> dict[str, str]:
             "fs/mqueue/queues_max": n}
 
 
-def sandbox_refusal(timeout_s: float = 30.0) -> str | None:
-    """Why this machine cannot run a program in the sandbox (a trivial one fails), or None.
-    Checked before a run whose reward runs programs: otherwise every sample would score 0."""
+def sandbox_refusal(timeout_s: float = 30.0, unisolated: bool = False) -> str | None:
+    """Why this machine cannot run a program in the sandbox (a trivial one fails, or, unless
+    `unisolated` is accepted, it ran without namespaces of its own), or None. Checked before a
+    run whose reward runs programs: otherwise every sample would score 0, or strangers'
+    programs would reach the host."""
     result = run_python("print('ok')", timeout_s=timeout_s)
-    if result.passed and result.stdout_tail.strip() == "ok":
+    if not (result.passed and result.stdout_tail.strip() == "ok"):
+        return (f"the code sandbox cannot run a program here ({result.why or 'no output'}); as "
+                "root it runs programs as nobody, who must be able to reach the Python "
+                f"interpreter {INTERPRETER} (or the kernel must allow user and mount namespaces)")
+    if result.isolated or unisolated:
         return None
-    return (f"the code sandbox cannot run a program here ({result.why or 'no output'}); as root "
-            "it runs programs as nobody, who must be able to reach the Python interpreter "
-            f"{INTERPRETER} (or the kernel must allow user and mount namespaces)")
+    return ("the code sandbox cannot give programs namespaces of their own here (no user "
+            "namespaces for this user): they would reach the network and leave shared memory "
+            "behind; run the hub as root, allow unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1 or user.max_user_namespaces), or pass "
+            "--unisolated-code to run them anyway")
 
 
 class Channel:

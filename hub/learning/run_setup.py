@@ -300,7 +300,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     trackers = await asyncio.to_thread(open_trackers, cfg.view, run_dir, run_id, config)
     runlog.listeners += trackers.listeners
     setup = setup or await asyncio.to_thread(open_setup, cfg)
-    await asyncio.to_thread(setup.check_runnable)
+    await asyncio.to_thread(setup.check_runnable, cfg.scoring.unisolated_code)
     if setup.env and ranks is not None and cfg.tasks.eval_every:
         raise ConfigError("eval_every", "held-out episodes are evaluated on one learner rank "
                                         "only: set --eval-every 0 with --nproc-per-node")

@@ -72,10 +72,11 @@ class TaskSetup:
         funcs = getattr(self.reward, "funcs", ())
         return BUILTIN["code_tests"] in funcs or code_tests in funcs
 
-    def check_runnable(self) -> None:
+    def check_runnable(self, unisolated: bool = False) -> None:
         """Raise ConfigError("task") if this reward runs programs and the code sandbox cannot run
-        one on this machine: every sample would score 0 otherwise, with one warning each."""
-        if self.runs_programs and (why := sandbox_refusal()) is not None:
+        one on this machine (every sample would score 0), or cannot isolate it and `unisolated`
+        (--unisolated-code) does not accept that."""
+        if self.runs_programs and (why := sandbox_refusal(unisolated=unisolated)) is not None:
             raise ConfigError("task", why)
 
     @property

@@ -5,6 +5,7 @@ row's tests in it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -376,6 +377,18 @@ def test_a_machine_whose_sandbox_cannot_run_a_program_is_refused_up_front(monkey
     monkeypatch.setattr(sandbox, "INTERPRETER", "/nonexistent/python3")
     why = sandbox_refusal()
     assert why is not None and "/nonexistent/python3" in why
+
+
+def test_a_machine_whose_sandbox_cannot_isolate_is_refused_unless_accepted(monkeypatch):
+    """A sandbox that runs the trivial program without namespaces of its own (a user without
+    user namespaces; this machine has them, so its real result is relabelled) is refused with
+    the ways out, unless --unisolated-code accepts it."""
+    real = sandbox.run_python
+    monkeypatch.setattr(sandbox, "run_python",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), isolated=False))
+    why = sandbox_refusal()
+    assert why is not None and "--unisolated-code" in why and "namespaces" in why
+    assert sandbox_refusal(unisolated=True) is None
 
 
 def test_a_root_callers_program_runs_as_nobody_and_finds_none_of_its_files(tmp_path, isolated):
