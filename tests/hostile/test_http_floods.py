@@ -82,6 +82,14 @@ async def limited(run) -> dict[str, float]:
             if s.labels["route"] == "pages"}
 
 
+def told(seen: dict, elapsed_s: float, held: dict[str, float]) -> str:
+    """What the flood's clients were answered and what the hub's budget did, in words."""
+    ok = seen.get("status_200", 0)
+    return (f"{ok} answered 200 in {elapsed_s:.0f} s ({ok / elapsed_s:.1f}/s), "
+            f"{seen.get('status_429', 0)} x 429; the hub delayed {held['delayed']:.0f}, "
+            f"refused {held['refused']:.0f}, dropped {held['dropped']:.0f}")
+
+
 def allowed(cfg, elapsed_s: float) -> float:
     """The most answers one address may get in `elapsed_s`: its burst, then its rate."""
     return cfg.limits.http_burst + cfg.limits.http_requests_per_min / 60 * elapsed_s + 1
@@ -107,10 +115,7 @@ async def test_a_status_flood_is_held_to_the_addresss_budget(tmp_path, row, monk
         held = await limited(run)
         r.hub_alive = yes(alive := await hub_alive(run))
     r.steps_per_min = rates.cell()
-    r.reaction = (f"{seen.get('status_200', 0)} answered 200 in {elapsed_s:.0f} s "
-                  f"({seen.get('status_200', 0) / elapsed_s:.1f}/s), {seen.get('status_429', 0)} "
-                  f"x 429; the hub delayed {held['delayed']:.0f}, refused {held['refused']:.0f}, "
-                  f"dropped {held['dropped']:.0f}; /status built {builds['status']} times")
+    r.reaction = f"{told(seen, elapsed_s, held)}; /status built {builds['status']} times"
     r.note = (f"budget {cfg.limits.http_burst} at once, then {cfg.limits.http_requests_per_min:.0f}"
               f"/min an address; answers built once a {http_limits.FRESH_S:.0f} s")
     assert alive
@@ -133,10 +138,7 @@ async def test_a_dashboard_flood_is_held_to_the_addresss_budget(tmp_path, row, m
         held = await limited(run)
         r.hub_alive = yes(alive := await hub_alive(run))
     r.steps_per_min = rates.cell()
-    r.reaction = (f"{seen.get('status_200', 0)} answered 200 in {elapsed_s:.0f} s "
-                  f"({seen.get('status_200', 0) / elapsed_s:.1f}/s), {seen.get('status_429', 0)} "
-                  f"x 429; the hub delayed {held['delayed']:.0f}, refused {held['refused']:.0f}, "
-                  f"dropped {held['dropped']:.0f}; status built {builds['status']} times, "
+    r.reaction = (f"{told(seen, elapsed_s, held)}; status built {builds['status']} times, "
                   f"/metrics collected {collects['collect']}")
     r.note = "routes /, /api/snapshot, /status, /metrics in turn; no dashboard token (loopback)"
     assert alive

@@ -8,7 +8,7 @@ the tracker (`relay="pipelined"`): gossip has no plan rates and no re-deals.
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -17,16 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from echo2p2p.hub.serving.counters import PeerView
-from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
-from echo2p2p.overlay.tickets import TICKET_HEADER
 
 from tests.conftest import serving, wait_until
+from .attacks import Counts
 from .attackers import CHUNK_IN_URL, raw_peer, sharing
 from .conftest import yes
-from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
+from .harness import (HONEST, cell_rate, family, hub_alive, hub_and_honest_peer, mark, peer_id,
                       run_events, small_cfg, steps_per_min, still_training)
-from .peer_attacks import plan_in, sources
+from .peer_attacks import plan_in, slowly, sources
 from .test_relays import ACCUSERS, owner_of_first_chunk
 
 
@@ -38,7 +37,11 @@ class SlowRelay:
     served slowly, by who asked (the ticket's peer id)."""
 
     url: str = ""
-    slow: dict[str, int] = field(default_factory=dict)
+    served: Counts = field(default_factory=collections.Counter)
+
+    @property
+    def slow(self) -> dict[str, int]:
+        return family(self.served, "slow")
 
 
 @contextlib.asynccontextmanager
@@ -67,21 +70,7 @@ async def slow_relay(lookup: Callable[..., Any], stall_s: float) -> AsyncIterato
             return web.Response(status=404)
         if request.query.get("wait") in ("0", "0.0"):  # the hub's reachability probe: be quick
             return web.Response(body=data, content_type="application/octet-stream")
-        deadline_s = stall_s / 2 + stall_s + len(data) / MIN_RATE_BYTES_S
-        header_s = 0.9 * stall_s
-        gap_s = min(0.9 * stall_s, (deadline_s - header_s) / 2)
-        asker = request.headers.get(TICKET_HEADER, "").partition(".")[0]
-        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        resp.content_length = len(data)
-        with contextlib.suppress(ConnectionError):
-            await asyncio.sleep(header_s)  # the attack itself (a pace), not a synchronisation
-            await resp.prepare(request)
-            await resp.write(data[:len(data) // 2])
-            await asyncio.sleep(gap_s)
-            await resp.write(data[len(data) // 2:])
-            await resp.write_eof()
-            relay.slow[asker] = relay.slow.get(asker, 0) + 1
-        return resp
+        return await slowly(request, data, stall_s, relay.served)
 
     app = web.Application()
     app.router.add_route("GET", "/{tail:.*}", handle)
