@@ -42,6 +42,9 @@ MAX_SOURCES = 1024  # TransferReport.sources: one per relay a peer pulled from
 MAX_CHUNK_INDEX = 2**32 - 2  # RelayReport.index; RelayPlan owners are uint32 (HUB_OWNER is the max)
 MAX_LOGPROB = 1e-3  # a logprob is <= 0; float32 rounding of a near-certain token lands a hair above
 MAX_REASON_CHARS = 256  # Goodbye.reason
+MAX_PROTOCOL = 2**16  # Hello.protocol: a version number, never near it
+MAX_FEATURES = 32  # Hello.features: names of optional behaviour
+MAX_FEATURE_CHARS = 32  # one feature's name
 
 
 def check_from_peer(msg: m.Message, welcome: m.Welcome | None) -> None:
@@ -90,6 +93,11 @@ def _hello(msg: m.Hello, welcome: m.Welcome | None) -> None:
         raise _bad("hello.peer_key", f"must be {PEER_KEY_BYTES} bytes")
     if msg.listen_addr is not None:
         _listen_addr(msg.listen_addr)
+    _number(msg.protocol, "hello.protocol", 1, MAX_PROTOCOL)
+    if len(msg.features) > MAX_FEATURES:
+        raise _bad("hello.features", f"more than {MAX_FEATURES}")
+    for name in msg.features:
+        _text(name, "hello.features", MAX_FEATURE_CHARS, empty=False)
 
 
 def _listen_addr(url: str) -> None:

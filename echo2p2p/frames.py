@@ -57,7 +57,7 @@ class Limits:
     max_ext_len: int = 0  # no message uses msgpack ext types
 
 
-# What the hub reads. A peer's message has at most 10 keys with the header (Hello), so 32
+# What the hub reads. A peer's message has at most 12 keys with the header (Hello), so 32
 # leaves a newer peer room for extra fields. The longest string is a completion's text, the
 # longest bin a sample's packed logprobs: 1 MiB is 256k tokens. Arrays are G samples or one
 # transfer's sources (`bounds` caps both at 1024). 16k values fit G = 1024 samples of 5 fields,

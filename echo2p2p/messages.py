@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
 from .errors import LocalProtocolError
@@ -50,6 +50,10 @@ class Hello:
     token: str = ""  # join token, when the hub requires one
     nonce: bytes = b""  # 16-64 fresh random bytes: the hub proves its key by signing them
     peer_key: bytes = b""  # the peer's Ed25519 public key (32 bytes): signs its chunk requests
+    # Protocol 3: the highest protocol version the peer speaks (absent: 2) and the optional
+    # features it speaks (`echo2p2p.frames`); the welcome answers with what this connection uses.
+    protocol: int = 2
+    features: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,12 @@ class Welcome:
     # (`episodes.in_turn`): the template's turn markup. '' = the observation as it is.
     env_turn_before: str = ""
     env_turn_after: str = ""
+    # Protocol 3: the version and optional features this connection uses (absent: 2, none), and
+    # whether the hub deals this peer no share of any version (a leaf: no chunk server, or one
+    # that failed the hub's probe; it takes every chunk from links or the hub).
+    protocol: int = 2
+    features: list[str] = field(default_factory=list)
+    leaf: bool = False
 
 
 @dataclass(frozen=True)
