@@ -469,3 +469,15 @@ def test_proof_frame_vector():
     assert msgpack.packb({"p": 2, "t": "proof", **frames.to_wire(rec)},
                          use_bin_type=True) == prefix + header
     assert frames.decode_frame(prefix + header, link.LINK_LIMITS, link.FRAMES)[0] == rec
+
+
+def test_welcome_task_names_every_task_kind():
+    """welcome.task's row names every kind a hub sends: the verifiers peers have, `custom`, and
+    the `rg:` and `env:` families (a peer that refused an unlisted kind could not join)."""
+    from echo2p2p.tasks import REWARDS, environment, reasoning, records
+
+    row = next(r for r in _table_after(PAGES["wire"], "### `welcome`") if r[0] == "`task`")
+    kinds = set(_ticks(row[2]))
+    expected = {f'"{k}"' for k in REWARDS} | {f'"{records.KIND}"'} | {
+        f'"{prefix}<name>"' for prefix in (reasoning.KIND_PREFIX, environment.KIND_PREFIX)}
+    assert expected <= kinds, expected - kinds
