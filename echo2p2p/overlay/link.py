@@ -120,6 +120,19 @@ class Proof:
 
 FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers, Proof)}
 
+# What an end may receive in each state of its link, and the state it leads to (h11 `_state.py`
+# style; docs/protocol/overlay.md section 7a prints this table and a test holds it to this one).
+# A (state, frame) pair missing here closes the link. The dialler reads in AWAIT_PROOF until
+# the accepting end's proof checks out (`links.Links._proof`); a `Link` starts OPEN.
+AWAIT_PROOF, OPEN, PEERS_HEARD = "AWAIT_PROOF", "OPEN", "PEERS_HEARD"
+_CHUNK_FRAMES = ("have", "had", "want", "piece", "cancel")
+LINK_TRANSITIONS: dict[tuple[str, str], str] = {
+    (AWAIT_PROOF, "proof"): OPEN,
+    **{(OPEN, t): OPEN for t in _CHUNK_FRAMES},
+    (OPEN, "peers"): PEERS_HEARD,  # each entry costs a signature check: one frame's worth
+    **{(PEERS_HEARD, t): PEERS_HEARD for t in _CHUNK_FRAMES},
+}
+
 
 class LinkError(Exception):
     """The other end broke a link rule; the reason goes into the close frame."""
@@ -171,7 +184,7 @@ class Link:
         self._cancels: list[tuple[Key, int]] = []  # wants given up, their cancels not yet sent
         self._send_lock = asyncio.Lock()
         self.reason: str | None = None  # why it closed
-        self._heard_peers = False  # an honest end sends one `peers`, as the link opens
+        self.state = OPEN  # LINK_TRANSITIONS: an honest end sends one `peers`, as the link opens
 
     async def send(self, rec: Any | None) -> None:
         """Send one frame (None: none), after the cancels of wants given up: a want sent after
@@ -255,14 +268,13 @@ class Link:
             self.links.dropped(self)
 
     async def receive(self, rec: Any) -> None:
+        nxt = LINK_TRANSITIONS.get((self.state, rec.TYPE))
+        if nxt is None:  # a second peers, a proof past the first frame
+            raise LinkError(f"a {rec.TYPE} frame in state {self.state}")
+        self.state = nxt
         if isinstance(rec, Peers):
-            if self._heard_peers:  # each entry costs a signature check: one frame's worth
-                raise LinkError("a second peers frame")
-            self._heard_peers = True
             self.links.heard_of_link(rec.sources)
             return
-        if isinstance(rec, Proof):
-            raise LinkError("a proof past the first frame")
         key = _check_key(rec)
         if isinstance(rec, (Have, Had)):
             self._heard(key, rec)

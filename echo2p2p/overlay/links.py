@@ -37,6 +37,7 @@ from echo2p2p.gossip import pack_bits
 from .link import (FRAMES, HONEST_ENDS, KEEP_KEYS, LINK_LIMITS, PEER_ID, LINK_PATH, MAX_HAD,
                    MAX_PIECE_BYTES, MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link,
                    Listener, Neighbour, Peers, Piece, Proof, quietly)
+from .link import AWAIT_PROOF, LINK_TRANSITIONS  # the dialler's first state
 from .serving import UPLOAD_SLOTS, RankedSlots, TokenBucket, UploadMeter
 from .store import Held, Key, key_order
 from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
@@ -171,7 +172,7 @@ class Links:
             rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
         except RemoteProtocolError:
             return None
-        if not isinstance(rec, Proof) or len(rec.header) > 512:
+        if (AWAIT_PROOF, rec.TYPE) not in LINK_TRANSITIONS or len(rec.header) > 512:
             return None
         who = self.tickets.holder(rec.header.decode("ascii", "replace"))
         return who if who is not None and who[0] in ("", peer_id) else None
