@@ -9,6 +9,8 @@ hub's websocket URL (or waits for a peer started by hand). Phases, each optional
 2. impostor: before that, the same command against an impostor hub whose proof fails (HELLO,
    PROOF); the peer is started again for the real hub afterwards.
 3. serving, gossip: the probe (`probe.Probe`) against the peer's chunk server and /gossip.
+   dialler: a second peer the kit plays (`neighbour.Neighbour`) is dialled by the peer: what
+   it sends before the proof, whether it takes a bad one, how it reports a corrupt piece.
 4. rollouts: leases taken, groups admitted, every group's logprobs recomputed by the hub.
 5. deltas: which delta codecs the peer rebuilt.
 6. reconnect: the tap cuts the connection; the peer must come back with a new hello.
@@ -38,10 +40,11 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.serving.counters import PeerView
 
 from . import verdicts as v
+from .neighbour import dialler_phase, neighbour
 from .probe import Probe
 from .stand_ins import Tap, impostor_hub
 
-PHASES = ("impostor", "serving", "gossip", "rollouts", "deltas", "reconnect")
+PHASES = ("impostor", "serving", "gossip", "dialler", "rollouts", "deltas", "reconnect")
 JOIN_S = 180.0  # a peer's start (imports, engine) on a loaded 2-core machine
 HELD_S = 240.0
 REFUSE_S = 20.0  # to hang up on an impostor once its welcome arrived
@@ -291,6 +294,10 @@ async def _joined_phases(run: Any, tap: Tap, probe: Probe, phases: set[str],
         return
     if phases & {"serving", "gossip"}:
         await serving_phases(run, peer_id, probe, phases, report)
+    if "dialler" in phases:
+        async with neighbour(probe.http, f"ws://127.0.0.1:{run.port}/ws") as nb:
+            known.add(nb.peer_id)
+            await dialler_phase(run.hub, peer_id, nb, report)
     if "rollouts" in phases:
         await rollouts_phase(run, peer_id, report)
     if "deltas" in phases:

@@ -13,6 +13,8 @@ import socket
 import sys
 from collections.abc import Callable
 
+import aiohttp
+
 from echo2p2p import messages as m
 from echo2p2p import signing
 from echo2p2p.hub.conformance import verdicts as v
@@ -92,6 +94,35 @@ def unseen_is_gone() -> None:
     store.ChunkStore.chunk = chunk
 
 
+def talks_first() -> None:
+    """A dialler that sends its `have` before the acceptor's proof (what §7a left unsaid)."""
+    honest = links.Links._proof
+
+    async def early(self, ws, peer_id):
+        await ws.send_bytes(links.encode_frame(link.Have.TYPE, link.Have(0, None, b"\x00")))
+        return await honest(self, ws, peer_id)
+
+    links.Links._proof = early
+
+
+def trusts_any_link_proof() -> None:
+    """A dialler that takes whatever `proof` the acceptor shows (the old peer had none)."""
+
+    async def any_proof(self, ws, peer_id):
+        msg = await ws.receive()
+        return (peer_id, b"", b"") if msg.type is aiohttp.WSMsgType.BINARY else None
+
+    links.Links._proof = any_proof
+
+
+def unlisted_reason() -> None:
+    """Reports a corrupt piece with a reason outside the spec's four (as wire.md §12 listed
+    three where the code had four, a peer may send one the hub does not know)."""
+    honest = m.RelayReport
+    m.RelayReport = lambda version, peer_id, reason, *rest: honest(
+        version, peer_id, "bad_piece" if reason == "corrupt" else reason, *rest)
+
+
 # kind -> (the change, the kit's phase that sees it, the rule it must fail)
 BROKEN: dict[str, tuple[Callable[[], None], str, str]] = {
     "silent_server": (silent_server, "serving", v.PROBED),
@@ -102,6 +133,9 @@ BROKEN: dict[str, tuple[Callable[[], None], str, str]] = {
     "no_reconnect": (no_reconnect, "reconnect", v.RECONNECT),
     "trusts_any_proof": (trusts_any_proof, "impostor", v.PROOF),
     "unseen_is_gone": (unseen_is_gone, "serving", v.NOT_YET),
+    "talks_first": (talks_first, "dialler", v.DIAL_SILENT),
+    "trusts_any_link_proof": (trusts_any_link_proof, "dialler", v.DIAL_PROOF),
+    "unlisted_reason": (unlisted_reason, "dialler", v.REPORT),
 }
 
 if __name__ == "__main__":
