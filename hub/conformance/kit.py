@@ -51,7 +51,7 @@ REFUSE_S = 20.0  # to hang up on an impostor once its welcome arrived
 PROBED_S = 60.0
 ROLLOUTS_S = 300.0
 SPOT_GROUPS = 4  # spot-checked groups that make the logprob verdict
-RECONNECT_S = 90.0  # the reference peer's backoff starts at 0.5 s and is capped at 30 s
+RECONNECT_S = 60.0  # the reference peer's backoff starts at 0.5 s and is capped at 30 s
 
 
 def kit_config(run_dir: Path) -> HubConfig:

@@ -167,6 +167,9 @@ async def dialler_phase(hub: Any, peer_id: str, nb: Neighbour, report: v.Report)
     except TimeoutError:
         report.add(v.DIAL_PROOF, False, f"the link was still open {FRAME_S:.0f} s after it")
     dial.done.set()
+    if any(f.rule in (v.DIAL_SILENT, v.DIAL_PROOF) for f in report.failed):
+        report.skip(v.REPORT, "the link's handshake failed first")
+        return
     try:
         async with asyncio.timeout(DIAL_S):
             dial = await nb.dials.get()

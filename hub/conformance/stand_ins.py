@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,9 @@ import msgpack
 from aiohttp import web
 
 from echo2p2p import messages as m
-from echo2p2p.frames import encode_frame
+from echo2p2p.frames import PROTOCOL_VERSION, to_wire
+
+ABSENT_PROTOCOL = 2  # what a hello without "protocol" speaks (wire §3)
 
 
 class Tap:
@@ -111,7 +114,7 @@ async def impostor_hub(welcome: m.Welcome) -> AsyncIterator[Impostor]:
                 seen.after_welcome.append(str(kind))
             elif kind == "hello":
                 seen.hello = frame
-                await ws.send_bytes(encode_frame(m.Welcome.TYPE, welcome))
+                await ws.send_bytes(_welcome_frame(welcome, frame))
                 welcomed = True
         if welcomed:
             seen.hung_up.set()  # (a peer that comes back and hangs up again is seen once)
@@ -132,3 +135,13 @@ async def impostor_hub(welcome: m.Welcome) -> AsyncIterator[Impostor]:
         yield seen
     finally:
         await runner.cleanup()
+
+
+def _welcome_frame(welcome: m.Welcome, hello: dict[str, Any]) -> bytes:
+    """`welcome` framed as the real hub frames it for this hello: with the version the two
+    sides negotiate (the lower of their highest; the frames module's design), so that only
+    the proof differs from a real welcome."""
+    theirs = hello.get("protocol", ABSENT_PROTOCOL)
+    version = min(theirs if isinstance(theirs, int) else ABSENT_PROTOCOL, PROTOCOL_VERSION)
+    fields = to_wire(dataclasses.replace(welcome, protocol=version))
+    return msgpack.packb({"p": version, "t": m.Welcome.TYPE, **fields}, use_bin_type=True)
