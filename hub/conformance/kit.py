@@ -17,7 +17,7 @@ hub's websocket URL (or waits for a peer started by hand). Phases, each optional
 
 What the kit sees of the peer it sees through the hub's own public views (`Hub.peer_views`,
 `Hub.statistics`) and its log of protocol closes; it never reads the peer's memory. It assumes
-the peer under test is the only peer of its hub.
+the peer under test is its hub's only peer but for the kit's own neighbour.
 """
 
 from __future__ import annotations
