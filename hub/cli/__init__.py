@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the token file (default: tokens.json)")
     token.add_argument("--name", default="", help="for create: who the token is for")
     _add_status_and_report(sub)
+    from ..conformance import add_arguments as add_kit_arguments
+
+    add_kit_arguments(sub.add_parser("conformance", help="check a peer implementation against "
+                                     "the protocol spec (docs/guides/conformance.md)"))
     for command in (serve, demo, plan, token):  # status and report say their own failures
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of a failure (else one line naming the "
@@ -143,6 +147,21 @@ def load_config(args: argparse.Namespace, defaults: dict | None = None) -> HubCo
     return Run(table, sources=sources).resolved(defaults)[0]
 
 
+def _tool(args: argparse.Namespace) -> int:
+    """The commands that serve no run: `status`, `report` and `conformance`."""
+    if args.command == "status":
+        from ..view.watch import main as status
+
+        return status(args)
+    if args.command == "report":
+        from ..view.report import main as report
+
+        return report(args)
+    from ..conformance import run as conformance
+
+    return conformance(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a failure named in one line (a bad config, a busy port, a missing
     file; the traceback with --debug), 2 a usage error (argparse's), 130 Ctrl-C; a bug of ours
@@ -153,14 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plan(args)
     if args.command == "token":
         return _token(args)
-    if args.command == "status":
-        from ..view.watch import main as status
-
-        return status(args)
-    if args.command == "report":
-        from ..view.report import main as report
-
-        return report(args)
+    if args.command in ("status", "report", "conformance"):
+        return _tool(args)
     if getattr(args, "nproc_per_node", 0) and "WORLD_SIZE" not in os.environ:
         return _under_torchrun(args.nproc_per_node, argv)
     process.configure(args.log_level)
