@@ -278,6 +278,9 @@ class PeerClient:
             log.warning("hub resumed at v%d, behind our v%d: dropping it and %d rollouts made "
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
+        if welcome.leaf and not (self.welcome is not None and self.welcome.leaf):
+            log.info("this peer is a leaf: it has no chunk server the hub can deal a share of a "
+                     "version to; it fetches every chunk from its links or the hub")
         self.welcome = welcome
         self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))  # None: hub scores
         self._welcomed.set()

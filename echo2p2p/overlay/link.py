@@ -9,7 +9,10 @@ header, naming the dialler, so a dialled id is the one the hub admitted). A malf
 piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at once, a bitfield
 that does not fit a manifest we know, or a want that goes unanswered closes the link with a
 reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
-a link's memory is bounded. The set of links, dialling and the route are
+a link's memory is bounded. Every frame carries the link's protocol version, agreed in the
+upgrade (`offer_headers` from the dialler, `answer_headers` from the acceptor, read back by
+`answer_of`; absent: 2, an older release): a frame of another version closes the link. The set
+of links, dialling and the route are
 `echo2p2p.overlay.links`' (what a link uses of it is its `LinkHost`); what a download hears is
 its `Listener`.
 """
@@ -28,8 +31,10 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
-from echo2p2p.frames import Limits, decode_frame, encode_frame
+from echo2p2p.frames import BASE_PROTOCOL, Limits, decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size, unpack_bits
+from echo2p2p.negotiation import (FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, Agreed,
+                                  features_header, read_header)
 
 from .store import Held, Key, key_order
 
@@ -121,6 +126,26 @@ class Proof:
 FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers, Proof)}
 
 
+def offer_headers() -> dict[str, str]:
+    """What a dialler's upgrade request says it speaks: its newest version and its features."""
+    return {PROTOCOL_HEADER: str(LINK_SPEAKS.newest),
+            FEATURES_HEADER: features_header(LINK_SPEAKS.features)}
+
+
+def answer_headers(agreed: Agreed) -> dict[str, str]:
+    """What an acceptor's 101 answers: the version and features the link uses."""
+    return {PROTOCOL_HEADER: str(agreed.protocol), FEATURES_HEADER: features_header(agreed.features)}
+
+
+def answer_of(ws: Any) -> Agreed | None:
+    """The version and features the accepting end answered our upgrade with (no header: 2, an
+    older release); None if it is one we do not speak. aiohttp keeps the 101's headers only on
+    the client websocket's private `_response` (tests/compat read a real answer through here)."""
+    headers = getattr(getattr(ws, "_response", None), "headers", {})
+    answer = read_header(headers.get(PROTOCOL_HEADER), headers.get(FEATURES_HEADER))
+    return None if answer is None else LINK_SPEAKS.check(*answer)
+
+
 class LinkError(Exception):
     """The other end broke a link rule; the reason goes into the close frame."""
 
@@ -160,8 +185,10 @@ class Link:
     """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
     has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
+    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False,
+                 protocol: int = BASE_PROTOCOL):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
+        self.protocol = protocol  # agreed in the upgrade: every frame both ways carries it
         self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
         self.digests: dict[Key, bytes] = {}  # the digest of the manifest it holds, per key
@@ -189,7 +216,7 @@ class Link:
         deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
         try:
             async with asyncio.timeout(deadline_s):
-                await self.ws.send_bytes(encode_frame(rec.TYPE, rec))
+                await self.ws.send_bytes(encode_frame(rec.TYPE, rec, self.protocol))
         except TimeoutError:
             self.links.spawn(self.close("stopped reading"))
             raise ConnectionError("the link stopped reading") from None
@@ -236,7 +263,7 @@ class Link:
                 if msg.type is not aiohttp.WSMsgType.BINARY:
                     raise LinkError("non-binary frame")
                 try:
-                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES, (self.protocol,))
                 except RemoteProtocolError as exc:
                     raise LinkError(exc.reason) from None
                 await self.receive(rec)
