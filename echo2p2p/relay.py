@@ -65,23 +65,6 @@ class Member:
         return bool(self.url) and self.max_share != 0
 
 
-def is_leaf(server_url: str | None, probe: str) -> bool:
-    """Whether the hub deals a peer no share of any version on this connection: it has no
-    chunk server (its hello gave no `listen_addr`), or its server failed the hub's probe or a
-    check ("failed", never undone on a connection). What its welcome tells it (`Welcome.leaf`)
-    and what `relay_url` keeps out of every deal: the one rule both read."""
-    return server_url is None or probe == "failed"
-
-
-def relay_url(server_url: str | None, probe: str, relays: bool = True) -> str | None:
-    """The URL a peer's `Member` carries (None: dealt no share now): None for a leaf, and for
-    a server the hub has not reached yet ("unprobed") or judged slow, or a peer that may only
-    pull (`relays` False: quarantined)."""
-    if is_leaf(server_url, probe) or not relays or probe != "ok":
-        return None
-    return server_url
-
-
 def deal(n_chunks: int, weights: list[float]) -> list[int]:
     """Owner index per chunk: shares in proportion to `weights`, spread evenly along the stream.
 

@@ -204,12 +204,12 @@ class PeerClient:
         """One connection's life: connect, shake hands, adopt the welcome, then read the hub
         until it goes; returns True if the hub welcomed us (a failed handshake raises), False
         if its model files did not verify (then we hung up)."""
-        cfg = self.cfg
-        ws, protocol, welcome = await connect(http, self.url, cfg, self._key, self.served_url)
+        ws, protocol, welcome = await connect(http, self.url, self.cfg, self._key, self.served_url)
         self._connections += 1
-        log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
-                 welcome.run_id, welcome.model, welcome.version)
-        conn = HubConnection(ws, protocol, http, hub_base_url(self.url), cfg.hub_timeout_s,
+        leaf = ", a leaf: the hub deals it no share (no chunk server)" if welcome.leaf else ""
+        log.info("joined %s as %s (run %s, model %s, v%d)%s", self.url, welcome.peer_id,
+                 welcome.run_id, welcome.model, welcome.version, leaf)
+        conn = HubConnection(ws, protocol, http, hub_base_url(self.url), self.cfg.hub_timeout_s,
                              asyncio.current_task())
         async with ws, asyncio.TaskGroup() as tg:
             conn.tg = tg
@@ -278,9 +278,6 @@ class PeerClient:
             log.warning("hub resumed at v%d, behind our v%d: dropping it and %d rollouts made "
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
-        if welcome.leaf and not (self.welcome is not None and self.welcome.leaf):
-            log.info("this peer is a leaf: it has no chunk server the hub can deal a share of a "
-                     "version to; it fetches every chunk from its links or the hub")
         self.welcome = welcome
         self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))  # None: hub scores
         self._welcomed.set()

@@ -22,7 +22,8 @@ from aiohttp import web
 from echo2p2p import messages as m
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.overlay.tickets import server_base
-from echo2p2p.relay import Member, is_leaf, relay_url
+from echo2p2p.relay import Member
+from echo2p2p.seed_watch import is_leaf, relay_url
 from echo2p2p.session import Session, State
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
@@ -92,13 +93,13 @@ class PeerConn:
 
     @property
     def leaf(self) -> bool:
-        """Dealt no share of any version on this connection (`echo2p2p.relay.is_leaf`): no
+        """Dealt no share of any version on this connection (`echo2p2p.seed_watch.is_leaf`): no
         chunk server, or one that failed the hub's probe. Its welcome says so."""
         return is_leaf(self.server_url, self.relay)
 
     def member(self, relays: bool = True, max_share: int | None = None) -> Member:
         """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
-        `relays`: a quarantined peer only pulls), never a leaf (`echo2p2p.relay.relay_url`),
+        `relays`: a quarantined peer only pulls), never a leaf (`echo2p2p.seed_watch.relay_url`),
         dealt at most `max_share` chunks of a manifest (`echo2p2p.seed_watch`)."""
         return Member(self.peer_id, relay_url(self.server_url, self.relay, relays),
                       self.upload_bps, max_share)

@@ -35,7 +35,8 @@ DEADLINE_S = 600.0  # bounds a failing test only
 @pytest.fixture(scope="module")
 def old_peer(tmp_path_factory) -> Path:
     """`echo2-peer` of the previous release, in a venv of its own over this machine's packages
-    (`pip install --no-deps --no-build-isolation -e`: offline); checked to import itself."""
+    (`pip install --no-deps -e`, as this checkout's own venv is made); checked to import
+    itself, not this release."""
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
                            capture_output=True)
     if known.returncode != 0:
@@ -47,12 +48,12 @@ def old_peer(tmp_path_factory) -> Path:
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps",
-                    "--no-build-isolation", "-e", str(src)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "-e", str(src)],
+                   check=True)
     said = subprocess.run([str(venv / "bin" / "python"), "-c",
                            "import echo2p2p.frames as f, echo2p2p.peer.cli as c; "
                            "print(f.PROTOCOL_VERSION, c.__file__)"],
-                          check=True, capture_output=True, text=True).stdout.split()
+                          check=True, capture_output=True, text=True, cwd=base).stdout.split()
     assert said[0] == "2" and said[1].startswith(str(src)), said  # that release, not this one
     return venv / "bin" / "echo2-peer"
 
@@ -60,9 +61,11 @@ def old_peer(tmp_path_factory) -> Path:
 @contextlib.asynccontextmanager
 async def running(peer: Path, url: str, *flags: str) -> AsyncIterator[asyncio.subprocess.Process]:
     """`peer join url flags` as a process, stopped (SIGTERM, then killed) on exit; its stderr
-    goes to the test's."""
+    goes to the test's. Run outside this checkout: a Python started in it imports this
+    release's `echo2p2p` first."""
     proc = await asyncio.create_subprocess_exec(str(peer), "join", url, "--torch-threads", "1",
-                                                *flags, stdout=asyncio.subprocess.DEVNULL)
+                                                *flags, stdout=asyncio.subprocess.DEVNULL,
+                                                cwd=peer.parents[2])  # not this checkout's root
     try:
         yield proc
     finally:
@@ -91,34 +94,31 @@ async def test_a_peer_of_the_previous_release_trains_on_this_hub(old_peer, tmp_p
     assert run.hub.statistics().closed_for_protocol == 0
 
 
-@pytest.mark.parametrize("first", ["old", "new"])
-async def test_a_gossip_link_between_releases_carries_a_version(old_peer, first):
-    """A gossip hub, one peer of each release: whichever joined first has the lower id, and
-    its dial is the link kept (one per pair), so both directions are run. The link agreed 2,
-    and both peers complete v1 with bytes from each other."""
+@pytest.mark.parametrize("dialler", ["old", "new"])
+async def test_a_gossip_link_between_releases_carries_a_version(old_peer, dialler):
+    """A gossip hub, one peer of each release; the `dialler` has no chunk server (NAT'd: it can
+    only dial, so the link is its dial), so both directions are run. The link agreed 2 (the old
+    end sends and answers no header), and the NAT'd end gets v1, bit for bit, over it."""
     data = os.urandom(1 << 20)
+    old_listen = "" if dialler == "old" else "127.0.0.1:0"
+    new_listen = "" if dialler == "new" else "127.0.0.1:0"
     async with tracker(relay="gossip") as (hub, key, url, records), \
-            contextlib.AsyncExitStack() as stack:
+            Peers(url, 1, listen=new_listen) as [new], \
+            running(old_peer, url, "--engine", "relay", "--listen", old_listen,
+                    "--relay-stall-s", "3"):
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-        new = None
-        for n, which in enumerate(["old", "new"] if first == "old" else ["new", "old"], 1):
-            if which == "old":
-                await stack.enter_async_context(running(
-                    old_peer, url, "--engine", "relay", "--listen", "127.0.0.1:0",
-                    "--relay-stall-s", "3"))
-            else:
-                [new] = await stack.enter_async_context(Peers(url, 1))
-            await wait_until(lambda: len(hub.peer_views()) == n, DEADLINE_S)
-        await wait_until(lambda: all(p.stream_version == 0 and p.relay != "unprobed"
-                                     for p in hub.peer_views().values()), DEADLINE_S)
+        await wait_until(lambda: len(hub.peer_views()) == 2 and all(
+            p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
+            for p in hub.peer_views().values()), DEADLINE_S)
         old_id = next(pid for pid in hub.peer_views() if pid != new.welcome.peer_id)
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
         await asyncio.wait_for(records.wait_for("propagation", version=1), DEADLINE_S)
-        links = new.fetcher.links.links
-        await wait_until(lambda: old_id in links and links[old_id].dialled == (first == "new"))
-        assert links[old_id].protocol == 2
+        link = new.fetcher.links.links.get(old_id)
+        assert link is not None and link.protocol == 2
+        assert link.dialled == (dialler == "new")
         assert holds(new, 1) and bytes(new.fetcher.store.stream(1)) == data
         assert hub.peer_views()[old_id].stream_version == 1
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 2
-    assert record["bytes_from_peers"] > 0
+    assert record["chunks_dealt"][new.welcome.peer_id if dialler == "new" else old_id] == 0
+    assert record["bytes_from_peers"] > 0  # the NAT'd end took chunks over the link

@@ -13,7 +13,7 @@ from echo2p2p.hub_protocol import HelloReceived, HubProtocol
 from echo2p2p.negotiation import (FEATURES, LEAF_NOTICE, SPEAKS, Agreed, Speaks, read_header,
                                   refusal)
 from echo2p2p.peer_protocol import PeerProtocol
-from echo2p2p.relay import is_leaf, relay_url
+from echo2p2p.seed_watch import is_leaf, relay_url
 
 NONCE, KEY = bytes(range(16)), bytes(32)
 HELLO = m.Hello("n", "transformers", "cpu", nonce=NONCE, peer_key=KEY)
