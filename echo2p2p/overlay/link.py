@@ -10,8 +10,8 @@ piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at o
 that does not fit a manifest we know, or a want that goes unanswered closes the link with a
 reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
 a link's memory is bounded. Every frame carries the link's protocol version, agreed in the
-upgrade (`offer_headers` from the dialler, `answer_headers` from the acceptor, read back by
-`answer_of`; absent: 2, an older release): a frame of another version closes the link. The set
+upgrade (`echo2p2p.overlay.links`; absent: 2, an older release): a frame of another version
+closes the link. The set
 of links, dialling and the route are
 `echo2p2p.overlay.links`' (what a link uses of it is its `LinkHost`); what a download hears is
 its `Listener`.
@@ -33,8 +33,6 @@ from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import BASE_PROTOCOL, Limits, decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size, unpack_bits
-from echo2p2p.negotiation import (FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, Agreed,
-                                  features_header, read_header)
 
 from .store import Held, Key, key_order
 
@@ -125,25 +123,18 @@ class Proof:
 
 FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers, Proof)}
 
-
-def offer_headers() -> dict[str, str]:
-    """What a dialler's upgrade request says it speaks: its newest version and its features."""
-    return {PROTOCOL_HEADER: str(LINK_SPEAKS.newest),
-            FEATURES_HEADER: features_header(LINK_SPEAKS.features)}
-
-
-def answer_headers(agreed: Agreed) -> dict[str, str]:
-    """What an acceptor's 101 answers: the version and features the link uses."""
-    return {PROTOCOL_HEADER: str(agreed.protocol), FEATURES_HEADER: features_header(agreed.features)}
-
-
-def answer_of(ws: Any) -> Agreed | None:
-    """The version and features the accepting end answered our upgrade with (no header: 2, an
-    older release); None if it is one we do not speak. aiohttp keeps the 101's headers only on
-    the client websocket's private `_response` (tests/compat read a real answer through here)."""
-    headers = getattr(getattr(ws, "_response", None), "headers", {})
-    answer = read_header(headers.get(PROTOCOL_HEADER), headers.get(FEATURES_HEADER))
-    return None if answer is None else LINK_SPEAKS.check(*answer)
+# What an end may receive in each state of its link, and the state it leads to (h11 `_state.py`
+# style; docs/protocol/overlay.md section 7a prints this table and a test holds it to this one).
+# A (state, frame) pair missing here closes the link. The dialler reads in AWAIT_PROOF until
+# the accepting end's proof checks out (`links.Links._proof`); a `Link` starts OPEN.
+AWAIT_PROOF, OPEN, PEERS_HEARD = "AWAIT_PROOF", "OPEN", "PEERS_HEARD"
+_CHUNK_FRAMES = ("have", "had", "want", "piece", "cancel")
+LINK_TRANSITIONS: dict[tuple[str, str], str] = {
+    (AWAIT_PROOF, "proof"): OPEN,
+    **{(OPEN, t): OPEN for t in _CHUNK_FRAMES},
+    (OPEN, "peers"): PEERS_HEARD,  # each entry costs a signature check: one frame's worth
+    **{(PEERS_HEARD, t): PEERS_HEARD for t in _CHUNK_FRAMES},
+}
 
 
 class LinkError(Exception):
@@ -198,7 +189,7 @@ class Link:
         self._cancels: list[tuple[Key, int]] = []  # wants given up, their cancels not yet sent
         self._send_lock = asyncio.Lock()
         self.reason: str | None = None  # why it closed
-        self._heard_peers = False  # an honest end sends one `peers`, as the link opens
+        self.state = OPEN  # LINK_TRANSITIONS: an honest end sends one `peers`, as the link opens
 
     async def send(self, rec: Any | None) -> None:
         """Send one frame (None: none), after the cancels of wants given up: a want sent after
@@ -282,14 +273,13 @@ class Link:
             self.links.dropped(self)
 
     async def receive(self, rec: Any) -> None:
+        nxt = LINK_TRANSITIONS.get((self.state, rec.TYPE))
+        if nxt is None:  # a second peers, a proof past the first frame
+            raise LinkError(f"a {rec.TYPE} frame in state {self.state}")
+        self.state = nxt
         if isinstance(rec, Peers):
-            if self._heard_peers:  # each entry costs a signature check: one frame's worth
-                raise LinkError("a second peers frame")
-            self._heard_peers = True
             self.links.heard_of_link(rec.sources)
             return
-        if isinstance(rec, Proof):
-            raise LinkError("a proof past the first frame")
         key = _check_key(rec)
         if isinstance(rec, (Have, Had)):
             self._heard(key, rec)

@@ -35,19 +35,40 @@ from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import pack_bits
-from echo2p2p.negotiation import FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, read_header
+from echo2p2p.negotiation import (FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, Agreed,
+                                  features_header, read_header)
 
 from .link import (FRAMES, HONEST_ENDS, KEEP_KEYS, LINK_LIMITS, PEER_ID, LINK_PATH, MAX_HAD,
                    MAX_PIECE_BYTES, MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link,
-                   Listener, Neighbour, Peers, Piece, Proof, answer_headers, answer_of,
-                   offer_headers, quietly)
+                   Listener, Neighbour, Peers, Piece, Proof, quietly)
+from .link import AWAIT_PROOF, LINK_TRANSITIONS  # the dialler's first state
 from .serving import UPLOAD_SLOTS, RankedSlots, TokenBucket, UploadMeter
 from .store import Held, Key, key_order
 from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LINK_PATH", "Links", "link_handler"]
+__all__ = ["LINK_PATH", "Links", "answer_of", "link_handler", "offer_headers"]
+
+
+def offer_headers() -> dict[str, str]:
+    """What a dialler's upgrade request says it speaks: its newest version and its features."""
+    return {PROTOCOL_HEADER: str(LINK_SPEAKS.newest),
+            FEATURES_HEADER: features_header(LINK_SPEAKS.features)}
+
+
+def answer_headers(agreed: Agreed) -> dict[str, str]:
+    """What an acceptor's 101 answers: the version and features the link uses."""
+    return {PROTOCOL_HEADER: str(agreed.protocol), FEATURES_HEADER: features_header(agreed.features)}
+
+
+def answer_of(ws: Any) -> Agreed | None:
+    """The version and features the accepting end answered our upgrade with (no header: 2, an
+    older release); None if it is one we do not speak. aiohttp keeps the 101's headers only on
+    the client websocket's private `_response` (tests/compat read a real answer through here)."""
+    headers = getattr(getattr(ws, "_response", None), "headers", {})
+    answer = read_header(headers.get(PROTOCOL_HEADER), headers.get(FEATURES_HEADER))
+    return None if answer is None else LINK_SPEAKS.check(*answer)
 
 
 class Links:
@@ -178,7 +199,7 @@ class Links:
             rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES, (protocol,))
         except RemoteProtocolError:
             return None
-        if not isinstance(rec, Proof) or len(rec.header) > 512:
+        if (AWAIT_PROOF, rec.TYPE) not in LINK_TRANSITIONS or len(rec.header) > 512:
             return None
         who = self.tickets.holder(rec.header.decode("ascii", "replace"))
         return who if who is not None and who[0] in ("", peer_id) else None

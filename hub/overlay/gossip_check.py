@@ -27,7 +27,8 @@ from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, MAX_PIECE_BYTES, Cancel, Had,
-                                   Have, Piece, Want, answer_of, offer_headers)
+                                   Have, Piece, Want)
+from echo2p2p.overlay.links import answer_of, offer_headers
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.snapshot import chunk_digest
 

@@ -18,6 +18,7 @@ from echo2p2p import signing
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.negotiation import FEATURES_HEADER, LEAF_NOTICE, PROTOCOL_HEADER, Speaks, refusal
 from echo2p2p.overlay import link as lk
+from echo2p2p.overlay.links import answer_of
 from echo2p2p.overlay.tickets import TICKET_HEADER
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.connection import HubConnection, connect
@@ -168,7 +169,7 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
                     headers |= {PROTOCOL_HEADER: offer, FEATURES_HEADER: "unknown-one"}
                 async with http.ws_connect(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                            headers=headers) as ws:
-                    assert lk.answer_of(ws).protocol == agreed
+                    assert answer_of(ws).protocol == agreed
                     assert ws._response.headers[PROTOCOL_HEADER] == str(agreed)
                     proof = await ws.receive_bytes(timeout=30)
                     assert unpack(proof)["p"] == agreed
