@@ -35,7 +35,7 @@ from .errors import LocalProtocolError, RemoteProtocolError, UnsupportedProtocol
 # says whether the hub deals the peer a share (`leaf`), gossip links negotiate in their upgrade.
 PROTOCOL_VERSION = 3
 SUPPORTED_PROTOCOLS = (2, 3)  # what this release reads and writes: 2 is the previous release
-BASE_PROTOCOL = 2  # what a frame is framed with before a version is agreed: every hub since 2 reads it
+BASE_PROTOCOL = 2  # frames before a version is agreed (the hello): every hub since 2 reads it
 
 # Close codes: RFC 6455 ones where they fit, 4000-4999 (application range) for the rest.
 CLOSE_NORMAL = 1000

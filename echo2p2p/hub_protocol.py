@@ -5,12 +5,11 @@ gets back one event, a fact about what the peer said (`HelloReceived`, `RolloutR
 it acts on the event and sends what `send(msg)` encodes. The protocol owns what is per peer:
 the `Session` (validation, the state table, the read budget), the rate of each kind of message
 (`echo2p2p.frame_budget`: a frame past its kind's rate is `FrameDropped`, one that keeps coming
-raises `Flooding`), the version and features the connection uses (`agreed`, answered to the
-hello by `echo2p2p.negotiation`; a peer too old is refused with its one sentence, close 4000),
-the peer's lease credits, the versions it holds and was announced, when it
-last submitted, and its liveness. It never reads
-the clock (`now` is an argument), never touches a socket, and knows nothing of other peers,
-leases or the learner: what follows from an event is the hub's decision.
+raises `Flooding`), the version and features the connection uses (`agreed`, the hello answered
+by `echo2p2p.negotiation`: a peer too old is refused with its one sentence, close 4000), the
+peer's lease credits, the versions it holds and was announced, when it last submitted, and its
+liveness. It never reads the clock (`now` is an argument), never touches a socket, and knows
+nothing of other peers, leases or the learner: what follows from an event is the hub's decision.
 """
 
 from __future__ import annotations

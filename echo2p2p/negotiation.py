@@ -24,16 +24,13 @@ from dataclasses import dataclass
 from .errors import RemoteProtocolError
 from .frames import BASE_PROTOCOL, CLOSE_BAD_PROTOCOL_VERSION, SUPPORTED_PROTOCOLS
 
-__all__ = ["BASE_PROTOCOL", "FEATURES", "FEATURES_HEADER", "LEAF_NOTICE", "LINK_FEATURES",
-           "PROTOCOL_HEADER", "Agreed", "Speaks", "refusal", "read_header", "features_header"]
-
 # Optional behaviour a hub <-> peer connection may use (protocol 3). "leaf-notice": the hub
 # says in the welcome whether it deals this peer a share (`Welcome.leaf`), and the peer tells
 # its user it is a leaf; without it the welcome's `leaf` stays false (not told).
 LEAF_NOTICE = "leaf-notice"
 FEATURES = frozenset({LEAF_NOTICE})
 LINK_FEATURES: frozenset[str] = frozenset()  # none yet on gossip links: the header says so
-PROTOCOL_HEADER = "Echo2-Protocol"  # a gossip upgrade's: the dialler's newest, the acceptor's agreed
+PROTOCOL_HEADER = "Echo2-Protocol"  # in a gossip upgrade: the dialler's newest, the agreed one
 FEATURES_HEADER = "Echo2-Features"  # comma-separated feature names, likewise
 MAX_FEATURES = 32  # names read from a header; more are ignored
 
@@ -44,9 +41,6 @@ class Agreed:
 
     protocol: int
     features: tuple[str, ...] = ()
-
-
-BASE = Agreed(BASE_PROTOCOL)  # what a side that never answered (an older release) uses
 
 
 def refusal(ours: int, theirs: int, us: str = "hub", them: str = "peer") -> str:
@@ -109,4 +103,5 @@ def read_header(protocol: str | None, features: str | None) -> tuple[int, list[s
 
 
 def features_header(features: Iterable[str]) -> str:
+    """`FEATURES_HEADER`'s value for `features`."""
     return ",".join(sorted(features))

@@ -7,11 +7,11 @@ neighbours the hub sampled for it and the ones it hears of from its links (`peer
 to `degree` links, and accepts up to `max_links`. Every link end is a peer the hub admitted: a
 dialler shows its ticket, the accepting end shows its own as its first frame (`proof`), and a
 `peers` entry is dialled only with a ticket of the hub's for its id (made-up ids take no slot).
-The upgrade agrees the link's protocol version and features
-(`echo2p2p.negotiation`: the dialler offers in its request headers, the acceptor answers in
-its 101's; no header is 2, an older release). One link per pair: when both ends dial, the lower peer id's dial wins. A link is symmetric, so
-a peer nobody can dial still uploads over the links it opened; a link that broke a rule bans
-its peer id for the run.
+The upgrade agrees the link's protocol version and features (`echo2p2p.negotiation`: the
+dialler offers in its request headers, the acceptor answers in its 101's; no header is 2, an
+older release). One link per pair: when both ends dial, the lower peer id's dial wins. A link
+is symmetric, so a peer nobody can dial still uploads over the links it opened; a link that
+broke a rule bans its peer id for the run.
 
 `Links` is the peer's set of links, alive across hub connections: the manifests it advertises
 (`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
@@ -59,7 +59,8 @@ def offer_headers() -> dict[str, str]:
 
 def answer_headers(agreed: Agreed) -> dict[str, str]:
     """What an acceptor's 101 answers: the version and features the link uses."""
-    return {PROTOCOL_HEADER: str(agreed.protocol), FEATURES_HEADER: features_header(agreed.features)}
+    return {PROTOCOL_HEADER: str(agreed.protocol),
+            FEATURES_HEADER: features_header(agreed.features)}
 
 
 def answer_of(ws: Any) -> Agreed | None:

@@ -3,13 +3,13 @@
 No gossip `relay_report` is believed as it stands. The hub dials the accused's GET /gossip as
 an ordinary peer (an id from the hub's own sequence, a fresh key, a ticket it signs for them:
 `Credentials.issued`, as the tracker's checks; the link's version agreed in the upgrade as a
-peer agrees it; a liar cannot tell the check from a new neighbour by who it says it is), wants the contested chunk and judges the answer against the
-signed manifest. A corrupt piece is `bad_chunk` (quarantine: no leases, no seeds, in no
-neighbour sample); no answer, or a `cancel` of a chunk its `have` on that link claims, takes it
-out of relaying without a trust event (slowness proves no lie). Anything else proves nothing,
-and a whole piece does not cost the accuser: a liar that corrupts only one victim's pieces must
-not frame that victim. Bounded: a few checks at once, one per (accuser, accused, manifest) and
-one per chunk of an accused.
+peer agrees it; a liar cannot tell the check from a new neighbour by who it says it is), wants
+the contested chunk and judges the answer against the signed manifest. A corrupt piece is
+`bad_chunk` (quarantine: no leases, no seeds, in no neighbour sample); no answer, or a `cancel`
+of a chunk its `have` on that link claims, takes it out of relaying without a trust event
+(slowness proves no lie). Anything else proves nothing, and a whole piece does not cost the
+accuser: a liar that corrupts only one victim's pieces must not frame that victim. Bounded: a
+few checks at once, one per (accuser, accused, manifest) and one per chunk of an accused.
 """
 
 from __future__ import annotations
