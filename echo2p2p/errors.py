@@ -5,7 +5,8 @@
     ├── ProtocolError          a frame or message broke the wire protocol
     │   ├── LocalProtocolError   we broke it: a bug on our side
     │   └── RemoteProtocolError  the other side broke it: close that one connection
-    │       └── Flooding             it sent one kind of message far past its rate
+    │       ├── Flooding             it sent one kind of message far past its rate
+    │       └── UnsupportedProtocol  a frame of a protocol version this connection does not use
     ├── JoinRefused            a peer may not join, and retrying cannot help (its token, its env)
     │   └── HubNotFound          no hub at the URL given (unknown host, not a peer endpoint)
     ├── SnapshotError          a weight snapshot or chunk failed verification
@@ -59,6 +60,15 @@ class Flooding(RemoteProtocolError):
     def __init__(self, kind: str, code: int) -> None:
         super().__init__(f"too many {kind} frames", code)
         self.kind = kind
+
+
+class UnsupportedProtocol(RemoteProtocolError):
+    """A frame carried a protocol version (`theirs`: None when it is not an integer) that the
+    connection does not use: close 4000 (`echo2p2p.frames`)."""
+
+    def __init__(self, reason: str, theirs: int | None) -> None:
+        super().__init__(reason, 4000)
+        self.theirs = theirs
 
 
 class JoinRefused(Echo2Error):

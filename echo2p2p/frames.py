@@ -1,12 +1,15 @@
 """Frames: how one wire record travels as one bounded msgpack frame, and the close codes.
 
-A frame is one msgpack map ``{"p": PROTOCOL_VERSION, "t": <type tag>, <field>: <value>, ...}``
-whose fields are a frozen dataclass's, by name. Decoding is bounded (`Limits`, one set per
-direction): every string, byte string, array, map and ext has a length cap that msgpack checks
-at the length header, before it allocates; and a frame may build at most `max_objects` values
-in all, counted as containers complete. Each field is type-checked against the dataclass's
-annotations; unknown keys are ignored. Errors are `RemoteProtocolError` with a close code and a
-reason safe to send back; nothing else is ever raised on any input.
+A frame is one msgpack map ``{"p": <protocol version>, "t": <type tag>, <field>: <value>, ...}``
+whose fields are a frozen dataclass's, by name. ``"p"`` is the version the connection it
+travels on uses (`echo2p2p.negotiation` agrees it): a frame is encoded with one, and decoded only
+if it carries one the reader accepts there (else `UnsupportedProtocol`, close code 4000).
+Decoding is bounded (`Limits`, one set per direction): every string, byte string, array, map and
+ext has a length cap that msgpack checks at the length header, before it allocates; and a frame
+may build at most `max_objects` values in all, counted as containers complete. Each field is
+type-checked against the dataclass's annotations; unknown keys are ignored. Errors are
+`RemoteProtocolError` with a close code and a reason safe to send back; nothing else is ever
+raised on any input.
 
 This module knows no message types (`echo2p2p.messages` hands it its registry), no sockets and
 no clock.
@@ -18,15 +21,21 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
 import msgpack
 
-from .errors import LocalProtocolError, RemoteProtocolError
+from .errors import LocalProtocolError, RemoteProtocolError, UnsupportedProtocol
 
-PROTOCOL_VERSION = 2  # 2: the first relay plan travels inside the version announcement
+# The versions of the wire, newest last. 1: the first relay plan as a frame of its own; 2: it
+# travels inside the version announcement; 3: a connection negotiates its version and optional
+# features (the hello always framed 2, every later frame with the version agreed), the welcome
+# says whether the hub deals the peer a share (`leaf`), gossip links negotiate in their upgrade.
+PROTOCOL_VERSION = 3
+SUPPORTED_PROTOCOLS = (2, 3)  # what this release reads and writes: 2 is the previous release
+BASE_PROTOCOL = 2  # frames before a version is agreed (the hello): every hub since 2 reads it
 
 # Close codes: RFC 6455 ones where they fit, 4000-4999 (application range) for the rest.
 CLOSE_NORMAL = 1000
@@ -91,17 +100,27 @@ class _Counter:
         return container
 
 
-def encode_frame(tag: str, record: Any) -> bytes:
-    """One frame carrying dataclass `record` under type tag `tag`."""
-    frame = {"p": PROTOCOL_VERSION, "t": tag}
+def encode_frame(tag: str, record: Any, protocol: int = BASE_PROTOCOL) -> bytes:
+    """One frame carrying dataclass `record` under type tag `tag`, framed with `protocol` (the
+    version its connection uses; the base version until one is agreed)."""
+    frame = {"p": protocol, "t": tag}
     frame.update(to_wire(record))
     return msgpack.packb(frame, use_bin_type=True)
 
 
-def decode_frame(data: bytes, limits: Limits, registry: Mapping[str, type]) -> tuple[Any, int]:
+def decode_frame(data: bytes, limits: Limits, registry: Mapping[str, type],
+                 protocols: Collection[int] = SUPPORTED_PROTOCOLS) -> tuple[Any, int]:
     """The record in one frame, as the `registry` class its tag names, and how many values the
     frame built (what it cost beyond its bytes); RemoteProtocolError (with close code) if the
-    frame is not valid."""
+    frame is not valid, `UnsupportedProtocol` if its "p" is not one of `protocols` (on a
+    connection: the one version it uses)."""
+    record, values, _ = decode_versioned(data, limits, registry, protocols)
+    return record, values
+
+
+def decode_versioned(data: bytes, limits: Limits, registry: Mapping[str, type],
+                     protocols: Collection[int] = SUPPORTED_PROTOCOLS) -> tuple[Any, int, int]:
+    """`decode_frame`, and the protocol version the frame carries."""
     count = _Counter(limits.max_objects)
     try:
         frame = msgpack.unpackb(
@@ -119,18 +138,18 @@ def decode_frame(data: bytes, limits: Limits, registry: Mapping[str, type]) -> t
         raise RemoteProtocolError("malformed frame: not msgpack", CLOSE_PROTOCOL_ERROR) from None
     except Exception:  # msgpack raises many types for garbage; all mean the same here
         raise RemoteProtocolError("malformed frame: not msgpack", CLOSE_PROTOCOL_ERROR) from None
-    return _record(frame, registry), count.n
+    return _record(frame, registry, protocols), count.n, frame["p"]
 
 
-def _record(frame: Any, registry: Mapping[str, type]) -> Any:
+def _record(frame: Any, registry: Mapping[str, type], protocols: Collection[int]) -> Any:
     if not isinstance(frame, dict):
         raise RemoteProtocolError("malformed frame: not a map", CLOSE_PROTOCOL_ERROR)
     proto = frame.get("p")
-    if proto != PROTOCOL_VERSION or type(proto) is not int:
-        raise RemoteProtocolError(
-            f"unsupported protocol version {_short(proto)}, this side speaks {PROTOCOL_VERSION}",
-            CLOSE_BAD_PROTOCOL_VERSION,
-        )
+    if type(proto) is not int or proto not in protocols:
+        expected = " or ".join(str(p) for p in sorted(protocols))
+        raise UnsupportedProtocol(
+            f"unsupported protocol version {_short(proto)}, expected {expected}",
+            proto if type(proto) is int else None)
     tag = frame.get("t")
     cls = registry.get(tag) if isinstance(tag, str) else None
     if cls is None:

@@ -5,10 +5,11 @@ gets back one event, a fact about what the peer said (`HelloReceived`, `RolloutR
 it acts on the event and sends what `send(msg)` encodes. The protocol owns what is per peer:
 the `Session` (validation, the state table, the read budget), the rate of each kind of message
 (`echo2p2p.frame_budget`: a frame past its kind's rate is `FrameDropped`, one that keeps coming
-raises `Flooding`), the peer's lease credits, the versions it holds and was announced, when it
-last submitted, and its liveness. It never reads
-the clock (`now` is an argument), never touches a socket, and knows nothing of other peers,
-leases or the learner: what follows from an event is the hub's decision.
+raises `Flooding`), the version and features the connection uses (`agreed`, the hello answered
+by `echo2p2p.negotiation`: a peer too old is refused with its one sentence, close 4000), the
+peer's lease credits, the versions it holds and was announced, when it last submitted, and its
+liveness. It never reads the clock (`now` is an argument), never touches a socket, and knows
+nothing of other peers, leases or the learner: what follows from an event is the hub's decision.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from typing import Union
 
 from . import messages as m
-from .errors import Flooding, RemoteProtocolError
+from .errors import Flooding, RemoteProtocolError, UnsupportedProtocol
 from .frame_budget import CLOSE, DROP, FrameBudget, worst
+from .negotiation import SPEAKS, Agreed, Speaks, refusal
 from .read_budget import ReadBudget
 from .session import Session, Side, State
 
@@ -86,9 +88,13 @@ Event = Union[HelloReceived, CreditsAdded, RolloutReceived, HoldingReported, Tra
 class HubProtocol:
     """Protocol state of one peer connection, as the hub keeps it."""
 
-    def __init__(self, now: float, max_frame_bytes: int, budget: ReadBudget | None = None):
+    def __init__(self, now: float, max_frame_bytes: int, budget: ReadBudget | None = None,
+                 speaks: Speaks = SPEAKS):
+        """`speaks`: the versions and features this hub speaks (a test makes a future hub)."""
         self.session = Session(Side.HUB, now, budget)
         self.max_frame_bytes = max_frame_bytes
+        self.speaks = speaks
+        self.agreed: Agreed | None = None  # what the connection uses, once the hello is answered
         # This connection's rates, and those it shares with its identity's other connections.
         self.budgets = [FrameBudget(now)]
         self.credits = 0
@@ -114,7 +120,14 @@ class HubProtocol:
             raise RemoteProtocolError(
                 f"frame of {len(data)} bytes exceeds the {self.max_frame_bytes} byte limit",
                 m.CLOSE_TOO_BIG)
-        msg = self.session.receive(data, now)
+        try:
+            msg = self.session.receive(data, now)
+        except UnsupportedProtocol as exc:  # a hello of protocol 1 was framed with 1
+            theirs, waiting = exc.theirs, self.session.state is State.AWAIT_HELLO
+            if waiting and theirs is not None and theirs < m.BASE_PROTOCOL:
+                raise RemoteProtocolError(refusal(self.speaks.newest, theirs),
+                                          m.CLOSE_BAD_PROTOCOL_VERSION) from None
+            raise
         verdict = worst([b.spend(msg.TYPE, now) for b in self.budgets])
         if verdict == CLOSE:
             raise Flooding(msg.TYPE, m.CLOSE_FLOODING)
@@ -125,6 +138,13 @@ class HubProtocol:
     def share_budget(self, budget: FrameBudget) -> None:
         """Hold this connection to `budget` too: its identity's, shared by all its connections."""
         self.budgets.append(budget)
+
+    def _hello(self, msg: m.Hello) -> HelloReceived:
+        """Answer the hello's protocol and features: every frame from now on, the welcome
+        first, carries the version agreed (RemoteProtocolError, 4000: we speak none of its)."""
+        self.agreed = self.speaks.answer(msg.protocol, msg.features)
+        self.session.use(self.agreed.protocol)
+        return HelloReceived(msg)
 
     def _rollout(self, msg: m.RolloutSubmission) -> RolloutReceived:
         if self.owed.pop(msg.lease_id, 0) is not None:
@@ -206,7 +226,7 @@ class HubProtocol:
 
 
 _EVENTS = {
-    m.Hello: lambda p, msg: HelloReceived(msg),
+    m.Hello: HubProtocol._hello,
     m.LeaseRequest: HubProtocol._credits,
     m.RolloutSubmission: HubProtocol._rollout,
     m.VersionHeld: lambda p, msg: HoldingReported(msg.version),

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
 from .errors import LocalProtocolError
-from .frames import decode_frame, encode_frame
+from .frames import decode_versioned, encode_frame
 from .frames import (  # noqa: F401  re-exported: the wire's names, reached as m.X
-    PROTOCOL_VERSION, CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR,
+    PROTOCOL_VERSION, SUPPORTED_PROTOCOLS, BASE_PROTOCOL, CLOSE_NORMAL, CLOSE_GOING_AWAY,
+    CLOSE_PROTOCOL_ERROR,
     CLOSE_UNSUPPORTED_DATA, CLOSE_TOO_BIG, CLOSE_BAD_PROTOCOL_VERSION, CLOSE_UNKNOWN_TYPE,
     CLOSE_UNEXPECTED_MESSAGE, CLOSE_TIMEOUT, CLOSE_UNAUTHORIZED, CLOSE_TOO_MANY, CLOSE_FLOODING,
     FROM_HUB, FROM_PEER, Limits, to_wire,
@@ -336,22 +337,34 @@ MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in typing.get_args(Messa
 # --- codec ---------------------------------------------------------------------------------
 
 
-def encode(msg: Message) -> bytes:
-    """One frame for `msg`. Raises LocalProtocolError if `msg` is not a wire message."""
+def encode(msg: Message, protocol: int = BASE_PROTOCOL) -> bytes:
+    """One frame for `msg`, framed with `protocol`: the version its connection uses (a
+    `Session` passes it; the base version, 2, is what a connection uses until one is agreed,
+    and what a hello is always framed with). Raises LocalProtocolError if `msg` is not a wire
+    message."""
     cls = type(msg)
     if MESSAGE_TYPES.get(getattr(cls, "TYPE", None)) is not cls:
         raise LocalProtocolError(f"not a wire message: {cls.__name__}")
-    return encode_frame(cls.TYPE, msg)
+    return encode_frame(cls.TYPE, msg, protocol)
 
 
-def decode(data: bytes, limits: Limits = FROM_HUB) -> Message:
-    """The message in one frame; RemoteProtocolError (with close code) if it is not valid."""
-    return decode_counted(data, limits)[0]
+def decode(data: bytes, limits: Limits = FROM_HUB,
+           protocols: tuple[int, ...] = SUPPORTED_PROTOCOLS) -> Message:
+    """The message in one frame; RemoteProtocolError (with close code) if it is not valid,
+    `UnsupportedProtocol` if it is framed with a version not in `protocols`."""
+    return decode_counted(data, limits, protocols)[0]
 
 
-def decode_counted(data: bytes, limits: Limits = FROM_HUB) -> tuple[Message, int]:
+def decode_counted(data: bytes, limits: Limits = FROM_HUB,
+                   protocols: tuple[int, ...] = SUPPORTED_PROTOCOLS) -> tuple[Message, int]:
     """`decode`, and how many values the frame built (what it cost beyond its bytes)."""
-    return decode_frame(data, limits, MESSAGE_TYPES)
+    return decode_versioned(data, limits, MESSAGE_TYPES, protocols)[:2]
+
+
+def decode_versioned_message(data: bytes, limits: Limits,
+                             protocols: tuple[int, ...]) -> tuple[Message, int, int]:
+    """`decode_counted`, and the protocol version the frame was framed with."""
+    return decode_versioned(data, limits, MESSAGE_TYPES, protocols)
 
 
 def pack_ids(ids: list[int]) -> bytes:

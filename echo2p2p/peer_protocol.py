@@ -5,18 +5,23 @@
 `receive(frame, now)` turns each message into an event (a fact): `LeaseGranted`, `RolloutAcked`,
 `RolloutRejected`, `VersionAnnounced` (fetch it now: it supersedes any older download under way),
 `PlanRevised` (a relay plan matching the download under way; others are dropped here), `HubLeft`.
-A goodbye refusing our token raises `JoinRefused`, an unsigned manifest `SnapshotError`, an
-announcement with another version's plan `RemoteProtocolError`. `adoption()` decides what a
+The hello offers the newest protocol version and the features we speak; the welcome says what
+the connection uses (`agreed`; absent: 2, an older hub). A goodbye refusing our token or our
+protocol version (close 4000, the hub's one sentence), or a welcome in a version we do not
+speak, raises `JoinRefused`: no retry can help. An unsigned manifest raises `SnapshotError`,
+an announcement with another version's plan `RemoteProtocolError`. `adoption()` decides what a
 welcome means for what the peer holds. Never touches a socket, a file, an engine or the clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import messages as m
 from . import signing
-from .errors import JoinRefused, RemoteProtocolError
+from .errors import JoinRefused, RemoteProtocolError, UnsupportedProtocol
+from .negotiation import SPEAKS, Agreed, Speaks
 from .session import Session, Side
 
 Key = tuple[int, int | None]  # (version, base_version) of one manifest
@@ -92,26 +97,37 @@ class PeerProtocol:
     """One connection to the hub, seen from the peer. `hub_url` only names the hub in errors."""
 
     def __init__(self, now: float, *, hub_url: str, peer_key: bytes, nonce: bytes,
-                 pinned_hub_key: bytes | None = None):
-        self.session = Session(Side.PEER, now)
+                 pinned_hub_key: bytes | None = None, speaks: Speaks = SPEAKS):
+        self.session = Session(Side.PEER, now, protocols=speaks.protocols)
         self.hub_url, self.peer_key, self.nonce = hub_url, peer_key, nonce
         self.pinned_hub_key = pinned_hub_key
+        self.speaks = speaks
         self.welcome: m.Welcome | None = None
+        self.agreed: Agreed | None = None  # the version and features the welcome says we use
         self.downloading: Key | None = None  # the manifest being fetched on this connection
 
     def hello(self, hello: m.Hello) -> bytes:
-        """The Hello frame; `hello` must carry our `nonce` and `peer_key`."""
+        """The Hello frame; `hello` must carry our `nonce` and `peer_key`. It offers the newest
+        version and the features we speak, whatever `hello` says."""
         if hello.nonce != self.nonce or hello.peer_key != self.peer_key:
             raise ValueError("the hello must carry this protocol's nonce and peer key")
-        return self.session.send(hello)
+        return self.session.send(dataclasses.replace(
+            hello, protocol=self.speaks.newest, features=sorted(self.speaks.features)))
 
     def receive_welcome(self, data: bytes, now: float) -> m.Welcome:
         """The hub's answer to our hello: a welcome whose key is the pinned one (if pinned) and
         that proves it holds that key by signing our fresh nonce (echoing a key proves nothing)."""
-        welcome = self.session.receive(data, now)
+        try:
+            welcome = self.session.receive(data, now)
+        except UnsupportedProtocol as exc:
+            if exc.theirs is None:
+                raise
+            raise JoinRefused(self.speaks.cannot_speak(exc.theirs, f"hub {self.hub_url}")) from None
         if isinstance(welcome, m.Goodbye):
             if welcome.code == m.CLOSE_UNAUTHORIZED:
                 raise JoinRefused(f"hub {self.hub_url} refused us: {welcome.reason}{TOKEN_FIX}")
+            if welcome.code == m.CLOSE_BAD_PROTOCOL_VERSION:  # its one sentence, as it says it
+                raise JoinRefused(welcome.reason)
             raise RemoteProtocolError(f"hub refused us: {welcome.reason}")
         if not isinstance(welcome, m.Welcome):  # the session's table allows nothing else
             raise RemoteProtocolError(f"unexpected {welcome.TYPE} before the welcome",
@@ -126,6 +142,7 @@ class PeerProtocol:
             raise RemoteProtocolError(f"hub {self.hub_url} cannot prove it holds key "
                                       f"{welcome.hub_key.hex()[:16]}...: its welcome is not signed by it")
         self.welcome = welcome
+        self.agreed = self.speaks.check(welcome.protocol, welcome.features)
         return welcome
 
     def receive(self, data: bytes, now: float) -> Event | None:

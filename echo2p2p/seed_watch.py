@@ -24,7 +24,9 @@ superseded manifest's shares are dropped (peers drop those downloads), the quiet
 carried to the peer's share of the next version, so versions faster than the grace hide no one.
 
 Standing, per identity (BitTorrent's optimistic unchoke seen from the tracker: a newcomer is
-tried on a small share, a whole one is earned by doing):
+tried on a small share, a whole one is earned by doing). A leaf (`is_leaf`: no chunk server, or
+one that failed the hub's probe) is dealt nothing, whatever its standing, and its welcome says
+so; `relay_url` is the one rule every deal reads it by:
 
 | standing | its share of a manifest (`cap`) | becomes |
 |---|---|---|
@@ -47,6 +49,23 @@ import math
 from dataclasses import dataclass, field
 
 Key = tuple[int, "int | None"]  # a manifest: (version, base version; None in full)
+
+
+def is_leaf(server_url: str | None, probe: str) -> bool:
+    """Whether the hub deals a peer no share of any version on this connection: it has no
+    chunk server (its hello gave no `listen_addr`), or its server failed the hub's probe or a
+    check ("failed", never undone on a connection). What its welcome tells it (`Welcome.leaf`)
+    and what `relay_url` keeps out of every deal: the one rule both read."""
+    return server_url is None or probe == "failed"
+
+
+def relay_url(server_url: str | None, probe: str, relays: bool = True) -> str | None:
+    """The URL a peer's `Member` carries (None: dealt no share now): None for a leaf, and for
+    a server the hub has not reached yet ("unprobed") or judged slow, or a peer that may only
+    pull (`relays` False: quarantined)."""
+    if is_leaf(server_url, probe) or not relays or probe != "ok":
+        return None
+    return server_url
 
 
 @dataclass(frozen=True)

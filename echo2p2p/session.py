@@ -9,6 +9,12 @@ connection), LocalProtocolError for what we were about to send (a bug here).
     peer side:  CONNECTED --send Hello--> AWAIT_WELCOME --recv Welcome--> READY
     any state   --send/recv Goodbye--> CLOSED
 
+Every frame carries the protocol version the connection uses (`protocol`): the base version
+(2) until the hub agrees one (`use`, from the hello: `echo2p2p.negotiation`), then that one both
+ways, the welcome included; a frame of another version is `UnsupportedProtocol` (close 4000).
+The hello is always framed 2, what every hub since 2 reads. Before the welcome a peer accepts
+any version it speaks (`protocols`): the welcome's frame and its `protocol` field must agree.
+
 On the hub side every message is also checked against `echo2p2p.bounds` (once the Welcome is
 sent, rollouts against its G and token cap too), so the hub never sees a field out of bounds;
 frames are decoded with `messages.FROM_PEER` limits (a peer decodes with `FROM_HUB`), and each
@@ -63,10 +69,14 @@ TRANSITIONS: dict[tuple[Side, State, str, type], State] = {
 class Session:
     """Protocol state of one connection, seen from `side`."""
 
-    def __init__(self, side: Side, now: float, budget: ReadBudget | None = None):
+    def __init__(self, side: Side, now: float, budget: ReadBudget | None = None,
+                 protocols: tuple[int, ...] = m.SUPPORTED_PROTOCOLS):
         """`budget`: what this side may spend on reading the other (default: `ReadBudget`'s
-        defaults on the hub side; a peer reads its hub unmetered)."""
+        defaults on the hub side; a peer reads its hub unmetered). `protocols`: the versions a
+        peer accepts its welcome in."""
         self.side = side
+        self.protocol = m.BASE_PROTOCOL  # what frames are framed with, both ways
+        self.accepts = (m.BASE_PROTOCOL,) if side is Side.HUB else tuple(protocols)
         self.state = S.AWAIT_HELLO if side is Side.HUB else S.CONNECTED
         self.last_heard = now
         self.hello: m.Hello | None = None
@@ -76,7 +86,7 @@ class Session:
 
     def receive(self, data: bytes, now: float) -> m.Message:
         """Decode, validate and account one incoming frame."""
-        msg, values = m.decode_counted(data, self.limits)
+        msg, values, protocol = m.decode_versioned_message(data, self.limits, self.accepts)
         if self.budget is not None:
             self.budget.charge(len(data), values, now)
         nxt = TRANSITIONS.get((self.side, self.state, RECV, type(msg)))
@@ -85,6 +95,11 @@ class Session:
                 f"unexpected {msg.TYPE} in state {self.state.value}", m.CLOSE_UNEXPECTED_MESSAGE)
         if self.side is Side.HUB:
             check_from_peer(msg, self.welcome)
+        elif isinstance(msg, m.Welcome):
+            if msg.protocol != protocol:
+                raise RemoteProtocolError(f"a welcome framed with protocol {protocol} names "
+                                          f"protocol {msg.protocol}", m.CLOSE_BAD_PROTOCOL_VERSION)
+            self.use(protocol)
         self.last_heard = now
         self._advance(msg, nxt)
         return msg
@@ -94,9 +109,16 @@ class Session:
         nxt = TRANSITIONS.get((self.side, self.state, SEND, type(msg)))
         if nxt is None:
             raise LocalProtocolError(f"may not send {type(msg).__name__} in state {self.state.value}")
-        frame = m.encode(msg)
+        if isinstance(msg, m.Welcome) and msg.protocol != self.protocol:
+            raise LocalProtocolError(f"a welcome naming protocol {msg.protocol} on a connection "
+                                     f"that uses {self.protocol}")
+        frame = m.encode(msg, m.BASE_PROTOCOL if isinstance(msg, m.Hello) else self.protocol)
         self._advance(msg, nxt)
         return frame
+
+    def use(self, protocol: int) -> None:
+        """From now on frames carry `protocol`, both ways (the version agreed)."""
+        self.protocol, self.accepts = protocol, (protocol,)
 
     def _advance(self, msg: m.Message, nxt: State) -> None:
         self.state = nxt

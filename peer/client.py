@@ -204,12 +204,12 @@ class PeerClient:
         """One connection's life: connect, shake hands, adopt the welcome, then read the hub
         until it goes; returns True if the hub welcomed us (a failed handshake raises), False
         if its model files did not verify (then we hung up)."""
-        cfg = self.cfg
-        ws, protocol, welcome = await connect(http, self.url, cfg, self._key, self.served_url)
+        ws, protocol, welcome = await connect(http, self.url, self.cfg, self._key, self.served_url)
         self._connections += 1
-        log.info("joined %s as %s (run %s, model %s, v%d)", self.url, welcome.peer_id,
-                 welcome.run_id, welcome.model, welcome.version)
-        conn = HubConnection(ws, protocol, http, hub_base_url(self.url), cfg.hub_timeout_s,
+        leaf = ", a leaf: the hub deals it no share (no chunk server)" if welcome.leaf else ""
+        log.info("joined %s as %s (run %s, model %s, v%d)%s", self.url, welcome.peer_id,
+                 welcome.run_id, welcome.model, welcome.version, leaf)
+        conn = HubConnection(ws, protocol, http, hub_base_url(self.url), self.cfg.hub_timeout_s,
                              asyncio.current_task())
         async with ws, asyncio.TaskGroup() as tg:
             conn.tg = tg

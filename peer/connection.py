@@ -2,7 +2,8 @@
 
 `connect` opens the websocket and runs the handshake (Hello -> Welcome, checked by the core's
 `echo2p2p.peer_protocol.PeerProtocol`: the pinned key, the proof over our fresh nonce) under
-`connect_timeout_s`, closing the socket on any failure. `HubConnection` is one live
+`connect_timeout_s`, closing the socket on any failure; a hub that refuses our protocol version
+(close 4000, with or without its goodbye) ends in `JoinRefused`: its sentence, no retry. `HubConnection` is one live
 connection: its protocol, the HTTP session downloads use, and `send`, which gives up on a hub
 that takes nothing for `hub_timeout_s` and then cancels the connection's task. `Backoff` is
 the reconnect schedule the client's run loop follows. It decides nothing about messages (the
@@ -21,7 +22,7 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p import signing
-from echo2p2p.errors import ProtocolError, RemoteProtocolError
+from echo2p2p.errors import JoinRefused, ProtocolError, RemoteProtocolError
 from echo2p2p.peer_protocol import PeerProtocol
 from echo2p2p.runtime.process import loop_now
 
@@ -89,6 +90,8 @@ async def _handshake(ws: aiohttp.ClientWebSocketResponse, url: str, cfg: PeerCon
         cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, served_url,
         cfg.token, nonce, peer_key)))
     frame = await ws.receive()
+    if frame.type is aiohttp.WSMsgType.CLOSE and frame.data == m.CLOSE_BAD_PROTOCOL_VERSION:
+        raise JoinRefused(frame.extra or "the hub does not speak this peer's protocol version")
     if frame.type is not aiohttp.WSMsgType.BINARY:
         raise RemoteProtocolError(f"hub closed before welcome ({ws.close_code})")
     return protocol, protocol.receive_welcome(frame.data, loop_now())

@@ -9,7 +9,10 @@ header, naming the dialler, so a dialled id is the one the hub admitted). A malf
 piece nobody asked for or of the wrong size, more than `SERVE_WINDOW` wants at once, a bitfield
 that does not fit a manifest we know, or a want that goes unanswered closes the link with a
 reason (`LinkError`). Remote bitfields are kept for the `KEEP_KEYS` newest manifests only, so
-a link's memory is bounded. The set of links, dialling and the route are
+a link's memory is bounded. Every frame carries the link's protocol version, agreed in the
+upgrade (`echo2p2p.overlay.links`; absent: 2, an older release): a frame of another version
+closes the link. The set
+of links, dialling and the route are
 `echo2p2p.overlay.links`' (what a link uses of it is its `LinkHost`); what a download hears is
 its `Listener`.
 """
@@ -28,7 +31,7 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
-from echo2p2p.frames import Limits, decode_frame, encode_frame
+from echo2p2p.frames import BASE_PROTOCOL, Limits, decode_frame, encode_frame
 from echo2p2p.gossip import bitfield_size, unpack_bits
 
 from .store import Held, Key, key_order
@@ -173,8 +176,10 @@ class Link:
     """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
     has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False):
+    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False,
+                 protocol: int = BASE_PROTOCOL):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
+        self.protocol = protocol  # agreed in the upgrade: every frame both ways carries it
         self.natted = natted and not dialled
         self.bits: dict[Key, bytearray] = {}  # what the other end holds, per manifest
         self.digests: dict[Key, bytes] = {}  # the digest of the manifest it holds, per key
@@ -202,7 +207,7 @@ class Link:
         deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
         try:
             async with asyncio.timeout(deadline_s):
-                await self.ws.send_bytes(encode_frame(rec.TYPE, rec))
+                await self.ws.send_bytes(encode_frame(rec.TYPE, rec, self.protocol))
         except TimeoutError:
             self.links.spawn(self.close("stopped reading"))
             raise ConnectionError("the link stopped reading") from None
@@ -249,7 +254,7 @@ class Link:
                 if msg.type is not aiohttp.WSMsgType.BINARY:
                     raise LinkError("non-binary frame")
                 try:
-                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES, (self.protocol,))
                 except RemoteProtocolError as exc:
                     raise LinkError(exc.reason) from None
                 await self.receive(rec)

@@ -7,9 +7,11 @@ neighbours the hub sampled for it and the ones it hears of from its links (`peer
 to `degree` links, and accepts up to `max_links`. Every link end is a peer the hub admitted: a
 dialler shows its ticket, the accepting end shows its own as its first frame (`proof`), and a
 `peers` entry is dialled only with a ticket of the hub's for its id (made-up ids take no slot).
-One link per pair: when both ends dial, the lower peer id's dial wins. A link is symmetric, so
-a peer nobody can dial still uploads over the links it opened; a link that broke a rule bans
-its peer id for the run.
+The upgrade agrees the link's protocol version and features (`echo2p2p.negotiation`: the
+dialler offers in its request headers, the acceptor answers in its 101's; no header is 2, an
+older release). One link per pair: when both ends dial, the lower peer id's dial wins. A link
+is symmetric, so a peer nobody can dial still uploads over the links it opened; a link that
+broke a rule bans its peer id for the run.
 
 `Links` is the peer's set of links, alive across hub connections: the manifests it advertises
 (`begin`), the download listening on each (a `Listener`: the gossip download, which verifies
@@ -33,6 +35,8 @@ from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
 from echo2p2p.gossip import pack_bits
+from echo2p2p.negotiation import (FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, Agreed,
+                                  features_header, read_header)
 
 from .link import (FRAMES, HONEST_ENDS, KEEP_KEYS, LINK_LIMITS, PEER_ID, LINK_PATH, MAX_HAD,
                    MAX_PIECE_BYTES, MAX_SOURCES, SEND_DEADLINE_S, WANT_TIMEOUT_S, Had, Have, Link,
@@ -44,7 +48,28 @@ from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LINK_PATH", "Links", "link_handler"]
+__all__ = ["LINK_PATH", "Links", "answer_of", "link_handler", "offer_headers"]
+
+
+def offer_headers() -> dict[str, str]:
+    """What a dialler's upgrade request says it speaks: its newest version and its features."""
+    return {PROTOCOL_HEADER: str(LINK_SPEAKS.newest),
+            FEATURES_HEADER: features_header(LINK_SPEAKS.features)}
+
+
+def answer_headers(agreed: Agreed) -> dict[str, str]:
+    """What an acceptor's 101 answers: the version and features the link uses."""
+    return {PROTOCOL_HEADER: str(agreed.protocol),
+            FEATURES_HEADER: features_header(agreed.features)}
+
+
+def answer_of(ws: Any) -> Agreed | None:
+    """The version and features the accepting end answered our upgrade with (no header: 2, an
+    older release); None if it is one we do not speak. aiohttp keeps the 101's headers only on
+    the client websocket's private `_response` (tests/compat read a real answer through here)."""
+    headers = getattr(getattr(ws, "_response", None), "headers", {})
+    answer = read_header(headers.get(PROTOCOL_HEADER), headers.get(FEATURES_HEADER))
+    return None if answer is None else LINK_SPEAKS.check(*answer)
 
 
 class Links:
@@ -141,14 +166,16 @@ class Links:
     async def _dial(self, peer_id: str, base: str) -> None:
         me, credentials = self.identity()
         headers = credentials.header(peer_id) if credentials is not None else {}
-        ws, who = None, None
+        ws, who, agreed = None, None, None
         try:
             async with asyncio.timeout(SEND_DEADLINE_S):
                 params = {"id": me or "", "nat": "0" if self.url else "1"}
                 ws = await self.http.ws_connect(base + LINK_PATH, params=params,
-                                                headers=headers, max_msg_size=2 * MAX_PIECE_BYTES,
+                                                headers={**headers, **offer_headers()},
+                                                max_msg_size=2 * MAX_PIECE_BYTES,
                                                 compress=0, heartbeat=30.0)
-                who = await self._proof(ws, peer_id)
+                if (agreed := answer_of(ws)) is not None:  # else a version we do not speak
+                    who = await self._proof(ws, peer_id, agreed.protocol)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.debug("cannot link to %s at %s: %s", peer_id, base, type(exc).__name__)
         finally:
@@ -161,15 +188,16 @@ class Links:
                                        message=b"no proof of identity"))
             return
         self.vouch(peer_id, who)
-        await self.serve(Link(self, peer_id, ws, dialled=True))
+        await self.serve(Link(self, peer_id, ws, dialled=True, protocol=agreed.protocol))
 
-    async def _proof(self, ws: Any, peer_id: str) -> tuple[str, bytes, bytes] | None:
-        """The accepting end's first frame must prove it is `peer_id` (`Tickets.holder`)."""
+    async def _proof(self, ws: Any, peer_id: str, protocol: int) -> tuple[str, bytes, bytes] | None:
+        """The accepting end's first frame (of the link's `protocol`) must prove it is
+        `peer_id` (`Tickets.holder`)."""
         msg = await ws.receive()
         if msg.type is not aiohttp.WSMsgType.BINARY:
             return None
         try:
-            rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+            rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES, (protocol,))
         except RemoteProtocolError:
             return None
         if (AWAIT_PROOF, rec.TYPE) not in LINK_TRANSITIONS or len(rec.header) > 512:
@@ -279,12 +307,22 @@ class Links:
 
 def link_handler(links: Links, tickets: Tickets):
     """The aiohttp handler of GET /gossip?id=PEER_ID&nat=0|1: a link from a peer the hub
-    admitted; nat=1: it has no chunk server (what it says only orders our uploads)."""
+    admitted; nat=1: it has no chunk server (what it says only orders our uploads). Its
+    version is the one agreed from the request's headers (426 with the one sentence for a
+    dialler too old), answered in the 101's."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         peer_id = request.query.get("id", "")
         if not PEER_ID.fullmatch(peer_id):
             return web.Response(status=400, text="expected /gossip?id=PEER_ID")
+        offer = read_header(request.headers.get(PROTOCOL_HEADER),
+                            request.headers.get(FEATURES_HEADER))
+        if offer is None:
+            return web.Response(status=400, text=f"{PROTOCOL_HEADER} must be a version number")
+        try:
+            agreed = LINK_SPEAKS.answer(*offer, us="peer", them="dialling peer")
+        except RemoteProtocolError as exc:
+            return web.Response(status=426, text=exc.reason)
         who = tickets.holder(request.headers.get(TICKET_HEADER, ""))
         if who is None:
             return web.Response(status=403, text="a ticket from this run's hub is required")
@@ -293,17 +331,18 @@ def link_handler(links: Links, tickets: Tickets):
         if not links.admits(peer_id, dialled=False):
             return web.Response(status=409, text="no room for this link")
         ws = web.WebSocketResponse(max_msg_size=2 * MAX_PIECE_BYTES, compress=False, heartbeat=30.0)
+        ws.headers.update(answer_headers(agreed))
         _, credentials = links.identity()  # who we are, shown first: the dialler checks it
         proof = credentials.header(peer_id).get(TICKET_HEADER, "") if credentials else ""
         proof = proof.encode()
         try:  # the dialler may be gone already (a peer stopping mid-handshake): nothing to log
             await ws.prepare(request)
-            await ws.send_bytes(encode_frame(Proof.TYPE, Proof(proof)))
+            await ws.send_bytes(encode_frame(Proof.TYPE, Proof(proof), agreed.protocol))
         except (ConnectionError, RuntimeError):
             return ws
         links.vouch(peer_id, who)
         await links.serve(Link(links, peer_id, ws, dialled=False,
-                               natted=request.query.get("nat") == "1"))
+                               natted=request.query.get("nat") == "1", protocol=agreed.protocol))
         return ws
 
     return handle

@@ -2,14 +2,14 @@
 
 No gossip `relay_report` is believed as it stands. The hub dials the accused's GET /gossip as
 an ordinary peer (an id from the hub's own sequence, a fresh key, a ticket it signs for them:
-`Credentials.issued`, as the tracker's checks; a liar cannot tell the check from a new
-neighbour by who it says it is), wants the contested chunk and judges the answer against the
-signed manifest. A corrupt piece is `bad_chunk` (quarantine: no leases, no seeds, in no
-neighbour sample); no answer, or a `cancel` of a chunk its `have` on that link claims, takes it
-out of relaying without a trust event (slowness proves no lie). Anything else proves nothing,
-and a whole piece does not cost the accuser: a liar that corrupts only one victim's pieces must
-not frame that victim. Bounded: a few checks at once, one per (accuser, accused, manifest) and
-one per chunk of an accused.
+`Credentials.issued`, as the tracker's checks; the link's version agreed in the upgrade as a
+peer agrees it; a liar cannot tell the check from a new neighbour by who it says it is), wants
+the contested chunk and judges the answer against the signed manifest. A corrupt piece is
+`bad_chunk` (quarantine: no leases, no seeds, in no neighbour sample); no answer, or a `cancel`
+of a chunk its `have` on that link claims, takes it out of relaying without a trust event
+(slowness proves no lie). Anything else proves nothing, and a whole piece does not cost the
+accuser: a liar that corrupts only one victim's pieces must not frame that victim. Bounded: a
+few checks at once, one per (accuser, accused, manifest) and one per chunk of an accused.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from echo2p2p.gossip import bitfield_size
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, MAX_PIECE_BYTES, Cancel, Had,
                                    Have, Piece, Want)
+from echo2p2p.overlay.links import answer_of, offer_headers
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.snapshot import chunk_digest
 
@@ -51,16 +52,20 @@ async def fetch_piece(http: aiohttp.ClientSession, base_url: str, audience: str,
         async with asyncio.timeout(CHECK_WAIT_S + entry.wire_bytes / MIN_RATE_BYTES_S):
             async with http.ws_connect(base_url + LINK_PATH,
                                        params={"id": credentials.peer_id, "nat": "1"},
-                                       headers=credentials.header(audience),
+                                       headers={**credentials.header(audience),
+                                                **offer_headers()},
                                        max_msg_size=2 * MAX_PIECE_BYTES, compress=0) as ws:
-                nothing = bytes(bitfield_size(len(manifest.chunks)))
-                await ws.send_bytes(encode_frame(Have.TYPE, Have(*key, nothing, manifest.digest)))
-                await ws.send_bytes(encode_frame(Want.TYPE, Want(*key, index)))
+                if (agreed := answer_of(ws)) is None:  # a version no peer of ours speaks
+                    return "unreachable"
+                proto, nothing = agreed.protocol, bytes(bitfield_size(len(manifest.chunks)))
+                await ws.send_bytes(encode_frame(Have.TYPE, Have(*key, nothing, manifest.digest),
+                                                 proto))
+                await ws.send_bytes(encode_frame(Want.TYPE, Want(*key, index), proto))
                 claims = False  # its have (or had) on this link says it holds the chunk
                 async for msg in ws:
                     if msg.type is not aiohttp.WSMsgType.BINARY:
                         break
-                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES)
+                    rec, _ = decode_frame(msg.data, LINK_LIMITS, FRAMES, (proto,))
                     if getattr(rec, "version", None) != key[0] or rec.base != key[1]:
                         continue  # its proof, peers, other manifests: nothing to judge
                     if isinstance(rec, Have) and rec.digest in (b"", manifest.digest):

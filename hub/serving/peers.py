@@ -23,6 +23,7 @@ from echo2p2p import messages as m
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.overlay.tickets import server_base
 from echo2p2p.relay import Member
+from echo2p2p.seed_watch import is_leaf, relay_url
 from echo2p2p.session import Session, State
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
@@ -90,13 +91,18 @@ class PeerConn:
         """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
         return server_base(self.hello.listen_addr) if self.hello.listen_addr else None
 
+    @property
+    def leaf(self) -> bool:
+        """Dealt no share of any version on this connection (`echo2p2p.seed_watch.is_leaf`): no
+        chunk server, or one that failed the hub's probe. Its welcome says so."""
+        return is_leaf(self.server_url, self.relay)
+
     def member(self, relays: bool = True, max_share: int | None = None) -> Member:
         """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
-        `relays`: a quarantined peer only pulls), dealt at most `max_share` chunks of a
-        manifest (`echo2p2p.seed_watch`)."""
-        relays = relays and self.relay == "ok"
-        return Member(self.peer_id, self.server_url if relays else None, self.upload_bps,
-                      max_share)
+        `relays`: a quarantined peer only pulls), never a leaf (`echo2p2p.seed_watch.relay_url`),
+        dealt at most `max_share` chunks of a manifest (`echo2p2p.seed_watch`)."""
+        return Member(self.peer_id, relay_url(self.server_url, self.relay, relays),
+                      self.upload_bps, max_share)
 
     def post(self, msg: m.Message) -> None:
         """Queue `msg` for this peer's writer task; never waits on the socket."""

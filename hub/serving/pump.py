@@ -23,6 +23,7 @@ from aiohttp import WSMsgType, web
 from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
 from echo2p2p.errors import Flooding, RemoteProtocolError
+from echo2p2p.negotiation import SPEAKS, Speaks
 from echo2p2p.runtime.process import loop_now
 
 from ..config import HubConfig
@@ -39,10 +40,11 @@ Greet = Callable[[web.WebSocketResponse, hp.HubProtocol, m.Hello, web.Request],
 
 async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: TokenBook | None, *,
                greet: Greet, on: Mapping[type, Callable[[PeerConn, Any], None]],
-               leave: Callable[[PeerConn], None]) -> web.WebSocketResponse:
+               leave: Callable[[PeerConn], None], speaks: Speaks = SPEAKS) -> web.WebSocketResponse:
     """Serve one peer connection until it ends. `counters`: the hub's `Counters` (protocol
     closes, cut-offs); `tokens`: the join tokens a connected peer must still hold (None: none
-    needed); `greet`, `on`, `leave`: the hub's handlers."""
+    needed); `greet`, `on`, `leave`: the hub's handlers; `speaks`: the protocol versions and
+    features the hello is answered with (`echo2p2p.negotiation`)."""
     # aiohttp's own limit is a backstop that closes with 1009 and no reason; frames between
     # max_frame_bytes and twice that get our close with a readable reason.
     ws = web.WebSocketResponse(max_msg_size=2 * cfg.limits.max_frame_bytes, compress=False)
@@ -50,7 +52,7 @@ async def pump(request: web.Request, cfg: HubConfig, counters: Any, tokens: Toke
         await ws.prepare(request)
     except ConnectionError:  # it left mid-handshake (a peer stopping): nothing to serve or log
         return ws
-    protocol = hp.HubProtocol(loop_now(), cfg.limits.max_frame_bytes)
+    protocol = hp.HubProtocol(loop_now(), cfg.limits.max_frame_bytes, speaks=speaks)
     conn: PeerConn | None = None
     try:
         async with asyncio.TaskGroup() as tg:

@@ -36,6 +36,7 @@ from echo2p2p.errors import Flooding
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
+from echo2p2p.negotiation import LEAF_NOTICE, SPEAKS
 from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.pool import Pool
@@ -89,6 +90,7 @@ class Hub:
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
         self.model_index = (b"", b"")  # GET /model/'s (digest, signature), set where served
         self.step = 0  # the run's one step counter: the learner's version is this
+        self.speaks = SPEAKS  # the versions and features hellos are answered with (a test's may differ)
         self._training = False  # a batch was taken and step `step` is running on it
         self._on_event = on_event or (lambda record: None)
         self._journal_to: Journal | None = None  # where changes since the last checkpoint go
@@ -319,7 +321,7 @@ class Hub:
               hp.HeartbeatReceived: lambda conn, event: None,
               hp.FrameDropped: self._door.dropped, Flooding: self._door.flooded}
         return await pump(request, self.cfg, self._counters, self._tokens, greet=self._greet,
-                          on=on, leave=self._leave)
+                          on=on, leave=self._leave, speaks=self.speaks)
 
     async def _greet(self, ws: web.WebSocketResponse, protocol: hp.HubProtocol, hello: m.Hello,
                      request: web.Request) -> PeerConn | None:
@@ -336,7 +338,7 @@ class Hub:
         peer_id = self._new_peer_id()
         conn = PeerConn(peer_id, hello, ws, protocol, transport, remote=remote)
         self._door.admitted(conn, loop_now())  # its identity's frame budget, shared
-        cfg, newest, key = self.cfg, self._tracker.newest, self._signing_key
+        cfg, newest, key, agreed = self.cfg, self._tracker.newest, self._signing_key, protocol.agreed
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.run.model, self.setup.kind, newest.version if newest else 0,
             cfg.staleness.max_lag, cfg.grpo.group_size, cfg.grpo.temperature, cfg.grpo.top_p, cfg.grpo.max_new_tokens,
@@ -344,7 +346,9 @@ class Hub:
             signing.sign_ticket(key, self.run_id, peer_id, hello.peer_key) if key else b"",
             signing.sign_welcome(key, hello.nonce, self.run_id, peer_id, hello.peer_key)
             if key and hello.nonce else b"", *self.model_index, self.setup.env,
-            self.setup.env_version, *getattr(self.setup.reward, "turn", ("", ""))))
+            self.setup.env_version, *getattr(self.setup.reward, "turn", ("", "")),
+            protocol=agreed.protocol, features=list(agreed.features),
+            leaf=conn.leaf and LEAF_NOTICE in agreed.features))  # told only where it reads it
         self._peers[peer_id] = conn
         self._pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", loop_now())
         self._accusations.relays.probe(conn, newest.version if newest else 0)

@@ -236,7 +236,7 @@ def test_any_value_is_taken_in_bounds_or_refused(msg):
 async def test_nan_price_is_refused_at_the_wire_and_never_joins():
     """A hello with price NaN (sent as raw msgpack) is closed with 1002 naming the field; the
     pool never sees it and planning still works."""
-    frame = msgpack.packb({**m.to_wire(HONEST_HELLO), "p": m.PROTOCOL_VERSION, "t": "hello",
+    frame = msgpack.packb({**m.to_wire(HONEST_HELLO), "p": m.BASE_PROTOCOL, "t": "hello",
                            "price_per_hour": math.nan}, use_bin_type=True)
     async with tracker(activation="cost") as (hub, _, url, _records):
         async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:

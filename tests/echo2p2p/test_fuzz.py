@@ -35,7 +35,7 @@ def fuzz(examples: int):
 def frames() -> st.SearchStrategy[bytes]:
     """Raw bytes, arbitrary msgpack, valid headers over random fields, and valid frames with a
     few bytes flipped."""
-    header = st.builds(lambda tag, body: msgpack.packb({"p": m.PROTOCOL_VERSION, "t": tag, **body},
+    header = st.builds(lambda tag, body: msgpack.packb({"p": m.BASE_PROTOCOL, "t": tag, **body},
                                                        use_bin_type=True),
                        st.sampled_from(sorted(m.MESSAGE_TYPES)),
                        st.dictionaries(st.text(max_size=12), msgpack_objects, max_size=6))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2p2p import messages as m
-from echo2p2p.errors import LocalProtocolError, RemoteProtocolError
+from echo2p2p.errors import LocalProtocolError, RemoteProtocolError, UnsupportedProtocol
 
 FAST = settings(max_examples=40, deadline=None)
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
@@ -63,7 +63,7 @@ def _decode_error(data: bytes) -> RemoteProtocolError:
 
 
 def _frame(tag: str, **fields) -> bytes:
-    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": tag, **fields}, use_bin_type=True)
+    return msgpack.packb({"p": m.BASE_PROTOCOL, "t": tag, **fields}, use_bin_type=True)
 
 
 @FAST
@@ -130,17 +130,31 @@ def test_decode_valid_header_random_fields(tag, data):
         assert type(msg) is m.MESSAGE_TYPES[tag]
 
 
-@pytest.mark.parametrize("proto", [0, 1, 3, "2", 2.0, True, None])
+@pytest.mark.parametrize("proto", [0, 1, 4, "2", 2.0, True, None])
 def test_wrong_protocol_version(proto):
-    """A frame without "p" == 2 (an int) closes with CLOSE_BAD_PROTOCOL_VERSION."""
+    """A frame whose "p" is not a version this release speaks (an int) closes with
+    CLOSE_BAD_PROTOCOL_VERSION."""
     frame = msgpack.packb({"p": proto, "t": "heartbeat"})
     assert _decode_error(frame).code == m.CLOSE_BAD_PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("proto", m.SUPPORTED_PROTOCOLS)
+def test_a_frame_decodes_only_in_the_versions_asked_for(proto):
+    """Each supported version round-trips when asked for; a frame of one version is refused
+    (4000, naming it) where only the other is accepted: a connection uses one."""
+    frame = m.encode(m.LeaseRequest(n=2), proto)
+    assert msgpack.unpackb(frame)["p"] == proto
+    assert m.decode(frame, protocols=(proto,)) == m.LeaseRequest(n=2)
+    other = next(p for p in m.SUPPORTED_PROTOCOLS if p != proto)
+    with pytest.raises(UnsupportedProtocol) as info:
+        m.decode(frame, protocols=(other,))
+    assert (info.value.code, info.value.theirs) == (m.CLOSE_BAD_PROTOCOL_VERSION, proto)
 
 
 @pytest.mark.parametrize("tag", ["nope", "", None, 3, b"heartbeat", ["hello"]])
 def test_unknown_type(tag):
     """An unknown or non-string "t" closes with CLOSE_UNKNOWN_TYPE."""
-    frame = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": tag}, use_bin_type=True)
+    frame = msgpack.packb({"p": m.BASE_PROTOCOL, "t": tag}, use_bin_type=True)
     assert _decode_error(frame).code == m.CLOSE_UNKNOWN_TYPE
 
 
@@ -177,7 +191,7 @@ def test_wrong_field_type_names_field(msg, data):
 
 def test_wrong_nested_field_type_names_path():
     """A bad field deep inside a manifest is named by its path."""
-    frame = {"p": m.PROTOCOL_VERSION, "t": "version", "manifest": {
+    frame = {"p": m.BASE_PROTOCOL, "t": "version", "manifest": {
         "version": 1, "base_version": None, "codec": "zstd", "hash_algo": "blake2b-256",
         "chunk_bytes": 4, "total_bytes": 0, "tensors": [],
         "chunks": [{"raw_bytes": 1, "wire_bytes": 1, "digest": "not bytes"}]}}
@@ -275,7 +289,7 @@ def test_values_past_max_objects_are_refused(width, depth, maps):
             return len(value) + 1 + sum(built(v) for v in value)
         return 0
 
-    frame = {"p": m.PROTOCOL_VERSION, "t": "heartbeat", "junk": tree(depth)}
+    frame = {"p": m.BASE_PROTOCOL, "t": "heartbeat", "junk": tree(depth)}
     data = msgpack.packb(frame, use_bin_type=True)
     if built(frame) > limits.max_objects:
         with pytest.raises(RemoteProtocolError) as info:
@@ -288,9 +302,9 @@ def test_values_past_max_objects_are_refused(width, depth, maps):
 def test_the_reported_flood_is_refused_at_the_map_header():
     """The issue's frame, a 4 MB heartbeat with 590,000 unknown keys, is refused for its map
     length; 4 MB of small nested maps within every length cap is refused for its value count."""
-    keys = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat", **{f"k{i}": 0 for i in range(590_000)}})
+    keys = msgpack.packb({"p": m.BASE_PROTOCOL, "t": "heartbeat", **{f"k{i}": 0 for i in range(590_000)}})
     assert "max_map_len" in _decode_error_with(keys, m.FROM_PEER).reason
-    nested = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat", "x": [
+    nested = msgpack.packb({"p": m.BASE_PROTOCOL, "t": "heartbeat", "x": [
         [{f"{j}": None for j in range(32)} for _ in range(1000)] for _ in range(40)]})
     assert len(nested) > 1 << 20
     assert "values" in _decode_error_with(nested, m.FROM_PEER).reason

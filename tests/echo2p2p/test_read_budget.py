@@ -111,7 +111,7 @@ async def test_a_flooding_peer_is_paused_and_the_others_are_served():
 
     from tests.conftest import tracker, wait_until
 
-    pad = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat", "a": bytes(1 << 20), "b": bytes(1 << 20),
+    pad = msgpack.packb({"p": m.BASE_PROTOCOL, "t": "heartbeat", "a": bytes(1 << 20), "b": bytes(1 << 20),
                          "c": bytes(1 << 20)}, use_bin_type=True)
     async with tracker() as (hub, _, url, _records), aiohttp.ClientSession() as http:
         async with http.ws_connect(url) as flood, http.ws_connect(url) as honest:

@@ -61,7 +61,7 @@ class RawPeer:
         return f"closed {self.close_code} {self.close_reason!r}"
 
     async def send(self, t: str, **fields: Any) -> None:
-        await self.send_bytes(msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True))
+        await self.send_bytes(msgpack.packb({"p": m.BASE_PROTOCOL, "t": t, **fields}, use_bin_type=True))
 
     async def send_bytes(self, data: bytes) -> None:
         await self.ws.send_bytes(data)
@@ -291,7 +291,7 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
     problem = real.task.problems("train")[0]
 
     def frame(t: str, **fields: Any) -> bytes:
-        return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True)
+        return msgpack.packb({"p": m.BASE_PROTOCOL, "t": t, **fields}, use_bin_type=True)
 
     async def ws_handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(compress=False)

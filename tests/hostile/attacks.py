@@ -70,7 +70,7 @@ def source(n: int) -> str:
 
 
 def frame(t: str, **fields: Any) -> bytes:
-    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": t, **fields}, use_bin_type=True)
+    return msgpack.packb({"p": m.BASE_PROTOCOL, "t": t, **fields}, use_bin_type=True)
 
 
 def hello(name: str, key: bytes, **fields: Any) -> bytes:

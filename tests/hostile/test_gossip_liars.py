@@ -172,11 +172,11 @@ async def test_made_up_ids_in_a_peers_frame_take_no_link_slot(tmp_path, row):
                                    headers=creds.header(target)) as ws:
             entries = [{"peer_id": f, "url": sybil.url, "key": os.urandom(32),
                         "ticket": os.urandom(64)} for f in fakes]
-            await ws.send_bytes(msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "peers",
+            await ws.send_bytes(msgpack.packb({"p": m.BASE_PROTOCOL, "t": "peers",
                                                "sources": entries}, use_bin_type=True))
             # A want of a manifest it does not hold is answered (`cancel`) after the peers frame
             # was taken in: from then on any dial it caused is under way.
-            await ws.send_bytes(msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "want",
+            await ws.send_bytes(msgpack.packb({"p": m.BASE_PROTOCOL, "t": "want",
                                                "version": 10_000, "base": None, "index": 0},
                                               use_bin_type=True))
             while (msg := await ws.receive()).type is aiohttp.WSMsgType.BINARY:

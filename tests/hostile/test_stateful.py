@@ -51,7 +51,7 @@ def hello_frame(name: str) -> bytes:
 
 def pack(msg) -> bytes:
     """A frame for `msg`, whatever its values: no check on the way out."""
-    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": msg.TYPE, **m.to_wire(msg)},
+    return msgpack.packb({"p": m.BASE_PROTOCOL, "t": msg.TYPE, **m.to_wire(msg)},
                          use_bin_type=True)
 
 
@@ -240,7 +240,7 @@ def live_frame(msg, now: dict) -> bytes:
             return now[v]
         return v
 
-    return msgpack.packb(swap({"p": m.PROTOCOL_VERSION, "t": msg.TYPE, **m.to_wire(msg)}),
+    return msgpack.packb(swap({"p": m.BASE_PROTOCOL, "t": msg.TYPE, **m.to_wire(msg)}),
                          use_bin_type=True)
 
 

@@ -109,7 +109,7 @@ async def test_nan_and_negative_prices_are_refused_at_hello(tmp_path, row):
 @functools.cache
 def bomb_heartbeat() -> bytes:
     """A heartbeat with 590,000 unknown keys, each 0: hex keys keep it just under 4 MiB."""
-    return msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat",
+    return msgpack.packb({"p": m.BASE_PROTOCOL, "t": "heartbeat",
                           **{format(i, "x"): 0 for i in range(BOMB_KEYS)}}, use_bin_type=True)
 
 
@@ -204,7 +204,7 @@ class Flood:
         self.sent = 0
 
     async def run(self) -> None:
-        frame = msgpack.packb({"p": m.PROTOCOL_VERSION, "t": "heartbeat"})
+        frame = msgpack.packb({"p": m.BASE_PROTOCOL, "t": "heartbeat"})
         with contextlib.suppress(ConnectionError):
             for _ in range(FLOOD_FRAMES):
                 if self.peer.closed.is_set():

@@ -108,11 +108,13 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
             p.stream_version == 1 for p in hub.peer_views().values()))
 
 
-async def test_nated_peers_seed_nothing_and_pull_over_the_links_they_open():
+async def test_nated_peers_seed_nothing_and_pull_over_the_links_they_open(caplog):
     """6 peers, 3 of them with no chunk server (nobody can dial them): only the 3 others are
     dealt seeds (a share the hub could not check is one everyone may wait on: issue 42), the
     NAT'd ones pull over the links they dialled, asked first by rank, and the hub uploads
-    about one copy."""
+    about one copy. The NAT'd ones are leaves: each is told so in its welcome and says so
+    as it joins; the others are not."""
+    caplog.set_level("INFO", logger="echo2p2p.peer.client")
     data = os.urandom(1 << 20)
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 3) as public, \
             Peers(url, 3, listen="") as nated:
@@ -123,6 +125,10 @@ async def test_nated_peers_seed_nothing_and_pull_over_the_links_they_open():
         await records.wait_for("propagation", version=1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*public, *nated])
         assert all(c.served_url is None for c in nated)
+        assert all(c.welcome.leaf for c in nated) and not any(c.welcome.leaf for c in public)
+        joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("joined ")]
+        leaves = {line.split()[3].rstrip(",") for line in joins if "a leaf: the hub deals" in line}
+        assert leaves == {c.welcome.peer_id for c in nated}
         nated_ids = {c.welcome.peer_id for c in nated}
         accepted = [(p, link) for c in public for p, link in c.fetcher.links.links.items()]
         assert {p for p, link in accepted if link.natted} == nated_ids  # served first by rank

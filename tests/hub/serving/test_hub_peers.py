@@ -81,9 +81,9 @@ def frame(obj) -> bytes:
 BAD_INPUTS = [
     ("random bytes", [b"\xc1\x93\x00garbage"], m.CLOSE_PROTOCOL_ERROR, "not msgpack"),
     ("not a map", [frame([1, 2, 3])], m.CLOSE_PROTOCOL_ERROR, "not a map"),
-    ("wrong shape", [frame({"p": m.PROTOCOL_VERSION, "t": "hello", "name": 5, "engine": "x", "device": "cpu"})],
+    ("wrong shape", [frame({"p": m.BASE_PROTOCOL, "t": "hello", "name": 5, "engine": "x", "device": "cpu"})],
      m.CLOSE_PROTOCOL_ERROR, "hello.name"),
-    ("unknown type", [frame({"p": m.PROTOCOL_VERSION, "t": "teleport"})], m.CLOSE_UNKNOWN_TYPE, "teleport"),
+    ("unknown type", [frame({"p": m.BASE_PROTOCOL, "t": "teleport"})], m.CLOSE_UNKNOWN_TYPE, "teleport"),
     ("protocol version", [frame({"p": 99, "t": "hello"})], m.CLOSE_BAD_PROTOCOL_VERSION, "99"),
     ("over-size frame", [b"\x00" * ((4 << 20) + 1)], m.CLOSE_TOO_BIG, "exceeds"),
     ("text frame", ["hello"], m.CLOSE_UNSUPPORTED_DATA, "text frames"),
