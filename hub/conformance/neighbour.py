@@ -27,7 +27,9 @@ from echo2p2p import peer_protocol as pp
 from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
+from echo2p2p.negotiation import FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, read_header
 from echo2p2p.overlay.link import FRAMES, LINK_LIMITS, LINK_PATH, Have, Piece, Proof, Want
+from echo2p2p.overlay.links import answer_headers
 from echo2p2p.overlay.serving import PROBE_PATH, probe_handler
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials, Tickets
@@ -47,6 +49,7 @@ class Dial:
 
     ws: web.WebSocketResponse
     done: asyncio.Event
+    protocol: int  # the version the link agreed in its upgrade (wire §1a)
 
 
 class Neighbour:
@@ -65,9 +68,15 @@ class Neighbour:
         who = self.tickets.holder(request.headers.get(TICKET_HEADER, ""))
         if who is None or who[0] != self.expect or request.query.get("id") != self.expect:
             return web.Response(status=409, text="no room for this link")
+        offer = read_header(request.headers.get(PROTOCOL_HEADER),
+                            request.headers.get(FEATURES_HEADER))
+        if offer is None:
+            return web.Response(status=400, text=f"{PROTOCOL_HEADER} must be a version number")
+        agreed = LINK_SPEAKS.answer(*offer, us="peer", them="dialling peer")
         ws = web.WebSocketResponse(max_msg_size=64 << 20, compress=False)
+        ws.headers.update(answer_headers(agreed))
         await ws.prepare(request)
-        dial = Dial(ws, asyncio.Event())
+        dial = Dial(ws, asyncio.Event(), agreed.protocol)
         await self.dials.put(dial)
         await dial.done.wait()
         return ws
@@ -159,11 +168,11 @@ async def dialler_phase(hub: Any, peer_id: str, nb: Neighbour, report: v.Report)
         report.add(v.DIAL_SILENT, True)
     stranger = Credentials.issued(signing.new_private_key(), hub.run_id, nb.peer_id)
     await dial.ws.send_bytes(encode_frame(Proof.TYPE, Proof(stranger.header(peer_id)[
-        TICKET_HEADER].encode())))
+        TICKET_HEADER].encode()), dial.protocol))
     try:  # a close (or the link's end) is the answer; a frame means it took the proof
         msg = await dial.ws.receive(timeout=FRAME_S)
         report.add(v.DIAL_PROOF, msg.type is not aiohttp.WSMsgType.BINARY,
-                   f"after the proof it sent {_kind(msg.data)}")
+                   f"after the proof it sent {_kind(msg.data, dial.protocol)}")
     except TimeoutError:
         report.add(v.DIAL_PROOF, False, f"the link was still open {FRAME_S:.0f} s after it")
     dial.done.set()
@@ -173,7 +182,7 @@ async def dialler_phase(hub: Any, peer_id: str, nb: Neighbour, report: v.Report)
     try:
         async with asyncio.timeout(DIAL_S):
             dial = await nb.dials.get()
-            await _corrupt_piece(hub, dial.ws, nb)
+            await _corrupt_piece(hub, dial, nb)
     except (TimeoutError, ConnectionError):
         report.skip(v.REPORT, f"no second dial, or no want of a chunk, in {DIAL_S:.0f} s")
         return
@@ -193,35 +202,37 @@ async def dialler_phase(hub: Any, peer_id: str, nb: Neighbour, report: v.Report)
     report.add(v.REPORT, heard() == ["corrupt"], f"reported: {heard() or 'nothing'}")
 
 
-async def _corrupt_piece(hub: Any, ws: web.WebSocketResponse, nb: Neighbour) -> None:
+async def _corrupt_piece(hub: Any, dial: Dial, nb: Neighbour) -> None:
     """Prove who we are, claim every chunk of a manifest the peer is fetching, and answer its
     first want of it with zeros (the right size, the wrong bytes)."""
+    ws, version = dial.ws, dial.protocol
     await ws.send_bytes(encode_frame(Proof.TYPE, Proof(nb.creds.header(nb.expect)[
-        TICKET_HEADER].encode())))
+        TICKET_HEADER].encode()), version))
     key = snap = None
     while True:
-        rec = _frame(await ws.receive(timeout=FRAME_S))
+        rec = _frame(await ws.receive(timeout=FRAME_S), version)
         if key is None and isinstance(rec, Have):
             snap = hub.snapshot(rec.version, rec.base)
             if snap is not None and sum(bin(b).count("1") for b in rec.bits) < len(snap.chunks):
                 key, n = (rec.version, rec.base), len(snap.chunks)
                 bits = bytes([255] * (n // 8) + ([(1 << n % 8) - 1] if n % 8 else []))
-                await ws.send_bytes(encode_frame(Have.TYPE, Have(*key, bits, snap.manifest.digest)))
+                await ws.send_bytes(encode_frame(Have.TYPE, Have(*key, bits, snap.manifest.digest),
+                                                 version))
         elif isinstance(rec, Want) and (rec.version, rec.base) == key:
             zeros = bytes(len(snap.chunks[rec.index]))
-            await ws.send_bytes(encode_frame(Piece.TYPE, Piece(*key, rec.index, zeros)))
+            await ws.send_bytes(encode_frame(Piece.TYPE, Piece(*key, rec.index, zeros), version))
             return
 
 
-def _frame(msg: aiohttp.WSMessage) -> Any:
+def _frame(msg: aiohttp.WSMessage, version: int) -> Any:
     if msg.type is not aiohttp.WSMsgType.BINARY:
         raise ConnectionError("the link ended")
     try:
-        return decode_frame(msg.data, LINK_LIMITS, FRAMES)[0]
+        return decode_frame(msg.data, LINK_LIMITS, FRAMES, (version,))[0]
     except RemoteProtocolError:
         return None
 
 
-def _kind(data: Any) -> str:
-    rec = _frame(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, data, None))
+def _kind(data: Any, version: int) -> str:
+    rec = _frame(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, data, None), version)
     return f"a {type(rec).__name__} frame" if rec is not None else "a frame that does not decode"

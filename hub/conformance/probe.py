@@ -16,8 +16,10 @@ import aiohttp
 
 from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError
-from echo2p2p.frames import PROTOCOL_VERSION, decode_frame, encode_frame
-from echo2p2p.overlay.link import FRAMES, LINK_LIMITS, LINK_PATH, Cancel, Have, Peers, Piece, Proof, Want
+from echo2p2p.frames import BASE_PROTOCOL, decode_frame, encode_frame
+from echo2p2p.overlay.link import (FRAMES, LINK_LIMITS, LINK_PATH, Cancel, Have, Peers, Piece,
+                                   Proof, Want)
+from echo2p2p.overlay.links import answer_of, offer_headers
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials, Tickets
 
@@ -80,7 +82,7 @@ class Probe:
 
     def _dial(self, base_url: str, headers: dict[str, str]) -> Any:
         return self.http.ws_connect(base_url + LINK_PATH, params={"id": PROBE_ID, "nat": "1"},
-                                    headers={"Echo2-Protocol": str(PROTOCOL_VERSION), **headers},
+                                    headers={**offer_headers(), **headers},
                                     max_msg_size=64 << 20,
                                     timeout=aiohttp.ClientWSTimeout(ws_close=5))
 
@@ -146,14 +148,16 @@ class Probe:
             return
         # As the hub's own check does: a have of nothing of that manifest, then the want.
         n = len(snap.chunks)
+        version = agreed(ws)
         await ws.send_bytes(encode_frame(Have.TYPE, Have(have.version, have.base,
                                                          bytes((n + 7) // 8),
-                                                         snap.manifest.digest)))
-        await ws.send_bytes(encode_frame(Want.TYPE, Want(have.version, have.base, 0)))
+                                                         snap.manifest.digest), version))
+        await ws.send_bytes(encode_frame(Want.TYPE, Want(have.version, have.base, 0), version))
         while not isinstance(rec := await self._frame(ws), (Piece, Cancel)):
             pass
         if isinstance(rec, Cancel):
-            report.add(v.LINK_PIECE, False, "a want of a chunk its have says it holds was cancelled")
+            report.add(v.LINK_PIECE, False,
+                       "a want of a chunk its have says it holds was cancelled")
             return
         report.add(v.LINK_PIECE, rec.data == bytes(snap.chunks[0]) and (rec.version, rec.base,
                    rec.index) == (have.version, have.base, 0),
@@ -166,9 +170,16 @@ class Probe:
         if msg.type is not aiohttp.WSMsgType.BINARY:
             raise aiohttp.ClientError(f"the link ended ({msg.type.name} {msg.extra or ''})")
         try:
-            return decode_frame(msg.data, LINK_LIMITS, FRAMES)[0]
+            return decode_frame(msg.data, LINK_LIMITS, FRAMES, (agreed(ws),))[0]
         except RemoteProtocolError as exc:
             raise aiohttp.ClientError(f"a bad link frame: {exc.reason}") from None
+
+
+def agreed(ws: aiohttp.ClientWebSocketResponse) -> int:
+    """The version the peer's 101 answered our offer with (wire §1a; one we do not speak: the
+    base, on which the link's first frame then fails)."""
+    answer = answer_of(ws)
+    return answer.protocol if answer is not None else BASE_PROTOCOL
 
 
 def _fail_rest(report: v.Report, rules: tuple[str, ...], why: str) -> None:

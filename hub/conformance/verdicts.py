@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 # The rules, by spec section, in the order the kit reaches them.
 HELLO = "wire §3 hello: the first frame is hello, with a 16-64 byte nonce and a 32-byte peer_key"
+VERSIONS = ("wire §1a versions: the hello is framed 2 and names the peer's highest version (2 or "
+            "more) and its features")
 PROOF = "wire §4 handshake: a welcome whose proof fails is refused (closed, nothing used)"
 JOIN = "wire §4 handshake: the peer says hello to the hub and is welcomed"
 FULL = "wire §4 versions: model files and a full version fetched, verified and held"

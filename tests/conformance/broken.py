@@ -47,8 +47,8 @@ def open_chunks() -> None:
 def no_link_proof() -> None:
     """A gossip acceptor that does not show its ticket first (the old peer's links)."""
     honest = links.encode_frame
-    links.encode_frame = lambda tag, rec: honest(
-        *(("peers", link.Peers([])) if tag == "proof" else (tag, rec)))
+    links.encode_frame = lambda tag, rec, *version: honest(
+        *(("peers", link.Peers([])) if tag == "proof" else (tag, rec)), *version)
 
 
 def bare_peers() -> None:
@@ -98,9 +98,10 @@ def talks_first() -> None:
     """A dialler that sends its `have` before the acceptor's proof (what §7a left unsaid)."""
     honest = links.Links._proof
 
-    async def early(self, ws, peer_id):
-        await ws.send_bytes(links.encode_frame(link.Have.TYPE, link.Have(0, None, b"\x00")))
-        return await honest(self, ws, peer_id)
+    async def early(self, ws, peer_id, protocol):
+        await ws.send_bytes(links.encode_frame(link.Have.TYPE, link.Have(0, None, b"\x00"),
+                                               protocol))
+        return await honest(self, ws, peer_id, protocol)
 
     links.Links._proof = early
 
@@ -108,7 +109,7 @@ def talks_first() -> None:
 def trusts_any_link_proof() -> None:
     """A dialler that takes whatever `proof` the acceptor shows (the old peer had none)."""
 
-    async def any_proof(self, ws, peer_id):
+    async def any_proof(self, ws, peer_id, protocol):
         msg = await ws.receive()
         return (peer_id, b"", b"") if msg.type is aiohttp.WSMsgType.BINARY else None
 
@@ -123,6 +124,12 @@ def unlisted_reason() -> None:
         version, peer_id, "bad_piece" if reason == "corrupt" else reason, *rest)
 
 
+def hello_framed_3() -> None:
+    """Frames its hello with its own newest version, not the base 2 every hub reads (a hub of
+    protocol 2 would close it 4000 before it could say what it speaks)."""
+    m.BASE_PROTOCOL = m.PROTOCOL_VERSION
+
+
 # kind -> (the change, the kit's phase that sees it, the rule it must fail)
 BROKEN: dict[str, tuple[Callable[[], None], str, str]] = {
     "silent_server": (silent_server, "serving", v.PROBED),
@@ -132,6 +139,7 @@ BROKEN: dict[str, tuple[Callable[[], None], str, str]] = {
     "wrong_logprobs": (wrong_logprobs, "rollouts", v.LOGPROBS),
     "no_reconnect": (no_reconnect, "reconnect", v.RECONNECT),
     "trusts_any_proof": (trusts_any_proof, "impostor", v.PROOF),
+    "hello_framed_3": (hello_framed_3, "impostor", v.VERSIONS),
     "unseen_is_gone": (unseen_is_gone, "serving", v.NOT_YET),
     "talks_first": (talks_first, "dialler", v.DIAL_SILENT),
     "trusts_any_link_proof": (trusts_any_link_proof, "dialler", v.DIAL_PROOF),

@@ -18,9 +18,9 @@ from .broken import BROKEN
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_OPTIONS = "join {url} --torch-threads 1 --listen 127.0.0.1:0"
-ALL_RULES = [v.HELLO, v.PROOF, v.JOIN, v.FULL, v.PROBED, v.LINK_TICKET, v.LINK_PROOF,
-             v.LINK_PEERS, v.LINK_PIECE, v.DIAL_SILENT, v.DIAL_PROOF, v.REPORT, v.TICKET,
-             v.CHUNK, v.NOT_YET, v.LEASES, v.LOGPROBS, v.RECONNECT, v.CLEAN]
+ALL_RULES = [v.HELLO, v.VERSIONS, v.PROOF, v.JOIN, v.FULL, v.PROBED, v.LINK_TICKET,
+             v.LINK_PROOF, v.LINK_PEERS, v.LINK_PIECE, v.DIAL_SILENT, v.DIAL_PROOF, v.REPORT,
+             v.TICKET, v.CHUNK, v.NOT_YET, v.LEASES, v.LOGPROBS, v.RECONNECT, v.CLEAN]
 
 
 def kit(tmp_path: Path, peer_module: str, only: str = "") -> tuple[int, list[str]]:
