@@ -3,8 +3,8 @@
 `connect` opens the websocket and runs the handshake (Hello -> Welcome, checked by the core's
 `echo2p2p.peer_protocol.PeerProtocol`: the pinned key, the proof over our fresh nonce) under
 `connect_timeout_s`, closing the socket on any failure; a hub that refuses our protocol version
-(close 4000, with or without its goodbye) ends in `JoinRefused`: its sentence, no retry. `HubConnection` is one live
-connection: its protocol, the HTTP session downloads use, and `send`, which gives up on a hub
+(close 4000, with or without its goodbye) ends in `JoinRefused`: its sentence, no retry.
+`HubConnection` is one live connection: its protocol, the HTTP session downloads use, and `send`, which gives up on a hub
 that takes nothing for `hub_timeout_s` and then cancels the connection's task. `Backoff` is
 the reconnect schedule the client's run loop follows. It decides nothing about messages (the
 protocol does) and never retries by itself.

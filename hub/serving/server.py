@@ -90,7 +90,7 @@ class Hub:
         self.hub_key = signing.public_key(signing_key) if signing_key else b""
         self.model_index = (b"", b"")  # GET /model/'s (digest, signature), set where served
         self.step = 0  # the run's one step counter: the learner's version is this
-        self.speaks = SPEAKS  # the versions and features hellos are answered with (a test's may differ)
+        self.speaks = SPEAKS  # what hellos are answered with (a test's hub may speak others)
         self._training = False  # a batch was taken and step `step` is running on it
         self._on_event = on_event or (lambda record: None)
         self._journal_to: Journal | None = None  # where changes since the last checkpoint go
@@ -338,7 +338,8 @@ class Hub:
         peer_id = self._new_peer_id()
         conn = PeerConn(peer_id, hello, ws, protocol, transport, remote=remote)
         self._door.admitted(conn, loop_now())  # its identity's frame budget, shared
-        cfg, newest, key, agreed = self.cfg, self._tracker.newest, self._signing_key, protocol.agreed
+        cfg, newest, key = self.cfg, self._tracker.newest, self._signing_key
+        agreed = protocol.agreed
         conn.post(m.Welcome(
             peer_id, self.run_id, cfg.run.model, self.setup.kind, newest.version if newest else 0,
             cfg.staleness.max_lag, cfg.grpo.group_size, cfg.grpo.temperature, cfg.grpo.top_p, cfg.grpo.max_new_tokens,
