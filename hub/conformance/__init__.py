@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .kit import PHASES
-from .verdicts import Report
+from .verdicts import PHASES, Report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

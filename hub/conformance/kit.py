@@ -46,7 +46,6 @@ from .neighbour import dialler_phase, neighbour
 from .probe import Probe
 from .stand_ins import Tap, impostor_hub
 
-PHASES = ("impostor", "serving", "gossip", "dialler", "rollouts", "deltas", "reconnect")
 JOIN_S = 180.0  # a peer's start (imports, engine) on a loaded 2-core machine
 HELD_S = 240.0
 REFUSE_S = 20.0  # to hang up on an impostor once its welcome arrived

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The kit's phases, in order (`kit`; `--only` picks some): here, where `echo2-hub --help` may
+# read them without importing the kit's aiohttp and numpy.
+PHASES = ("impostor", "serving", "gossip", "dialler", "rollouts", "deltas", "reconnect")
+
 # The rules, by spec section, in the order the kit reaches them.
 HELLO = "wire §3 hello: the first frame is hello, with a 16-64 byte nonce and a 32-byte peer_key"
 VERSIONS = ("wire §1a versions: the hello is framed 2 and names the peer's highest version (2 or "

@@ -55,7 +55,10 @@ async def test_gossip_spreads_a_version_with_one_announcement_per_peer(hub_frame
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert all(c.fetcher.links.links for c in peers)
     assert hub_frames[("version", 1)] == 5
-    assert not any(tag == "relay_plan" for tag, _ in hub_frames)
+    # A plan revision is sent only where the hub found a dealt seeder silent (a peer too slow
+    # on a loaded CPU to ask within the seed watch's 1 s grace): its seeds are dealt again.
+    silent = [r for r in records if r.get("event") == "seeder_silent"]
+    assert silent or not any(tag == "relay_plan" for tag, _ in hub_frames), hub_frames
     record = propagation(records, 1)
     assert record["complete"] and record["peers"] == 5
     assert record["bytes_from_hub"] <= 1.5 * record["full_wire_bytes"]
