@@ -24,6 +24,7 @@ import numpy as np
 from . import messages as m
 from .episodes import check_layout, unpack_turns
 from .errors import RemoteProtocolError
+from .negotiation import MAX_FEATURES  # Hello.features: names of optional behaviour
 
 MAX_REWARD = 1e6  # a claimed reward: any task's or environment's, with room (the hub re-scores)
 MAX_NAME_CHARS = 128  # Hello.name: a hostname-pid or an operator's label
@@ -43,7 +44,6 @@ MAX_CHUNK_INDEX = 2**32 - 2  # RelayReport.index; RelayPlan owners are uint32 (H
 MAX_LOGPROB = 1e-3  # a logprob is <= 0; float32 rounding of a near-certain token lands a hair above
 MAX_REASON_CHARS = 256  # Goodbye.reason
 MAX_PROTOCOL = 2**16  # Hello.protocol: a version number, never near it
-MAX_FEATURES = 32  # Hello.features: names of optional behaviour
 MAX_FEATURE_CHARS = 32  # one feature's name
 
 

@@ -52,8 +52,9 @@ class Hello:
     nonce: bytes = b""  # 16-64 fresh random bytes: the hub proves its key by signing them
     peer_key: bytes = b""  # the peer's Ed25519 public key (32 bytes): signs its chunk requests
     # Protocol 3: the highest protocol version the peer speaks (absent: 2) and the optional
-    # features it speaks (`echo2p2p.frames`); the welcome answers with what this connection uses.
-    protocol: int = 2
+    # features it speaks (`echo2p2p.negotiation`); the welcome answers with what this connection
+    # uses.
+    protocol: int = BASE_PROTOCOL
     features: list[str] = field(default_factory=list)
 
 
@@ -186,7 +187,7 @@ class Welcome:
     # Protocol 3: the version and optional features this connection uses (absent: 2, none), and
     # whether the hub deals this peer no share of any version (a leaf: no chunk server, or one
     # that failed the hub's probe; it takes every chunk from links or the hub).
-    protocol: int = 2
+    protocol: int = BASE_PROTOCOL
     features: list[str] = field(default_factory=list)
     leaf: bool = False
 

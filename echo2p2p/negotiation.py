@@ -32,7 +32,7 @@ FEATURES = frozenset({LEAF_NOTICE})
 LINK_FEATURES: frozenset[str] = frozenset()  # none yet on gossip links: the header says so
 PROTOCOL_HEADER = "Echo2-Protocol"  # in a gossip upgrade: the dialler's newest, the agreed one
 FEATURES_HEADER = "Echo2-Features"  # comma-separated feature names, likewise
-MAX_FEATURES = 32  # names read from a header; more are ignored
+MAX_FEATURES = 32  # feature names a side names: a hello past it is refused, a header's rest ignored
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from .tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LINK_PATH", "Links", "answer_of", "link_handler", "offer_headers"]
+__all__ = ["LINK_PATH", "Links", "agreement", "answer_headers", "answer_of", "link_handler",
+           "offer_headers"]
 
 
 def offer_headers() -> dict[str, str]:
@@ -61,6 +62,19 @@ def answer_headers(agreed: Agreed) -> dict[str, str]:
     """What an acceptor's 101 answers: the version and features the link uses."""
     return {PROTOCOL_HEADER: str(agreed.protocol),
             FEATURES_HEADER: features_header(agreed.features)}
+
+
+def agreement(request: web.Request) -> Agreed | web.Response:
+    """What a link dialled with `request` uses, agreed from its upgrade headers (answer it in
+    the 101's: `answer_headers`), or the HTTP answer that refuses it: 400 for a version that is
+    not a number, 426 with the one sentence for a dialler too old."""
+    offer = read_header(request.headers.get(PROTOCOL_HEADER), request.headers.get(FEATURES_HEADER))
+    if offer is None:
+        return web.Response(status=400, text=f"{PROTOCOL_HEADER} must be a version number")
+    try:
+        return LINK_SPEAKS.answer(*offer, us="peer", them="dialling peer")
+    except RemoteProtocolError as exc:
+        return web.Response(status=426, text=exc.reason)
 
 
 def answer_of(ws: Any) -> Agreed | None:
@@ -315,14 +329,8 @@ def link_handler(links: Links, tickets: Tickets):
         peer_id = request.query.get("id", "")
         if not PEER_ID.fullmatch(peer_id):
             return web.Response(status=400, text="expected /gossip?id=PEER_ID")
-        offer = read_header(request.headers.get(PROTOCOL_HEADER),
-                            request.headers.get(FEATURES_HEADER))
-        if offer is None:
-            return web.Response(status=400, text=f"{PROTOCOL_HEADER} must be a version number")
-        try:
-            agreed = LINK_SPEAKS.answer(*offer, us="peer", them="dialling peer")
-        except RemoteProtocolError as exc:
-            return web.Response(status=426, text=exc.reason)
+        if isinstance(agreed := agreement(request), web.Response):
+            return agreed
         who = tickets.holder(request.headers.get(TICKET_HEADER, ""))
         if who is None:
             return web.Response(status=403, text="a ticket from this run's hub is required")

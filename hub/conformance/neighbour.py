@@ -27,9 +27,8 @@ from echo2p2p import peer_protocol as pp
 from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.frames import decode_frame, encode_frame
-from echo2p2p.negotiation import FEATURES_HEADER, LINK_SPEAKS, PROTOCOL_HEADER, read_header
 from echo2p2p.overlay.link import FRAMES, LINK_LIMITS, LINK_PATH, Have, Piece, Proof, Want
-from echo2p2p.overlay.links import answer_headers
+from echo2p2p.overlay.links import agreement, answer_headers
 from echo2p2p.overlay.serving import PROBE_PATH, probe_handler
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials, Tickets
@@ -68,11 +67,8 @@ class Neighbour:
         who = self.tickets.holder(request.headers.get(TICKET_HEADER, ""))
         if who is None or who[0] != self.expect or request.query.get("id") != self.expect:
             return web.Response(status=409, text="no room for this link")
-        offer = read_header(request.headers.get(PROTOCOL_HEADER),
-                            request.headers.get(FEATURES_HEADER))
-        if offer is None:
-            return web.Response(status=400, text=f"{PROTOCOL_HEADER} must be a version number")
-        agreed = LINK_SPEAKS.answer(*offer, us="peer", them="dialling peer")
+        if isinstance(agreed := agreement(request), web.Response):
+            return agreed
         ws = web.WebSocketResponse(max_msg_size=64 << 20, compress=False)
         ws.headers.update(answer_headers(agreed))
         await ws.prepare(request)
