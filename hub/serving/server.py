@@ -92,9 +92,9 @@ class Hub:
         self.step = 0  # the run's one step counter: the learner's version is this
         self.speaks = SPEAKS  # what hellos are answered with (a test's hub may speak others)
         self._training = False  # a batch was taken and step `step` is running on it
-        self._on_event = on_event or (lambda record: None)
+        self._changes = Changes()  # what `until` waits on: every event the hub handles
+        self._on_event = self._changes.after(on_event or (lambda record: None))
         self._journal_to: Journal | None = None  # where changes since the last checkpoint go
-        self._changes = Changes()  # what the wait_... methods wait on
         self._next_peer = 0
         self._peers: dict[str, PeerConn] = {}
         self._judging: set[asyncio.Task] = set()  # one per submission being scored or checked
@@ -135,6 +135,7 @@ class Hub:
     def publish(self, version: Published) -> None:
         """`version` is the newest now, announced to the peers with a relay plan."""
         self._tracker.publish(version)
+        self._changes.notify()
 
     async def wait_batch(self) -> list[ScoredGroup]:
         """Block until `prompts_per_step` fresh groups are queued for the current step."""
@@ -195,6 +196,7 @@ class Hub:
                 conn.protocol.take_credit(lease.lease_id)
                 log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
                 conn.post(grant_of(lease, cfg.grpo.group_size, now))
+        self._changes.notify()
 
     def replan(self, required: float | None) -> None:
         """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool).
@@ -219,6 +221,7 @@ class Hub:
             if late := self._leases.expire(loop_now()):
                 self._quotas.expired(late)  # hoarding costs
                 self.dispatch()
+                self._changes.notify()
 
     def _dated(self, record: dict[str, Any]) -> None:
         """A part's run log record, dated by the learner's step."""
@@ -245,6 +248,7 @@ class Hub:
         """A submission was judged. Admitted, it holds the same lease budget in the buffer;
         otherwise the budget it held is free again (a crash is logged; its prompt went back)."""
         self._judging.discard(task)
+        self._changes.notify()
         if task.cancelled():
             return
         if task.exception() is not None:
@@ -281,6 +285,11 @@ class Hub:
     def broadcasts(self) -> dict[tuple[int, int | None], Broadcast]:
         """The relay plans dealt, by (version, base: None for the full manifest)."""
         return dict(self._tracker.broadcasts)
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, looked at again after each event the hub handled (a
+        frame, a judged submission, a step, a publication, a lease expiry): no polling."""
+        await self._changes.wait_for(condition)
 
     async def wait_peers(self, n: int) -> None:
         """Return once exactly `n` peers are connected (joined and not yet left)."""
@@ -321,7 +330,14 @@ class Hub:
               hp.HeartbeatReceived: lambda conn, event: None,
               hp.FrameDropped: self._door.dropped, Flooding: self._door.flooded}
         return await pump(request, self.cfg, self._counters, self._tokens, greet=self._greet,
-                          on=on, leave=self._leave, speaks=self.speaks)
+                          on={kind: self._changing(handler) for kind, handler in on.items()},
+                          leave=self._leave, speaks=self.speaks)
+
+    def _changing(self, handler: Callable[[PeerConn, Any], None]) -> Callable[[PeerConn, Any], None]:
+        def handle(conn: PeerConn, event: Any) -> None:
+            handler(conn, event)
+            self._changes.notify()
+        return handle
 
     async def _greet(self, ws: web.WebSocketResponse, protocol: hp.HubProtocol, hello: m.Hello,
                      request: web.Request) -> PeerConn | None:
