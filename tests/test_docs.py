@@ -349,3 +349,19 @@ def test_named_paths_rule_can_fail():
             "hub/view/dashboard.py, tests/envs/vf_sums, docs/guides/, bench/NAME.py, "
             "hub/learner_busy_frac")
     assert missing_paths(real) == []
+
+
+def test_contributing_guide_names_commands_and_flags_that_exist():
+    """CONTRIBUTING.md is read as the README and the docs pages are (tests/test_readme_flags.py):
+    every `echo2-hub` / `echo2-peer` command's flags are its subcommand's, and every other
+    `--flag` is one of ours, of a bench script or of a tool the pages name; and the guide cites
+    each house test, so the table of rules cannot drop one unnoticed."""
+    from tests import test_readme_flags as flags
+
+    guide = (ROOT / "CONTRIBUTING.md").read_text()
+    assert not flags.unknown_flags(guide)
+    known = flags.every_flag() | flags.bench_flags() | set(flags.OTHERS)
+    named = {f for line in flags.snippets(guide) for f in flags.ANY_FLAG.findall(line)}
+    assert named and not named - known, named - known
+    house = {p.name for p in ROOT.glob("tests/test_*.py")} - {"test_real_model.py"}
+    assert not {t for t in house if f"tests/{t}" not in guide}, "a house test the guide omits"
