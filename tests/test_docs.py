@@ -365,3 +365,14 @@ def test_contributing_guide_names_commands_and_flags_that_exist():
     assert named and not named - known, named - known
     house = {p.name for p in ROOT.glob("tests/test_*.py")} - {"test_real_model.py"}
     assert not {t for t in house if f"tests/{t}" not in guide}, "a house test the guide omits"
+
+
+def test_architecture_graph_is_the_houses():
+    """The page's graph of folders and imports is the one bench/house.py draws from the code (no
+    numbers: they change with every commit). A folder added or an import between two folders
+    that did not import each other fails here: `python bench/house.py --page` redraws it."""
+    from bench import house
+
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert house.page_graph(page) == house.mermaid(house.house(), numbers=False), (
+        "docs/architecture.md's graph is stale: python bench/house.py --page")
