@@ -1,17 +1,21 @@
 """The house drawn from its import graph: folders, their size, and the arrows between them.
 
-    python bench/house.py            # a table and a Mermaid graph (docs/architecture.md shows it)
+    python bench/house.py            # a table and a Mermaid graph, with sizes and import counts
     python bench/house.py --json     # the same as one JSON object
+    python bench/house.py --page     # rewrite docs/architecture.md's graph: folders and arrows
 
 Every `import` of our own modules counts, wherever it is (top level, in a function, under
 TYPE_CHECKING). A folder is a package: the core's top-level modules are one box ("core"), each
-sub-package of echo2p2p/ and of hub/ is one, peer/ is one.
+sub-package of echo2p2p/ and of hub/ is one, peer/ is one. The page's graph has no numbers:
+sizes and counts change with every commit, the folders and arrows only when the house does
+(tests/test_docs.py fails when they differ, and `--page` redraws it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from tests.test_core_boundary import import_arrows, our_modules  # noqa: E402  (one reading of imports)
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "architecture.md"
+HEADING = "### The house, drawn from its import graph"
 PACKAGES = {"echo2p2p": ROOT / "echo2p2p", "echo2p2p.hub": ROOT / "hub", "echo2p2p.peer": ROOT / "peer"}
 
 
@@ -52,21 +58,39 @@ def house() -> dict:
             "arrows": [{"from": a, "to": b, "imports": n} for (a, b), n in sorted(arrows.items())]}
 
 
-def mermaid(drawn: dict) -> str:
+def mermaid(drawn: dict, numbers: bool = True) -> str:
+    """The graph; without `numbers`, folders and arrows only (what the page can keep true)."""
     ids = {name: f"n{i}" for i, name in enumerate(drawn["folders"])}
     lines = ["graph TD"]
     for name, info in drawn["folders"].items():
-        lines.append(f'  {ids[name]}["{name}<br/>{info["modules"]} modules, {info["lines"]} lines"]')
+        size = f'<br/>{info["modules"]} modules, {info["lines"]} lines' if numbers else ""
+        lines.append(f'  {ids[name]}["{name}{size}"]')
     for a in drawn["arrows"]:
-        lines.append(f'  {ids[a["from"]]} -->|{a["imports"]}| {ids[a["to"]]}')
+        label = f'|{a["imports"]}| ' if numbers else " "
+        lines.append(f'  {ids[a["from"]]} -->{label}{ids[a["to"]]}')
     return "\n".join(lines)
+
+
+def page_graph(text: str) -> str:
+    """The Mermaid graph under docs/architecture.md's house heading."""
+    return re.search(rf"{re.escape(HEADING)}.*?```mermaid\n(.*?)\n```", text, re.S).group(1)
+
+
+def redraw_page(drawn: dict) -> None:
+    """Put the graph without numbers in docs/architecture.md."""
+    text = PAGE.read_text()
+    PAGE.write_text(text.replace(page_graph(text), mermaid(drawn, numbers=False)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--page", action="store_true", help="redraw docs/architecture.md's graph")
     args = ap.parse_args()
     drawn = house()
+    if args.page:
+        redraw_page(drawn)
+        return
     if args.json:
         print(json.dumps(drawn))
         return

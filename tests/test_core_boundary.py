@@ -114,7 +114,8 @@ def test_subpackage_imports_what_it_owns(pkg, path):
 
 @pytest.mark.parametrize("app,path", APP_FILES, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_planes_never_import_each_other(app, path):
-    """hub/ never imports peer/ and the reverse, as echo2p2p.x or by the folder's name."""
+    """hub/ never imports peer/ and the reverse, as echo2p2p.hub / echo2p2p.peer or by the
+    folder's name."""
     other = ({"hub", "peer"} - {app}).pop()
     bad = [f"line {line}: {name}" for line, name in
            imports(ast.parse(path.read_text(encoding="utf-8")))

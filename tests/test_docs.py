@@ -1,4 +1,5 @@
-"""The docs site: it builds with no warning, and the protocol's test vectors are the code's.
+"""The docs site: it builds with no warning, the protocol's test vectors are the code's, and
+every module or file a page, a docstring or a comment names exists.
 
 The vectors are read out of the pages as a reader sees them (docs/protocol/signing.md, section
 11; docs/protocol/wire.md, section 13), never copied into this file, so a wrong byte or length
@@ -9,6 +10,7 @@ this test builds from the page's own description of it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -215,3 +217,176 @@ def test_watching_guide_reads_the_live_lag_column_as_the_terminal_prints_it():
                       "rollout/staleness_hist": hist, "hub/learner_busy_frac": 0.5,
                       "hub/peers": 2})
     assert f"lag {'/'.join(said.groups()[:3])} " in line, line
+
+
+# --- Every module path and file path the docs and the code's docstrings and comments name exists.
+
+PY_DIRS = ("echo2p2p", "hub", "peer", "bench", "tests", "examples")
+PAGES = ("README.md", "CONTRIBUTING.md")
+# The folder each import root lives in: echo2p2p.hub is hub/, echo2p2p.peer is peer/.
+FOLDERS = {"echo2p2p": "echo2p2p", "hub": "hub", "peer": "peer"}
+# `echo2p2p.hub.serving.server`, `hub.view.feed`, `echo2p2p.messages.Hello`; not `[hub.grpo]`
+# (a TOML table), not part of a longer word, path or URL.
+DOTTED = re.compile(r"(?<![\w/.\-\[])((?:echo2p2p|hub|peer)(?:\.[A-Za-z_]\w*)+)(?![\w*<{(-])")
+# `hub/view/dashboard.py`, `tests/hub/serving/`, `docs/guides/tasks.md`; not a glob or a pattern.
+PATH = re.compile(r"(?<![\w/.\-~$])((?:echo2p2p|hub|peer|bench|tests|docs|examples)/[\w/.\-]*\w)"
+                  r"(?![\w*<{])")
+# A dotted name ending in one of these is a file's name (`peer.log`, `hub.crt`), not a module.
+FILE_NAMES = {"py", "md", "toml", "json", "jsonl", "yml", "html", "png", "log", "crt", "key"}
+# What a script writes, named where it is written: not in the tree until it runs.
+OUTPUTS = {"bench/real_learning.png"}
+# Stale paths in files other engineers are restructuring in this very issue (44): the lead
+# fixes them after merging and empties this list. Do not add to it.
+KNOWN = {
+    ("hub/core/__init__.py", "hub.core.core.HubCore"),  # named before it is written
+    ("hub/core/actions.py", "hub.core.core.HubCore"),
+    ("hub/core/actions.py", "hub.core.events"),
+    ("hub/core/actions.py", "hub.core.admission"),
+    ("hub/learning/loop.py", "hub.durable"),
+    ("hub/learning/loop.py", "hub.step"),  # means the attribute: write `Hub.step`
+    ("hub/learning/run_setup.py", "hub.versions"),
+    ("hub/learning/run_setup.py", "hub.catchup"),
+    ("hub/overlay/relay_checks.py", "hub.server"),
+    ("hub/serving/admission.py", "hub.spotcheck"),
+    ("hub/serving/counters.py", "hub.spotcheck"),
+    ("hub/serving/counters.py", "hub.server"),
+    ("hub/serving/counters.py", "hub.catchup"),
+    ("hub/serving/server.py", "hub.spotcheck"),
+    ("hub/serving/server.py", "hub.checkpoint"),
+}
+
+
+@functools.cache
+def _entry_point_groups() -> set[str]:
+    """Entry-point groups (`echo2p2p.environments`): dotted names that are not modules."""
+    import tomllib
+
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"])
+
+
+def defines(path: Path, name: str) -> bool:
+    """`path` defines or imports `name` (a def, a class, an assignment, an import, a line of a
+    parenthesised import): not merely says it, as a package's docstring may say its own path."""
+    return name.startswith("__") or bool(re.search(
+        rf"^\s*(?:async def|def|class)\s+{name}\b|^\s*{name}\s*[:=]|\bimport\b[^\n]*\b{name}\b"
+        rf"|^\s+{name},?\s*$", path.read_text(encoding="utf-8"), re.M))
+
+
+def module_exists(dotted: str, root: Path = ROOT) -> bool:
+    """`dotted` is a module or package of the tree, optionally followed by a name it defines:
+    the longest prefix that is a folder or a file, then the next part spelled in that file."""
+    parts = dotted.split(".")
+    if parts[-1] in FILE_NAMES or dotted in _entry_point_groups():
+        return True
+    if parts[:2] in (["echo2p2p", "hub"], ["echo2p2p", "peer"]):
+        parts = parts[1:]
+    here = root / FOLDERS[parts[0]]
+    for i, part in enumerate(parts[1:], 1):
+        if (here / part).is_dir():
+            here = here / part
+            continue
+        module = here / f"{part}.py"
+        if module.is_file():
+            return i + 1 == len(parts) or defines(module, parts[i + 1])
+        init = here / "__init__.py"  # a name the package itself defines or re-exports
+        return init.is_file() and defines(init, part)
+    return True
+
+
+def path_exists(path: str, root: Path = ROOT) -> bool:
+    """A file or folder of the tree (`tests/envs/vf_sums` may drop its `.py`), or a metric key:
+    `hub/learner_busy_frac` is an area and a name (a folder is written `hub/view/`)."""
+    metric = re.fullmatch(r"(hub|peer)/\w+", path)
+    return (bool(metric) or path in OUTPUTS or (root / path).exists()
+            or (root / f"{path}.py").is_file())
+
+
+def missing_paths(text: str, root: Path = ROOT) -> list[str]:
+    """Every module path and file path `text` names that the tree does not hold."""
+    return ([d for d in DOTTED.findall(text) if not module_exists(d, root)]
+            + [p for p in PATH.findall(text) if "NAME" not in p and not path_exists(p, root)])
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of a Python file's comments and docstrings: what it says, not what it does."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text(encoding="utf-8")
+    said = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                said.append((node.body[0].lineno, doc))
+    return said
+
+
+def stale_paths() -> list[tuple[str, int, str]]:
+    """(file, line, path) of every path named in the code's prose or a page that does not exist."""
+    found = []
+    for path in sorted(p for d in PY_DIRS for p in (ROOT / d).rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        found += [(name, line, bad) for line, text in _prose(path) for bad in missing_paths(text)]
+    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / p for p in PAGES]
+    for page in (p for p in pages if p.exists()):
+        name = str(page.relative_to(ROOT))
+        found += [(name, line, bad) for line, text in enumerate(page.read_text().splitlines(), 1)
+                  for bad in missing_paths(text)]
+    return found
+
+
+def test_named_paths_exist():
+    """No docstring, comment or page names a module or file the tree does not hold: a module
+    moved or renamed fails here instead of sending a reader to a file that is gone."""
+    found = stale_paths()
+    stale = [f"{name}:{line}: {bad}" for name, line, bad in found if (name, bad) not in KNOWN]
+    assert not stale, "stale paths:\n" + "\n".join(stale)
+    fixed = KNOWN - {(name, bad) for name, _, bad in found}
+    assert not fixed, f"fixed, so out of KNOWN: {sorted(fixed)}"
+
+
+def test_named_paths_rule_can_fail():
+    """A made-up module, name or file is caught; real ones, a TOML table, a file's name, an
+    entry-point group, a placeholder and a metric key are not."""
+    made_up = ("see echo2p2p.hub.serving.nowhere, hub.view.feed.NoSuchThing, hub.durable, "
+               "hub.core.nothing.Core, "
+               "echo2p2p.peer.ghost and hub/view/nothing.py, tests/hub/test_gone.py, docs/no.md")
+    assert missing_paths(made_up) == [
+        "echo2p2p.hub.serving.nowhere", "hub.view.feed.NoSuchThing", "hub.durable",
+        "hub.core.nothing.Core",
+        "echo2p2p.peer.ghost", "hub/view/nothing.py", "tests/hub/test_gone.py", "docs/no.md"]
+    real = ("echo2p2p.hub.learning.loop.HubRun, hub.serving.server, echo2p2p.messages.Hello, "
+            "echo2p2p.hub.Run, `[hub.grpo]`, peer.log, echo2p2p.environments, "
+            "hub/view/dashboard.py, tests/envs/vf_sums, docs/guides/, bench/NAME.py, "
+            "hub/learner_busy_frac")
+    assert missing_paths(real) == []
+
+
+def test_contributing_guide_names_commands_and_flags_that_exist():
+    """CONTRIBUTING.md is read as the README and the docs pages are (tests/test_readme_flags.py):
+    every `echo2-hub` / `echo2-peer` command's flags are its subcommand's, and every other
+    `--flag` is one of ours, of a bench script or of a tool the pages name; and the guide cites
+    each house test, so the table of rules cannot drop one unnoticed."""
+    from tests import test_readme_flags as flags
+
+    guide = (ROOT / "CONTRIBUTING.md").read_text()
+    assert not flags.unknown_flags(guide)
+    known = flags.every_flag() | flags.bench_flags() | set(flags.OTHERS)
+    named = {f for line in flags.snippets(guide) for f in flags.ANY_FLAG.findall(line)}
+    assert named and not named - known, named - known
+    house = {p.name for p in ROOT.glob("tests/test_*.py")} - {"test_real_model.py"}
+    assert not {t for t in house if f"tests/{t}" not in guide}, "a house test the guide omits"
+
+
+def test_architecture_graph_is_the_houses():
+    """The page's graph of folders and imports is the one bench/house.py draws from the code (no
+    numbers: they change with every commit). A folder added or an import between two folders
+    that did not import each other fails here: `python bench/house.py --page` redraws it."""
+    from bench import house
+
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert house.page_graph(page) == house.mermaid(house.house(), numbers=False), (
+        "docs/architecture.md's graph is stale: python bench/house.py --page")

@@ -1,6 +1,6 @@
 """The live dashboard: a port of its own with the page, its files, and the run as JSON and events.
 
-Routes: `/` (hub/dashboard/index.html), `/static/{name}` (an allow-list of that folder's files),
+Routes: `/` (hub/view/page/index.html), `/static/{name}` (an allow-list of that folder's files),
 `/status` (`echo2p2p.hub.view.status`), `/metrics` (`echo2p2p.hub.view.metrics`), `/api/snapshot` (the
 feed's downsampled history with the status) and `/events` (server-sent events from the
 `echo2p2p.hub.view.feed.Feed`: hello, step, eval, version, and status every STATUS_EVERY_S while

@@ -50,7 +50,7 @@ MAX_PEER_SERIES = 64  # peers with series of their own; 1,000 peers would be 10,
 PEER_STATES = ("active", "standby", "quarantined")  # what `PeerView.state` says
 DROPPED_BUCKETS = 4  # lags past S with a bucket of their own
 
-# (name, help, HubStatistics field): running totals of the hub (hub.counters).
+# (name, help, HubStatistics field): running totals of the hub (hub.serving.counters).
 HUB_COUNTERS = (
     ("echo2_admitted_groups", "Prompt groups admitted for training.", "admitted_groups"),
     ("echo2_admitted_rollouts", "Completions admitted (the samples of admitted groups).",

@@ -17,12 +17,13 @@ from echo2p2p.hub.learning.run_setup import start_hub
 from tests.conftest import markdown_table, running_peers
 
 ACCURACY_STEPS = 40
-NOISE = 0.1  # |accuracy difference| within noise (as tests/test_learning.py: ~3 standard errors)
+# |accuracy difference| within noise (as tests/hub/learning/test_learning.py: ~3 standard errors)
+NOISE = 0.1
 
 
 def accuracy_cfg(run_dir: str) -> HubConfig:
-    """The learning run of tests/test_learning.py (~0.25 -> ~0.75 in 40 steps), with every
-    rollout group spot-checked, as the report of the text lie had it."""
+    """The learning run of tests/hub/learning/test_learning.py (~0.25 -> ~0.75 in 40 steps),
+    with every rollout group spot-checked, as the report of the text lie had it."""
     return HubConfig.from_flat(port=0, max_steps=ACCURACY_STEPS, max_lag=2, prompts_per_step=8,
                      group_size=8, eval_every=ACCURACY_STEPS, eval_problems=200,
                      spot_check_fraction=1.0, run_dir=run_dir, torch_threads=1, seed=1)

@@ -14,7 +14,7 @@ serving", close code 1011), log any other error, or leave a task exception unret
 each example the hub publishes a version and re-plans its active peers (what the learner loop
 does next, where a poisoned rate or price would raise), and a fresh honest peer is welcomed.
 
-Random bytes are `tests/test_fuzz.py`'s; this drives the hub's logic past the decoder.
+Random bytes are `tests/echo2p2p/test_fuzz.py`'s; this drives the hub's logic past the decoder.
 `pytest --slow` runs 500 examples instead of 60.
 """
 

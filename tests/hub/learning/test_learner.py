@@ -241,7 +241,8 @@ def test_train_sync_smoke(tmp_path):
     from bench.sync_baseline import train_sync
     from echo2p2p.policy.model import build_char_tokenizer, build_tiny_model
 
-    # the built-in architecture with fresh weights, so the test does not need peer/assets
+    # the built-in architecture with fresh weights, so the test does not need the shipped
+    # echo2p2p/policy/assets
     tokenizer = build_char_tokenizer()
     build_tiny_model(tokenizer).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

@@ -1,6 +1,6 @@
-"""Published versions kept on disk, memory-mapped (hub.versions.VersionFiles): the publisher
-builds the same bytes as in RAM, the spot-checker's retained versions read back bit for bit from
-their files, and RAM no longer holds the S + 1 copies."""
+"""Published versions kept on disk, memory-mapped (hub.overlay.versions.VersionFiles): the
+publisher builds the same bytes as in RAM, the spot-checker's retained versions read back bit for
+bit from their files, and RAM no longer holds the S + 1 copies."""
 
 from __future__ import annotations
 
