@@ -34,7 +34,7 @@ from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
 from echo2p2p.runtime.process import loop_now
 from echo2p2p.runtime.tcp import socket_factory
-from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
+from echo2p2p.adapters.environments import (EnvironmentMissing, InstalledEnvironment,
                                            require_environment)
 from echo2p2p.tasks import REWARDS
 

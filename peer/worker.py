@@ -28,7 +28,7 @@ from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import Scorer
 
 if TYPE_CHECKING:
-    from echo2p2p.runtime.environments import InstalledEnvironment
+    from echo2p2p.adapters.environments import InstalledEnvironment
 
     from .outbox import Outbox
     from .swapper import Swapper

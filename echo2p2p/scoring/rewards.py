@@ -5,7 +5,7 @@ the event loop and under a deadline; the hub hands it `Problem`s (`echo2p2p.task
 - `ByAnswer(task.reward)`: a built-in task's `reward(answer, completion)`.
 - `RewardFunctions(funcs, weights)`: users' functions `f(prompt, completion, row) -> float`,
   or TRL's `f(prompts, completions, completion_ids, **columns) -> list` as they are
-  (`echo2p2p.scoring.trl_rewards`), sync or async, summed with weights (TRL's `reward_funcs` /
+  (`echo2p2p.adapters.trl_rewards`), sync or async, summed with weights (TRL's `reward_funcs` /
   `reward_weights`); a TRL function's None leaves it out of the sum (TRL's nansum). A function
   that raises or returns no finite number, or a sample every function returned None for, scores
   0; the scorer counts and logs why.
@@ -32,7 +32,7 @@ from typing import Any
 from echo2p2p import episodes
 from echo2p2p.tasks import math_reward
 
-from .trl_rewards import TrlReward, is_trl_reward
+from echo2p2p.adapters.trl_rewards import TrlReward, is_trl_reward
 
 
 def exact_match(prompt: str, completion: str, row: Mapping[str, Any]) -> float:

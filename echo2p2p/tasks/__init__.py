@@ -13,7 +13,6 @@ from .addition import PARTIAL_KIND as ADDITION_PARTIAL
 from .addition import AdditionTask, addition_partial_reward, addition_reward
 from .answers import ANSWER_FORMATS, extract_answer, problems_from_records
 from .base import SPLITS, Problem, Task
-from .environment import EnvironmentTask
 from .records import RecordsTask
 from .math import KIND as MATH
 from .math import MathTask, math_reward, normalize_answer
@@ -34,7 +33,7 @@ def reward_fn(kind: str) -> Callable[[str, str], float]:
         raise ValueError(f"unknown task kind {kind!r}; known kinds: {', '.join(REWARDS)}") from None
 
 
-__all__ = ["ANSWER_FORMATS", "SPLITS", "AdditionTask", "EnvironmentTask", "MathTask",
+__all__ = ["ANSWER_FORMATS", "SPLITS", "AdditionTask", "MathTask",
            "RecordsTask", "Problem", "REWARDS", "TakeAway", "Task",
            "addition_partial_reward", "addition_reward", "extract_answer", "math_reward",
            "normalize_answer", "problems_from_records", "reward_fn"]

@@ -27,13 +27,13 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.episodes import undetermined
-from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
+from echo2p2p.adapters.environments import EnvironmentMissing, find_environment
 from echo2p2p.scoring.code import code_tests
 from echo2p2p.scoring.sandbox import sandbox_refusal
 from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
                                       load_reward)
-from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
-                            RecordsTask)
+from echo2p2p.adapters.environment_task import EnvironmentTask
+from echo2p2p.tasks import REWARDS, AdditionTask, MathTask, Problem, RecordsTask
 from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask, task_options
 
 from ..config import HubConfig

@@ -19,7 +19,7 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.policy.model import load_policy
 from echo2p2p.hub.tasks.task_setup import open_setup
-from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment,
+from echo2p2p.adapters.environments import (EnvironmentMissing, find_environment,
                                            require_environment)
 
 from tests.conftest import running_peers
