@@ -202,10 +202,17 @@ class LeaseGrant:
     prompt: str
     prompt_ids: list[int]
     answer: str  # reference answer, so the peer can score without the dataset; with an
-    # environment (Welcome.env), the episode's seed in decimal
+    # environment (Welcome.env), the episode's seed in decimal: read it as `episode_seed`
     group_size: int
     deadline_s: float
     min_version: int
+
+    @property
+    def episode_seed(self) -> int | None:
+        """The episode's seed in an environment run (Welcome.env set), which the wire carries
+        in `answer` (the field was there first, and an older peer reads it there); None when
+        `answer` is no decimal (a reference answer, or a hub's bad lease)."""
+        return int(self.answer) if self.answer.isascii() and self.answer.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class Rollouts:
         with s.engine_lock:
             version = s.version
             encode = episodes.in_turn(engine.decoder.encode, (w.env_turn_before, w.env_turn_after))
-            played = episodes.play([env.factory() for _ in range(n)], [int(lease.answer)] * n,
+            played = episodes.play([env.factory() for _ in range(n)], [lease.episode_seed] * n,
                                    [lease.prompt_ids] * n, turns, encode)
         return version, played
 
@@ -171,7 +171,7 @@ class RolloutWorker:
         self._draw += 1
         seed = self.welcome.seed * 1_000_003 + self._draw
         if (env := self.env) is not None:
-            if not lease.answer.isdigit():  # an environment's lease carries the episode's seed
+            if lease.episode_seed is None:  # an environment's lease carries the episode's seed
                 log.warning("dropping lease %s: its seed %.20r is no number", lease.lease_id,
                             lease.answer)
                 return None

@@ -147,7 +147,7 @@ class EpisodeReplay:
         ids = decoder.ids_from_wire(packed_ids)
         if lengths is None or ids is None or sum(lengths) != len(ids):
             return episodes.Replayed(0.0, episodes.BAD_TURNS)
-        return episodes.replay(self.factory(), int(problem.answer), ids, lengths,
+        return episodes.replay(self.factory(), problem.episode_seed, ids, lengths,
                                decoder.turn_text, episodes.in_turn(decoder.encode, self.turn))
 
     def __call__(self, problem: Any, text: str) -> float:

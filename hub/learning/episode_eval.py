@@ -55,7 +55,7 @@ def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], fac
     try:
         for start in range(0, len(problems), batch_size):
             batch = problems[start:start + batch_size]
-            played = episodes.play([factory() for _ in batch], [int(p.answer) for p in batch],
+            played = episodes.play([factory() for _ in batch], [p.episode_seed for p in batch],
                                    [encode_prompt(tokenizer, p.prompt, prompts) for p in batch],
                                    turns, episodes.in_turn(decoder.encode, turn))
             total += sum(p.reward for p in played)
