@@ -292,13 +292,24 @@ class RelaySource:
 
 @dataclass(frozen=True)
 class RelayPlan:
-    """Where to fetch each chunk of one manifest: the hub as tracker plans, peers pull.
+    """How a peer gets one manifest's chunks: the hub's one word on a version's relay, whatever
+    the run's relay strategy (`--relay`). It is one of two things:
 
-    `owners` is packed little-endian uint32, one per chunk: an index into `sources`, or
-    HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the hub; that peer
-    then serves it to the others. A newer `revision` of the same manifest replaces the plan.
-    `window`: the requests to keep in flight per source (0: the peer's own default); the
-    striped chain asks for more, since one source serves nearly every chunk.
+    - a tracker's plan (pipelined, striped-chain): where to fetch each chunk; the hub plans,
+      peers pull. `owners` is packed little-endian uint32, one per chunk: an index into
+      `sources`, or HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the
+      hub; that peer then serves it to the others. `window`: the requests to keep in flight per
+      source (0: the peer's own default); the striped chain asks for more, since one source
+      serves nearly every chunk.
+    - under gossip, no plan at all: `gossip` (read it as `swarm`) is the peer's part in the swarm,
+      its seeds and neighbours, and the peers route themselves (`echo2p2p.gossip`); `sources`
+      and `owners` are then empty. It travels in this message, not one of its own, because
+      gossip is a relay strategy like the others: a peer learns which one the run uses from
+      the plan it is sent (the `version` announcement carries the first), and the wire has had
+      it here, as an optional field, since gossip came (docs/protocol/changes.md).
+
+    A newer `revision` of the same manifest replaces the plan (in gossip: new seeds dealt, a
+    fresh neighbour sample).
     """
 
     TYPE: ClassVar[str] = "relay_plan"
@@ -307,8 +318,15 @@ class RelayPlan:
     revision: int
     sources: list[RelaySource]
     owners: bytes
-    gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are empty)
+    gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are
+    # empty); the wire's name for what Python reads as `swarm`
     window: int = 0
+
+    @property
+    def swarm(self) -> GossipPlan | None:
+        """The peer's part in a gossip swarm (seeds, neighbours) when the run relays by gossip,
+        else None: this message is then no tracker's plan (see the class's docstring)."""
+        return self.gossip
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,10 @@ class Fetcher:
                       first=self.downloaded_bytes == 0)
         conn.protocol.download_started(manifest)
         self._protocol = conn.protocol
-        if plan.gossip is not None:
+        if plan.swarm is not None:
             try:
                 download = GossipDownload(self.store, held, report=self._send, links=self.links,
-                                          gossip=plan.gossip, **kwargs)
+                                          gossip=plan.swarm, **kwargs)
             except ValueError as exc:
                 log.warning("ignoring a gossip plan for v%d: %s", manifest.version, exc)
                 return
