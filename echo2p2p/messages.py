@@ -9,7 +9,8 @@ validate it without touching every element.
 It knows nothing about sockets, sessions or the clock; `docs/protocol/` is its human-readable
 form. `decode` raises `RemoteProtocolError` with a close code and a reason safe to send back,
 never anything else, on any input. Value bounds (a price is finite, a version is not negative)
-are `echo2p2p.bounds`'; the wire types only are checked here.
+are `echo2p2p.bounds`'; the wire types only are checked here. Over 400 lines: every wire
+message in one file, its fields' meanings beside them, as `docs/protocol/wire.md` lists them.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class Welcome:
     peer_id: str
     run_id: str
     model: str  # the model's name, for logs: never a path to open (its files: model_digest)
-    task: str  # task kind, selects the reward function on the peer
+    task: str  # the task's kind, not the task ("addition", "rg:<generator>"): read as `task_kind`
     version: int  # newest published version; its announcement and relay plan follow
     max_lag: int  # S
     group_size: int  # G
@@ -191,6 +192,11 @@ class Welcome:
     features: list[str] = field(default_factory=list)
     leaf: bool = False
 
+    @property
+    def task_kind(self) -> str:
+        """The run's task kind (what the wire calls `task`): selects the peer's reward."""
+        return self.task
+
 
 @dataclass(frozen=True)
 class LeaseGrant:
@@ -209,9 +215,8 @@ class LeaseGrant:
 
     @property
     def episode_seed(self) -> int | None:
-        """The episode's seed in an environment run (Welcome.env set), which the wire carries
-        in `answer` (the field was there first, and an older peer reads it there); None when
-        `answer` is no decimal (a reference answer, or a hub's bad lease)."""
+        """The episode's seed in an environment run, which the wire carries in `answer` (where
+        older peers read it); None when `answer` is no decimal."""
         return int(self.answer) if self.answer.isascii() and self.answer.isdigit() else None
 
 
@@ -292,24 +297,16 @@ class RelaySource:
 
 @dataclass(frozen=True)
 class RelayPlan:
-    """How a peer gets one manifest's chunks: the hub's one word on a version's relay, whatever
-    the run's relay strategy (`--relay`). It is one of two things:
+    """How a peer gets one manifest's chunks, whatever the run's `--relay`: one of two things.
 
-    - a tracker's plan (pipelined, striped-chain): where to fetch each chunk; the hub plans,
-      peers pull. `owners` is packed little-endian uint32, one per chunk: an index into
-      `sources`, or HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the
-      hub; that peer then serves it to the others. `window`: the requests to keep in flight per
-      source (0: the peer's own default); the striped chain asks for more, since one source
-      serves nearly every chunk.
-    - under gossip, no plan at all: `gossip` (read it as `swarm`) is the peer's part in the swarm,
-      its seeds and neighbours, and the peers route themselves (`echo2p2p.gossip`); `sources`
-      and `owners` are then empty. It travels in this message, not one of its own, because
-      gossip is a relay strategy like the others: a peer learns which one the run uses from
-      the plan it is sent (the `version` announcement carries the first), and the wire has had
-      it here, as an optional field, since gossip came (docs/protocol/changes.md).
-
-    A newer `revision` of the same manifest replaces the plan (in gossip: new seeds dealt, a
-    fresh neighbour sample).
+    A tracker's plan (pipelined, striped-chain): `owners` is packed little-endian uint32, one
+    per chunk: an index into `sources`, or HUB_OWNER. A chunk owned by the receiving peer itself
+    is fetched from the hub; that peer then serves it to the others. `window`: the requests to
+    keep in flight per source (0: the peer's own default); the striped chain asks for more,
+    since one source serves nearly every chunk. Under gossip, no plan: `gossip` (read it as
+    `swarm`) is the peer's part in the swarm, and peers route themselves (`echo2p2p.gossip`);
+    it rides here since the plan is how a peer learns the run's strategy (and old peers ignore
+    it). A newer `revision` of the same manifest replaces the plan.
     """
 
     TYPE: ClassVar[str] = "relay_plan"
@@ -318,14 +315,12 @@ class RelayPlan:
     revision: int
     sources: list[RelaySource]
     owners: bytes
-    gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are
-    # empty); the wire's name for what Python reads as `swarm`
+    gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are empty)
     window: int = 0
 
     @property
     def swarm(self) -> GossipPlan | None:
-        """The peer's part in a gossip swarm (seeds, neighbours) when the run relays by gossip,
-        else None: this message is then no tracker's plan (see the class's docstring)."""
+        """Under gossip, this peer's part in the swarm (the wire's `gossip`); else None."""
         return self.gossip
 
 

@@ -72,7 +72,7 @@ class PeerClient:
 
     The chaos and hostile suites' liars pass parts that lie: `rollouts` wraps the honest
     `Rollouts` (what it returns is scored and submitted), `chunk_store(keep_versions)` makes the
-    stores the fetcher holds, `reward_for(task)` is the reward function claimed with."""
+    stores the fetcher holds, `reward_for(task_kind)` is the reward function claimed with."""
 
     def __init__(self, cfg: PeerConfig, engine: Any = None, *,
                  rollouts: Callable[[Rollouts], MakesRollouts] | None = None,
@@ -279,7 +279,7 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))  # None: hub scores
+        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task_kind))  # None: hub scores
         self._welcomed.set()
 
     async def _build(self, welcome: m.Welcome) -> Any:

@@ -2,6 +2,17 @@
 
 Pure Python (no torch, no files, no clock): the hub builds a task from data it read itself, and a
 peer, which knows only the task's `kind`, scores its own completions with `reward_fn(kind)`.
+
+"Task" means one thing here; its neighbours have names of their own, used so throughout:
+- a **task** is a problem set (`base.Task`: problems by split, and a kind); `task` holds one;
+- its **kind** is the string naming how it is scored ("addition", "math", "custom",
+  "rg:<generator>", "env:<environment>"), the one part of a task a peer learns: `Task.kind`,
+  `TaskSetup.kind`, and `Welcome.task_kind` (the wire's field is `welcome.task`);
+- a **setup** (`echo2p2p.hub.tasks.task_setup.TaskSetup`) is the run's task with its reward,
+  kind and environment version: what the hub scores with; `setup` holds one;
+- a **generator** is reasoning-gym's name for one of its problem makers (its "dataset"):
+  `ReasoningTask.generator`, the `<generator>` of "rg:<generator>";
+- the **task spec** is what `--task` says (a path, "addition", "rg:<generator>"): `spec`.
 """
 
 from __future__ import annotations

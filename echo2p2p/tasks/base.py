@@ -46,7 +46,7 @@ class Problem:
 class Task(Protocol):
     """What the hub needs from a task."""
 
-    kind: str  # "addition" | "math": sent to peers, selects the reward function
+    kind: str  # "addition", "math", "rg:<generator>", ...: sent to peers, selects the reward
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of `split` ("train" or "eval"), in a fixed order."""
