@@ -21,7 +21,7 @@ import ssl
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -49,6 +49,10 @@ from .outbox import Outbox
 from .swapper import Swapper
 from .worker import MakesRollouts, RolloutWorker, Rollouts
 
+if TYPE_CHECKING:
+    from echo2p2p.policy.engines import Engine
+    from echo2p2p.scoring.rewards import Reward
+
 log = logging.getLogger(__name__)
 
 # At most one INFO summary a minute, by time and not every N versions: versions come several a
@@ -74,10 +78,10 @@ class PeerClient:
     `Rollouts` (what it returns is scored and submitted), `chunk_store(keep_versions)` makes the
     stores the fetcher holds, `reward_for(task_kind)` is the reward function claimed with."""
 
-    def __init__(self, cfg: PeerConfig, engine: Any = None, *,
+    def __init__(self, cfg: PeerConfig, engine: Engine | None = None, *,
                  rollouts: Callable[[Rollouts], MakesRollouts] | None = None,
                  chunk_store: Callable[[int], ChunkStore] = ChunkStore,
-                 reward_for: Callable[[str], Any] = REWARDS.get):
+                 reward_for: Callable[[str], Reward | None] = REWARDS.get):
         self.cfg = cfg
         self.url = normalize_url(cfg.hub_url)
         self.welcome: m.Welcome | None = None
@@ -282,7 +286,7 @@ class PeerClient:
         self.worker.adopt(welcome, self.env, self._reward_for(welcome.task_kind))  # None: hub scores
         self._welcomed.set()
 
-    async def _build(self, welcome: m.Welcome) -> Any:
+    async def _build(self, welcome: m.Welcome) -> Engine:
         """The engine for `welcome`'s model: its files fetched from the hub and verified
         (`model_files`; never `welcome.model` as a path), then built in a worker thread.
         Shielded: a thread cannot be cancelled, so a connection lost meanwhile leaves the build
@@ -379,7 +383,7 @@ class PeerClient:
                 f"rejected: {s.rejected or 'none'}")
 
 
-def _build_engine(cfg: PeerConfig, source: str) -> Any:
+def _build_engine(cfg: PeerConfig, source: str) -> Engine:
     """Import torch and the engine, then build it from `source` (the verified model directory,
     or the built-in's name): for a worker thread, since the first import alone takes seconds
     (tens of them on a loaded machine) and would stall the event loop."""

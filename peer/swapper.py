@@ -17,9 +17,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from echo2p2p import messages as m
+
+if TYPE_CHECKING:
+    from echo2p2p.policy.engines import Engine
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,7 @@ class Swapper:
     """The engine (None until one is built), its lock, and the version it holds (for a relay:
     the newest complete one in the store)."""
 
-    def __init__(self, engine: Any, send: Callable[[m.Message], Awaitable[None]]):
+    def __init__(self, engine: Engine | None, send: Callable[[m.Message], Awaitable[None]]):
         self.engine = engine
         self.engine_lock = threading.Lock()
         self.version: int | None = None
@@ -38,7 +41,7 @@ class Swapper:
         self._staged_event = asyncio.Event()
         self._version_changed = asyncio.Event()  # replaced at each change: a pulse
 
-    def set_engine(self, engine: Any) -> None:
+    def set_engine(self, engine: Engine) -> None:
         """A new engine, built for a welcome: it holds no version of ours."""
         self.engine = engine
         self._set_version(None)

@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from echo2p2p import episodes
 from echo2p2p import messages as m
@@ -29,6 +29,7 @@ from echo2p2p.scoring.scorer import Scorer
 
 if TYPE_CHECKING:
     from echo2p2p.adapters.environments import InstalledEnvironment
+    from echo2p2p.scoring.rewards import Reward
 
     from .outbox import Outbox
     from .swapper import Swapper
@@ -101,7 +102,8 @@ class RolloutWorker:
         self.score_timeout_s = score_timeout_s
         self.welcome: m.Welcome | None = None  # the adopted welcome: sampling, seed, bounds
         self.env: InstalledEnvironment | None = None  # the run's environment, if it has one
-        self.reward: Any = None  # the task's reward function (None: only the hub can score)
+        self.reward: Reward | None = None  # the task's reward function (None: only the hub
+        # can score)
         # Leases by (min_version, arrival): one dated for a version still to come never holds
         # up one the engine can do now (at S = 0 that version needs this very batch).
         self.leases: asyncio.PriorityQueue[tuple[int, int, m.LeaseGrant, float]] = \
@@ -113,7 +115,8 @@ class RolloutWorker:
         self._draw = 0
         self._scorer: Scorer | None = None  # claimed rewards (`_scorer_for`)
 
-    def adopt(self, welcome: m.Welcome, env: InstalledEnvironment | None, reward: Any) -> None:
+    def adopt(self, welcome: m.Welcome, env: InstalledEnvironment | None,
+              reward: Reward | None) -> None:
         """A welcome adopted: what the next rollouts are made, scored and bounded by."""
         self.welcome, self.env, self.reward = welcome, env, reward
 
@@ -212,7 +215,7 @@ class RolloutWorker:
         return [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text, r,
                          c.finish_reason) for c, r in zip(completions, rewards)]
 
-    def _scorer_for(self, reward: Any) -> Scorer:
+    def _scorer_for(self, reward: Reward) -> Scorer:
         """The scorer of `reward`: made on first use, and again when a welcome brings another
         task's reward function (the old one's workers are stopped)."""
         if self._scorer is None or self._scorer.reward is not reward:

@@ -41,7 +41,10 @@ class Completion:
 
 
 class Engine(Protocol):
-    tokenizer: Any
+    """What a peer drives: sampling and weight swaps (`TransformersEngine`, `VLLMEngine`)."""
+
+    tokenizer: Any  # Any: a transformers tokenizer, or vLLM's wrapper of one
+    decoder: CompletionDecoder  # the completion rule the hub scores by
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a full state (HF names, any float dtype) into the model; ValueError on bad names."""
