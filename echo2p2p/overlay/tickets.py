@@ -8,11 +8,14 @@ Pure of I/O except for reading a request's headers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from echo2p2p import signing
 from echo2p2p.failover import HUB
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex peer key>.<hex ticket>.<hex auth>"
 
@@ -33,7 +36,7 @@ class Tickets:
         if (hub_key, run_id, audience) != (self.hub_key, self.run_id, self.audience):
             self.hub_key, self.run_id, self.audience, self._valid = hub_key, run_id, audience, set()
 
-    def __call__(self, request: Any) -> bool:
+    def __call__(self, request: web.BaseRequest) -> bool:
         return self.hub_key == b"" or self._checked(request.headers.get(TICKET_HEADER, ""))
 
     def _checked(self, value: str) -> bool:
@@ -45,7 +48,7 @@ class Tickets:
             self._valid.add(value)
         return ok
 
-    def hub_only(self, request: Any) -> bool:
+    def hub_only(self, request: web.BaseRequest) -> bool:
         """`self(request)`, and the ticket is the hub's own (peer id "hub"): for routes only the
         hub has a use for, such as the uplink probe, which another peer could use to fill
         this server's uplink."""
