@@ -45,8 +45,6 @@ from . import grpo, off_policy
 from .batches import Row, batch_rows, deal, left_padded, micro_batches, padded
 
 if TYPE_CHECKING:
-    from echo2p2p.tasks import Problem
-
     from .ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -312,7 +310,7 @@ class Learner:
         self,
         tokenizer,
         problems: Sequence,
-        score: Callable[[list[tuple[Problem, str]]], list[float]] | None,
+        score: Callable[[list[tuple[Any, str]]], list[float]] | None,
         *,
         max_new_tokens: int,
         batch_size: int = 64,
