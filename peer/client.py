@@ -46,7 +46,7 @@ from .fetcher import Fetcher
 from .metrics import metrics_server
 from .model_files import model_directory
 from .outbox import Outbox
-from .swapper import Swapper
+from .swapper import Swapper, build_engine
 from .worker import MakesRollouts, RolloutWorker, Rollouts
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ class PeerClient:
                 http, base_url, welcome, self.credentials.header("hub"),
                 self.cfg.model_cache_dir, self.cfg.hub_timeout_s)
             self._building = (model, asyncio.get_running_loop().run_in_executor(
-                None, _build_engine, self.cfg, source))
+                None, build_engine, self.cfg, source))
         engine = await asyncio.shield(self._building[1])
         self._building = None
         return engine
@@ -381,19 +381,6 @@ class PeerClient:
                 else "waiting for the first version")
         return (f"{held}; {s.submitted} rollout groups submitted, {s.acked} acked, "
                 f"rejected: {s.rejected or 'none'}")
-
-
-def _build_engine(cfg: PeerConfig, source: str) -> Engine:
-    """Import torch and the engine, then build it from `source` (the verified model directory,
-    or the built-in's name): for a worker thread, since the first import alone takes seconds
-    (tens of them on a loaded machine) and would stall the event loop."""
-    from echo2p2p.policy.engines import make_engine
-
-    if cfg.torch_threads:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
-    return make_engine(cfg.engine, source, cfg.device)
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:
