@@ -152,7 +152,7 @@ def play(arm: str, factory: Any, seeds: list[int], decoder: Any) -> list[episode
         return out
 
     prompts = [decoder.encode(f"{s}:") for s in seeds]
-    return episodes.play([factory() for _ in seeds], seeds, prompts, turns, decoder.encode)
+    return episodes.play([factory() for _ in seeds], seeds, prompts, turns, encode=decoder.encode)
 
 
 @dataclass

@@ -97,9 +97,9 @@ class PeerClient:
         self.swapper = Swapper(engine, self.send)
         honest = Rollouts(self.swapper)
         self.worker = RolloutWorker(self.swapper, rollouts(honest) if rollouts else honest,
-                                    self.outbox, self.send, cfg.score_timeout_s)
-        self.fetcher = Fetcher(cfg, self.swapper, self.send, self.meter, self.tickets,
-                               chunk_store)
+                                    self.outbox, self.send, score_timeout_s=cfg.score_timeout_s)
+        self.fetcher = Fetcher(cfg, self.swapper, self.send, self.meter, tickets=self.tickets,
+                               chunk_store=chunk_store)
         self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
         self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
@@ -199,7 +199,7 @@ class PeerClient:
     async def _chunk_server(self):
         """Serve our chunks at `cfg.listen` for as long as the peer runs (nothing if '')."""
         async with chunk_server(self.cfg, lambda: self.fetcher.store, self.meter, self.tickets,
-                                self.url, self.fetcher.links) as served_url:
+                                hub_url=self.url, links=self.fetcher.links) as served_url:
             if served_url is not None:
                 self.served_url = served_url
             yield
@@ -283,7 +283,8 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task_kind))  # None: hub scores
+        # the reward is None where only the hub scores
+        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task_kind))
         self._welcomed.set()
 
     async def _build(self, welcome: m.Welcome) -> Engine:
@@ -297,7 +298,7 @@ class PeerClient:
             http, base_url = self._model_route
             source = await model_directory(
                 http, base_url, welcome, self.credentials.header("hub"),
-                self.cfg.model_cache_dir, self.cfg.hub_timeout_s)
+                cache=self.cfg.model_cache_dir, timeout_s=self.cfg.hub_timeout_s)
             self._building = (model, asyncio.get_running_loop().run_in_executor(
                 None, build_engine, self.cfg, source))
         engine = await asyncio.shield(self._building[1])

@@ -47,7 +47,7 @@ class Fetcher:
 
     def __init__(self, cfg: PeerConfig, swapper: Swapper,
                  send: Callable[[m.Message], Awaitable[None]], meter: UploadMeter,
-                 tickets: Tickets, chunk_store: Callable[[int], ChunkStore] = ChunkStore):
+                 *, tickets: Tickets, chunk_store: Callable[[int], ChunkStore] = ChunkStore):
         self.cfg, self._swapper, self._send = cfg, swapper, send
         self._chunk_store = chunk_store
         self.store = chunk_store(cfg.keep_versions)

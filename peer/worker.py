@@ -88,7 +88,7 @@ class Rollouts:
             version = s.version
             encode = episodes.in_turn(engine.decoder.encode, (w.env_turn_before, w.env_turn_after))
             played = episodes.play([env.factory() for _ in range(n)], [lease.episode_seed] * n,
-                                   [lease.prompt_ids] * n, turns, encode)
+                                   [lease.prompt_ids] * n, turns, encode=encode)
         return version, played
 
 
@@ -96,7 +96,7 @@ class RolloutWorker:
     """The leases held, and the loop that turns them into rollouts (`work`)."""
 
     def __init__(self, swapper: Swapper, rollouts: MakesRollouts, outbox: Outbox,
-                 send: Callable[[m.Message], Awaitable[None]], score_timeout_s: float):
+                 send: Callable[[m.Message], Awaitable[None]], *, score_timeout_s: float):
         self.swapper, self.rollouts, self.outbox = swapper, rollouts, outbox
         self._send = send
         self.score_timeout_s = score_timeout_s

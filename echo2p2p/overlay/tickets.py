@@ -74,7 +74,7 @@ class Tickets:
         if self.hub_key == b"":
             return True
         return self.hub_key is not None and signing.verify_ticket(
-            self.hub_key, self.run_id, peer_id, peer_key, ticket)
+            self.hub_key, self.run_id, peer_id, peer_key, ticket=ticket)
 
     def _verify(self, value: str) -> bool:
         parts = value.split(".")
@@ -85,7 +85,7 @@ class Tickets:
             peer_key, ticket, auth = (bytes.fromhex(p) for p in parts[1:])
         except ValueError:
             return False
-        return (signing.verify_ticket(self.hub_key, self.run_id, peer_id, peer_key, ticket)
+        return (signing.verify_ticket(self.hub_key, self.run_id, peer_id, peer_key, ticket=ticket)
                 and signing.verify_chunk_auth(peer_key, self.run_id, self.audience, auth))
 
 

@@ -149,7 +149,8 @@ class EpisodeReplay:
         if lengths is None or ids is None or sum(lengths) != len(ids):
             return episodes.Replayed(0.0, episodes.BAD_TURNS)
         return episodes.replay(self.factory(), problem.episode_seed, ids, lengths,
-                               decoder.turn_text, episodes.in_turn(decoder.encode, self.turn))
+                               decode_turn=decoder.turn_text,
+                               encode=episodes.in_turn(decoder.encode, self.turn))
 
     def __call__(self, problem: Problem, text: str) -> float:
         raise TypeError("an environment's episodes are scored by replay, not as texts")

@@ -127,7 +127,7 @@ class Scorer:
         return self._submit([(key, text) for key, text in items], owner)
 
     def submit_ids(self, key: Key, packed_ids: Sequence[bytes], claimed: Sequence[str],
-                   turns: Sequence[bytes] | None = None, owner: Hashable = None
+                   turns: Sequence[bytes] | None = None, *, owner: Hashable = None
                    ) -> asyncio.Future[Scored]:
         """`submit` for completions given as packed token ids (as on the wire), each decoded by
         the completion rule; `claimed` are the texts a peer says they decode to. `turns`: the

@@ -66,7 +66,7 @@ def evaluate_episodes(learner: Learner, tokenizer: PreTrainedTokenizerBase,
             batch = problems[start:start + batch_size]
             played = episodes.play([factory() for _ in batch], [p.episode_seed for p in batch],
                                    [encode_prompt(tokenizer, p.prompt, prompts) for p in batch],
-                                   turns, episodes.in_turn(decoder.encode, turn))
+                                   turns, encode=episodes.in_turn(decoder.encode, turn))
             total += sum(p.reward for p in played)
     finally:
         model.train()
