@@ -198,7 +198,7 @@ class VLLMEngine:
         return completions
 
 
-def _reprocess_tied_head(model: Any) -> None:
+def _reprocess_tied_head(model: torch.nn.Module) -> None:
     """Redo a tied lm_head's weight processing after a reload. vLLM's layerwise reload redoes
     only the embedding's (its documented limitation), and on CPU the head computes logits from
     a packed copy made at load time: without this it would go on scoring with the old weights."""

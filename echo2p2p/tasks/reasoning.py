@@ -100,6 +100,7 @@ def task_options(args: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return generator_args, partial
 
 
+# `-> Any`: a reasoning-gym dataset (the library is imported only here, when opened).
 def open_generator(generator: str, args: Mapping[str, Any], *, seed: int, size: int) -> Any:
     """reasoning-gym's dataset `generator` with config keywords `args` (see the module docstring
     for what it raises)."""
@@ -110,7 +111,8 @@ def open_generator(generator: str, args: Mapping[str, Any], *, seed: int, size: 
         close = difflib.get_close_matches(generator, list(DATASETS), n=4, cutoff=0.5)
         hint = f"close names: {', '.join(close)}; " if close else ""
         raise LookupError(f"no reasoning-gym generator {generator!r}; {hint}list them with "
-                          f"python -c \"import reasoning_gym.factory as f; print(sorted(f.DATASETS))\"")
+                          f"python -c \"import reasoning_gym.factory as f; "
+                          f"print(sorted(f.DATASETS))\"")
     try:
         return reasoning_gym.create_dataset(generator, seed=seed, size=size, **args)
     except (TypeError, ValueError, AssertionError) as exc:  # a keyword or value it rejects

@@ -152,7 +152,7 @@ class Ranks:
         del whole
         _release_freed_heap()
 
-    def gather_to_first(self, obj: Any) -> list[Any]:
+    def gather_to_first(self, obj: Any) -> list[Any]:  # anything picklable
         """Every rank's `obj`, on rank 0 (others get [])."""
         out: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0)
@@ -212,7 +212,7 @@ class Leader:
     def __init__(self, learner: Any, ranks: Ranks):  # Any: a `Learner` (which imports Ranks)
         self.learner, self.ranks = learner, ranks
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the learner's attribute, whatever it is
         return getattr(self.learner, name)
 
     def _lead(self, op: str, *args: Any) -> Callable[..., Any]:
@@ -222,7 +222,7 @@ class Leader:
             raise RankFailure(_stopped(op, e)) from e
         return getattr(self.learner, op)
 
-    def step(self, groups: list) -> Any:
+    def step(self, groups: list) -> Any:  # a `StepStats` (learner.py imports this module)
         return _guard("step", self._lead("step", list(groups)), groups)
 
     def iter_weights(self, dtype: torch.dtype):
