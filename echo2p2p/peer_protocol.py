@@ -137,8 +137,8 @@ class PeerProtocol:
             raise RemoteProtocolError(f"hub {self.hub_url} signs with key "
                                       f"{welcome.hub_key.hex() or '(none)'}, not the pinned --hub-key")
         if (pinned is not None or welcome.hub_key) and not signing.verify_welcome(
-                welcome.hub_key, self.nonce, welcome.run_id, welcome.peer_id,
-                peer_key=self.peer_key, proof=welcome.proof):
+                welcome.hub_key, self.nonce, welcome.run_id, welcome.peer_id, self.peer_key,
+                welcome.proof):
             raise RemoteProtocolError(f"hub {self.hub_url} cannot prove it holds key "
                                       f"{welcome.hub_key.hex()[:16]}...: its welcome is not signed by it")
         self.welcome = welcome

@@ -79,7 +79,7 @@ def sign_welcome(private_key: bytes, nonce: bytes, run_id: str, peer_id: str,
     return _sign(private_key, _welcome_bytes(nonce, run_id, peer_id, peer_key))
 
 
-def verify_welcome(hub_key: bytes, nonce: bytes, run_id: str, peer_id: str, *, peer_key: bytes,
+def verify_welcome(hub_key: bytes, nonce: bytes, run_id: str, peer_id: str, peer_key: bytes,
                    proof: bytes) -> bool:
     return _verify(hub_key, proof, _welcome_bytes(nonce, run_id, peer_id, peer_key))
 
