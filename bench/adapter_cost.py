@@ -152,7 +152,7 @@ def play(arm: str, factory: Any, seeds: list[int], decoder: Any) -> list[episode
         return out
 
     prompts = [decoder.encode(f"{s}:") for s in seeds]
-    return episodes.play([factory() for _ in seeds], seeds, prompts, turns, decoder.encode)
+    return episodes.play([factory() for _ in seeds], seeds, prompts, turns, encode=decoder.encode)
 
 
 @dataclass
@@ -170,7 +170,7 @@ class Arm:
 def build(name: str, groups: int, decoder: Any) -> Arm:
     """Arm `name` over `groups` groups: its episodes played, its items as the wire has them."""
     from echo2p2p.messages import pack_ids
-    from echo2p2p.runtime.environments import find_environment
+    from echo2p2p.adapters.environments import find_environment
     from echo2p2p.scoring.rewards import EpisodeReplay, RewardFunctions
     from echo2p2p.tasks.base import Problem
 
@@ -245,17 +245,17 @@ def time_arms(arms: list[Arm], groups: int, rounds: int, decoder: Any) -> dict[s
 
 
 COLD = {  # what a fresh process runs for each adapter, in order: (label, code); None: untimed
-    "trl": [("import", "import echo2p2p.scoring.trl_rewards"),
+    "trl": [("import", "import echo2p2p.adapters.trl_rewards"),
             (None, "from echo2p2p.scoring.rewards import RewardFunctions"),
             ("load", "RewardFunctions([trl_sums])"),
             ("load native", "RewardFunctions([native_sums])")],
-    "verifiers": [("import", "import echo2p2p.runtime.verifiers_env"),
+    "verifiers": [("import", "import echo2p2p.adapters.verifiers_env"),
                   ("load vf single", "s = find_environment(ENVS['vf single'])"),
                   ("check vf single", "assert not episodes.undetermined(s.factory, range(8))"),
                   ("load vf multi", "m = find_environment(ENVS['vf multi'])"),
                   ("check vf multi", "assert not episodes.undetermined(m.factory, range(8))")],
     "gymnasium": [("import gymnasium", "import gymnasium"),
-                  ("import", "import echo2p2p.runtime.gym_env"),
+                  ("import", "import echo2p2p.adapters.gym_env"),
                   ("load gym", "g = find_environment(ENVS['gym'])"),
                   ("check gym", "assert not episodes.undetermined(g.factory, range(8))")],
     "native": [("check vf multi", "assert not episodes.undetermined(NativeGuess, range(8))"),
@@ -266,7 +266,7 @@ COLD = {  # what a fresh process runs for each adapter, in order: (label, code);
 
 def cold(library: str) -> dict[str, float]:
     """ms of each step of `COLD[library]`, run here in order (in a fresh process)."""
-    from echo2p2p.runtime.environments import find_environment  # imports no adapter
+    from echo2p2p.adapters.environments import find_environment  # imports no adapter
 
     scope = dict(globals(), find_environment=find_environment)
     out = {}

@@ -16,9 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .messages import unpack_ids
+
+
+class Tokenizer(Protocol):
+    """What the completion rule asks of a tokenizer (a transformers one has it; the core never
+    imports transformers)."""
+
+    eos_token_id: int | None
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -34,8 +45,8 @@ class CompletionDecoder:
     """A tokenizer seen through the completion rule; picklable whenever the tokenizer is
     (transformers tokenizers are), so a scoring worker process can hold one."""
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer: Tokenizer | None = tokenizer
         self.eos_id: int | None = tokenizer.eos_token_id  # looked up once: it is not cheap
         # Ids the tokenizer can decode (others it would drop); only `from_wire` needs it.
         self.vocab_size: int | None = len(tokenizer) if hasattr(tokenizer, "__len__") else None
@@ -97,7 +108,7 @@ class CompletionDecoder:
         self._decode = self._backend.decode
 
 
-def _backend(tokenizer: Any) -> Any:
+def _backend(tokenizer: Tokenizer) -> Any:  # Any: a `tokenizers.Tokenizer`, not imported here
     """The `tokenizers.Tokenizer` whose `decode` returns exactly what `tokenizer.decode` does,
     or None (then `tokenizer.decode` itself is called).
 

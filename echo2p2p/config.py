@@ -107,6 +107,7 @@ def from_flat(cls: type[C], fields: Mapping[str, Any]) -> C:
     return cls(**{name: kind(**split[name]) for name, kind in sections(cls).items()})
 
 
+# `Any` below: a field's value, from TOML or the command line, before `_convert` types it.
 def replace(config: C, **fields: Any) -> C:
     """`config` with the fields named (flat names) changed, every section checked again."""
     changed = _split(type(config), fields)

@@ -118,7 +118,7 @@ def check_layout(lengths: Sequence[int] | None, n_ids: int, n_logprobs: int) -> 
 
 
 def replay(env: Environment, seed: int, ids: Sequence[int], lengths: Sequence[int],
-           decode_turn: Callable[[list[int]], str | None],
+           *, decode_turn: Callable[[list[int]], str | None],
            encode: Callable[[str], list[int]]) -> Replayed:
     """Re-run `env` from `seed` on the episode's model turns; check each observation and say
     the reward. `decode_turn(ids)`: a model turn's action text, or None if the ids are no turn
@@ -163,7 +163,7 @@ Turn = tuple[list[int], list[float], str, bool]  # ids, their logprobs, text, st
 
 def play(envs: Sequence[Environment], seeds: Sequence[int], prompt_ids: Sequence[Sequence[int]],
          turns: Callable[[list[list[int]]], list[Turn]],
-         encode: Callable[[str], list[int]]) -> list[Played]:
+         *, encode: Callable[[str], list[int]]) -> list[Played]:
     """Play one episode per environment, in lock-step: `turns(contexts)` samples one model turn
     for each live episode's context (its ids through EOS or the per-turn cap, their logprobs,
     its text, whether it stopped at EOS); each environment answers, its observation's ids join

@@ -100,6 +100,8 @@ class _Counter:
         return container
 
 
+# `Any` in this module is a wire value: what msgpack decoded (hostile until `_check` types it
+# against the record's dataclass) or a record's field before packing: open by nature.
 def encode_frame(tag: str, record: Any, protocol: int = BASE_PROTOCOL) -> bytes:
     """One frame carrying dataclass `record` under type tag `tag`, framed with `protocol` (the
     version its connection uses; the base version until one is agreed)."""

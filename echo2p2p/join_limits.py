@@ -118,7 +118,7 @@ class JoinLimits:
     join token."""
 
     def __init__(self, per_address: Rate, per_key: Rate, per_token: Rate,
-                 total: Rate = Rate(0, 1), network_burst: int = 64, max_keys: int = MAX_KEYS):
+                 total: Rate = Rate(0, 1), *, network_burst: int = 64, max_keys: int = MAX_KEYS):
         self.kinds = {"address": Buckets(per_address, max_keys),
                       "peer key": Buckets(per_key, max_keys),
                       "join token": Buckets(per_token, max_keys)}
@@ -134,7 +134,7 @@ class JoinLimits:
         return self.share.refusal(network, now) or self.refusal(now, address=address)
 
     def refusal(self, now: float, address: Hashable = None, peer_key: Hashable = None,
-                join_token: Hashable = None, network: Hashable = None) -> str | None:
+                join_token: Hashable = None, *, network: Hashable = None) -> str | None:
         """Spend a token of each bucket named (a key that is None or empty, or of a kind without
         a limit, is passed over; `network` spends its share and the hub's) and None; or, if any
         of them is empty, spend none and say why (a short reason, safe to send back)."""

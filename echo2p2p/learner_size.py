@@ -52,7 +52,7 @@ class ModelShape:
 
 
 def memory_per_rank_bytes(shape: ModelShape, ranks: int, micro_tokens: int,
-                          checkpointing: bool = False, kl: bool = False) -> float:
+                          checkpointing: bool = False, *, kl: bool = False) -> float:
     """Peak bytes one learner rank holds in a step: its shard of the trained state (and of the
     KL reference), one gathered tensor in fp32, and one micro-batch's activations and logits."""
     state = STATE_BYTES_PER_PARAM * shape.params / ranks
@@ -66,10 +66,10 @@ def memory_per_rank_bytes(shape: ModelShape, ranks: int, micro_tokens: int,
 
 
 def least_ranks(shape: ModelShape, memory_bytes: float, micro_tokens: int,
-                checkpointing: bool = False, kl: bool = False, most: int = 4096) -> int | None:
+                checkpointing: bool = False, *, kl: bool = False, most: int = 4096) -> int | None:
     """The fewest ranks whose per-rank peak fits in `memory_bytes` (None: none up to `most`)."""
     for ranks in (2 ** k for k in range(int(math.log2(most)) + 1)):
-        if memory_per_rank_bytes(shape, ranks, micro_tokens, checkpointing, kl) <= memory_bytes:
+        if memory_per_rank_bytes(shape, ranks, micro_tokens, checkpointing, kl=kl) <= memory_bytes:
             return ranks
     return None
 
@@ -83,7 +83,7 @@ def train_step_s(measured_s: float, measured_ranks: int, ranks: int, efficiency:
 
 
 def publish_s(params: int, ranks: int, hub_cores: int, interconnect_bps: float,
-              delta: bool = True) -> float:
+              *, delta: bool = True) -> float:
     """Seconds from a step's end until its version can be announced: every tensor gathered to
     rank 0 ((W - 1) / W of 4P bytes over the interconnect, none on one rank), cast to bf16, and
     both snapshots coded on `hub_cores` cores (full, and the delta unless an anchor)."""
@@ -160,7 +160,7 @@ def hub_footprint(shape: ModelShape, micro_tokens: int, *, checkpointing: bool =
     chunk files (at most 2 x 2 P each: full and delta) and, with checkpoints (`checkpoint_every`
     > 0), two checkpoints of 12 P while a new one is written before the old goes."""
     p = shape.params
-    micro = (memory_per_rank_bytes(shape, 1, micro_tokens, checkpointing, kl)
+    micro = (memory_per_rank_bytes(shape, 1, micro_tokens, checkpointing, kl=kl)
              - STATE_BYTES_PER_PARAM * p - (4 * p if kl else 0) - 4 * shape.largest)
     ram = {"learner state": STATE_BYTES_PER_PARAM * p + (4 * p if kl else 0),
            "micro-batch": micro, "spot-checker": 4 * p if spot_check else 0.0,

@@ -135,7 +135,8 @@ class LeaseBook(Generic[P]):
             index, queued = next(self._order), False
             self._drawn += 1
         lease_id = self._lease_ids() if self._lease_ids else f"L{self._next_id}"
-        lease = self._open_lease(lease_id, peer_id, index, now, min_version, wait_s)
+        lease = self._open_lease(lease_id, peer_id, index, now, min_version=min_version,
+                                 wait_s=wait_s)
         if latest_s is not None:
             lease = self._open[lease_id] = replace(lease, latest=max(now + latest_s, lease.deadline))
         self._next_id += 1
@@ -236,7 +237,7 @@ class LeaseBook(Generic[P]):
         self._drawn, self._next_id = state["drawn"], state["next_id"]
         self._pending = deque(state["pending"])
         for lease_id, index, min_version in state["open"]:
-            self._open_lease(lease_id, ORPHAN, index, now, min_version)
+            self._open_lease(lease_id, ORPHAN, index, now, min_version=min_version)
         # (A checkpoint of an older hub lists bare ids: those rollouts were admitted.)
         self._done = OrderedDict((done, (ORPHAN, "")) if isinstance(done, str)
                                  else (done[0], (ORPHAN, done[1])) for done in state["done"])
@@ -252,7 +253,7 @@ class LeaseBook(Generic[P]):
             else:
                 next(self._order)
                 self._drawn += 1
-            self._open_lease(lease_id, ORPHAN, index, now, min_version)
+            self._open_lease(lease_id, ORPHAN, index, now, min_version=min_version)
             if lease_id[:1] == "L" and lease_id[1:].isdigit():  # the default, numbered ids
                 self._next_id = max(self._next_id, int(lease_id[1:]) + 1)
         elif kind == "done":
@@ -273,7 +274,7 @@ class LeaseBook(Generic[P]):
     # --- internals -------------------------------------------------------------------------
 
     def _open_lease(self, lease_id: str, peer_id: str, index: int, now: float,
-                    min_version: int, wait_s: float = 0.0) -> Lease[P]:
+                    *, min_version: int, wait_s: float = 0.0) -> Lease[P]:
         deadline = now + wait_s + self._timeout_s
         lease = Lease(lease_id, peer_id, self._problems[index], deadline, min_version, now, index,
                       deadline)

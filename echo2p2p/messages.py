@@ -9,7 +9,8 @@ validate it without touching every element.
 It knows nothing about sockets, sessions or the clock; `docs/protocol/` is its human-readable
 form. `decode` raises `RemoteProtocolError` with a close code and a reason safe to send back,
 never anything else, on any input. Value bounds (a price is finite, a version is not negative)
-are `echo2p2p.bounds`'; the wire types only are checked here.
+are `echo2p2p.bounds`'; the wire types only are checked here. Over 400 lines: every wire
+message in one file, its fields' meanings beside them, as `docs/protocol/wire.md` lists them.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class Welcome:
     peer_id: str
     run_id: str
     model: str  # the model's name, for logs: never a path to open (its files: model_digest)
-    task: str  # task kind, selects the reward function on the peer
+    task: str  # the task's kind, not the task ("addition", "rg:<generator>"): read as `task_kind`
     version: int  # newest published version; its announcement and relay plan follow
     max_lag: int  # S
     group_size: int  # G
@@ -191,6 +192,11 @@ class Welcome:
     features: list[str] = field(default_factory=list)
     leaf: bool = False
 
+    @property
+    def task_kind(self) -> str:
+        """The run's task kind (what the wire calls `task`): selects the peer's reward."""
+        return self.task
+
 
 @dataclass(frozen=True)
 class LeaseGrant:
@@ -202,10 +208,16 @@ class LeaseGrant:
     prompt: str
     prompt_ids: list[int]
     answer: str  # reference answer, so the peer can score without the dataset; with an
-    # environment (Welcome.env), the episode's seed in decimal
+    # environment (Welcome.env), the episode's seed in decimal: read it as `episode_seed`
     group_size: int
     deadline_s: float
     min_version: int
+
+    @property
+    def episode_seed(self) -> int | None:
+        """The episode's seed in an environment run, which the wire carries in `answer` (where
+        older peers read it); None when `answer` is no decimal."""
+        return int(self.answer) if self.answer.isascii() and self.answer.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -285,13 +297,16 @@ class RelaySource:
 
 @dataclass(frozen=True)
 class RelayPlan:
-    """Where to fetch each chunk of one manifest: the hub as tracker plans, peers pull.
+    """How a peer gets one manifest's chunks, whatever the run's `--relay`: one of two things.
 
-    `owners` is packed little-endian uint32, one per chunk: an index into `sources`, or
-    HUB_OWNER. A chunk owned by the receiving peer itself is fetched from the hub; that peer
-    then serves it to the others. A newer `revision` of the same manifest replaces the plan.
-    `window`: the requests to keep in flight per source (0: the peer's own default); the
-    striped chain asks for more, since one source serves nearly every chunk.
+    A tracker's plan (pipelined, striped-chain): `owners` is packed little-endian uint32, one
+    per chunk: an index into `sources`, or HUB_OWNER. A chunk owned by the receiving peer itself
+    is fetched from the hub; that peer then serves it to the others. `window`: the requests to
+    keep in flight per source (0: the peer's own default); the striped chain asks for more,
+    since one source serves nearly every chunk. Under gossip, no plan: `gossip` (read it as
+    `swarm`) is the peer's part in the swarm, and peers route themselves (`echo2p2p.gossip`);
+    it rides here since the plan is how a peer learns the run's strategy (and old peers ignore
+    it). A newer `revision` of the same manifest replaces the plan.
     """
 
     TYPE: ClassVar[str] = "relay_plan"
@@ -302,6 +317,11 @@ class RelayPlan:
     owners: bytes
     gossip: GossipPlan | None = None  # set: the gossip strategy (then sources and owners are empty)
     window: int = 0
+
+    @property
+    def swarm(self) -> GossipPlan | None:
+        """Under gossip, this peer's part in the swarm (the wire's `gossip`); else None."""
+        return self.gossip
 
 
 @dataclass(frozen=True)

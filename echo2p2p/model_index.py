@@ -130,6 +130,7 @@ def parse_index(data: bytes) -> ModelIndex:
     return ModelIndex(model, entries, tokens)
 
 
+# `name`, `raw`: the index's JSON as the hub sent it, hostile until checked here.
 def _entry(name: Any, raw: Any) -> FileEntry:
     if name not in ALLOWED:  # also refuses any path: a peer writes this name to its disk
         raise SnapshotError(f"model index names {str(name)[:64]!r}, not an allowed model file")

@@ -12,6 +12,7 @@ predicted at publication). No clock (times come in as arguments), no I/O, no pee
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +103,7 @@ def deciles(done_after_s: list[float], n_peers: int) -> list[float | None]:
     return cdf
 
 
-def _lower_median(values: Any) -> float:
+def _lower_median(values: Iterable[float]) -> float:
     """The median of an odd count; of an even count, the lower of the middle two."""
     ordered = sorted(values)
     return ordered[(len(ordered) - 1) // 2]

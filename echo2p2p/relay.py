@@ -263,7 +263,7 @@ class GossipDeal:
 
 
 def gossip_plan(members: list[Member], n_chunks: int, degree: int = GOSSIP_DEGREE,
-                rng: random.Random | None = None, hub_bps: float | None = None
+                rng: random.Random | None = None, *, hub_bps: float | None = None
                 ) -> dict[str, GossipDeal]:
     """The hub's whole part in a gossip version: every chunk dealt to exactly one seeder, in
     proportion to measured upload like the tracker's owners, and each member a sample of

@@ -48,7 +48,7 @@ def sign_ticket(private_key: bytes, run_id: str, peer_id: str, peer_key: bytes) 
 
 
 def verify_ticket(hub_key: bytes, run_id: str, peer_id: str, peer_key: bytes,
-                  ticket: bytes) -> bool:
+                  *, ticket: bytes) -> bool:
     """Whether `ticket` is the hub's signature admitting (`peer_id`, `peer_key`) to `run_id`."""
     return _verify(hub_key, ticket, _ticket_bytes(run_id, peer_id, peer_key))
 

@@ -34,11 +34,11 @@ log = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def chunk_server(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: UploadMeter,
-                       tickets: Tickets, hub_url: str, links: Links | None = None
+                       tickets: Tickets, *, hub_url: str, links: Links | None = None
                        ) -> AsyncIterator[str | None]:
     """Serve chunks from `store()` (read at each request: a welcome may replace the store);
     yields the URL other peers should use, or None when `cfg.listen` is ''."""
-    async with _serve(cfg, store, meter, tickets, hub_url, links) as url:
+    async with _serve(cfg, store, meter, tickets, hub_url=hub_url, links=links) as url:
         if links is None:
             yield url
             return
@@ -51,7 +51,8 @@ async def chunk_server(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: 
 
 @contextlib.asynccontextmanager
 async def _serve(cfg: PeerConfig, store: Callable[[], ChunkStore], meter: UploadMeter,
-                 tickets: Tickets, hub_url: str, links: Links | None) -> AsyncIterator[str | None]:
+                 tickets: Tickets, *, hub_url: str, links: Links | None
+                 ) -> AsyncIterator[str | None]:
     if not cfg.listen:
         yield None
         return

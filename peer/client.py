@@ -21,7 +21,7 @@ import ssl
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -34,7 +34,7 @@ from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import Credentials, Tickets
 from echo2p2p.runtime.process import loop_now
 from echo2p2p.runtime.tcp import socket_factory
-from echo2p2p.runtime.environments import (EnvironmentMissing, InstalledEnvironment,
+from echo2p2p.adapters.environments import (EnvironmentMissing, InstalledEnvironment,
                                            require_environment)
 from echo2p2p.tasks import REWARDS
 
@@ -46,8 +46,12 @@ from .fetcher import Fetcher
 from .metrics import metrics_server
 from .model_files import model_directory
 from .outbox import Outbox
-from .swapper import Swapper
+from .swapper import Swapper, build_engine
 from .worker import MakesRollouts, RolloutWorker, Rollouts
+
+if TYPE_CHECKING:
+    from echo2p2p.policy.engines import Engine
+    from echo2p2p.scoring.rewards import Reward
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +76,12 @@ class PeerClient:
 
     The chaos and hostile suites' liars pass parts that lie: `rollouts` wraps the honest
     `Rollouts` (what it returns is scored and submitted), `chunk_store(keep_versions)` makes the
-    stores the fetcher holds, `reward_for(task)` is the reward function claimed with."""
+    stores the fetcher holds, `reward_for(task_kind)` is the reward function claimed with."""
 
-    def __init__(self, cfg: PeerConfig, engine: Any = None, *,
+    def __init__(self, cfg: PeerConfig, engine: Engine | None = None, *,
                  rollouts: Callable[[Rollouts], MakesRollouts] | None = None,
                  chunk_store: Callable[[int], ChunkStore] = ChunkStore,
-                 reward_for: Callable[[str], Any] = REWARDS.get):
+                 reward_for: Callable[[str], Reward | None] = REWARDS.get):
         self.cfg = cfg
         self.url = normalize_url(cfg.hub_url)
         self.welcome: m.Welcome | None = None
@@ -93,9 +97,9 @@ class PeerClient:
         self.swapper = Swapper(engine, self.send)
         honest = Rollouts(self.swapper)
         self.worker = RolloutWorker(self.swapper, rollouts(honest) if rollouts else honest,
-                                    self.outbox, self.send, cfg.score_timeout_s)
-        self.fetcher = Fetcher(cfg, self.swapper, self.send, self.meter, self.tickets,
-                               chunk_store)
+                                    self.outbox, self.send, score_timeout_s=cfg.score_timeout_s)
+        self.fetcher = Fetcher(cfg, self.swapper, self.send, self.meter, tickets=self.tickets,
+                               chunk_store=chunk_store)
         self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
         self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
@@ -195,7 +199,7 @@ class PeerClient:
     async def _chunk_server(self):
         """Serve our chunks at `cfg.listen` for as long as the peer runs (nothing if '')."""
         async with chunk_server(self.cfg, lambda: self.fetcher.store, self.meter, self.tickets,
-                                self.url, self.fetcher.links) as served_url:
+                                hub_url=self.url, links=self.fetcher.links) as served_url:
             if served_url is not None:
                 self.served_url = served_url
             yield
@@ -279,10 +283,11 @@ class PeerClient:
                         "with it", welcome.version, self.version, dropped)
             self._drop_versions()
         self.welcome = welcome
-        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task))  # None: hub scores
+        # the reward is None where only the hub scores
+        self.worker.adopt(welcome, self.env, self._reward_for(welcome.task_kind))
         self._welcomed.set()
 
-    async def _build(self, welcome: m.Welcome) -> Any:
+    async def _build(self, welcome: m.Welcome) -> Engine:
         """The engine for `welcome`'s model: its files fetched from the hub and verified
         (`model_files`; never `welcome.model` as a path), then built in a worker thread.
         Shielded: a thread cannot be cancelled, so a connection lost meanwhile leaves the build
@@ -293,9 +298,9 @@ class PeerClient:
             http, base_url = self._model_route
             source = await model_directory(
                 http, base_url, welcome, self.credentials.header("hub"),
-                self.cfg.model_cache_dir, self.cfg.hub_timeout_s)
+                cache=self.cfg.model_cache_dir, timeout_s=self.cfg.hub_timeout_s)
             self._building = (model, asyncio.get_running_loop().run_in_executor(
-                None, _build_engine, self.cfg, source))
+                None, build_engine, self.cfg, source))
         engine = await asyncio.shield(self._building[1])
         self._building = None
         return engine
@@ -377,19 +382,6 @@ class PeerClient:
                 else "waiting for the first version")
         return (f"{held}; {s.submitted} rollout groups submitted, {s.acked} acked, "
                 f"rejected: {s.rejected or 'none'}")
-
-
-def _build_engine(cfg: PeerConfig, source: str) -> Any:
-    """Import torch and the engine, then build it from `source` (the verified model directory,
-    or the built-in's name): for a worker thread, since the first import alone takes seconds
-    (tens of them on a loaded machine) and would stall the event loop."""
-    from echo2p2p.policy.engines import make_engine
-
-    if cfg.torch_threads:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
-    return make_engine(cfg.engine, source, cfg.device)
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

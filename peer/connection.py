@@ -71,7 +71,7 @@ async def connect(http: aiohttp.ClientSession, url: str, cfg: PeerConfig, key,
     async with asyncio.timeout(cfg.connect_timeout_s):
         ws = await http.ws_connect(url, max_msg_size=cfg.max_frame_bytes, compress=0)
         try:
-            protocol, welcome = await _handshake(ws, url, cfg, key, served_url)
+            protocol, welcome = await _handshake(ws, url, cfg, key, served_url=served_url)
         except BaseException as exc:
             code = exc.code if isinstance(exc, ProtocolError) else m.CLOSE_GOING_AWAY
             await ws.close(code=code, message=b"handshake failed")
@@ -80,7 +80,7 @@ async def connect(http: aiohttp.ClientSession, url: str, cfg: PeerConfig, key,
 
 
 async def _handshake(ws: aiohttp.ClientWebSocketResponse, url: str, cfg: PeerConfig, key,
-                     served_url: str | None) -> tuple[PeerProtocol, m.Welcome]:
+                     *, served_url: str | None) -> tuple[PeerProtocol, m.Welcome]:
     """Hello -> Welcome, checked by the protocol (the caller adopts the welcome)."""
     peer_key = signing.public_key(key)
     nonce = secrets.token_bytes(32)

@@ -47,7 +47,7 @@ class Fetcher:
 
     def __init__(self, cfg: PeerConfig, swapper: Swapper,
                  send: Callable[[m.Message], Awaitable[None]], meter: UploadMeter,
-                 tickets: Tickets, chunk_store: Callable[[int], ChunkStore] = ChunkStore):
+                 *, tickets: Tickets, chunk_store: Callable[[int], ChunkStore] = ChunkStore):
         self.cfg, self._swapper, self._send = cfg, swapper, send
         self._chunk_store = chunk_store
         self.store = chunk_store(cfg.keep_versions)
@@ -105,10 +105,10 @@ class Fetcher:
                       first=self.downloaded_bytes == 0)
         conn.protocol.download_started(manifest)
         self._protocol = conn.protocol
-        if plan.gossip is not None:
+        if plan.swarm is not None:
             try:
                 download = GossipDownload(self.store, held, report=self._send, links=self.links,
-                                          gossip=plan.gossip, **kwargs)
+                                          gossip=plan.swarm, **kwargs)
             except ValueError as exc:
                 log.warning("ignoring a gossip plan for v%d: %s", manifest.version, exc)
                 return

@@ -49,7 +49,7 @@ class Observed(Protocol):
     meter: UploadMeter
     outbox: Outbox
 
-    def statistics(self) -> Any: ...  # a `PeerStats`
+    def statistics(self) -> Any: ...  # Any: a `PeerStats`, the client's (which imports us)
 
 
 class PeerCollector:

@@ -46,7 +46,7 @@ MIN_RATE_BPS = 256 << 10  # a fetch slower than this overall is cut off (each re
 
 
 async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m.Welcome,
-                          headers: Mapping[str, str], cache: Path, timeout_s: float) -> str:
+                          headers: Mapping[str, str], *, cache: Path, timeout_s: float) -> str:
     """The directory to build `welcome`'s engine from: the hub's model files, verified, in
     `cache` (fetched from `base_url`, the hub's http(s)://HOST:PORT, unless already there).
     A hub older than the model files that trains the built-in model gets the built-in."""
@@ -62,8 +62,8 @@ async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m
     if welcome.hub_key and not signing.verify_model_files(welcome.hub_key, digest,
                                                           welcome.model_signature):
         raise SnapshotError("the welcome's model files are not signed by the hub's key")
-    data = await _get(http, f"{base_url}/model/", headers, MAX_INDEX_BYTES, timeout_s,
-                      "the model index", "a peer accepts")
+    data = await _get(http, f"{base_url}/model/", headers, MAX_INDEX_BYTES, timeout_s=timeout_s,
+                      what="the model index", bound="a peer accepts")
     if index_digest(data) != digest:
         raise SnapshotError("the model index the hub serves does not match the digest its "
                             "welcome signs")
@@ -76,8 +76,8 @@ async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m
     with progress_bar(index.total_bytes, "model files", show=True) as bar:  # no hub text
         for entry in index.files:
             body = await _get(http, f"{base_url}/model/{entry.name}", headers, entry.nbytes,
-                              timeout_s, f"model file {entry.name}", "its signed index declares",
-                              on_block=bar.update)
+                              timeout_s=timeout_s, what=f"model file {entry.name}",
+                              bound="its signed index declares", on_block=bar.update)
             if len(body) != entry.nbytes or file_digest(body) != entry.digest:
                 raise SnapshotError(f"model file {entry.name} does not match its size and "
                                     "digest in the signed index")
@@ -89,7 +89,7 @@ async def model_directory(http: aiohttp.ClientSession, base_url: str, welcome: m
 
 
 async def _get(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str], cap: int,
-               timeout_s: float, what: str, bound: str,
+               *, timeout_s: float, what: str, bound: str,
                on_block: Callable[[int], object] | None = None) -> bytes:
     """The body of GET `url`, at most `cap` bytes (`bound` says whose), under a deadline per
     read and overall; `on_block(n)` after each block of n bytes."""

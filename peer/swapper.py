@@ -6,6 +6,7 @@ version) as soon as the fetcher has it, and at the start of every connection (`a
 fetcher stages a complete version; the swap loop loads it between two generations, so the swap
 is atomic and generation goes on with the old weights while a download is under way.
 
+`build_engine` makes one (a worker thread's job: importing torch takes seconds).
 The engine is only ever touched under `engine_lock` (a thread lock: generation and loading run
 in worker threads so the event loop keeps reading the socket). This module knows nothing of
 leases, downloads or connections: what it sends goes through the `send` it is given.
@@ -17,9 +18,14 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from echo2p2p import messages as m
+
+if TYPE_CHECKING:
+    from echo2p2p.policy.engines import Engine
+
+    from .config import PeerConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +34,7 @@ class Swapper:
     """The engine (None until one is built), its lock, and the version it holds (for a relay:
     the newest complete one in the store)."""
 
-    def __init__(self, engine: Any, send: Callable[[m.Message], Awaitable[None]]):
+    def __init__(self, engine: Engine | None, send: Callable[[m.Message], Awaitable[None]]):
         self.engine = engine
         self.engine_lock = threading.Lock()
         self.version: int | None = None
@@ -38,7 +44,7 @@ class Swapper:
         self._staged_event = asyncio.Event()
         self._version_changed = asyncio.Event()  # replaced at each change: a pulse
 
-    def set_engine(self, engine: Any) -> None:
+    def set_engine(self, engine: Engine) -> None:
         """A new engine, built for a welcome: it holds no version of ours."""
         self.engine = engine
         self._set_version(None)
@@ -97,3 +103,16 @@ class Swapper:
     def _changed(self) -> None:
         self._version_changed.set()
         self._version_changed = asyncio.Event()
+
+
+def build_engine(cfg: PeerConfig, source: str) -> Engine:
+    """Import torch and the engine, then build it from `source` (the verified model directory,
+    or the built-in's name): for a worker thread, since the first import alone takes seconds
+    (tens of them on a loaded machine) and would stall the event loop."""
+    from echo2p2p.policy.engines import make_engine
+
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    return make_engine(cfg.engine, source, cfg.device)

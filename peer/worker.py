@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from echo2p2p import episodes
 from echo2p2p import messages as m
@@ -28,7 +28,8 @@ from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import Scorer
 
 if TYPE_CHECKING:
-    from echo2p2p.runtime.environments import InstalledEnvironment
+    from echo2p2p.adapters.environments import InstalledEnvironment
+    from echo2p2p.scoring.rewards import Reward
 
     from .outbox import Outbox
     from .swapper import Swapper
@@ -86,8 +87,8 @@ class Rollouts:
         with s.engine_lock:
             version = s.version
             encode = episodes.in_turn(engine.decoder.encode, (w.env_turn_before, w.env_turn_after))
-            played = episodes.play([env.factory() for _ in range(n)], [int(lease.answer)] * n,
-                                   [lease.prompt_ids] * n, turns, encode)
+            played = episodes.play([env.factory() for _ in range(n)], [lease.episode_seed] * n,
+                                   [lease.prompt_ids] * n, turns, encode=encode)
         return version, played
 
 
@@ -95,13 +96,14 @@ class RolloutWorker:
     """The leases held, and the loop that turns them into rollouts (`work`)."""
 
     def __init__(self, swapper: Swapper, rollouts: MakesRollouts, outbox: Outbox,
-                 send: Callable[[m.Message], Awaitable[None]], score_timeout_s: float):
+                 send: Callable[[m.Message], Awaitable[None]], *, score_timeout_s: float):
         self.swapper, self.rollouts, self.outbox = swapper, rollouts, outbox
         self._send = send
         self.score_timeout_s = score_timeout_s
         self.welcome: m.Welcome | None = None  # the adopted welcome: sampling, seed, bounds
         self.env: InstalledEnvironment | None = None  # the run's environment, if it has one
-        self.reward: Any = None  # the task's reward function (None: only the hub can score)
+        self.reward: Reward | None = None  # the task's reward function (None: only the hub
+        # can score)
         # Leases by (min_version, arrival): one dated for a version still to come never holds
         # up one the engine can do now (at S = 0 that version needs this very batch).
         self.leases: asyncio.PriorityQueue[tuple[int, int, m.LeaseGrant, float]] = \
@@ -113,7 +115,8 @@ class RolloutWorker:
         self._draw = 0
         self._scorer: Scorer | None = None  # claimed rewards (`_scorer_for`)
 
-    def adopt(self, welcome: m.Welcome, env: InstalledEnvironment | None, reward: Any) -> None:
+    def adopt(self, welcome: m.Welcome, env: InstalledEnvironment | None,
+              reward: Reward | None) -> None:
         """A welcome adopted: what the next rollouts are made, scored and bounded by."""
         self.welcome, self.env, self.reward = welcome, env, reward
 
@@ -171,7 +174,7 @@ class RolloutWorker:
         self._draw += 1
         seed = self.welcome.seed * 1_000_003 + self._draw
         if (env := self.env) is not None:
-            if not lease.answer.isdigit():  # an environment's lease carries the episode's seed
+            if lease.episode_seed is None:  # an environment's lease carries the episode's seed
                 log.warning("dropping lease %s: its seed %.20r is no number", lease.lease_id,
                             lease.answer)
                 return None
@@ -212,7 +215,7 @@ class RolloutWorker:
         return [m.Sample(m.pack_ids(c.token_ids), m.pack_logprobs(c.logprobs), c.text, r,
                          c.finish_reason) for c, r in zip(completions, rewards)]
 
-    def _scorer_for(self, reward: Any) -> Scorer:
+    def _scorer_for(self, reward: Reward) -> Scorer:
         """The scorer of `reward`: made on first use, and again when a welcome brings another
         task's reward function (the old one's workers are stopped)."""
         if self._scorer is None or self._scorer.reward is not reward:

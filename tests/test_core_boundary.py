@@ -1,8 +1,9 @@
 """The house's boundaries, module by module: what each part of echo2p2p may import.
 
-- The core (`echo2p2p/*.py`, `echo2p2p/tasks/`) is sans-IO: it may import only the pure
-  standard-library modules and codecs listed in CORE_STDLIB and CORE_THIRD_PARTY. No clock, no
-  threads, no files, no sockets, no processes, no event loop, no torch.
+- The core (`echo2p2p/*.py`, `echo2p2p/tasks/`, and the pure adapters in PURE_ADAPTERS) is
+  sans-IO: it may import only the pure standard-library modules and codecs listed in CORE_STDLIB
+  and CORE_THIRD_PARTY. No clock, no threads, no files, no sockets, no processes, no event loop,
+  no torch.
 - Each I/O sub-package may import what its job needs (SUBPACKAGES) and the core, never the
   applications.
 - The applications `hub/` and `peer/` never import each other, under either import path, and
@@ -39,11 +40,16 @@ SUBPACKAGES = {  # package -> what it may import besides the core and IO_COMMON
     "scoring": {"asyncio", "builtins", "concurrent", "ctypes", "importlib", "inspect",
                 "multiprocessing", "os", "pickle", "resource", "select", "shutil", "signal",
                 "subprocess", "tempfile", "threading"},
-    # environments written for Gymnasium and verifiers, imported only when a run names one
     "runtime": {"asyncio", "aiohttp", "atexit", "concurrent", "importlib", "os", "pathlib",
-                "prometheus_client", "signal", "socket", "threading", "tqdm", "uvloop", "gymnasium",
-                "verifiers"},
+                "prometheus_client", "signal", "socket", "threading", "tqdm", "uvloop"},
+    # what other libraries wrote, plugged in as they are: installed environments found by entry
+    # point, Gymnasium's and verifiers' (imported only when a run names one), TRL's rewards
+    "adapters": {"asyncio", "concurrent", "hashlib", "importlib", "inspect", "pathlib", "signal",
+                 "threading", "types", "gymnasium", "verifiers"},
 }
+# adapter modules that are pure all the same (an environment as a task: seeds as problems): they
+# are held to the core's rule
+PURE_ADAPTERS = {"environment_task.py"}
 APPLICATIONS = {"hub": ROOT / "hub", "peer": ROOT / "peer"}
 
 
@@ -84,7 +90,8 @@ def violations(source: str, allowed: set[str], internal_ok: set[str]) -> list[st
     return bad
 
 
-CORE_FILES = sorted([*CORE.glob("*.py"), *(CORE / "tasks").glob("*.py")])
+CORE_FILES = sorted([*CORE.glob("*.py"), *(CORE / "tasks").glob("*.py"),
+                     *(CORE / "adapters" / name for name in PURE_ADAPTERS)])
 SUB_FILES = sorted((pkg, f) for pkg in SUBPACKAGES for f in (CORE / pkg).glob("*.py"))
 APP_FILES = sorted((app, f) for app, d in APPLICATIONS.items() for f in d.rglob("*.py"))
 
@@ -93,6 +100,7 @@ def test_every_module_is_covered():
     """Each .py file under echo2p2p/ falls under one rule (a new sub-package must be given one)."""
     covered = set(CORE_FILES) | {f for _, f in SUB_FILES}
     assert CORE / "messages.py" in covered and CORE / "overlay" / "download.py" in covered
+    assert all(path.exists() for path in CORE_FILES)
     assert not set(CORE.rglob("*.py")) - covered
 
 

@@ -474,7 +474,8 @@ def test_proof_frame_vector():
 def test_welcome_task_names_every_task_kind():
     """welcome.task's row names every kind a hub sends: the verifiers peers have, `custom`, and
     the `rg:` and `env:` families (a peer that refused an unlisted kind could not join)."""
-    from echo2p2p.tasks import REWARDS, environment, reasoning, records
+    from echo2p2p.adapters import environment_task as environment
+    from echo2p2p.tasks import REWARDS, reasoning, records
 
     row = next(r for r in _table_after(PAGES["wire"], "### `welcome`") if r[0] == "`task`")
     kinds = set(_ticks(row[2]))

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from bench.assets.make_tiny_base import supervised_steps
 
 # Warm-up games' seeds are drawn from [WARMUP_SEED0, 2 * WARMUP_SEED0): never a seed of the hub's
-# splits (echo2p2p.tasks.environment: held-out 0 .. eval_size - 1, then the training seeds).
+# splits (echo2p2p.adapters.environment_task: held-out 0 .. eval_size - 1, then the training
+# seeds).
 # The win rates are measured on seeds 0, 1, ...: the hub's held-out games.
 WARMUP_SEED0 = 1 << 30
 MAX_TURN_TOKENS = 4  # a model turn's token cap, as a peer's: a digit and EOS need 2

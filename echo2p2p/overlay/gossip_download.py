@@ -50,9 +50,9 @@ class GossipDownload(Download):
     def set_plan(self, plan: m.RelayPlan) -> None:
         """A newer plan of this manifest: in gossip, a fresh neighbour sample, or the seeds of
         a seeder that left, dealt to us (`hub.overlay.tracker.VersionTracker.reseed`)."""
-        if plan.gossip is None:
+        if plan.swarm is None:
             return
-        gossip = plan.gossip
+        gossip = plan.swarm
         if len(gossip.seed) % 4 == 0:
             n = len(self.held.manifest.chunks)
             self.swarm.add_seed(i for i in m.unpack_ids(gossip.seed) if i < n)

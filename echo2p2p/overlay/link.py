@@ -24,6 +24,7 @@ import collections
 import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -122,6 +123,7 @@ class Proof:
 
 
 FRAMES: dict[str, type] = {c.TYPE: c for c in (Have, Had, Want, Piece, Cancel, Peers, Proof)}
+LinkFrame = Have | Had | Want | Piece | Cancel | Peers | Proof
 
 # What an end may receive in each state of its link, and the state it leads to (h11 `_state.py`
 # style; docs/protocol/overlay.md section 7a prints this table and a test holds it to this one).
@@ -151,6 +153,14 @@ class Listener(Protocol):
     def heard(self, link: Link, bits: bytes | None, indices: list[int]) -> None: ...
 
 
+class LinkSocket(Protocol):
+    """What a link writes to: aiohttp's websocket at either end (a test's wire alike)."""
+
+    async def send_bytes(self, data: bytes) -> None: ...
+    async def close(self, *, code: int = ..., message: bytes = ...) -> bool: ...
+    def __aiter__(self) -> AsyncIterator[aiohttp.WSMessage]: ...
+
+
 class LinkHost(Protocol):
     """What a link uses of the set it belongs to (`echo2p2p.overlay.links.Links`)."""
 
@@ -158,13 +168,13 @@ class LinkHost(Protocol):
     advertised: dict[Key, Held]  # manifests we serve over links
     listeners: dict[Key, Listener]  # the downloads under way
 
-    def spawn(self, coro: Any) -> asyncio.Task: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task: ...
     def dropped(self, link: Link) -> None: ...
     def heard_of_link(self, sources: list[Neighbour]) -> None: ...
     async def upload(self, link: Link, piece: Piece, slots: dict) -> None: ...
 
 
-def _check_key(rec: Any) -> Key:
+def _check_key(rec: Have | Had | Want | Piece | Cancel) -> Key:
     if not 0 <= rec.version <= _MAX_INDEX or not (rec.base is None or 0 <= rec.base < rec.version):
         raise LinkError(f"bad manifest key in {rec.TYPE}")
     if hasattr(rec, "index") and not 0 <= rec.index <= _MAX_INDEX:
@@ -176,8 +186,8 @@ class Link:
     """One live link to `peer_id`; `dialled`: we opened it; `natted`: it dialled us and says it
     has no chunk server (its upload goes out over its links only)."""
 
-    def __init__(self, links: LinkHost, peer_id: str, ws: Any, dialled: bool, natted: bool = False,
-                 protocol: int = BASE_PROTOCOL):
+    def __init__(self, links: LinkHost, peer_id: str, ws: LinkSocket, *, dialled: bool,
+                 natted: bool = False, protocol: int = BASE_PROTOCOL):
         self.links, self.peer_id, self.ws, self.dialled = links, peer_id, ws, dialled
         self.protocol = protocol  # agreed in the upgrade: every frame both ways carries it
         self.natted = natted and not dialled
@@ -191,7 +201,7 @@ class Link:
         self.reason: str | None = None  # why it closed
         self.state = OPEN  # LINK_TRANSITIONS: an honest end sends one `peers`, as the link opens
 
-    async def send(self, rec: Any | None) -> None:
+    async def send(self, rec: LinkFrame | None) -> None:
         """Send one frame (None: none), after the cancels of wants given up: a want sent after
         a give-up reaches the other end after its cancel, which frees a place in the window
         (else the other end sees one want too many and drops the link). A frame the other end
@@ -203,7 +213,7 @@ class Link:
             if rec is not None:
                 await self._write(rec)
 
-    async def _write(self, rec: Any) -> None:
+    async def _write(self, rec: LinkFrame) -> None:
         deadline_s = SEND_DEADLINE_S + len(getattr(rec, "data", b"")) / (256 << 10)
         try:
             async with asyncio.timeout(deadline_s):
@@ -212,13 +222,13 @@ class Link:
             self.links.spawn(self.close("stopped reading"))
             raise ConnectionError("the link stopped reading") from None
 
-    def post(self, rec: Any | None) -> None:
+    def post(self, rec: LinkFrame | None) -> None:
         """Send `rec` (None: only the cancels owed) in the background, ignoring a link that is
         going (its reader sees it end). The send is made when the task runs: a task cancelled
         before it starts (the peer stopping) leaves no coroutine never awaited behind."""
         self.links.spawn(self._post(rec))
 
-    async def _post(self, rec: Any | None) -> None:
+    async def _post(self, rec: LinkFrame | None) -> None:
         await quietly(self.send(rec))
 
     async def want(self, key: Key, index: int, size: int) -> bytes | None:
@@ -272,7 +282,7 @@ class Link:
                 task.cancel()
             self.links.dropped(self)
 
-    async def receive(self, rec: Any) -> None:
+    async def receive(self, rec: LinkFrame) -> None:
         nxt = LINK_TRANSITIONS.get((self.state, rec.TYPE))
         if nxt is None:  # a second peers, a proof past the first frame
             raise LinkError(f"a {rec.TYPE} frame in state {self.state}")
@@ -381,7 +391,7 @@ class Link:
             await self.ws.close(code=m.CLOSE_PROTOCOL_ERROR, message=reason.encode()[:120])
 
 
-async def quietly(coro: Any) -> None:
+async def quietly(coro: Coroutine[Any, Any, object]) -> None:
     """Send, ignoring a link that is going (its reader sees it end)."""
     with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError, TimeoutError):
         await coro

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -77,7 +77,7 @@ def agreement(request: web.Request) -> Agreed | web.Response:
         return web.Response(status=426, text=exc.reason)
 
 
-def answer_of(ws: Any) -> Agreed | None:
+def answer_of(ws: aiohttp.ClientWebSocketResponse) -> Agreed | None:
     """The version and features the accepting end answered our upgrade with (no header: 2, an
     older release); None if it is one we do not speak. aiohttp keeps the 101's headers only on
     the client websocket's private `_response` (tests/compat read a real answer through here)."""
@@ -204,7 +204,8 @@ class Links:
         self.vouch(peer_id, who)
         await self.serve(Link(self, peer_id, ws, dialled=True, protocol=agreed.protocol))
 
-    async def _proof(self, ws: Any, peer_id: str, protocol: int) -> tuple[str, bytes, bytes] | None:
+    async def _proof(self, ws: aiohttp.ClientWebSocketResponse, peer_id: str, protocol: int
+                     ) -> tuple[str, bytes, bytes] | None:
         """The accepting end's first frame (of the link's `protocol`) must prove it is
         `peer_id` (`Tickets.holder`)."""
         msg = await ws.receive()
@@ -297,7 +298,7 @@ class Links:
                          len(held.wires))
         await quietly(link.send(Have(*held.key, bits, held.manifest.digest)))
 
-    def spawn(self, coro: Any) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         """Run `coro` until it ends or the links close."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)

@@ -94,7 +94,7 @@ Lookup = Callable[[int, int | None, int, float], Awaitable[bytes | None]]
 
 
 def chunk_handler(lookup: Lookup, meter: UploadMeter, limiter: TokenBucket | None = None,
-                  on_served: Callable[[int, int], None] | None = None, slots: int = UPLOAD_SLOTS,
+                  on_served: Callable[[int, int], None] | None = None, *, slots: int = UPLOAD_SLOTS,
                   authorize: Callable[[web.Request], bool] | None = None,
                   write_deadline_s: float = WRITE_DEADLINE_S):
     """The aiohttp handler for GET /chunk/{version}/{base}/{index}?wait=S.

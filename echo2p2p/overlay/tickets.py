@@ -8,11 +8,14 @@ Pure of I/O except for reading a request's headers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from echo2p2p import signing
 from echo2p2p.failover import HUB
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 TICKET_HEADER = "X-Echo2-Ticket"  # "<peer id>.<hex peer key>.<hex ticket>.<hex auth>"
 
@@ -33,7 +36,7 @@ class Tickets:
         if (hub_key, run_id, audience) != (self.hub_key, self.run_id, self.audience):
             self.hub_key, self.run_id, self.audience, self._valid = hub_key, run_id, audience, set()
 
-    def __call__(self, request: Any) -> bool:
+    def __call__(self, request: web.BaseRequest) -> bool:
         return self.hub_key == b"" or self._checked(request.headers.get(TICKET_HEADER, ""))
 
     def _checked(self, value: str) -> bool:
@@ -45,7 +48,7 @@ class Tickets:
             self._valid.add(value)
         return ok
 
-    def hub_only(self, request: Any) -> bool:
+    def hub_only(self, request: web.BaseRequest) -> bool:
         """`self(request)`, and the ticket is the hub's own (peer id "hub"): for routes only the
         hub has a use for, such as the uplink probe, which another peer could use to fill
         this server's uplink."""
@@ -71,7 +74,7 @@ class Tickets:
         if self.hub_key == b"":
             return True
         return self.hub_key is not None and signing.verify_ticket(
-            self.hub_key, self.run_id, peer_id, peer_key, ticket)
+            self.hub_key, self.run_id, peer_id, peer_key, ticket=ticket)
 
     def _verify(self, value: str) -> bool:
         parts = value.split(".")
@@ -82,7 +85,7 @@ class Tickets:
             peer_key, ticket, auth = (bytes.fromhex(p) for p in parts[1:])
         except ValueError:
             return False
-        return (signing.verify_ticket(self.hub_key, self.run_id, peer_id, peer_key, ticket)
+        return (signing.verify_ticket(self.hub_key, self.run_id, peer_id, peer_key, ticket=ticket)
                 and signing.verify_chunk_auth(peer_key, self.run_id, self.audience, auth))
 
 

@@ -41,7 +41,10 @@ class Completion:
 
 
 class Engine(Protocol):
-    tokenizer: Any
+    """What a peer drives: sampling and weight swaps (`TransformersEngine`, `VLLMEngine`)."""
+
+    tokenizer: Any  # Any: a transformers tokenizer, or vLLM's wrapper of one
+    decoder: CompletionDecoder  # the completion rule the hub scores by
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a full state (HF names, any float dtype) into the model; ValueError on bad names."""
@@ -195,7 +198,7 @@ class VLLMEngine:
         return completions
 
 
-def _reprocess_tied_head(model: Any) -> None:
+def _reprocess_tied_head(model: torch.nn.Module) -> None:
     """Redo a tied lm_head's weight processing after a reload. vLLM's layerwise reload redoes
     only the embedding's (its documented limitation), and on CPU the head computes logits from
     a packed copy made at load time: without this it would go on scoring with the old weights."""

@@ -23,21 +23,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from echo2p2p.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MODES = ("auto", "chat", "plain")
 Prompt = str | Sequence[Mapping[str, str]]  # text, or {"role", "content"} messages
 
 
-def prompt_of(problem: Any) -> Prompt:
+class Prompted(Protocol):
+    """What has a prompt: a `Problem`, or a bench's stand-in with its text alone."""
+
+    @property
+    def prompt(self) -> str: ...
+
+
+def prompt_of(problem: Prompted) -> Prompt:
     """What a problem's prompt is rendered from: a conversational row's messages
     (`Problem.messages`), else its text (a stand-in problem may carry text alone)."""
     return getattr(problem, "messages", None) or problem.prompt
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether `tokenizer` carries a chat template (a string, or a dict of named ones)."""
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -57,11 +67,11 @@ class PromptFormat:
                 isinstance(k, str) for k in self.template_args):
             raise ConfigError("chat_template_args", "must be a mapping of names to values")
 
-    def uses_chat(self, tokenizer: Any) -> bool:
+    def uses_chat(self, tokenizer: PreTrainedTokenizerBase) -> bool:
         """Whether prompts go through `tokenizer`'s chat template under this format."""
         return self.mode == "chat" or (self.mode == "auto" and has_chat_template(tokenizer))
 
-    def check(self, tokenizer: Any, model: str = "the model") -> PromptFormat:
+    def check(self, tokenizer: PreTrainedTokenizerBase, model: str = "the model") -> PromptFormat:
         """This format, if `tokenizer` can render it; else ConfigError naming the field to fix.
         Call at start-up, before any prompt is leased."""
         if self.mode == "chat" and not has_chat_template(tokenizer):
@@ -86,7 +96,7 @@ class PromptFormat:
         own = any(m["role"] == "system" for m in prompt)
         return [*([] if own else system), *prompt]
 
-    def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
+    def encode(self, tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
         """The prompt ids of `prompt` (text or a conversation), exactly as the hub leases them."""
         if not self.uses_chat(tokenizer):
             # here, not at the top: the tasks package brings math-verify, which --help skips
@@ -106,7 +116,7 @@ class PromptFormat:
             ids = ids[1:]
         return ids
 
-    def observation_turn(self, tokenizer: Any) -> tuple[str, str]:
+    def observation_turn(self, tokenizer: PreTrainedTokenizerBase) -> tuple[str, str]:
         """(before, after): the text that makes an environment's observation a user turn of the
         chat template, after a model turn that ended with EOS: before it, the template's close
         of the assistant turn (less the EOS the model wrote) and the user turn's opening; after

@@ -44,6 +44,7 @@ def check_names(state_names: set[str], required_names: set[str],
                          f"{' ...' if len(missing) > 5 else ''}")
 
 
+# `cache`: the model's own KV cache object (transformers' kind depends on the model).
 def forward_cached(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
     """One KV-cached forward: (B, T) ids -> ((B, V) last-position logits, new cache).
 

@@ -23,7 +23,6 @@ import logging
 import re
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from echo2p2p.errors import ConfigError
 
@@ -55,7 +54,7 @@ def set_congestion(sock: socket.socket, name: str) -> bool:
     return True
 
 
-def set_rcvlowat(sock: Any, nbytes: int) -> None:
+def set_rcvlowat(sock: socket.socket | None, nbytes: int) -> None:
     """Wake a reader of `sock` only once `nbytes` are queued (SO_RCVLOWAT; a FIN or an error
     still wakes it); nothing where the socket is gone or the platform has no such option."""
     if sock is not None:
@@ -74,9 +73,9 @@ def listening_socket(host: str, port: int, congestion: str) -> socket.socket:
     return sock
 
 
-def socket_factory(congestion: str) -> Callable[[Any], socket.socket]:
+def socket_factory(congestion: str) -> Callable[[tuple], socket.socket]:
     """For `aiohttp.TCPConnector(socket_factory=...)`: client sockets using `congestion`."""
-    def make(addr_info: Any) -> socket.socket:
+    def make(addr_info: tuple) -> socket.socket:  # one of getaddrinfo's 5-tuples
         family, type_, proto, _, _ = addr_info
         sock = socket.socket(family, type_, proto)
         sock.setblocking(False)

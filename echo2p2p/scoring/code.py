@@ -152,7 +152,7 @@ class Remote:
     def __init__(self, judge: Judge, name: str):
         self.judge, self.name = judge, name
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # the program's function: open
         answer = self.judge.ask(["call", self.name, plain(args), plain(kwargs)])
         if isinstance(answer, list) and len(answer) == 2 and answer[0] == "ok":
             return value(answer[1])
@@ -176,7 +176,7 @@ class Judge:
         """The program closed its end while the tests were asking it."""
         return self.channel is not None and self.channel.hung_up
 
-    def ask(self, question: list) -> Any:
+    def ask(self, question: list) -> Any:  # a JSON answer
         line = self.channel.ask(json.dumps(question).encode(), ANSWER_BYTES)
         try:
             return json.loads(line) if line is not None else None
@@ -241,6 +241,7 @@ def limits_of(row: Mapping[str, Any]) -> dict[str, float]:
     return limits
 
 
+# `limits`: `Limits`' fields, passed through.
 def run_tests(program: str, tests: Sequence[str], **limits: Any) -> set[int]:
     """The indices of `tests` that passed against `program`, run in the sandbox (module
     docstring); ForgedPass if the program tried to forge the verdict."""

@@ -8,8 +8,8 @@ and the job's future gets the `Scored` tally once every item is in.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 from . import worker as w
 
@@ -41,7 +41,7 @@ class ScorerStats:
 class Job:
     """Items to score, their results as they come, and the future that waits for all."""
 
-    def __init__(self, items: list[tuple], future: asyncio.Future, owner: Any = None):
+    def __init__(self, items: list[tuple], future: asyncio.Future, owner: Hashable = None):
         self.items, self.future, self.owner = items, future, owner
         self.results: list[tuple[float, int, str] | None] = [None] * len(items)
         self.missing = len(items)

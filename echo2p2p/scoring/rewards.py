@@ -5,7 +5,7 @@ the event loop and under a deadline; the hub hands it `Problem`s (`echo2p2p.task
 - `ByAnswer(task.reward)`: a built-in task's `reward(answer, completion)`.
 - `RewardFunctions(funcs, weights)`: users' functions `f(prompt, completion, row) -> float`,
   or TRL's `f(prompts, completions, completion_ids, **columns) -> list` as they are
-  (`echo2p2p.scoring.trl_rewards`), sync or async, summed with weights (TRL's `reward_funcs` /
+  (`echo2p2p.adapters.trl_rewards`), sync or async, summed with weights (TRL's `reward_funcs` /
   `reward_weights`); a TRL function's None leaves it out of the sum (TRL's nansum). A function
   that raises or returns no finite number, or a sample every function returned None for, scores
   0; the scorer counts and logs why.
@@ -30,9 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from echo2p2p import episodes
-from echo2p2p.tasks import math_reward
-
-from .trl_rewards import TrlReward, is_trl_reward
+from echo2p2p.adapters.trl_rewards import TrlReward, is_trl_reward
+from echo2p2p.completions import CompletionDecoder
+from echo2p2p.tasks import Problem, math_reward
+from echo2p2p.tasks.reasoning import GeneratorScore
 
 
 def exact_match(prompt: str, completion: str, row: Mapping[str, Any]) -> float:
@@ -79,7 +80,7 @@ class ByAnswer:
     def __init__(self, reward: Callable[[str, str], float]):
         self.reward = reward
 
-    def __call__(self, problem: Any, text: str) -> float:
+    def __call__(self, problem: Problem, text: str) -> float:
         return self.reward(problem.answer, text)
 
 
@@ -104,7 +105,7 @@ class RewardFunctions:
         self.funcs, self.weights = funcs, weights
         self._loop: asyncio.AbstractEventLoop | None = None  # a worker's, for async functions
 
-    def __call__(self, problem: Any, text: str, ids: Sequence[int] | None = None) -> float:
+    def __call__(self, problem: Problem, text: str, ids: Sequence[int] | None = None) -> float:
         total, row, applied = 0.0, problem.row or {"answer": problem.answer}, False
         for f, w in zip(self.funcs, self.weights):
             if isinstance(f, TrlReward):
@@ -141,18 +142,26 @@ class EpisodeReplay:
                  turn: tuple[str, str] = ("", "")):
         self.factory, self.turn = factory, turn
 
-    def replay(self, problem: Any, packed_ids: bytes, packed_turns: bytes,
-               decoder: Any) -> episodes.Replayed:
+    def replay(self, problem: Problem, packed_ids: bytes, packed_turns: bytes,
+               decoder: CompletionDecoder) -> episodes.Replayed:
         lengths = episodes.unpack_turns(packed_turns)
         ids = decoder.ids_from_wire(packed_ids)
         if lengths is None or ids is None or sum(lengths) != len(ids):
             return episodes.Replayed(0.0, episodes.BAD_TURNS)
-        return episodes.replay(self.factory(), int(problem.answer), ids, lengths,
-                               decoder.turn_text, episodes.in_turn(decoder.encode, self.turn))
+        return episodes.replay(self.factory(), problem.episode_seed, ids, lengths,
+                               decode_turn=decoder.turn_text,
+                               encode=episodes.in_turn(decoder.encode, self.turn))
 
-    def __call__(self, problem: Any, text: str) -> float:
+    def __call__(self, problem: Problem, text: str) -> float:
         raise TypeError("an environment's episodes are scored by replay, not as texts")
 
 
-def _name(f: Any) -> str:
+def _name(f: Callable[..., Any]) -> str:
     return getattr(f, "__qualname__", repr(f))
+
+
+# What a hub's scorers call for a run (`TaskSetup.reward`): a built-in task's reward, users'
+# functions, a reasoning-gym generator's own score, or an environment's replay.
+HubReward = ByAnswer | RewardFunctions | GeneratorScore | EpisodeReplay
+Reward = HubReward | Callable[[str, str], float]  # a scorer's: the hub's, or a task's (a peer's)
+Key = Problem | str  # what an item is scored against: the hub's Problem, or an answer (a peer's)

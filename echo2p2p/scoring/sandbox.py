@@ -149,9 +149,10 @@ def run_python(source: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                     "channel": theirs, "cgroup": cgroup and cgroup.path,
                     "ipc": ipc_limits(memory_bytes)}
             argv = [sys.executable, "-I", "-S", sandbox_child.__file__, json.dumps(spec)]
-            timed_out, returncode = _run_child(root, argv, timeout_s, theirs, ours, talk)
+            timed_out, returncode = _run_child(root, argv, timeout_s, theirs, ours=ours, talk=talk)
             out_of_memory = cgroup is not None and cgroup.oom_kills() > 0
-        return _result(root, timed_out, returncode, timeout_s, cgroup is not None, out_of_memory)
+        return _result(root, timed_out, returncode, timeout_s, cgroup=cgroup is not None,
+                       out_of_memory=out_of_memory)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -263,7 +264,7 @@ def _pipes(wanted: bool) -> Iterator[tuple[list[int], list[int]]]:
 
 
 def _run_child(root: str, argv: list[str], timeout_s: float, theirs: list[int],
-               ours: list[int], talk: Callable[[Channel], None] | None) -> tuple[bool, int]:
+               *, ours: list[int], talk: Callable[[Channel], None] | None) -> tuple[bool, int]:
     """Start the child in a session of its own, `talk` to its program if asked, wait for it
     until the deadline, then SIGKILL its whole process group, before reaping it (so the group
     id cannot have been reused)."""
@@ -309,7 +310,7 @@ def _wait_exited(child: subprocess.Popen, timeout_s: float) -> bool:
         os.close(exited)
 
 
-def _result(root: str, timed_out: bool, returncode: int, timeout_s: float, cgroup: bool,
+def _result(root: str, timed_out: bool, returncode: int, timeout_s: float, *, cgroup: bool,
             out_of_memory: bool) -> SandboxResult:
     report = _read(os.path.join(root, "report"), 4096).splitlines()
     isolated = bool(report) and report[0] == "isolated"

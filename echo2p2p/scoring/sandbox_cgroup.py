@@ -37,7 +37,7 @@ _base: list[str | None] = []  # once decided: [the directory runs' cgroups go in
 
 
 def plan(fs_type: str, euid: int, own: str, own_subtree: str,
-         parent_subtree: str) -> tuple[str | None, str]:
+         *, parent_subtree: str) -> tuple[str | None, str]:
     """Where this process's runs' cgroups go (a cgroup path, "/"-rooted, as /proc/self/cgroup
     writes it), or None and why not. `fs_type`: the file system mounted at /sys/fs/cgroup
     ("cgroup2" for v2), `own`: this process's cgroup, `*_subtree`: the cgroup.subtree_control
@@ -166,9 +166,9 @@ def _base_dir() -> str | None:
         if _base:
             return _base[0]
     fs_type, own = _mounted_type(), _own_cgroup()
+    parent = os.path.dirname(own.rstrip("/"))
     found, why = plan(fs_type, os.geteuid(), own, _read(own, "cgroup.subtree_control"),
-                      _read(os.path.dirname(own.rstrip("/")), "cgroup.subtree_control")
-                      if own != "/" else "")
+                      parent_subtree=_read(parent, "cgroup.subtree_control") if own != "/" else "")
     base = None if found is None else os.path.join(CGROUP_FS, found.lstrip("/"))
     if base is not None:
         remove_orphans(base)

@@ -86,7 +86,7 @@ def main(spec: dict) -> int:
 
 
 def isolate(libc: ctypes.CDLL, work: str, root: str, binds: list[str],
-            user_namespace: bool, ipc_limits: dict[str, str]) -> str:
+            *, user_namespace: bool, ipc_limits: dict[str, str]) -> str:
     """Enter new mount, PID, network and IPC namespaces (and a user namespace:
     `user_namespace`) and build the program's root there (`build_root`; without a user
     namespace, with `ipc_limits` set); "" if done, else what failed (the program then runs
@@ -96,11 +96,11 @@ def isolate(libc: ctypes.CDLL, work: str, root: str, binds: list[str],
              | (CLONE_NEWUSER if user_namespace else 0))
     if libc.unshare(flags) != 0:
         return f"unshare: {os.strerror(ctypes.get_errno())}"
-    return build_root(libc, work, root, binds, None if user_namespace else ipc_limits)
+    return build_root(libc, work, root, binds, ipc_limits=None if user_namespace else ipc_limits)
 
 
 def build_root(libc: ctypes.CDLL, work: str, root: str, binds: list[str],
-               ipc_limits: dict[str, str] | None) -> str:
+               *, ipc_limits: dict[str, str] | None) -> str:
     """Mount a tmpfs on `root`, bind `binds` and `work` into it at their own paths, unless
     `ipc_limits` is None (a user namespace) a /proc where the program's uid sees its own
     processes only (hidepid: not the hub's command line) and through which `ipc_limits` are

@@ -44,15 +44,19 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from echo2p2p.errors import ScoringError
 from . import worker as w
 from .fairness import CUT_S, FairQueue
 from .jobs import Job as _Job
 from .jobs import Scored, ScorerStats
+
+if TYPE_CHECKING:
+    from echo2p2p.completions import CompletionDecoder
+    from .rewards import Key, Reward
 
 log = logging.getLogger(__name__)
 TOTALS = ("calls", "completions", "timeouts", "failures", "restarts")  # kept by checkpoints
@@ -70,7 +74,7 @@ class OverBudget(Exception):
 class Scorer:
     """Worker processes running `reward(key, completion)`, `timeout_s` per completion."""
 
-    def __init__(self, reward: Callable[[str, str], float], *, decoder: Any = None,
+    def __init__(self, reward: Reward, *, decoder: CompletionDecoder | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1, name: str = "scorer",
                  sample_budget_s: float = 0.0):
         """`decoder`: a `CompletionDecoder`, needed by `score_ids`. `sample_budget_s`: an
@@ -104,16 +108,16 @@ class Scorer:
 
     # --- scoring -------------------------------------------------------------------------
 
-    async def score(self, items: Sequence[tuple[Any, str]], owner: Hashable = None) -> Scored:
+    async def score(self, items: Sequence[tuple[Key, str]], owner: Hashable = None) -> Scored:
         """`submit`, awaited: the event loop goes on meanwhile."""
         return await self.submit(items, owner)
 
-    async def score_ids(self, key: Any, packed_ids: Sequence[bytes],
+    async def score_ids(self, key: Key, packed_ids: Sequence[bytes],
                         claimed: Sequence[str]) -> Scored:
         """`submit_ids`, awaited."""
         return await self.submit_ids(key, packed_ids, claimed)
 
-    def submit(self, items: Sequence[tuple[Any, str]], owner: Hashable = None
+    def submit(self, items: Sequence[tuple[Key, str]], owner: Hashable = None
                ) -> asyncio.Future[Scored]:
         """Queue `(key, completion text)` pairs (scored as `reward(key, text)`: the key is an
         answer, or the hub's `Problem`) now, from a coroutine or callback of the driving loop
@@ -122,8 +126,8 @@ class Scorer:
         served least-used first (`echo2p2p.scoring.fairness`)."""
         return self._submit([(key, text) for key, text in items], owner)
 
-    def submit_ids(self, key: Any, packed_ids: Sequence[bytes], claimed: Sequence[str],
-                   turns: Sequence[bytes] | None = None, owner: Hashable = None
+    def submit_ids(self, key: Key, packed_ids: Sequence[bytes], claimed: Sequence[str],
+                   turns: Sequence[bytes] | None = None, *, owner: Hashable = None
                    ) -> asyncio.Future[Scored]:
         """`submit` for completions given as packed token ids (as on the wire), each decoded by
         the completion rule; `claimed` are the texts a peer says they decode to. `turns`: the

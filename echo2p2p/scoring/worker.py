@@ -29,10 +29,19 @@ import pickle
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from echo2p2p.errors import ScoringError
 from .code import ForgedPass
+
+if TYPE_CHECKING:
+    import asyncio
+    import ctypes
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnContext
+
+    from echo2p2p.completions import CompletionDecoder
+    from .rewards import Key, Reward
 
 # What the parent learns of each completion besides its reward (always 0.0 unless OK/MISMATCH).
 OK = 0  # scored
@@ -47,7 +56,8 @@ READY = "ready"
 START_TIMEOUT_S = 120.0  # a worker that has not loaded its reward function by then is broken
 
 
-def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | None) -> None:
+def serve(conn: Connection, progress: ctypes.Array[ctypes.c_double], reward_blob: bytes,
+          decoder_blob: bytes | None) -> None:
     """The worker's main: load, say READY, then score batches until EOF or None."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -77,7 +87,8 @@ def serve(conn: Any, progress: Any, reward_blob: bytes, decoder_blob: bytes | No
         conn.send((out, seconds))
 
 
-def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]:
+def score_item(reward: Reward, decoder: CompletionDecoder | None, item: tuple
+               ) -> tuple[float, int, str]:
     """`(reward, note, detail)` of one item (see the module docstring); `detail` says why a
     FAILED, REPLAYED or FORGED item scored 0 ('' otherwise)."""
     key, *rest = item
@@ -103,8 +114,8 @@ def score_item(reward: Any, decoder: Any, item: tuple) -> tuple[float, int, str]
     return (value, note, "") if math.isfinite(value) else (0.0, FAILED, f"returned {value}")
 
 
-def _replay(reward: Any, decoder: Any, key: Any, packed_ids: bytes, claimed: str,
-            packed_turns: bytes) -> tuple[float, int, str]:
+def _replay(reward: Reward, decoder: CompletionDecoder | None, key: Key, packed_ids: bytes,
+            claimed: str, packed_turns: bytes) -> tuple[float, int, str]:
     """An episode's reward by replaying its environment (`reward.replay`, see
     `echo2p2p.scoring.rewards.EpisodeReplay`); REPLAYED with the fault if it does not check out."""
     try:
@@ -143,7 +154,8 @@ class WorkerProcess:
     """The parent's handle on one child: its pipe, its progress stamp and the batch it is
     scoring (the `Scorer`'s bookkeeping, kept here so the handle is one object)."""
 
-    def __init__(self, ctx: Any, reward_blob: bytes, decoder_blob: bytes | None, name: str):
+    def __init__(self, ctx: SpawnContext, reward_blob: bytes, decoder_blob: bytes | None,
+                 name: str):
         """Spawns the process and waits until it is ready: run in the Scorer's spawner thread."""
         self.conn, child = ctx.Pipe()
         self.progress = ctx.RawArray("d", [-1.0, 0.0])  # [index started, its monotonic start]
@@ -155,7 +167,7 @@ class WorkerProcess:
         self.sent_at = 0.0  # when that batch was sent (time.monotonic, as the stamps)
         self.listening = False  # the loop watches its pipe for the answer
         self.batch: list[tuple[Any, int]] | None = None  # (the Scorer's job, item index)
-        self.timer: Any = None  # the loop's TimerHandle for this batch's deadline
+        self.timer: asyncio.TimerHandle | None = None  # the loop's, for this batch's deadline
         try:
             ready = self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == READY
         except (EOFError, OSError):

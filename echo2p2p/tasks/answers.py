@@ -55,6 +55,7 @@ def extract_answer(text: str, answer_format: str) -> str | None:
     return found or None
 
 
+# `value`: a dataset cell, whatever its column holds.
 def _text(value: Any) -> str | None:
     """A row value usable as text: a string, or a number (GSM8K-like sets store ints)."""
     if isinstance(value, str):

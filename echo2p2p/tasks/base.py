@@ -35,12 +35,18 @@ class Problem:
         prompt = self.row.get("prompt") if self.row else None
         return prompt if isinstance(prompt, list) else None
 
+    @property
+    def episode_seed(self) -> int:
+        """An environment's problem is one episode seed, kept in `answer` in decimal (what a
+        lease hands a peer: `LeaseGrant.episode_seed`); ValueError on any other problem."""
+        return int(self.answer)
+
 
 @runtime_checkable
 class Task(Protocol):
     """What the hub needs from a task."""
 
-    kind: str  # "addition" | "math": sent to peers, selects the reward function
+    kind: str  # "addition", "math", "rg:<generator>", ...: sent to peers, selects the reward
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of `split` ("train" or "eval"), in a fixed order."""

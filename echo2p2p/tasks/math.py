@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _mv_parse = _mv_verify = _mv_grader_log = _mv_parser_log = None
 
 
+# `record`: a logging.LogRecord (the core does not import logging).
 def _not_the_timeout_notice(record: Any) -> bool:
     """False for math-verify's "Timeout is disabled as ... is None" warning (off on purpose)."""
     return not str(record.msg).startswith("Timeout is disabled")

@@ -1,6 +1,6 @@
 """Procedurally generated reasoning tasks from `reasoning-gym`, scored by the generator itself.
 
-`ReasoningTask(name, args, eval_size=...)` draws problems from the generator `name` (one of
+`ReasoningTask(generator, args, eval_size=...)` draws problems from `generator` (one of
 reasoning-gym's datasets, "basic_arithmetic", "leg_counting", ...) configured with `args` (its
 config's keywords, {"min_digits": 1, "max_digits": 2}). The split is the generator's own seed,
 never a run's: the held-out set is the first `eval_size` distinct questions drawn with
@@ -11,7 +11,7 @@ by question text, by construction.
 
 The prompt is the generator's question and `INSTRUCTION`. Scoring (`GeneratorScore`) needs the
 whole entry (answer and metadata), which peers never receive, so peers do not score these tasks
-(their kind, "rg:<name>", is not one of `echo2p2p.tasks.REWARDS`): the hub's scorers call
+(their kind, "rg:<generator>", is not one of `echo2p2p.tasks.REWARDS`): the hub's scorers call
 `dataset.score_answer(answer, entry)`. Strict by default: 1.0 when the generator gives full
 credit to the answer the completion commits to (`committed_answer`: one number against a
 numeric gold, `echo2p2p.tasks.final_answer`), else 0.0. Many generators' scorers give partial
@@ -100,21 +100,23 @@ def task_options(args: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return generator_args, partial
 
 
-def open_generator(name: str, args: Mapping[str, Any], *, seed: int, size: int) -> Any:
-    """reasoning-gym's dataset `name` with config keywords `args` (see the module docstring
+# `-> Any`: a reasoning-gym dataset (the library is imported only here, when opened).
+def open_generator(generator: str, args: Mapping[str, Any], *, seed: int, size: int) -> Any:
+    """reasoning-gym's dataset `generator` with config keywords `args` (see the module docstring
     for what it raises)."""
     import reasoning_gym  # optional: pip install reasoning-gym
     from reasoning_gym.factory import DATASETS
 
-    if name not in DATASETS:
-        close = difflib.get_close_matches(name, list(DATASETS), n=4, cutoff=0.5)
+    if generator not in DATASETS:
+        close = difflib.get_close_matches(generator, list(DATASETS), n=4, cutoff=0.5)
         hint = f"close names: {', '.join(close)}; " if close else ""
-        raise LookupError(f"no reasoning-gym generator {name!r}; {hint}list them with python -c "
-                          f"\"import reasoning_gym.factory as f; print(sorted(f.DATASETS))\"")
+        raise LookupError(f"no reasoning-gym generator {generator!r}; {hint}list them with "
+                          f"python -c \"import reasoning_gym.factory as f; "
+                          f"print(sorted(f.DATASETS))\"")
     try:
-        return reasoning_gym.create_dataset(name, seed=seed, size=size, **args)
+        return reasoning_gym.create_dataset(generator, seed=seed, size=size, **args)
     except (TypeError, ValueError, AssertionError) as exc:  # a keyword or value it rejects
-        raise ValueError(f"generator {name!r} rejects {dict(args)}: {exc}") from None
+        raise ValueError(f"generator {generator!r} rejects {dict(args)}: {exc}") from None
 
 
 def prompt_of(entry: Mapping[str, Any]) -> str:
@@ -125,14 +127,15 @@ def prompt_of(entry: Mapping[str, Any]) -> str:
 class ReasoningTask:
     """A reasoning-gym generator's problems with a held-out split fixed by its own seeds."""
 
-    def __init__(self, name: str, args: Mapping[str, Any] | None = None, *,
+    def __init__(self, generator: str, args: Mapping[str, Any] | None = None, *,
                  eval_size: int = 256, train_size: int = TRAIN_SIZE,
                  partial_credit: bool = False):
-        """`args`: the generator's config keywords; `partial_credit`: score with the
-        generator's own scores, partial credit included (default: full credit or nothing)."""
-        self.name, self.args, self.partial_credit = name, dict(args or {}), partial_credit
-        self.kind = KIND_PREFIX + name
-        train = list(open_generator(name, self.args, seed=TRAIN_SEED, size=train_size))
+        """`generator`: reasoning-gym's name for it (its "dataset"; the kind is
+        "rg:<generator>"); `args`: the generator's config keywords; `partial_credit`: score with
+        the generator's own scores, partial credit included (default: full credit or nothing)."""
+        self.generator, self.args, self.partial_credit = generator, dict(args or {}), partial_credit
+        self.kind = KIND_PREFIX + generator
+        train = list(open_generator(generator, self.args, seed=TRAIN_SEED, size=train_size))
         distinct = len({e["question"] for e in train})
         wanted = max(1, min(eval_size, distinct // 2))
         held = self._held_out(wanted)
@@ -142,14 +145,14 @@ class ReasoningTask:
             "train": tuple(_problem(f"{self.kind}/train/{i}", e) for i, e in enumerate(train)
                            if e["question"] not in questions)}
         if not self._splits["train"]:
-            raise ValueError(f"generator {name!r} with {self.args} makes too few distinct "
+            raise ValueError(f"generator {generator!r} with {self.args} makes too few distinct "
                              f"questions to hold some out: widen its arguments")
 
     def _held_out(self, wanted: int) -> list[dict[str, Any]]:
         """The first `wanted` distinct questions of the `EVAL_SEED` draw (fewer when the
         generator repeats itself that much)."""
         held: dict[str, dict[str, Any]] = {}
-        for entry in open_generator(self.name, self.args, seed=EVAL_SEED,
+        for entry in open_generator(self.generator, self.args, seed=EVAL_SEED,
                                     size=wanted * EVAL_DRAWS_PER_PROBLEM):
             held.setdefault(entry["question"], entry)
             if len(held) == wanted:
@@ -162,7 +165,7 @@ class ReasoningTask:
 
     def scorer(self) -> GeneratorScore:
         """What the hub's scorers call for this task."""
-        return GeneratorScore(self.name, self.args, partial_credit=self.partial_credit)
+        return GeneratorScore(self.generator, self.args, partial_credit=self.partial_credit)
 
     def reward(self, answer: str, completion: str) -> float:
         raise TypeError("a reasoning-gym task is scored against the whole entry: use scorer()")
@@ -176,31 +179,32 @@ class GeneratorScore:
     scoring worker, as it starts). Raises on a score that is not a number in [0, 1] (a scorer
     counts that sample as failed and scores it 0)."""
 
-    def __init__(self, name: str, args: Mapping[str, Any], *, partial_credit: bool = False):
-        self.name, self.args, self.partial_credit = name, dict(args), partial_credit
+    def __init__(self, generator: str, args: Mapping[str, Any], *, partial_credit: bool = False):
+        self.generator, self.args, self.partial_credit = generator, dict(args), partial_credit
         self._dataset: Any = None
 
     def __call__(self, problem: Problem, completion: str) -> float:
         if self._dataset is None:
-            self._dataset = open_generator(self.name, self.args, seed=EVAL_SEED, size=1)
+            self._dataset = open_generator(self.generator, self.args, seed=EVAL_SEED, size=1)
         entry = problem.row
         answer = (extract_answer if self.partial_credit else committed_answer)(completion, entry)
         value = float(self._dataset.score_answer(answer, entry))
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-            raise ValueError(f"{self.name}.score_answer returned {value}, not in [0, 1]")
+            raise ValueError(f"{self.generator}.score_answer returned {value}, not in [0, 1]")
         if self.partial_credit:
             return value
         return 1.0 if value >= FULL_CREDIT else 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "args": self.args, "partial_credit": self.partial_credit}
+        return {"generator": self.generator, "args": self.args,
+                "partial_credit": self.partial_credit}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Opens the generator now: in a scoring worker that is while it starts, not within the
         first completion's deadline (importing reasoning-gym takes a second or more)."""
-        self.name, self.args = state["name"], state["args"]
+        self.generator, self.args = state["generator"], state["args"]
         self.partial_credit = state["partial_credit"]
-        self._dataset = open_generator(self.name, self.args, seed=EVAL_SEED, size=1)
+        self._dataset = open_generator(self.generator, self.args, seed=EVAL_SEED, size=1)
 
 
 def _problem(problem_id: str, entry: Mapping[str, Any]) -> Problem:

@@ -27,13 +27,16 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.rows import SampleRow
 from echo2p2p.runtime.progress import progress_bar
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 LATEST = "LATEST"
 POLL_S = 0.5  # how often a checkpoint's bar reads how much torch has written
@@ -149,7 +152,7 @@ class Checkpoints:
         return learner, hub, [r for j in journals for r in read_journal(j)]
 
 
-def _watched(save: Callable[[], None], where: Path, bar: Any) -> None:
+def _watched(save: Callable[[], None], where: Path, bar: tqdm) -> None:
     """`save()`, while the tqdm `bar` shows the bytes under `where`: torch writes the files, so
     a thread of ours reads their sizes every POLL_S (no thread when the bar is off)."""
     if bar.disable:

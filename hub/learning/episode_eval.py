@@ -8,8 +8,8 @@ one rank only (a sharded learner's evaluation of episodes is not built: `HubRun`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,10 +17,18 @@ from echo2p2p import episodes
 from echo2p2p.completions import CompletionDecoder
 
 from .batches import left_padded
-from .learner import encode_prompt
+from .learner import Learner, encode_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from echo2p2p.policy.prompts import PromptFormat
+    from echo2p2p.tasks import Problem
 
 
-def greedy_turns(model: Any, tokenizer: Any, decoder: CompletionDecoder, max_new_tokens: int):
+def greedy_turns(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 decoder: CompletionDecoder, max_new_tokens: int
+                 ) -> Callable[[list[list[int]]], list[episodes.Turn]]:
     """`turns(contexts)` for `episodes.play`: one greedy model turn per context, cut by
     `decoder` (the tokenizer's completion rule)."""
     eos = tokenizer.eos_token_id
@@ -40,8 +48,9 @@ def greedy_turns(model: Any, tokenizer: Any, decoder: CompletionDecoder, max_new
 
 
 @torch.no_grad()
-def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], factory: Any, *,
-                      max_new_tokens: int, prompts: Any, batch_size: int = 64,
+def evaluate_episodes(learner: Learner, tokenizer: PreTrainedTokenizerBase,
+                      problems: Sequence[Problem], factory: Callable[[], episodes.Environment],
+                      *, max_new_tokens: int, prompts: PromptFormat, batch_size: int = 64,
                       turn: tuple[str, str] = ("", "")) -> float:
     """Mean reward of the learner's greedy episodes on `problems` (seeds in their answers);
     `turn` wraps each observation, as on the peers (`episodes.in_turn`)."""
@@ -55,9 +64,9 @@ def evaluate_episodes(learner: Any, tokenizer: Any, problems: Sequence[Any], fac
     try:
         for start in range(0, len(problems), batch_size):
             batch = problems[start:start + batch_size]
-            played = episodes.play([factory() for _ in batch], [int(p.answer) for p in batch],
+            played = episodes.play([factory() for _ in batch], [p.episode_seed for p in batch],
                                    [encode_prompt(tokenizer, p.prompt, prompts) for p in batch],
-                                   turns, episodes.in_turn(decoder.encode, turn))
+                                   turns, encode=episodes.in_turn(decoder.encode, turn))
             total += sum(p.reward for p in played)
     finally:
         model.train()

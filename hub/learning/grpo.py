@@ -150,7 +150,7 @@ def policy_loss(
     with torch.no_grad():
         # the clip switched the gradient off where min() picked the (constant) clipped branch
         stats = _token_means(mask, objective, mask & (clipped < unclipped),
-                             mask & dual_active, ratio, kl)
+                             mask & dual_active, ratio=ratio, kl=kl)
     return loss, stats
 
 
@@ -161,7 +161,7 @@ def _k3(ref_logprobs: Tensor, logprobs: Tensor) -> Tensor:
 
 
 def _token_means(mask: Tensor, objective: Tensor, clip_active: Tensor, dual_active: Tensor,
-                 ratio: Tensor, kl: Tensor) -> dict[str, float]:
+                 *, ratio: Tensor, kl: Tensor) -> dict[str, float]:
     """`policy_loss`'s stats: means over the masked tokens (all (B, T))."""
     zero = torch.zeros_like(objective)
     n = int(mask.sum().item())

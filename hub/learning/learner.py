@@ -255,8 +255,8 @@ class Learner:
             clip_eps=self.clip_eps, ref_logprobs=ref, kl_coef=self.kl_coef,
             num_tokens=num_tokens,
         )
-        return loss, stats, off_policy.tally(logprobs, behaviour, completion, torch.tensor(
-            [bucket[r.group] for r in rows]), max(bucket) + 1, self.clip_eps)  # bucket: (B,)
+        return loss, stats, off_policy.tally(logprobs, behaviour, completion, torch.tensor(  # (B,)
+            [bucket[r.group] for r in rows]), buckets=max(bucket) + 1, clip_eps=self.clip_eps)
 
     # --- publishing, checkpoints and evaluation ----------------------------------------
 
@@ -348,7 +348,7 @@ class Learner:
             for b in range(calls):
                 picked = own[b * batch_size:(b + 1) * batch_size]
                 batch = [problems[i] for i in picked] or problems[:1]  # a rank with none: a stand-in
-                texts = self._generate(tokenizer, decoder, batch, max_new_tokens, prompts)
+                texts = self._generate(tokenizer, decoder, batch, max_new_tokens, prompts=prompts)
                 done.extend(zip(picked, texts))
         finally:
             self.model.train()
@@ -360,7 +360,7 @@ class Learner:
         return out if self.leads else []
 
     def _generate(self, tokenizer, decoder: CompletionDecoder, batch: list, max_new_tokens: int,
-                  prompts: PromptFormat) -> list[str]:
+                  *, prompts: PromptFormat) -> list[str]:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         pad = pad if pad is not None else self.pad_id

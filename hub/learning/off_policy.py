@@ -73,7 +73,7 @@ def combined(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor
     return a[0] + b[0], torch.maximum(a[1], b[1])
 
 
-def tally(logprobs: Tensor, behaviour: Tensor, mask: Tensor, bucket: Tensor, buckets: int,
+def tally(logprobs: Tensor, behaviour: Tensor, mask: Tensor, bucket: Tensor, *, buckets: int,
           clip_eps: float) -> tuple[Tensor, Tensor]:
     """Per-bucket sums (buckets, len(SUMS)) and maxima (buckets, len(MAXES)), float64, of the
     masked tokens. logprobs, behaviour, mask: (B, T); bucket: (B,) ints in [0, buckets), the

@@ -29,12 +29,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from echo2p2p.errors import ConfigError, Echo2Error
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import PreTrainedTokenizerBase
+
+    from echo2p2p.tasks import Problem
+
+    from ..config import HubConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,7 @@ def world_from_env() -> tuple[int, int, int]:
                                         f"({e}): launch the ranks with torchrun") from None
 
 
-def check_world(cfg: Any, world: int) -> None:
+def check_world(cfg: HubConfig, world: int) -> None:
     """What the config must satisfy for `world` ranks to split every batch evenly."""
     if cfg.grpo.prompts_per_step % world:
         raise ConfigError("prompts_per_step", f"{cfg.grpo.prompts_per_step} groups per step do not "
@@ -70,11 +78,11 @@ class Ranks:
     rank: int
     world: int
     device: torch.device
-    mesh: Any  # torch.distributed.device_mesh.DeviceMesh
-    control: Any  # a gloo ProcessGroup with no deadline, for rank 0's calls
+    mesh: DeviceMesh
+    control: dist.ProcessGroup  # gloo, with no deadline, for rank 0's calls
 
     @classmethod
-    def from_env(cls, cfg: Any) -> Ranks | None:
+    def from_env(cls, cfg: HubConfig) -> Ranks | None:
         """Join the process group torchrun describes, or None when this is a single process."""
         rank, world, local_rank = world_from_env()
         if world == 1:
@@ -144,7 +152,7 @@ class Ranks:
         del whole
         _release_freed_heap()
 
-    def gather_to_first(self, obj: Any) -> list[Any]:
+    def gather_to_first(self, obj: Any) -> list[Any]:  # anything picklable
         """Every rank's `obj`, on rank 0 (others get [])."""
         out: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0)
@@ -201,10 +209,10 @@ class Leader:
     """Rank 0's learner: every call goes to the other ranks first, then all make it together.
     Attributes it does not wrap (`model`, `vocab_size`, ...) are the learner's own."""
 
-    def __init__(self, learner: Any, ranks: Ranks):
+    def __init__(self, learner: Any, ranks: Ranks):  # Any: a `Learner` (which imports Ranks)
         self.learner, self.ranks = learner, ranks
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the learner's attribute, whatever it is
         return getattr(self.learner, name)
 
     def _lead(self, op: str, *args: Any) -> Callable[..., Any]:
@@ -214,7 +222,7 @@ class Leader:
             raise RankFailure(_stopped(op, e)) from e
         return getattr(self.learner, op)
 
-    def step(self, groups: list) -> Any:
+    def step(self, groups: list) -> Any:  # a `StepStats` (learner.py imports this module)
         return _guard("step", self._lead("step", list(groups)), groups)
 
     def iter_weights(self, dtype: torch.dtype):
@@ -224,7 +232,9 @@ class Leader:
         except RuntimeError as e:
             raise RankFailure(_stopped("a publication", e)) from e
 
-    def evaluate(self, tokenizer: Any, problems: list, score: Any, **kw: Any) -> float:
+    def evaluate(self, tokenizer: PreTrainedTokenizerBase, problems: list,
+                 score: Callable[[list[tuple[Problem, str]]], list[float]] | None,
+                 **kw: Any) -> float:
         return _guard("an evaluation", self._lead("evaluate", list(problems), kw),
                       tokenizer, problems, score, **kw)
 
@@ -255,7 +265,8 @@ def _stopped(what: str, e: BaseException) -> str:
             f"from the last checkpoint (any rank count that divides the batch)")
 
 
-def follow(learner: Any, ranks: Ranks, tokenizer: Any) -> None:
+def follow(learner: Any, ranks: Ranks, tokenizer: PreTrainedTokenizerBase) -> None:
+    # Any: a `Learner`, whose module imports this one
     """A rank other than 0: make rank 0's calls until it says stop."""
     while True:
         try:

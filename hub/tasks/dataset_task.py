@@ -15,6 +15,7 @@ one sentence naming the fix, raised before the hub serves anything.
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def open_dataset_task(tasks: TasksConfig, *, cache_dir: str | None = None
     return task
 
 
-def _import_datasets() -> Any:
+def _import_datasets() -> types.ModuleType:
     try:
         import datasets
     except ImportError:
@@ -60,7 +61,8 @@ def _import_datasets() -> Any:
     return datasets
 
 
-def _read(datasets: Any, source: str, config: str, cache_dir: str | None) -> Mapping[str, Any]:
+def _read(datasets: types.ModuleType, source: str, config: str, cache_dir: str | None
+          ) -> Mapping[str, Any]:
     """The splits of `source` by name (a DatasetDict, or {"train": Dataset})."""
     path = Path(source).expanduser()
     try:
@@ -101,6 +103,7 @@ def _cached_snapshot(name: str, cache_dir: str | None) -> str:
                           f"parquet, JSONL or arrow file") from None
 
 
+# `-> Any`: a `datasets.Dataset` (the library is imported only when a dataset is read).
 def _split(splits: Mapping[str, Any], tasks: TasksConfig, split: str, field: str) -> Any:
     """Split `split`; ConfigError naming `field` if it is not there."""
     if split not in splits:

@@ -27,13 +27,13 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.episodes import undetermined
-from echo2p2p.runtime.environments import EnvironmentMissing, find_environment
+from echo2p2p.adapters.environments import EnvironmentMissing, find_environment
 from echo2p2p.scoring.code import code_tests
 from echo2p2p.scoring.sandbox import sandbox_refusal
-from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, RewardFunctions,
-                                      load_reward)
-from echo2p2p.tasks import (REWARDS, AdditionTask, EnvironmentTask, MathTask, Problem,
-                            RecordsTask)
+from echo2p2p.scoring.rewards import (BUILTIN, ByAnswer, EpisodeReplay, HubReward,
+                                      RewardFunctions, load_reward)
+from echo2p2p.adapters.environment_task import EnvironmentTask
+from echo2p2p.tasks import REWARDS, AdditionTask, MathTask, Problem, RecordsTask, Task
 from echo2p2p.tasks.reasoning import KIND_PREFIX, ReasoningTask, task_options
 
 from ..config import HubConfig
@@ -56,9 +56,12 @@ class TokenizedProblem:
 
 @dataclass(frozen=True)
 class TaskSetup:
-    task: Any  # problems by split, and a kind
-    reward: Any  # what the hub's scorers call (`echo2p2p.scoring.rewards`)
-    kind: str  # what the welcome tells peers
+    """The run's task with what scores it: a setup, not a task (`echo2p2p.tasks` names each
+    meaning of "task"); `setup` holds one."""
+
+    task: Task  # problems by split, and a kind
+    reward: HubReward  # what the hub's scorers call (`echo2p2p.scoring.rewards`)
+    kind: str  # the task kind the welcome tells peers (`Welcome.task_kind`)
     env_version: str = ""  # the environment's, with an environment ('' otherwise)
 
     @property
@@ -85,7 +88,7 @@ class TaskSetup:
         return self.kind in REWARDS or bool(self.env)
 
     @classmethod
-    def builtin(cls, task: Any) -> TaskSetup:
+    def builtin(cls, task: Task) -> TaskSetup:
         """A built-in task scored by its own reward (a generator's task: by its scorer)."""
         if isinstance(task, ReasoningTask):
             return cls(task, task.scorer(), task.kind)
@@ -125,7 +128,7 @@ def open_setup(cfg: HubConfig, *, reward: RewardSpec | Sequence[RewardSpec] | No
     return TaskSetup(task, _functions(funcs, weights), RecordsTask.kind)
 
 
-def open_task(cfg: HubConfig) -> Any:
+def open_task(cfg: HubConfig) -> Task:
     """The built-in task `cfg` names: a dataset (`echo2p2p.hub.tasks.dataset_task`), the addition
     task, a reasoning-gym generator, or a JSONL math task from a path."""
     if cfg.tasks.dataset:
@@ -201,7 +204,8 @@ def _environment(cfg: HubConfig) -> TaskSetup:
     return TaskSetup(task, EpisodeReplay(found.factory), task.kind, found.version)
 
 
-def _reward_functions(cfg: HubConfig, given: Any) -> list[Callable[..., Any]]:
+def _reward_functions(cfg: HubConfig, given: RewardSpec | Sequence[RewardSpec] | None
+                      ) -> list[Callable[..., Any]]:
     specs = given if given is not None else [s for s in cfg.scoring.reward.split(",") if s.strip()]
     if callable(specs) or isinstance(specs, str):
         specs = [specs]

@@ -155,7 +155,7 @@ def logged_before(run_dir: Path, step: int) -> list[dict[str, Any]]:
     return [kept[key] for key in sorted(kept)]
 
 
-def token_check(token: str) -> Any:
+def token_check(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     """A middleware refusing (401) any request without `token` ('' = none needed)."""
     expected = token.encode()
 
@@ -247,6 +247,7 @@ def first_paint(html: bytes, now: dict[str, Any]) -> bytes:
     return html
 
 
+# `value`: a JSON value from the status.
 def _shown(value: Any, spec: str, prefix: str = "") -> str | None:
     """`value` formatted by `spec` when it is a finite number, else None (the "–" stays)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -234,6 +234,7 @@ class Feed:
                               self.steps.buckets)
 
 
+# `Any` below is a JSON value (a status or step record), open by nature.
 def event_frame(kind: str, data: Any) -> bytes:
     """One server-sent event: `event: kind`, one `data:` line of JSON (one line: json.dumps
     escapes every newline inside strings)."""

@@ -62,6 +62,7 @@ def summary(data: RunData) -> list[tuple[str, str]]:
     return rows
 
 
+# `value`: a JSON value from the run log.
 def _fmt(value: Any, places: int = 3) -> str:
     return f"{value:.{places}f}" if finite(value) else "-"
 

@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from .run_data import RunData, finite, trained_lags
@@ -53,7 +54,7 @@ def series(steps: list[dict[str, Any]], key: str, xs: list[float] | None = None
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
-def nothing(ax: Any, text: str) -> None:
+def nothing(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
@@ -171,7 +172,7 @@ def propagation(data: RunData) -> Figure:
     return figure
 
 
-def spread_of(ax: Any, records: list[dict[str, Any]]) -> None:
+def spread_of(ax: Axes, records: list[dict[str, Any]]) -> None:
     """The CDF of when each of the last versions reached its peers: from the records' "cdf_s"
     deciles where they carry them, else from t50/t90/t100 alone."""
     deciles = all(isinstance(r.get("cdf_s"), list) for r in records)

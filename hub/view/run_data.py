@@ -33,6 +33,7 @@ class RunData:
         return str(self.config.get("run_id") or "unknown run")
 
 
+# `value`: a JSON value from the run log.
 def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

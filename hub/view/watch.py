@@ -83,6 +83,7 @@ def fetch(url: str, token: str = "", tls: ssl.SSLContext | None = None, timeout_
     return status
 
 
+# `Any` below is a JSON value from the hub's status, shown as text.
 def one_line(value: Any, limit: int = MAX_TEXT) -> str:
     """`value` as at most `limit` printable characters (control characters, escape sequences
     and bidirectional overrides become "?")."""
@@ -106,7 +107,7 @@ def number(value: Any, fmt: str = ".2f") -> str:
     return text if len(text) <= 12 else format(value, ".3g")
 
 
-def ago(seconds: Any) -> str:
+def ago(seconds: float | None) -> str:
     if number(seconds) == "-" or seconds < 0:
         return "-"
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"

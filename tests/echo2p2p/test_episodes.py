@@ -167,7 +167,8 @@ def test_replay_accepts_an_honest_episode_and_says_its_reward(seed):
     packed = episodes.unpack_turns(episodes.pack_turns(lengths))
     assert packed == tuple(lengths)
     assert episodes.check_layout(packed, len(ids), sum(lengths[0::2]))
-    assert episodes.replay(TakeAway(), seed, ids, lengths, decode_turn, encode) == \
+    assert episodes.replay(TakeAway(), seed, ids, lengths,
+                           decode_turn=decode_turn, encode=encode) == \
         episodes.Replayed(reward)
 
 
@@ -176,7 +177,8 @@ def test_replay_says_won_and_lost_episodes_apart():
     rewards = set()
     for seed in range(40):
         ids, lengths, reward = honest(seed, optimal)
-        replayed = episodes.replay(TakeAway(), seed, ids, lengths, decode_turn, encode)
+        replayed = episodes.replay(TakeAway(), seed, ids, lengths,
+                                   decode_turn=decode_turn, encode=encode)
         assert replayed.fault == "" and replayed.reward == reward
         rewards.add(reward)
     assert rewards == {0.0, 1.0}
@@ -200,8 +202,9 @@ def test_replay_catches_an_altered_observation():
         new = encode(forged)
         forged_ids = ids[:at] + new + ids[at + lengths[1]:]
         forged_lengths = [lengths[0], len(new), *lengths[2:]]
-        assert episodes.replay(TakeAway(), seed, forged_ids, forged_lengths, decode_turn,
-                               encode) == episodes.Replayed(0.0, episodes.OBSERVATION)
+        assert episodes.replay(TakeAway(), seed, forged_ids, forged_lengths,
+                               decode_turn=decode_turn,
+                               encode=encode) == episodes.Replayed(0.0, episodes.OBSERVATION)
 
 
 def test_replay_catches_an_episode_that_goes_on_after_done():
@@ -209,11 +212,12 @@ def test_replay_catches_an_episode_that_goes_on_after_done():
     seed, ids, lengths = long_episode()
     extra_obs, extra_turn = encode("I took 1. pile 3: "), encode("1") + [EOS]
     assert episodes.replay(TakeAway(), seed, ids + extra_obs + extra_turn,
-                           [*lengths, len(extra_obs), len(extra_turn)], decode_turn,
-                           encode).fault == episodes.TOO_LONG
+                           [*lengths, len(extra_obs), len(extra_turn)], decode_turn=decode_turn,
+                           encode=encode).fault == episodes.TOO_LONG
     too_many = [2, 1] * (TakeAway.max_turns) + [2]  # more model turns than max_turns
     fake = (encode("1") + [EOS] + encode(" ")) * TakeAway.max_turns + encode("1") + [EOS]
-    assert episodes.replay(TakeAway(), seed, fake, too_many, decode_turn, encode).fault == \
+    assert episodes.replay(TakeAway(), seed, fake, too_many,
+                           decode_turn=decode_turn, encode=encode).fault == \
         episodes.TOO_LONG
 
 
@@ -221,8 +225,8 @@ def test_replay_catches_an_episode_that_stops_early():
     """The last model turn and its observation cut off before the game ended: TOO_SHORT."""
     seed, ids, lengths = long_episode()
     cut = sum(lengths[-2:])
-    assert episodes.replay(TakeAway(), seed, ids[:-cut], lengths[:-2], decode_turn,
-                           encode) == episodes.Replayed(0.0, episodes.TOO_SHORT)
+    assert episodes.replay(TakeAway(), seed, ids[:-cut], lengths[:-2], decode_turn=decode_turn,
+                           encode=encode) == episodes.Replayed(0.0, episodes.TOO_SHORT)
 
 
 def test_replay_catches_ids_after_eos_in_a_turn():
@@ -231,7 +235,8 @@ def test_replay_catches_ids_after_eos_in_a_turn():
     bad = ids[:lengths[0]] + encode("2") + ids[lengths[0]:]
     bad_lengths = [lengths[0] + 1, *lengths[1:]]
     assert decode_turn(bad[:bad_lengths[0]]) is None
-    assert episodes.replay(TakeAway(), seed, bad, bad_lengths, decode_turn, encode) == \
+    assert episodes.replay(TakeAway(), seed, bad, bad_lengths,
+                           decode_turn=decode_turn, encode=encode) == \
         episodes.Replayed(0.0, episodes.BAD_TURNS)
 
 
@@ -252,13 +257,14 @@ def test_bad_layouts_are_refused():
 def test_an_illegal_move_ends_a_replayed_episode_with_reward_0():
     """An honest episode whose model turn is illegal ends there, replayed as a loss."""
     ids = encode("9") + [EOS]
-    assert episodes.replay(TakeAway(), 2, ids, [len(ids)], decode_turn, encode) == \
+    assert episodes.replay(TakeAway(), 2, ids, [len(ids)],
+                           decode_turn=decode_turn, encode=encode) == \
         episodes.Replayed(0.0)
     seed, ids, lengths = long_episode()
     turn = encode("x") + [EOS]  # the second model turn made illegal: the game ends there
     honest_ids = ids[:lengths[0] + lengths[1]] + turn
     assert episodes.replay(TakeAway(), seed, honest_ids, [lengths[0], lengths[1], len(turn)],
-                           decode_turn, encode) == episodes.Replayed(0.0)
+                           decode_turn=decode_turn, encode=encode) == episodes.Replayed(0.0)
 
 
 def test_model_mask_marks_exactly_the_model_tokens():
@@ -317,7 +323,7 @@ def test_takeaway_base_loads_and_plays_legal_moves_greedily(takeaway_engine):
     seeds = list(range(60))
     envs = [TakeAway() for _ in seeds]
     played = episodes.play(envs, seeds, [encode(TakeAway().reset(s)) for s in seeds],
-                           engine_turns(takeaway_engine, top_p=1e-6, seed=0), encode)
+                           engine_turns(takeaway_engine, top_p=1e-6, seed=0), encode=encode)
     legal_games = sum(all_legal(s, p) for s, p in zip(seeds, played))
     wins = sum(p.reward for p in played)
     optimal_wins = sum(transcript(s, optimal)[-1][1].reward for s in seeds)
@@ -330,9 +336,10 @@ def test_sampled_episodes_of_the_base_replay_to_their_reward(takeaway_engine):
     seeds = list(range(100, 160))
     played = episodes.play([TakeAway() for _ in seeds], seeds,
                            [encode(TakeAway().reset(s)) for s in seeds],
-                           engine_turns(takeaway_engine, top_p=1.0, seed=1), encode)
+                           engine_turns(takeaway_engine, top_p=1.0, seed=1), encode=encode)
     for seed, p in zip(seeds, played):
         assert episodes.check_layout(tuple(p.turns), len(p.ids), len(p.logprobs))
-        assert episodes.replay(TakeAway(), seed, p.ids, p.turns, decode_turn, encode) == \
+        assert episodes.replay(TakeAway(), seed, p.ids, p.turns,
+                               decode_turn=decode_turn, encode=encode) == \
             episodes.Replayed(p.reward)
     assert 0.03 <= sum(p.reward for p in played) / len(seeds) <= 0.5

@@ -338,3 +338,24 @@ def test_limits_are_sized_per_direction():
 def test_peer_messages_round_trip_under_the_hubs_limits(msg):
     """Everything a peer may send decodes under FROM_PEER as it was."""
     assert m.decode(m.encode(msg), m.FROM_PEER) == msg
+
+
+def test_python_names_read_the_wire_fields_they_stand_for():
+    """Welcome.task_kind is welcome.task; RelayPlan.swarm is relay_plan.gossip; neither is a
+    field of its own (the wire keeps its names), so a decoded frame answers to both."""
+    assert "task_kind" not in {f.name for f in dataclasses.fields(m.Welcome)}
+    assert "swarm" not in {f.name for f in dataclasses.fields(m.RelayPlan)}
+    welcome = m.Welcome("p1", "run", "tiny", "rg:chain_sum", 0, 2, 4, 1.0, 1.0, 16, 7)
+    assert m.decode(m.encode(welcome)).task_kind == "rg:chain_sum"
+    part = m.GossipPlan(3, None, m.pack_ids([0, 2]), [])
+    assert m.decode(m.encode(m.RelayPlan(3, None, 0, [], b"", gossip=part))).swarm == part
+    assert m.RelayPlan(3, None, 0, [], b"").swarm is None
+
+
+@pytest.mark.parametrize("answer,seed", [("17", 17), ("0", 0), ("", None), ("-3", None),
+                                         ("85.0", None), ("²", None), (" 4", None)])
+def test_a_leases_episode_seed_is_its_answer_in_decimal_or_none(answer, seed):
+    """In an environment run the lease's `answer` carries the episode's seed; anything that is
+    not plain ASCII digits is no seed (the peer drops such a lease)."""
+    lease = m.LeaseGrant("L1", "env-1", "", [1], answer, 2, 10.0, 0)
+    assert lease.episode_seed == seed

@@ -288,3 +288,11 @@ def test_records_task_names_the_bad_row(lines, says):
 
     with pytest.raises(ValueError, match=re.escape(says)):
         RecordsTask.from_lines(lines)
+
+
+def test_an_environment_problems_seed_is_its_answer():
+    """`Problem.episode_seed` reads the seed an environment's problem keeps in its answer, and
+    refuses a problem whose answer is no number."""
+    assert Problem("takeaway-12", "prompt", "12").episode_seed == 12
+    with pytest.raises(ValueError):
+        Problem("add-1+1", "1+1=", "two").episode_seed

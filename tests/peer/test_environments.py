@@ -15,10 +15,10 @@ from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts
-from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment, installed,
+from echo2p2p.adapters.environments import (EnvironmentMissing, find_environment, installed,
                                            require_environment)
 from echo2p2p.scoring.rewards import EpisodeReplay
-from echo2p2p.tasks import EnvironmentTask
+from echo2p2p.adapters.environment_task import EnvironmentTask
 from echo2p2p.tasks.takeaway import TakeAway, make
 
 from tests.hostile.harness import small_cfg

@@ -136,7 +136,7 @@ INDEX = encode_index(index_of("lab/finetune", FILES, {"eos_token_id": 1}))
 
 async def fetch(base: str, w: m.Welcome, cache: Path) -> str:
     async with aiohttp.ClientSession() as http:
-        return await model_directory(http, base, w, {}, cache, TIMEOUT_S)
+        return await model_directory(http, base, w, {}, cache=cache, timeout_s=TIMEOUT_S)
 
 
 async def test_files_are_verified_installed_and_reused(tmp_path):

@@ -21,10 +21,11 @@ def test_plan_takes_the_own_cgroup_then_its_parent_else_says_why():
     """A root caller's runs go under its own cgroup when it hands memory and pids down, else
     beside it under its parent's; anything else (not root, not cgroup v2, a controller
     missing, the root cgroup without them) is None with a reason."""
-    assert plan("cgroup2", 0, "/", BOTH, "") == ("/", "")
-    assert plan("cgroup2", 0, "/system.slice/hub.service", "", BOTH) == ("/system.slice", "")
-    assert plan("cgroup2", 0, "/a/b", "memory pids", "") == ("/a/b", "")
-    assert plan("cgroup2", 0, "/hub", "", "memory pids") == ("/", "")
+    assert plan("cgroup2", 0, "/", BOTH, parent_subtree="") == ("/", "")
+    assert plan("cgroup2", 0, "/system.slice/hub.service", "",
+                parent_subtree=BOTH) == ("/system.slice", "")
+    assert plan("cgroup2", 0, "/a/b", "memory pids", parent_subtree="") == ("/a/b", "")
+    assert plan("cgroup2", 0, "/hub", "", parent_subtree="memory pids") == ("/", "")
     cases = {("cgroup2", 1000, "/", BOTH, ""): "not root",
              ("tmpfs", 0, "/", BOTH, ""): "is tmpfs, not cgroup v2",
              ("", 0, "/", BOTH, ""): "not mounted",
@@ -32,7 +33,7 @@ def test_plan_takes_the_own_cgroup_then_its_parent_else_says_why():
              ("cgroup2", 0, "/hub", "memory", "cpu memory"): "memory and pids",
              ("cgroup2", 0, "/hub", "", ""): "memory and pids"}
     for args, why in cases.items():
-        base, said = plan(*args)
+        base, said = plan(*args[:4], parent_subtree=args[4])
         assert base is None and why in said, (args, said)
 
 

@@ -29,7 +29,8 @@ def hand_made() -> off_policy.Tally:
     mask = torch.tensor([[True, True, False], [True, True, False]])
     versions, bucket = off_policy.buckets([5, 4])
     assert versions == [4, 5] and bucket == [1, 0]
-    sums, maxes = off_policy.tally(logprobs, behaviour, mask, torch.tensor(bucket), 2, 0.2)
+    sums, maxes = off_policy.tally(logprobs, behaviour, mask, torch.tensor(bucket), buckets=2,
+                                   clip_eps=0.2)
     return off_policy.Tally(tuple(versions), sums, maxes)
 
 
@@ -73,9 +74,10 @@ def test_micro_batches_combine_to_the_whole_batchs_tally():
     d = torch.tensor([[0.1, -0.3], [0.5, 0.0]])
     zeros, mask = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
     bucket = torch.tensor([0, 0])
-    whole = off_policy.tally(d, zeros, mask, bucket, 1, 0.2)
-    halves = off_policy.combined(off_policy.tally(d[:1], zeros[:1], mask[:1], bucket[:1], 1, 0.2),
-                                 off_policy.tally(d[1:], zeros[1:], mask[1:], bucket[1:], 1, 0.2))
+    whole = off_policy.tally(d, zeros, mask, bucket, buckets=1, clip_eps=0.2)
+    halves = off_policy.combined(
+        off_policy.tally(d[:1], zeros[:1], mask[:1], bucket[:1], buckets=1, clip_eps=0.2),
+        off_policy.tally(d[1:], zeros[1:], mask[1:], bucket[1:], buckets=1, clip_eps=0.2))
     assert torch.allclose(whole[0], halves[0]) and torch.equal(whole[1], halves[1])
 
 

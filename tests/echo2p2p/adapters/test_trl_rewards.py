@@ -14,7 +14,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.messages import pack_ids
 from echo2p2p.scoring.rewards import RewardFunctions, exact_match
 from echo2p2p.scoring.scorer import Scorer
-from echo2p2p.scoring.trl_rewards import is_trl_reward
+from echo2p2p.adapters.trl_rewards import is_trl_reward
 from echo2p2p.tasks import Problem
 
 CHAT = [{"role": "user", "content": "What is 1 + 1? Think first."}]

@@ -54,6 +54,8 @@ vf_environment.signal = types.SimpleNamespace(  # the process's handlers stay (s
     default_int_handler=signal.default_int_handler)
 
 
+# `Any` in this module is verifiers' own (its messages, clients, responses, environments),
+# which that library does not type in a way we can import without it.
 def plain(message: Any) -> dict[str, str]:
     """A verifiers message (a dict or a pydantic model) as {"role", "content"}."""
     get = message.get if isinstance(message, dict) else lambda k: getattr(message, k, None)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import Problem, check_split
-from .records import conversation_text
+from echo2p2p.tasks.base import Problem, check_split
+from echo2p2p.tasks.records import conversation_text
 
 KIND_PREFIX = "env:"  # a task kind "env:<name>": episodes of environment <name>
 

@@ -19,7 +19,7 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.policy.model import load_policy
 from echo2p2p.hub.tasks.task_setup import open_setup
-from echo2p2p.runtime.environments import (EnvironmentMissing, find_environment,
+from echo2p2p.adapters.environments import (EnvironmentMissing, find_environment,
                                            require_environment)
 
 from tests.conftest import running_peers
@@ -99,12 +99,12 @@ def test_the_replay_catches_an_altered_observation_of_either_library(name, seed,
     ids, turns, reward = played(name, seed, actions)
     assert len(turns) >= 3, "the episode needs an observation to alter"
     factory = find_environment(name).factory
-    honest = episodes.replay(factory(), seed, ids, turns, decode_turn, encode)
+    honest = episodes.replay(factory(), seed, ids, turns, decode_turn=decode_turn, encode=encode)
     assert honest == episodes.Replayed(reward)
     forged = list(ids)
     forged[turns[0]] = ord("X")  # the first observation's first character
-    assert episodes.replay(factory(), seed, forged, turns, decode_turn,
-                           encode).fault == episodes.OBSERVATION
+    assert episodes.replay(factory(), seed, forged, turns, decode_turn=decode_turn,
+                           encode=encode).fault == episodes.OBSERVATION
 
 
 def test_a_gymnasium_text_environment_keeps_its_seed_and_ends_at_terminated():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium
 
@@ -35,7 +34,7 @@ class GymText:
 
     user_turns = True  # under a chat template, each observation is a user turn
 
-    def __init__(self, env: Any):
+    def __init__(self, env: gymnasium.Env):
         self.env = env
         spec = getattr(env, "spec", None)
         limit = getattr(spec, "max_episode_steps", None) or getattr(env, "max_turns", MAX_TURNS)
@@ -51,7 +50,7 @@ class GymText:
         return Step("" if done else _text(observation, "step()"), float(reward), done)
 
 
-def _text(observation: Any, where: str) -> str:
+def _text(observation: object, where: str) -> str:
     if not isinstance(observation, str):
         shown = repr(observation)[:60]
         raise TypeError(f"a Gymnasium environment run here must observe text, but its {where} "

@@ -7,8 +7,8 @@ factory (a module-level callable returning a fresh `echo2p2p.episodes.Environmen
     takeaway = "echo2p2p.tasks.takeaway:make"
 
 Environments written for other libraries plug in as they are, by a prefixed name:
-`gym:mod:Class` (or `gym:Id-v0`) a Gymnasium text environment (`echo2p2p.runtime.gym_env`),
-`verifiers:NAME` an installed verifiers environment (`echo2p2p.runtime.verifiers_env`).
+`gym:mod:Class` (or `gym:Id-v0`) a Gymnasium text environment (`echo2p2p.adapters.gym_env`),
+`verifiers:NAME` an installed verifiers environment (`echo2p2p.adapters.verifiers_env`).
 
 The hub names the environment and its version in the welcome; a peer looks the name up here and
 refuses to join, with what to install, when it lacks it or has another version. The version is

@@ -40,6 +40,7 @@ def is_trl_reward(f: Callable[..., Any]) -> bool:
     return any(name in params for name in TRL_NAMES)
 
 
+# What TRL passes its log callbacks: open.
 def _drop(*_args: Any, **_kwargs: Any) -> None:
     """`log_extra` and `log_metric` in a scoring worker: nothing is logged."""
 
