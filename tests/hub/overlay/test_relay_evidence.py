@@ -21,6 +21,7 @@ from echo2p2p.pace import DEFAULT_WINDOW, share_rate_bps
 from echo2p2p.relay import Broadcast, Member, owners_of
 from echo2p2p.session import Session, Side
 from echo2p2p.hub.overlay import relay_checks as hub_relays
+from echo2p2p.hub.core.accusations import newest_share
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials, Tickets, server_base
@@ -343,8 +344,8 @@ def test_a_pace_check_asks_for_the_newest_share_the_relay_serves():
         broadcasts[key_] = Broadcast(*key_, len(snaps[key_].chunks))
         broadcasts[key_].start(members)
     broadcasts[(3, None)].drop("p1")
-    share = hub_relays.newest_share("p1", broadcasts, lambda v, b: snaps.get((v, b)))
+    share = newest_share("p1", broadcasts, lambda v, b: snaps.get((v, b)))
     assert share is not None and share.manifest == pubs[2].full.manifest
     assert share.chunks == [i for i in range(8) if broadcasts[(2, None)].owner(i) == "p1"]
     assert share.chunks and share.rate_bps == share_rate_bps(8e6, 2) / DEFAULT_WINDOW
-    assert hub_relays.newest_share("p3", broadcasts, lambda v, b: snaps.get((v, b))) is None
+    assert newest_share("p3", broadcasts, lambda v, b: snaps.get((v, b))) is None
