@@ -12,8 +12,10 @@ from typing import Any
 from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.core.actions import Outbox, Record, Send
+from echo2p2p.hub.core.overlay_actions import BuildDelta
 from echo2p2p.hub.core.peer import Peer
 from echo2p2p.hub.core.tracker import VersionTracker
+from echo2p2p.hub.overlay.catchup import build_catch_up
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.pool import Pool
 
@@ -43,8 +45,18 @@ class Rig:
         peer = Peer(peer_id, hello, proto, self.outbox, relay="ok" if relay else "failed")
         self.peers[peer_id] = peer
         self.pool.join(peer_id, peer_id, 0.0, active, self.clock)
-        self.pool.replan(None, self.clock)
+        if active:  # a generating peer, put to work at once
+            self.pool.replan(None, self.clock)
         return peer
+
+    def built(self, actions: list[Any]) -> list[Any]:
+        """Run every `BuildDelta` among `actions` as the shell does (a real encode, here in
+        this thread) and report it back; the actions decided then."""
+        for action in actions:
+            if isinstance(action, BuildDelta):
+                snap = build_catch_up(action.target, action.base)
+                self.tracker.delta_built(action.key, snap, self.clock)
+        return self.drain()
 
     def leave(self, peer_id: str) -> list[Any]:
         del self.peers[peer_id]
