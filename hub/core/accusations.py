@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p.pace import DEFAULT_WINDOW, measured_bps, per_request_bps, too_slow
@@ -36,8 +36,8 @@ from .overlay_actions import CheckGossip, CheckRelay, ProbeRelay
 from .peer import Peer
 from .tracker import VersionTracker
 
-if TYPE_CHECKING:
-    from ..overlay.versions import Snapshot
+# What the publisher made (`hub.overlay.versions`): the core reads their fields, never builds one.
+Snapshot = Any  # hub.overlay.versions.Snapshot
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 

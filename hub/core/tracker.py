@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p.capacity import broadcast_s
@@ -36,8 +36,9 @@ from .catchups import CatchUps
 from .peer import Peer
 from .seeding import Seeding
 
-if TYPE_CHECKING:
-    from ..overlay.versions import Published, Snapshot
+# What the publisher made (`hub.overlay.versions`): the core reads their fields, never builds one.
+Published = Any  # hub.overlay.versions.Published
+Snapshot = Any  # hub.overlay.versions.Snapshot
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 
