@@ -45,8 +45,7 @@ RECEIVER_STALL_S = 10.0  # a check asks as a receiver of the peers' default rela
 # wait = half of it, asked again after a 503 until it has passed (then a "stall")
 MAX_PENDING = 256  # probes and checks waiting at most; accusations past that are not checked
 MAX_REMEMBERED = 1 << 16  # gossip accusations and checked chunks kept before all are forgotten
-PENDING = "pending"  # a check's chunk never came in (503 to the end)
-# "pending": a pace check's chunk never came in (503 to the end): nothing is judged by it.
+PENDING = "pending"  # a check's chunk never came in (503 to the end): no pace is judged by it
 VERDICTS = ("intact", "corrupt", "stall", "unreachable", "slow", PENDING)
 
 
@@ -207,8 +206,9 @@ class Accusations:
             "checked": [*checked, case.chunk], "verdict": verdict}))
         if verdict == "intact" and reason == "corrupt":  # whole: the accusation was a lie
             self._distrust(accuser, "false_report")
-        if verdict == "corrupt" and (accused.identity, checked, case.chunk) not in self._convictions:
-            self._convictions.add((accused.identity, checked, case.chunk))
+        conviction = (accused.identity, checked, case.chunk)
+        if verdict == "corrupt" and conviction not in self._convictions:
+            self._convictions.add(conviction)
             self._distrust(accused, "bad_chunk")
         failed = verdict == "corrupt" or (verdict in ("stall", "unreachable") and reason != "slow")
         if failed and accused.relay != "failed":

@@ -136,8 +136,9 @@ class RelayCheck:
                     index: int) -> tuple[str, float]:
         """Fetch chunk `index` of `manifest` from `audience`'s server as a receiver that joined
         now (`receiver_fetch`, under an identity `mint` makes for it alone) and judge it: one
-        of `hub.core.accusations.VERDICTS` but "slow", PENDING if it never held the chunk, and the seconds from the
-        last request to its last byte or fault (the wait for one of our own slots not counted)."""
+        of `hub.core.accusations.VERDICTS` but "slow", PENDING if it never held the chunk, and
+        the seconds from the last request to its last byte or fault (the wait for one of our own
+        slots not counted)."""
         entry = manifest.chunks[index]
         url = base_url + chunk_path(manifest.version, manifest.base_version, index)
         async with self._slots:

@@ -2,10 +2,11 @@
 
 Each peer's frames go through its `echo2p2p.hub_protocol.HubProtocol` (`hub.serving.pump`), which
 returns events; a table sends each kind to the part it concerns: lease requests to `dispatch`,
-rollouts to `hub.serving.admission.Admission`, transfer reports to `hub.core.tracker.VersionTracker`, relay
-reports to `hub.core.accusations.Accusations` (their actions: `hub.serving.overlay_shell`). Replies go into the peer's outbox (`hub.serving.peers`). A
-misbehaving peer is closed with a code and a short reason; nothing it sends reaches the learner
-unvalidated.
+rollouts to `hub.serving.admission.Admission`, transfer reports to
+`hub.core.tracker.VersionTracker`, relay reports to `hub.core.accusations.Accusations` (what
+those two ask for beyond a send: `hub.serving.overlay_shell`). Replies go into the peer's outbox
+(`hub.serving.peers`). A misbehaving peer is closed with a code and a short reason; nothing it
+sends reaches the learner unvalidated.
 
 `Hub` is the front: it builds its parts in dependency order (lease book, buffer, pool, door,
 trust book, tracker, trust guard, relay judges, scorer, admission, quotas), each given only what
@@ -112,18 +113,18 @@ class Hub:
         self._tokens = TokenBook(cfg.network.tokens) if cfg.network.tokens else None
         self._trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         trust = self._trust  # its quarantined set is replaced on restore: looked up each time
-        self._overlay = OverlayShell(signing_key, run_id, new_peer_id=self._new_peer_id,
-                                     record=self._overlay_record, changed=self._changes.notify,
-                                     now=loop_now)  # carries out the overlay parts' actions
+        self._overlay = OverlayShell(signing_key, run_id, new_peer_id=self._new_peer_id, now=loop_now,
+                                     record=self._overlay_record, changed=self._changes.notify)
         self._tracker = VersionTracker(cfg.overlay, self._peers, self._pool, self._overlay.outbox,
                                        quarantined=lambda c: c.identity in trust.quarantined)
         self._guard = TrustGuard(self._trust, self._leases, self._buffer, self._counters,
                                  journal=self._journal, on_quarantine=self._quarantine,
-                                 route_around=lambda pid: self._tracker.route_around(pid, loop_now()))
+                                 route_around=lambda p: self._tracker.route_around(p, loop_now()))
         self._door = Door(cfg.limits, self._tokens, self._counters, self._guard)  # who may join
         self._accusations = Accusations(
             cfg.overlay.relay, self._peers, self._tracker, self._overlay.outbox, self._counters,
-            distrust=self._guard.distrust, tickets=bool(signing_key), min_rate_bytes_s=MIN_RATE_BYTES_S)
+            distrust=self._guard.distrust, tickets=bool(signing_key),
+            min_rate_bytes_s=MIN_RATE_BYTES_S)
         self._overlay.bind(self._tracker, self._accusations)
         self._spot = spot
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
@@ -401,7 +402,8 @@ class Hub:
     def _holding(self, conn: PeerConn, event: hp.HoldingReported) -> None:
         if conn.protocol.note_held(event.version, self._tracker.newest_version):
             log.debug("%s holds v%d", conn.peer_id, event.version)  # tests/chaos reads it
-            self._tracker.holding_reported(conn, event.version, loop_now())  # T_bcast counts the reload
+            # T_bcast counts the reload
+            self._tracker.holding_reported(conn, event.version, loop_now())
 
     def _new_peer_id(self) -> str:
         """A peer id never handed out before (a resumed hub's journal keeps the count): for a

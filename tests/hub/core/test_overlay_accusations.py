@@ -129,7 +129,8 @@ def test_a_relay_address_that_never_answers_is_never_dealt_chunks():
     for peer in (dead, live, nat):
         rig.judges.probe(peer, 0)
     probes = rig.drain()
-    assert probes == [ProbeRelay("dead", dead.server_url, 0), ProbeRelay("live", live.server_url, 0)]
+    assert probes == [ProbeRelay("dead", dead.server_url, 0),
+                      ProbeRelay("live", live.server_url, 0)]
     rig.judges.probed("dead", False, None)
     rig.judges.probed("live", True, 8e6)
     assert (dead.relay, live.relay, live.upload_bps) == ("failed", "ok", 8e6)

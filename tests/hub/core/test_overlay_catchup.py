@@ -130,7 +130,8 @@ def test_a_peer_one_behind_gets_the_published_delta_without_an_encode():
     rig.tracker.catch_up(peer, rig.clock)
     actions = rig.drain()
     delta, full = announced(actions, peer)
-    assert delta.manifest == rig.tracker.newest.delta.manifest and full.manifest.base_version is None
+    assert delta.manifest == rig.tracker.newest.delta.manifest
+    assert full.manifest.base_version is None
     assert builds(actions) == [] and rig.tracker.catchups.encodes == 0
 
 
@@ -173,7 +174,8 @@ def test_a_failed_encode_sends_the_full_version():
     again = rig.join("q", b"k" * 32)
     rig.tracker.catch_up(again, rig.clock)
     actions = rig.drain()
-    assert builds(actions) == [] and [a.manifest.base_version for a in announced(actions, again)] == [None]
+    assert builds(actions) == []
+    assert [a.manifest.base_version for a in announced(actions, again)] == [None]
 
 
 def test_a_cold_standby_peer_catches_up_from_what_it_reported_on_this_connection():
