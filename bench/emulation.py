@@ -336,9 +336,9 @@ class World:
 
     def redeal_seeds(self, gone: list[str]) -> None:
         """Gossip: the seeds of the peers that left go to others, one message to each receiver
-        (a GossipPlan naming only the added seeds), as `hub.overlay.tracker.reseed` deals them:
-        all of them, since the hub cannot tell which were passed on; a receiver asks the hub
-        only for those none of its links holds."""
+        (a GossipPlan naming only the added seeds), as `hub.core.tracker.VersionTracker.reseed`
+        deals them: all of them, since the hub cannot tell which were passed on; a receiver
+        asks the hub only for those none of its links holds."""
         orphans = sorted(i for p in gone for i in self.deals[p].seed)
         here = [mb for mb in self.members if not self.peers[mb.peer_id].gone]
         heirs = [mb for mb in here if mb.seeds]  # no NAT'd heir; with none, everyone fetches

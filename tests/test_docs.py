@@ -246,7 +246,6 @@ KNOWN = {
     ("hub/learning/loop.py", "hub.step"),  # means the attribute: write `Hub.step`
     ("hub/learning/run_setup.py", "hub.versions"),
     ("hub/learning/run_setup.py", "hub.catchup"),
-    ("hub/overlay/relay_checks.py", "hub.server"),
     ("hub/serving/admission.py", "hub.spotcheck"),
     ("hub/serving/counters.py", "hub.spotcheck"),
     ("hub/serving/counters.py", "hub.server"),

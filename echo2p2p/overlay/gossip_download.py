@@ -49,7 +49,7 @@ class GossipDownload(Download):
 
     def set_plan(self, plan: m.RelayPlan) -> None:
         """A newer plan of this manifest: in gossip, a fresh neighbour sample, or the seeds of
-        a seeder that left, dealt to us (`hub.overlay.tracker.VersionTracker.reseed`)."""
+        a seeder that left, dealt to us (`hub.core.tracker.VersionTracker.reseed`)."""
         if plan.swarm is None:
             return
         gossip = plan.swarm

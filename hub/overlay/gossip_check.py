@@ -10,6 +10,8 @@ of a chunk its `have` on that link claims, takes it out of relaying without a tr
 (slowness proves no lie). Anything else proves nothing, and a whole piece does not cost the
 accuser: a liar that corrupts only one victim's pieces must not frame that victim. Bounded: a
 few checks at once, one per (accuser, accused, manifest) and one per chunk of an accused.
+What follows from a verdict is the hub core's (`hub.core.accusations`); this module is the IO
+the shell (`hub.serving.overlay_shell`) runs for its `CheckGossip`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
@@ -32,13 +33,10 @@ from echo2p2p.overlay.links import answer_of, offer_headers
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.snapshot import chunk_digest
 
-from ..serving.peers import PeerConn
-
 log = logging.getLogger(__name__)
 
 CHECK_WAIT_S = 15.0  # a want of the contested chunk unanswered this long (+ per byte): stall
 CHECKS_AT_ONCE = 4  # link checks in flight; more wait their turn
-MAX_PENDING = 256  # checks waiting at most; accusations past that are not checked
 VERDICTS = ("intact", "corrupt", "stall", "absent", "unreachable")
 
 
@@ -88,73 +86,26 @@ async def fetch_piece(http: aiohttp.ClientSession, base_url: str, audience: str,
         return "unreachable"  # down, no room for a link (409), or frames no peer sends
 
 
-class GossipJudge:
-    """Gossip accusations, checked by the hub itself. `new_peer_id()` mints an id from the
-    hub's own sequence; `distrust(conn, event)` counts a trust event; `failed(conn)` takes a
-    peer out of relaying; `on_event(record)` writes the run log."""
+class GossipCheck:
+    """Gossip checks' IO: each dials as a new neighbour under credentials of its own
+    (`mint()`: an id from the hub's own sequence, a fresh key, a ticket of this run), a few at
+    once; the verdicts are judged in `hub.core.accusations`."""
 
-    def __init__(self, signing_key: bytes, run_id: str, *, new_peer_id: Callable[[], str],
-                 distrust: Callable[[PeerConn, str], None], failed: Callable[[PeerConn], None],
-                 on_event: Callable[[dict[str, Any]], None]):
-        self._key, self._run_id, self._new_peer_id = signing_key, run_id, new_peer_id
-        self._distrust, self._failed, self._on_event = distrust, failed, on_event
-        self._accusations: set[tuple[str, str, tuple]] = set()  # (accuser, accused, manifest)
-        self._checked: set[tuple[str, tuple, int]] = set()  # (identity, manifest, chunk)
+    def __init__(self, mint: Callable[[], Credentials]):
+        self._mint = mint
         self._slots = asyncio.Semaphore(CHECKS_AT_ONCE)
         self._http: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
 
-    def accused(self, accuser: PeerConn, accused: PeerConn, reason: str, manifest: m.Manifest,
-                index: int) -> None:
-        """`accuser` says `accused` served chunk `index` of `manifest` over a link badly."""
-        key = (manifest.version, manifest.base_version)
-        seen, chunk = (accuser.identity, accused.peer_id, key), (accused.identity, key, index)
-        if (not self._key or accused.server_url is None or accused.relay == "failed"
-                or not 0 <= index < len(manifest.chunks) or seen in self._accusations
-                or chunk in self._checked):
-            return  # no tickets to dial with, nobody can dial it, judged, or heard already
-        if len(self._tasks) >= MAX_PENDING:
-            log.warning("%d gossip checks pending: not checking %s's report", MAX_PENDING,
-                        accuser.peer_id)
-            return
-        if len(self._accusations) >= 1 << 16 or len(self._checked) >= 1 << 16:
-            self._accusations.clear()  # a long run's worth: forget the oldest all at once
-            self._checked.clear()
-        self._accusations.add(seen)
-        self._checked.add(chunk)
-        task = asyncio.create_task(self._judge(accuser, accused, reason, manifest, index))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    async def _judge(self, accuser: PeerConn, accused: PeerConn, reason: str,
-                     manifest: m.Manifest, index: int) -> None:
+    async def check(self, base_url: str, audience: str, manifest: m.Manifest, index: int) -> str:
+        """Ask `audience`'s server at `base_url` for chunk `index` of `manifest`: one of
+        VERDICTS."""
         async with self._slots:
-            credentials = Credentials.issued(self._key, self._run_id, self._new_peer_id())
+            credentials = self._mint()
             if self._http is None:
                 self._http = aiohttp.ClientSession()
-            verdict = await fetch_piece(self._http, accused.server_url, accused.peer_id,
-                                        credentials, manifest, index)
-        log.warning("checked %s's report of %s over a gossip link (%s, chunk %d of v%d): %s",
-                    accuser.peer_id, accused.peer_id, reason, index, manifest.version, verdict)
-        self._on_event({"event": "relay_check", "accuser": accuser.peer_id, "relay": "gossip",
-                        "accused": accused.peer_id, "reason": reason, "version": manifest.version,
-                        "chunk": index, "verdict": verdict})
-        if verdict == "corrupt":  # once per chunk: it is checked once
-            self._distrust(accused, "bad_chunk")
-        if verdict in ("corrupt", "stall") and accused.relay != "failed":
-            accused.relay = "failed"
-            self._failed(accused)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("gossip check failed", exc_info=task.exception())
+            return await fetch_piece(self._http, base_url, audience, credentials, manifest, index)
 
     async def close(self) -> None:
-        """Stop every check under way, and the HTTP client."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
             self._http = None

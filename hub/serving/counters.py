@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from echo2p2p.trust import TrustBook
 
     from .peers import PeerConn
-    from ..overlay.tracker import VersionTracker
+    from ..core.tracker import VersionTracker
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 Each peer's frames go through its `echo2p2p.hub_protocol.HubProtocol` (`hub.serving.pump`), which
 returns events; a table sends each kind to the part it concerns: lease requests to `dispatch`,
-rollouts to `hub.serving.admission.Admission`, transfer reports to `hub.overlay.tracker.VersionTracker`, relay
-reports to `hub.overlay.accusations.Accusations`. Replies go into the peer's outbox (`hub.serving.peers`). A
-misbehaving peer is closed with a code and a short reason; nothing it sends reaches the learner
-unvalidated.
+rollouts to `hub.serving.admission.Admission`, transfer reports to
+`hub.core.tracker.VersionTracker`, relay reports to `hub.core.accusations.Accusations` (what
+those two ask for beyond a send: `hub.serving.overlay_shell`). Replies go into the peer's outbox
+(`hub.serving.peers`). A misbehaving peer is closed with a code and a short reason; nothing it
+sends reaches the learner unvalidated.
 
 `Hub` is the front: it builds its parts in dependency order (lease book, buffer, pool, door,
 trust book, tracker, trust guard, relay judges, scorer, admission, quotas), each given only what
@@ -37,6 +38,7 @@ from echo2p2p.completions import CompletionDecoder
 from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
 from echo2p2p.negotiation import LEAF_NOTICE, SPEAKS
+from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.tickets import Tickets
 from echo2p2p.pool import Pool
@@ -46,7 +48,7 @@ from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.staleness import lease_min_version
 from echo2p2p.trust import TrustBook, TrustPolicy
 
-from ..overlay.accusations import Accusations
+from ..core.accusations import Accusations
 from .admission import Admission, AdmissionRules
 from ..config import HubConfig
 from ..learning.checkpoint import hub_state, restore_hub
@@ -59,8 +61,10 @@ from .quarantine import TrustGuard
 from .leasing import Quotas, grant_of, new_lease_id
 from ..tasks.task_setup import TaskSetup, TokenizedProblem
 from .tokens import TokenBook
-from ..overlay.tracker import VersionTracker
+from ..core.tracker import VersionTracker
+from ..overlay.seeding import watched
 from ..overlay.versions import Published, Snapshot
+from .overlay_shell import OverlayShell
 
 if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
     from .spotcheck import SpotChecker
@@ -109,15 +113,19 @@ class Hub:
         self._tokens = TokenBook(cfg.network.tokens) if cfg.network.tokens else None
         self._trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         trust = self._trust  # its quarantined set is replaced on restore: looked up each time
-        self._tracker = VersionTracker(cfg.overlay, self._peers, self._pool, on_event=self._on_event,
-                                       quarantined=lambda c: c.identity in trust.quarantined, now=loop_now)
+        self._overlay = OverlayShell(signing_key, run_id, new_peer_id=self._new_peer_id, now=loop_now,
+                                     record=self._overlay_record, changed=self._changes.notify)
+        self._tracker = VersionTracker(cfg.overlay, self._peers, self._pool, self._overlay.outbox,
+                                       quarantined=lambda c: c.identity in trust.quarantined)
         self._guard = TrustGuard(self._trust, self._leases, self._buffer, self._counters,
-                                 journal=self._journal, route_around=self._tracker.route_around,
-                                 on_quarantine=self._quarantine)
+                                 journal=self._journal, on_quarantine=self._quarantine,
+                                 route_around=lambda p: self._tracker.route_around(p, loop_now()))
         self._door = Door(cfg.limits, self._tokens, self._counters, self._guard)  # who may join
         self._accusations = Accusations(
-            cfg.overlay.relay, self._peers, self._tracker, self._guard, self._counters, signing_key,
-            run_id, new_peer_id=self._new_peer_id, on_event=self._dated)
+            cfg.overlay.relay, self._peers, self._tracker, self._overlay.outbox, self._counters,
+            distrust=self._guard.distrust, tickets=bool(signing_key),
+            min_rate_bytes_s=MIN_RATE_BYTES_S)
+        self._overlay.bind(self._tracker, self._accusations)
         self._spot = spot
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
             self.setup.reward, decoder=decode, timeout_s=cfg.scoring.score_timeout_s,
@@ -130,11 +138,11 @@ class Hub:
             scorer=self.scorer, spot=spot, journal=self._journal, on_event=self._dated)
         self._quotas = Quotas(cfg, self._peers, self._leases, self._guard, self._counters, quota,
                               self._pool.gen_rollouts_per_s, lambda: self._tracker.newest_version)
-        self.chunk_lookup = self._tracker.chunk_lookup  # the hub's chunks (tests wrap it)
+        self.chunk_lookup = self._overlay.chunk_lookup  # the hub's chunks (tests wrap it)
 
     def publish(self, version: Published) -> None:
         """`version` is the newest now, announced to the peers with a relay plan."""
-        self._tracker.publish(version)
+        self._tracker.publish(version, loop_now())
         self._changes.notify()
 
     async def wait_batch(self) -> list[ScoredGroup]:
@@ -206,7 +214,7 @@ class Hub:
             return
         for peer_id in activated:
             if self.cfg.overlay.standby == "cold" and (conn := self._peers.get(peer_id)) is not None:
-                self._tracker.catch_up(conn)
+                self._tracker.catch_up(conn, loop_now())
         record = self._pool.activation_record(self.step, required, activated, standby)
         log.info("activation at step %d: +%s -%s; %d active, $%.2f/h", self.step, activated,
                  standby, len(record["active"]), record["usd_per_hour"])
@@ -226,6 +234,10 @@ class Hub:
     def _dated(self, record: dict[str, Any]) -> None:
         """A part's run log record, dated by the learner's step."""
         self._on_event({**record, "step": self.step})
+
+    def _overlay_record(self, record: dict[str, Any]) -> None:
+        """An overlay part's run log record: a relay check's dated by the learner's step."""
+        (self._dated if record.get("event") == "relay_check" else self._on_event)(record)
 
     def _quarantine(self, record: dict[str, Any]) -> None:
         """An identity was quarantined: logged, waiters woken, its leases' budget dealt anew."""
@@ -264,7 +276,7 @@ class Hub:
         return statistics_of(
             self.step, self._training, self._peers, self._counters, self._leases, self._buffer,
             self._pool, self._trust, self._tracker, len(self._judging),
-            self._accusations.relays.bad, self.scorer, self._spot is not None, loop_now())
+            self._accusations.bad, self.scorer, self._spot is not None, loop_now())
 
     def peer_views(self) -> dict[str, PeerView]:
         """Each connected peer as the hub sees it, by peer id, in the order they joined."""
@@ -312,9 +324,9 @@ class Hub:
         share of the chunks (/chunk/..., ticket-checked, rate-limited, watched: hub.overlay.seeding)."""
         mbps, tickets = self.cfg.overlay.upload_limit_mbps, Tickets(self.hub_key, self.run_id, "hub")
         chunks = chunk_handler(self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps
-                               else None, on_served=self._tracker.chunk_served, authorize=tickets)
-        return {"/ws": self._handle_ws,
-                "/chunk/{version}/{base}/{index}": self._tracker.seeding.watched(chunks, tickets)}
+                               else None, on_served=self._overlay.chunk_served, authorize=tickets)
+        return {"/ws": self._handle_ws, "/chunk/{version}/{base}/{index}": watched(
+            chunks, tickets, asked=self._overlay.asked, answered=self._overlay.answered)}
 
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         """One peer connection, through the frame pump (`hub.serving.pump`), unless the door
@@ -325,7 +337,7 @@ class Hub:
         tracker, accusations = self._tracker, self._accusations
         on = {hp.CreditsAdded: lambda conn, event: self.dispatch(),
               hp.RolloutReceived: self._submitted, hp.HoldingReported: self._holding,
-              hp.TransferReported: lambda c, e: tracker.transfer_reported(c, e.report),
+              hp.TransferReported: lambda c, e: tracker.transfer_reported(c, e.report, loop_now()),
               hp.RelayAccused: lambda c, e: accusations.heard(c, e.report),
               hp.HeartbeatReceived: lambda conn, event: None,
               hp.FrameDropped: self._door.dropped, Flooding: self._door.flooded}
@@ -368,8 +380,8 @@ class Hub:
             leaf=conn.leaf and LEAF_NOTICE in agreed.features))  # told only where it reads it
         self._peers[peer_id] = conn
         self._pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", loop_now())
-        self._accusations.relays.probe(conn, newest.version if newest else 0)
-        self._tracker.catch_up(conn)
+        self._accusations.probe(conn, newest.version if newest else 0)
+        self._tracker.catch_up(conn, loop_now())
         log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
                  hello.device, hello.price_per_hour)
         self.replan(self._pool.required)
@@ -382,7 +394,7 @@ class Hub:
         back = self._leases.release_peer(conn.peer_id)
         self._quotas.left(conn)
         log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
-        self._tracker.peer_left(conn.peer_id)
+        self._tracker.peer_left(conn.peer_id, loop_now())
         self.replan(self._pool.required)
         self.dispatch()
         self._changes.notify()
@@ -390,7 +402,8 @@ class Hub:
     def _holding(self, conn: PeerConn, event: hp.HoldingReported) -> None:
         if conn.protocol.note_held(event.version, self._tracker.newest_version):
             log.debug("%s holds v%d", conn.peer_id, event.version)  # tests/chaos reads it
-            self._tracker.holding_reported(conn, event.version)  # T_bcast counts the reload
+            # T_bcast counts the reload
+            self._tracker.holding_reported(conn, event.version, loop_now())
 
     def _new_peer_id(self) -> str:
         """A peer id never handed out before (a resumed hub's journal keeps the count): for a
@@ -414,8 +427,7 @@ class Hub:
         await asyncio.gather(*judging, return_exceptions=True)
         if self.scorer is not None:
             self.scorer.close()
-        self._tracker.close()
-        await self._accusations.close()
+        await self._overlay.close()
 
     # --- durability (echo2p2p.hub.learning.durable) -------------------------------------------
 

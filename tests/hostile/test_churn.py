@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from echo2p2p.hub.overlay.catchup import MAX_ENTRIES
+from echo2p2p.hub.core.catchups import MAX_ENTRIES
 
 from .attackers import raw_peer
 from .conftest import yes

@@ -39,7 +39,7 @@ from .harness import (HONEST, Rates, attacker_process, hub_alive, hub_and_honest
 CONNECTIONS = 16
 MEASURED_STEPS = 60  # learner steps timed without, with and after the attacker (15-40 s each here):
 # long enough that the burst each address may spend at once is a small part of the flood
-RELAY_LINE = "%s reports relay %s on v%d: %s"  # hub.overlay.accusations' line for one report
+RELAY_LINE = "%s reports relay %s on v%d: %s"  # hub.core.accusations' line for one report
 
 
 async def measured(run, honest, kind: str, started, **params: Any) -> tuple[Rates, str, dict, float]:

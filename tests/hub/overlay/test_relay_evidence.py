@@ -21,12 +21,14 @@ from echo2p2p.pace import DEFAULT_WINDOW, share_rate_bps
 from echo2p2p.relay import Broadcast, Member, owners_of
 from echo2p2p.session import Session, Side
 from echo2p2p.hub.overlay import relay_checks as hub_relays
+from echo2p2p.hub.core.accusations import newest_share
 from echo2p2p.overlay.download import Download
 from echo2p2p.overlay.store import ChunkStore
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials, Tickets, server_base
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until
+from tests.conftest import serving, tracker
+from tests.hub.overlay.waiting import Frames, until
 from tests.peer.test_overlay import CHUNK, Peers, joined
 
 V0 = b"\0" * 1024
@@ -52,12 +54,12 @@ async def raw_peer(url: str, listen_addr: str | None = None, name: str = "raw"):
         await ws.send_bytes(session.send(m.Hello(name, "relay", "cpu", 0.0, listen_addr, "",
                                                  os.urandom(16), b"")))
         welcome = session.receive((await ws.receive()).data, 0.0)
-        frames: list[m.Message] = []
+        frames = Frames()
 
         async def read() -> None:
             async for frame in ws:
                 if frame.type is aiohttp.WSMsgType.BINARY:
-                    frames.append(m.decode(frame.data))
+                    frames.add(m.decode(frame.data))
 
         reader = asyncio.create_task(read())
         try:
@@ -93,7 +95,7 @@ async def test_accusations_about_chunks_the_accused_was_not_dealt_are_not_checke
                            m.RelayReport(1, target.peer_id, "stall", index, 0),
                            m.RelayReport(7, target.peer_id, "stall", index, None)):
                 await send(report)
-            await wait_until(lambda: sum(hub.statistics().relay_reports_by.values()) == 3)
+            await until(hub, lambda: sum(hub.statistics().relay_reports_by.values()) == 3)
         assert not any(r.get("event") == "relay_check" for r in records)
         assert hub.peer_views()[target.peer_id].relay == "ok"
 
@@ -110,7 +112,7 @@ async def test_a_false_corrupt_accusation_costs_the_accuser_not_the_accused():
             index = publish_owned(hub, key, target.peer_id)
             for send, _, _ in accusers:
                 await send(m.RelayReport(1, target.peer_id, "corrupt", index, None))
-            await wait_until(lambda: sum(r.get("event") == "relay_check" for r in records) == 3)
+            await until(hub, lambda: sum(r.get("event") == "relay_check" for r in records) == 3)
             liars = [hub.peer_views()[w.peer_id].identity for _, w, _ in accusers]
         checks = [r for r in records if r.get("event") == "relay_check"]
         assert {r["verdict"] for r in checks} == {"intact"}
@@ -131,9 +133,9 @@ async def test_one_accuser_is_heard_once_per_manifest():
             index = publish_owned(hub, key, target.peer_id)
             for _ in range(20):
                 await send(m.RelayReport(1, target.peer_id, "corrupt", index, None))
-            await wait_until(
-                lambda: hub.statistics().relay_reports_by.get((target.peer_id, "corrupt")) == 20)
-            await wait_until(lambda: any(r.get("event") == "relay_check" for r in records))
+            await until(
+                hub, lambda: hub.statistics().relay_reports_by.get((target.peer_id, "corrupt")) == 20)
+            await until(hub, lambda: any(r.get("event") == "relay_check" for r in records))
             accuser = hub.peer_views()[welcome.peer_id].identity
             assert hub.statistics().trust_events[accuser]["false_report"] == 1
         assert sum(r.get("event") == "relay_check" for r in records) == 1
@@ -148,13 +150,13 @@ async def test_a_relay_address_that_never_answers_is_never_dealt_chunks(quick_ch
     async with dead, tracker() as (hub, key, url, records), Peers(url, 2) as relays:
         async with raw_peer(url, f"http://127.0.0.1:{port}", "dead") as (_, welcome, frames):
             hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-            await wait_until(lambda: hub.peer_views()[welcome.peer_id].relay != "unprobed", 30)
+            await until(hub, lambda: hub.peer_views()[welcome.peer_id].relay != "unprobed", 30)
             assert hub.peer_views()[welcome.peer_id].relay == "failed"
-            await wait_until(lambda: sum(p.relay == "ok" and p.stream_version == 0
+            await until(hub, lambda: sum(p.relay == "ok" and p.stream_version == 0
                                          for p in hub.peer_views().values()) == 2)
             for v in (1, 2):
                 hub.publish(blob_version(key, v, os.urandom(256 << 10), chunk_bytes=CHUNK))
-                await wait_until(lambda: all(c.fetcher.store.newest_stream() == v for c in relays))
+                await until(hub, lambda v=v: all(c.fetcher.store.newest_stream() == v for c in relays))
             plans = [f.plan if isinstance(f, m.VersionAnnouncement) else f for f in frames
                      if isinstance(f, (m.RelayPlan, m.VersionAnnouncement))]
             assert plans and all(welcome.peer_id not in {s.peer_id for s in p.sources}
@@ -179,12 +181,12 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
         async with raw_peer(url) as (send, _, _):
             index = publish_owned(hub, key, victim.peer_id)
             await send(m.RelayReport(1, victim.peer_id, "stall", index, None))
-            await wait_until(lambda: hub.peer_views()[victim.peer_id].relay == "failed", 60)
+            await until(hub, lambda: hub.peer_views()[victim.peer_id].relay == "failed", 60)
         stats = hub.statistics()
         assert victim.identity in stats.relays_failed and victim.identity not in stats.trust_events
-        await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in others), 60)
+        await until(hub, lambda: all(c.fetcher.store.newest_stream() == 1 for c in others), 60)
         hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
-        await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in others), 60)
+        await until(hub, lambda: all(c.fetcher.store.newest_stream() == 2 for c in others), 60)
         plan = hub.broadcasts()[(2, None)].plan()
         owners = {plan.sources[o].peer_id for o in owners_of(plan) if o != m.HUB_OWNER}
         assert owners and victim.peer_id not in owners
@@ -197,11 +199,11 @@ async def test_an_impossible_transfer_report_is_not_believed():
     async with tracker() as (hub, key, url, records), Peers(url, 2) as relays:
         async with raw_peer(url) as (send, welcome, frames):
             hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
-            await wait_until(lambda: sum(p.relay == "ok" and p.stream_version == 0
+            await until(hub, lambda: sum(p.relay == "ok" and p.stream_version == 0
                                          for p in hub.peer_views().values()) == 2)
             honest = [p.peer_id for p in hub.peer_views().values() if p.peer_id != welcome.peer_id]
             hub.publish(blob_version(key, 1, os.urandom(512 << 10), chunk_bytes=CHUNK))
-            await wait_until(lambda: any(isinstance(f, m.VersionAnnouncement)
+            await frames.until(lambda: any(isinstance(f, m.VersionAnnouncement)
                                          and f.manifest.version == 1 for f in frames))
             size = hub.snapshot(1).wire_bytes
             lies = [m.SourceRate(honest[0], size * 1000, 1.0), m.SourceRate(honest[1], size, 1e-12)]
@@ -210,12 +212,12 @@ async def test_an_impossible_transfer_report_is_not_believed():
             # serve it, and its rates (the lies with them) are estimated at once, not after
             # the hub cuts the silent liar off (peer_timeout_s).
             await send(m.VersionHeld(1))
-            await wait_until(lambda: all(c.fetcher.store.newest_stream() == 1 for c in relays))
-            await wait_until(lambda: 1 not in hub.statistics().propagating)
+            await until(hub, lambda: all(c.fetcher.store.newest_stream() == 1 for c in relays))
+            await until(hub, lambda: 1 not in hub.statistics().propagating)
             assert all(math.isfinite(p.upload_bps) and p.upload_bps < 1e12
                        for p in hub.peer_views().values())
             hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
-            await wait_until(lambda: all(c.fetcher.store.newest_stream() == 2 for c in relays))
+            await until(hub, lambda: all(c.fetcher.store.newest_stream() == 2 for c in relays))
 
 
 @pytest.mark.parametrize("url, base", [
@@ -343,8 +345,8 @@ def test_a_pace_check_asks_for_the_newest_share_the_relay_serves():
         broadcasts[key_] = Broadcast(*key_, len(snaps[key_].chunks))
         broadcasts[key_].start(members)
     broadcasts[(3, None)].drop("p1")
-    share = hub_relays.newest_share("p1", broadcasts, lambda v, b: snaps.get((v, b)))
+    share = newest_share("p1", broadcasts, lambda v, b: snaps.get((v, b)))
     assert share is not None and share.manifest == pubs[2].full.manifest
     assert share.chunks == [i for i in range(8) if broadcasts[(2, None)].owner(i) == "p1"]
     assert share.chunks and share.rate_bps == share_rate_bps(8e6, 2) / DEFAULT_WINDOW
-    assert hub_relays.newest_share("p3", broadcasts, lambda v, b: snaps.get((v, b))) is None
+    assert newest_share("p3", broadcasts, lambda v, b: snaps.get((v, b))) is None

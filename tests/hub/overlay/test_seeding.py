@@ -3,7 +3,8 @@ over real sockets: a hand-made peer that fetches its share from the hub's chunk 
 ticket, one that never does (its chunk server answers the hub's probe, so it may be dealt), and
 one with no chunk server. The silent one's share goes to the other within its grace, on the
 hub's own evidence, and it is dealt nothing more for a while; the one without a server is
-never dealt a share."""
+never dealt a share. The same decisions, event by event on a fake clock:
+tests/hub/core/test_overlay_seeding.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from echo2p2p.relay import owners_of
 from echo2p2p.session import Session, Side
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until
+from tests.conftest import serving, tracker
+from tests.hub.overlay.waiting import Frames, until
 from tests.peer.test_overlay import Peers, holds
 
 CHUNK = 16 << 10  # as tests/peer/test_overlay.py
@@ -50,7 +52,7 @@ class Seeder:
 
     welcome: m.Welcome
     credentials: Credentials
-    frames: list[m.Message] = field(default_factory=list)
+    frames: Frames = field(default_factory=Frames)
 
     @property
     def peer_id(self) -> str:
@@ -82,7 +84,7 @@ async def seeder(url: str, name: str, listen_addr: str | None) -> AsyncIterator[
         async def read() -> None:
             async for frame in ws:
                 if frame.type is aiohttp.WSMsgType.BINARY:
-                    peer.frames.append(m.decode(frame.data))
+                    peer.frames.add(m.decode(frame.data))
 
         reader = asyncio.create_task(read())
         try:
@@ -103,7 +105,7 @@ async def fetch(hub_url: str, peer: Seeder, version: int, indices: list[int]) ->
 
 
 async def probed(hub, n: int) -> None:
-    await wait_until(lambda: len(hub.peer_views()) == n and all(
+    await until(hub, lambda: len(hub.peer_views()) == n and all(
         p.server_url is None or p.relay == "ok" for p in hub.peer_views().values()))
 
 
@@ -121,17 +123,20 @@ async def test_a_gossip_seeder_that_fetches_nothing_has_its_seeds_dealt_again_an
         hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
         await probed(hub, 3)
         hub.publish(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
-        await wait_until(lambda: good.seeds(1) and idle.seeds(1) and nat.seeds(1) == [[]])
+        for peer in (good, idle, nat):
+            await peer.frames.until(lambda p=peer: p.seeds(1))
+        assert nat.seeds(1) == [[]]
         (mine,), (theirs,) = good.seeds(1), idle.seeds(1)
         assert sorted(mine + theirs) == list(range(8)) and mine and theirs
         await fetch(url, good, 1, mine)
-        await wait_until(lambda: len(good.seeds(1)) == 2)
+        await good.frames.until(lambda: len(good.seeds(1)) == 2)
         assert sorted(good.seeds(1)[1]) == sorted(theirs)  # re-dealt: only the added seeds
         (silence,) = silences(records)
         assert silence["peer"] == idle.peer_id and silence["chunks"] == len(theirs)
         assert silence["quiet_s"] >= 1.0 and silence["bench_s"] == 60.0  # the floor, by rule
         hub.publish(blob_version(key, 2, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
-        await wait_until(lambda: good.seeds(2) and idle.seeds(2) and nat.seeds(2))
+        for peer in (good, idle, nat):
+            await peer.frames.until(lambda p=peer: p.seeds(2))
         assert sorted(good.seeds(2)[0]) == list(range(8)) and idle.seeds(2) == [[]]
         assert nat.seeds(2) == [[]]
     assert all(s["peer"] == idle.peer_id for s in silences(records))
@@ -146,12 +151,12 @@ async def test_a_tracker_owner_that_fetches_nothing_is_routed_around_within_its_
         hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
         await probed(hub, 2)
         hub.publish(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
-        await wait_until(lambda: good.plans(1))
+        await good.frames.until(lambda: good.plans(1))
         (plan,) = good.plans(1)
         owners = [plan.sources[o].peer_id if o != m.HUB_OWNER else None for o in owners_of(plan)]
         assert idle.peer_id in owners and good.peer_id in owners
         await fetch(url, good, 1, [i for i, o in enumerate(owners) if o == good.peer_id])
-        await wait_until(lambda: len(good.plans(1)) == 2)
+        await good.frames.until(lambda: len(good.plans(1)) == 2)
         later = good.plans(1)[1]
         assert idle.peer_id not in {s.peer_id for s in later.sources}
         (silence,) = silences(records)
@@ -168,9 +173,9 @@ async def test_a_tracker_receiver_withdraws_its_wants_of_an_owner_dealt_around()
             Peers(url, 1, relay_stall_s=10.0) as (honest,), seeder(url, "silent", dead) as idle:
         hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
         await probed(hub, 2)
-        await wait_until(lambda: holds(honest, 0))
+        await until(hub, lambda: holds(honest, 0))
         hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
-        await wait_until(lambda: holds(honest, 1))
+        await until(hub, lambda: holds(honest, 1))
         assert bytes(honest.fetcher.store.stream(1)) == data
         assert [s["peer"] for s in silences(records)] == [idle.peer_id]
         assert hub.statistics().relay_reports_by == {}
