@@ -189,10 +189,8 @@ class HubRun:
             lags = Counter(lag_versions(step, g.version) for g in batch)
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
-            hub.finish_step()
             stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
-            if not stopping:
-                hub.dispatch()
+            hub.finish_step(stopping)  # and, unless stopping, a lease pass
             hub.replan(self.estimates.required_rollouts_per_s())
             # before the publication's checkpoint: a run resumed from it never logs a clock or
             # a total below this record's

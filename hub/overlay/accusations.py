@@ -21,8 +21,8 @@ from echo2p2p.failover import HUB
 from echo2p2p.overlay.tickets import Credentials
 
 from .gossip_check import GossipJudge
-from ..serving.peers import PeerConn
-from ..serving.quarantine import TrustGuard
+from ..core.peer import Peer as PeerConn
+from ..core.quarantine import TrustGuard
 from .relay_checks import RelayCheck, RelayJudge, newest_share
 from .tracker import VersionTracker
 

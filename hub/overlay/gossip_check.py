@@ -32,7 +32,7 @@ from echo2p2p.overlay.links import answer_of, offer_headers
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.snapshot import chunk_digest
 
-from ..serving.peers import PeerConn
+from ..core.peer import Peer as PeerConn
 
 log = logging.getLogger(__name__)
 

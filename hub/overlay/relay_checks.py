@@ -47,7 +47,7 @@ from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.pace import DEFAULT_WINDOW, measured_bps, per_request_bps, too_slow
 from echo2p2p.relay import Broadcast
 
-from ..serving.peers import PeerConn
+from ..core.peer import Peer as PeerConn
 from .versions import Snapshot
 
 log = logging.getLogger(__name__)

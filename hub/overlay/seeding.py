@@ -20,7 +20,7 @@ from aiohttp import web
 from echo2p2p.overlay.tickets import TICKET_HEADER, Tickets
 from echo2p2p.seed_watch import Key, SeedWatch, Silence, WatchPolicy
 
-from ..serving.peers import PeerConn
+from ..core.peer import Peer as PeerConn
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 

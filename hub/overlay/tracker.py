@@ -32,7 +32,7 @@ from echo2p2p.seed_watch import Key, Silence
 from .catchup import CatchUps
 from .seeding import Seeding
 from ..config_sections import OverlayConfig
-from ..serving.peers import PeerConn
+from ..core.peer import Peer as PeerConn
 from .versions import Published, Snapshot
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side

@@ -39,7 +39,7 @@ def test_a_rejected_lease_is_rejected_again_for_the_same_reason():
     b.requeue(lease, "bad_tokens")
     assert b.complete(lease.lease_id, "p1") == (Completion.REJECTED, None)
     assert b.verdict(lease.lease_id) == "bad_tokens"
-    assert b.grant("p2", 1.0, 0).problem == lease.problem  # its prompt went back
+    assert b.grant("p2", 1.0, 0).item == lease.item  # its prompt went back
 
 
 def test_lease_of_another_peer_is_unknown():
@@ -90,7 +90,7 @@ def test_expired_lease_is_reissued_first():
     b.grant("p1", 1.0, 0)
     assert b.expire(5.5) == [lease]
     again = b.grant("p2", 6.0, 0)
-    assert again.problem == lease.problem and again.lease_id != lease.lease_id
+    assert again.item == lease.item and again.lease_id != lease.lease_id
     assert b.complete(lease.lease_id, "p1")[0] is Completion.EXPIRED
 
 

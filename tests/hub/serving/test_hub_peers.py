@@ -215,12 +215,12 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n").encode())
         await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
-        await asyncio.wait_for(run.hub.wait_peers(2), 60)
+        await asyncio.wait_for(run.hub.until(lambda: len(run.hub.peer_views()) == 2), 60)
         stuck = next(p for p in run.hub.peer_views().values() if p.name == "stuck")
         # Versions travel over HTTP now, so the hub sends this peer only small frames: shrink
         # the hub's buffers for it so that they fill within a few publications (the hub's end
         # of this socket, which no public face hands out: reached privately, here only).
-        transport = run.hub._peers[stuck.peer_id].transport
+        transport = run.hub._conns.by_peer[stuck.peer_id].transport
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         transport.set_write_buffer_limits(high=4096)
         steps_then = run.hub.step
@@ -232,7 +232,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             pass  # the hub closed it while we were still writing
         finally:
             sock.close()
-        await asyncio.wait_for(run.hub.wait_step(steps_then + 3), 60)
+        await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= steps_then + 3), 60)
     assert stuck.peer_id not in run.hub.peer_views()
     assert run.hub.statistics().cut_off == 1
 

@@ -89,7 +89,7 @@ async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
         book.revoke(token.split(".")[0])
         with pytest.raises(JoinRefused, match="revoked"):
             await asyncio.wait_for(running, 30)
-        await asyncio.wait_for(hub.wait_peers(0), 60)
+        await asyncio.wait_for(hub.until(lambda: len(hub.peer_views()) == 0), 60)
 
 
 def self_signed(tmp_path) -> tuple[str, str]:
