@@ -10,13 +10,17 @@ futures; a test makes them by hand and feeds them with a fake clock. Nothing her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
 
-if TYPE_CHECKING:  # the overlay's record of a version (hub.overlay.versions): carried, not read
-    from ..overlay.versions import Published
+
+class Published(Protocol):
+    """A version built and signed for the peers (`hub.overlay.versions.Published`): the core
+    hands it to the overlay's tracker and reads nothing else of it."""
+
+    version: int
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.policy.engines import TransformersEngine
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import running_peers
 
 
 async def test_two_peers_train_and_receive_versions(hub_cfg):
@@ -267,6 +267,6 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
             # A rollout may still be on its way when the learner stops: the hub, still
             # serving, answers it (it leases no more once its budget is full). Checked here:
             # one granted just before may still be generated as the peers stop.
-            await wait_until(lambda: not peer.outbox.pending())
+            await asyncio.wait_for(run.hub.until(lambda: not peer.outbox.pending()), 60)
     assert peer.statistics().connections == 1 and run.hub.statistics().closed_for_protocol == 0
     assert peer.statistics().acked >= cfg.grpo.prompts_per_step * 3
