@@ -88,8 +88,8 @@ class AdmissionRules:
            vocab_size: int | None, spot_checks: bool) -> AdmissionRules:
         """The rules of a run of `cfg` on a task that `runs_programs` (its answers are held),
         replays `episodes`, whose `peers_score`; `spot_checks`: the hub has a checker."""
-        hold_s = (cfg.scoring.code_answer_hold_s or cfg.grpo.group_size * cfg.scoring.score_timeout_s) \
-            if runs_programs else 0.0
+        hold_s = (cfg.scoring.code_answer_hold_s
+                  or cfg.grpo.group_size * cfg.scoring.score_timeout_s) if runs_programs else 0.0
         return cls(cfg.staleness.max_lag, cfg.scoring.score_sample_budget_s, hold_s, episodes,
                    peers_score, vocab_size,
                    cfg.trust.spot_check_fraction if spot_checks else None)
@@ -191,14 +191,16 @@ class Admission:
         self.outbox.emit(Score(lease.lease_id, conn.identity, lease.item.problem,
                                tuple(s.token_ids for s in msg.samples),
                                tuple(s.text for s in msg.samples),
-                               tuple(s.turns for s in msg.samples) if self.rules.episodes else None))
+                               tuple(s.turns for s in msg.samples)
+                               if self.rules.episodes else None))
         fraction = self.rules.spot_fraction
         spot = fraction is not None and \
             self._draw.random() < self.trust.check_fraction(conn, fraction)
         if spot:  # the claimed version's weights are taken now, not once scored (they rotate)
             self.outbox.emit(SpotCheck(lease.lease_id, ScoredGroup(
                 msg.lease_id, lease.item.problem.id, lease.item.prompt_ids, msg.version, rows, [])))
-        self.judging[lease.lease_id] = Judging(conn, lease, msg, rows, now + self.rules.hold_s, spot)
+        self.judging[lease.lease_id] = Judging(conn, lease, msg, rows, now + self.rules.hold_s,
+                                               spot)
 
     def scored(self, event: ScoringFinished, now: float) -> bool:
         """Submission `event.lease_id`'s samples were scored: judge on; whether budget came
@@ -248,7 +250,7 @@ class Admission:
                 self.judging.pop(lease.lease_id)
                 self._forged(conn, lease, checked.reason, checked.detail, now, judging.not_before)
                 return True
-            if self.trust.quarantined(conn):  # by another of its rollouts while this one was checked
+            if self.trust.quarantined(conn):  # by another of its rollouts meanwhile
                 return self._refused(judging, "quarantined", now)
             if judging.truthful and checked.tokens:  # a version too old to check earns nothing
                 self.trust.good(conn)

@@ -221,7 +221,8 @@ class HubCore:
         self.pool.leave(conn.peer_id, now)
         back = self.leases.release_peer(conn.peer_id)
         self.quotas.left(conn)
-        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name, len(back))
+        log.info("peer left: %s (%s); %d leases re-queued", conn.peer_id, conn.hello.name,
+                 len(back))
         if self.overlay is not None:
             self.overlay.peer_left(conn.peer_id)
         self._replan(self.pool.required, now)
@@ -315,8 +316,8 @@ class HubCore:
         if not (activated or standby):
             return
         for peer_id in activated:
-            if self.cfg.overlay.standby == "cold" and (conn := self.peers.get(peer_id)) is not None \
-                    and self.overlay is not None:
+            conn = self.peers.get(peer_id)
+            if self.cfg.overlay.standby == "cold" and conn is not None and self.overlay is not None:
                 self.overlay.catch_up(conn)
         record = self.pool.activation_record(self.step, required, activated, standby)
         log.info("activation at step %d: +%s -%s; %d active, $%.2f/h", self.step, activated,
@@ -372,7 +373,8 @@ class HubCore:
                 holdings.add(conn, self.quotas.book, self.quotas.ready(lease))
                 outstanding += 1
                 conn.protocol.take_credit(lease.lease_id)
-                log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index, conn.peer_id)
+                log.debug("granted %s (problem %d) to %s", lease.lease_id, lease.index,
+                          conn.peer_id)
                 conn.post(grant_of(lease, cfg.grpo.group_size, now))
 
 

@@ -3,14 +3,14 @@ welcome, no catch-up, no re-plan); and, once in, the frame budget its identity's
 share (`echo2p2p.frame_budget`) and what a flood of one kind of frame costs it.
 
 `knock`, as the connection asks for the websocket upgrade (the shell answers HTTP 429 with the
-reason, before any websocket work: `hub.serving.door`): its address's join bucket (`echo2p2p.join_limits`; an IPv6
-address counts as its /64), its network's fair share of the hub's join budget and the hub's
-budget itself, and the connections its address already holds (`max_peers_per_address`).
-`refusal`, at its hello: the join token (the shell reads `hub.serving.tokens` and says why it
-is refused), the crowd again, then the
-buckets of its peer key and join token, and its network's share and the hub's budget, which a
-hello about to be welcomed spends. A refusal is a reason (and at hello a close code), counted
-in `hub.serving.counters.Counters`; only a token refusal is logged at INFO (the churn the limits
+reason, before any websocket work: `hub.serving.door`): its address's join bucket
+(`echo2p2p.join_limits`; an IPv6 address counts as its /64), its network's fair share of the
+hub's join budget and the hub's budget itself, and the connections its address already holds
+(`max_peers_per_address`). `refusal`, at its hello: the join token (the shell reads
+`hub.serving.tokens` and says why it is refused), the crowd again, then the buckets of its peer
+key and join token, and its network's share and the hub's budget, which a hello about to be
+welcomed spends. A refusal is a reason (and at hello a close code), counted
+in `hub.core.counters.Counters`; only a token refusal is logged at INFO (the churn the limits
 stop would flood the log).
 
 A frame dropped past its kind's rate is counted; a connection closed for flooding (`Flooding`)

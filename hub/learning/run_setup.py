@@ -165,7 +165,7 @@ def _remove(run_dir: Path | None) -> None:
 def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
     """The line that says the hub serves, and where: what users and scripts wait for. The CLI
     logs it once its own signal handlers are set, so that a Ctrl-C after it stops the run
-    cleanly (`echo2p2p.hub.cli.demo`)."""
+    cleanly (`echo2p2p.hub.run`)."""
     cfg, hub = run.cfg, run.hub
     log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, relay %s, learner on %d "
              "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,

@@ -112,7 +112,8 @@ class Hub:
             on_event=lambda r: core.outbox.emit(a.Record(r, dated=True)))
         core.attach(self._tracker, self._accusations)
         core.outbox.wake = self._wake
-        self._do = {a.Send: self._send, a.Joined: lambda x: self._conns.joined(x.conn_id, x.peer_id),
+        self._do = {a.Send: self._send,
+                    a.Joined: lambda x: self._conns.joined(x.conn_id, x.peer_id),
                     a.Refused: lambda x: self._conns.refused(x.conn_id, x.code, x.reason),
                     a.Close: self._close, a.Journal: lambda x: self._journal(x.record),
                     a.Record: lambda x: self._on_event(x.record), a.Score: self._score,
@@ -286,7 +287,8 @@ class Hub:
     async def expire_leases(self) -> None:
         """Forever: a Tick for the core (leases past their deadline, the rejections' summary)."""
         while True:
-            await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))  # a timer, not a sync
+            # a timer, not a sync
+            await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))
             self._feed(ev.Tick())
 
     # --- what the hub says of itself -------------------------------------------------
@@ -327,8 +329,9 @@ class Hub:
     # --- connections ------------------------------------------------------------------
 
     def routes(self) -> dict[str, Handler]:
-        """The hub's GET routes for `hub.serving.app.serve`: the peers' websocket (/ws) and the hub's
-        share of the chunks (/chunk/..., ticket-checked, rate-limited, watched: hub.overlay.seeding)."""
+        """The hub's GET routes for `hub.serving.app.serve`: the peers' websocket (/ws) and the
+        hub's share of the chunks (/chunk/..., ticket-checked, rate-limited, watched:
+        hub.overlay.seeding)."""
         mbps = self.cfg.overlay.upload_limit_mbps
         tickets = Tickets(self.core.hub_key, self.core.run_id, "hub")
         chunks = chunk_handler(self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps
