@@ -105,7 +105,7 @@ class HubRun:
                   time.perf_counter() - start)
 
     def resume(self, saved: tuple[Path, dict[str, Any], list[list]]) -> None:
-        """Continue from a checkpoint and its journal (see hub.durable)."""
+        """Continue from a checkpoint and its journal (see hub.learning.durable)."""
         learner, state, journal = saved
         self.learner.load(learner)
         self.hub.restore(state, journal)
@@ -225,7 +225,7 @@ class HubRun:
         return None
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
-        """The run log record of learner step `step` (which produced version `hub.step`)."""
+        """The run log record of learner step `step` (which produced version `Hub.step`)."""
         now, hub = time.perf_counter(), self.hub.statistics()
         tally = getattr(stats, "off_policy", None)  # None: a learner without diagnostics
         diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None

@@ -207,7 +207,7 @@ def fit_to_model(cfg: HubConfig, shape: ModelShape) -> HubConfig:
 
 def kept_streams(cfg: HubConfig) -> int:
     """Published streams kept on disk: S + 1 for the spot-checker (else one: the next delta's
-    base), catch_up_versions + 1 as laggards' bases (hub.catchup)."""
+    base), catch_up_versions + 1 as laggards' bases (hub.overlay.catchup)."""
     spot = cfg.trust.spot_check_fraction > 0
     return max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1)
 
@@ -331,7 +331,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     eval_scorer = Scorer(setup.reward, decoder=decoder, timeout_s=cfg.scoring.score_timeout_s,
                          name="eval-scorer")
     on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
-                           keep_streams=kept_streams(cfg))  # memory-mapped (hub.versions)
+                           keep_streams=kept_streams(cfg))  # memory-mapped (hub.overlay.versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
                  Publisher(cfg.overlay, key, spot, on_disk), estimates)
     if saved is not None:

@@ -59,7 +59,7 @@ class HubStatistics:
     leases_expired: int
     relay_reports: int  # accusations heard, all peers and reasons
     joins_too_often: int
-    catch_up_builds: int  # catch-up deltas encoded (hub.catchup)
+    catch_up_builds: int  # catch-up deltas encoded (hub.overlay.catchup)
     catch_up_shared: int  # catch-up deltas a peer got from the cache, another's encode
     forged_passes: int
     scoring_refused: int
@@ -94,7 +94,7 @@ class PeerView:
     peer_id: str
     name: str  # as it said in its hello
     engine: str
-    identity: str  # whom trust is kept for (`hub.serving.peers.Peer.identity`)
+    identity: str  # whom trust is kept for (`hub.core.peer.Peer.identity`)
     held_version: int | None  # the version it generates with
     stream_version: int | None  # the newest version it holds in full
     server_url: str | None  # its chunk server

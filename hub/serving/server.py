@@ -49,7 +49,7 @@ from .door import Tarpit
 from .pump import Connections
 from .tokens import TokenBook
 
-if TYPE_CHECKING:  # hub.spotcheck imports torch, which `echo2-hub --help` must not wait for
+if TYPE_CHECKING:  # hub.serving.spotcheck imports torch, which `echo2-hub --help` must not wait for
     from .spotcheck import SpotChecker, SpotResult
 
 log = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ class Hub:
     # --- durability (echo2p2p.hub.learning.durable) -------------------------------------------
 
     def checkpoint(self, journal: Journal | None) -> dict[str, Any]:
-        """What a checkpoint keeps of the hub, as plain data (see hub.checkpoint); from now on
+        """What a checkpoint keeps of the hub, as plain data (hub.learning.checkpoint); from now on
         its changes go to `journal` (the last one closed): in one go, so none falls between."""
         self._carry_out(self.core.drain())  # what the overlay emitted, into the old journal
         if self._journal_to is not None:
