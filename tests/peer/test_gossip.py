@@ -74,7 +74,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
     cut = asyncio.Event()
 
     def control(hub) -> None:
-        honest_lookup, honest_greet = hub.chunk_lookup, hub._greet
+        honest_lookup, honest_greet = hub.chunk_lookup, hub._conns._greet
 
         async def lookup(version, base, index, wait_s):
             if cut.is_set():
@@ -89,7 +89,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
                 return None
             return await honest_greet(ws, protocol, hello, request)
 
-        hub.chunk_lookup, hub._greet = lookup, greet
+        hub.chunk_lookup, hub._conns._greet = lookup, greet
 
     async with tracker(control, relay="gossip", upload_limit_mbps=64) as (hub, key, url, records), \
             Peers(url, 4, upload_limit_mbps=8, reconnect_max_s=0.5) as peers:
