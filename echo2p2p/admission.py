@@ -4,8 +4,8 @@
 submission's lease, whether its peer is quarantined, the version it claims and the versions the
 hub published, it returns one `Decision` (acknowledge a duplicate, repeat a rejection, wait for
 the verdict of the first submission, reject an unknown lease, refuse, call the version tag
-forged, turn it away as stale, or score it). The shell
-(`echo2p2p.hub.serving.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
+forged, turn it away as stale, or score it). The hub's core
+(`echo2p2p.hub.core.admission`) executes it: re-queues prompts, counts, answers the peer. Checks are
 made in this order, and the first that applies decides. No clock, no I/O, no scoring here.
 """
 
@@ -37,10 +37,11 @@ class Decision:
 SCORE = Decision(Action.SCORE)
 
 
-def decide_submission(outcome: Completion, lease_open: bool, quarantined: bool,
+def decide_submission(outcome: Completion, *, lease_open: bool, quarantined: bool,
                       unpublished: bool, step: int, version: int, max_lag: int,
                       can_score: bool, rejected_for: str = "") -> Decision:
-    """The decision for one submission.
+    """The decision for one submission (every argument after `outcome` by keyword: three
+    are bools, easy to swap unseen).
 
     `outcome`/`lease_open`: what closing its lease gave (`LeaseBook.complete`); `quarantined`:
     its peer is; `unpublished`: it claims a version the hub never published (see

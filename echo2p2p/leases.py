@@ -57,11 +57,11 @@ def shuffled_epochs(n: int, seed: int) -> Iterator[int]:
 class Lease(Generic[P]):
     lease_id: str
     peer_id: str
-    problem: P
+    item: P  # what is leased: the hub's item (a `TokenizedProblem`, whose .problem is the task's)
     deadline: float  # absolute, in the caller's clock
     min_version: int
     granted: float = 0.0  # when, in the same clock
-    index: int = 0  # of `problem` in the book's problem list
+    index: int = 0  # of `item` in the book's problem list
     latest: float = float("inf")  # `renew` never moves the deadline past this
 
 

@@ -89,28 +89,29 @@ class Run:
     def serve(self, *, resume: str | Path | None = None) -> list[dict[str, Any]]:
         """Serve peers and train until max_steps; `resume`: a run directory to continue from
         its last checkpoint (its saved config, overridden by the fields given here). SIGINT or
-        SIGTERM stops it cleanly (checkpointed): `echo2p2p.hub.cli.demo.Stopped` is raised."""
-        from .cli.demo import run_serve
+        SIGTERM stops it cleanly (checkpointed): `echo2p2p.hub.run.Stopped` is raised."""
+        from .run import run
 
         cfg, sources = self._resumed(resume) if resume is not None else (self.config, self.sources)
-        return _launch(cfg, lambda ranks: run_serve(
-            cfg, Path(resume) if resume is not None else None, ranks, lambda: self.setup(cfg),
-            sources, scripted=self._scripted))  # the setup is made once the ports are bound
+        return _launch(cfg, lambda ranks: run(
+            cfg, resume=Path(resume) if resume is not None else None, ranks=ranks,
+            setup=lambda: self.setup(cfg), sources=sources,
+            scripted=self._scripted))  # the setup is made once the ports are bound
 
     def demo(self, peers: int = 2, *, engine: str = "transformers", peer_python: str = "",
              resume: str | Path | None = None) -> list[dict[str, Any]]:
         """The hub and `peers` local peer processes (`engine`: transformers or vllm, under
         `peer_python`), with the demo's defaults for the fields not given; `resume`: a run
         directory to continue, as `serve` does."""
-        from .cli.demo import peer_python as find_python
-        from .cli.demo import run_demo
+        from .run import peer_python as find_python
+        from .run import run
 
         if peers < 1:
             raise ValueError(f"peers must be >= 1, got {peers}")
         cfg, sources = self._resumed(resume) if resume is not None else self.resolved(DEMO_DEFAULTS)
         python = find_python(engine, peer_python)
-        return _launch(cfg, lambda ranks: run_demo(
-            cfg, peers, engine=engine, python=python, ranks=ranks, setup=lambda: self.setup(cfg),
+        return _launch(cfg, lambda ranks: run(
+            cfg, local_peers=peers, engine=engine, python=python, ranks=ranks, setup=lambda: self.setup(cfg),
             sources=sources, resume=Path(resume) if resume is not None else None,
             scripted=self._scripted))
 
@@ -185,7 +186,7 @@ def _stop_quietly_on_sigterm(rank: int, run_dir: str) -> None:
     """torchrun ends every rank with SIGTERM when one of them fails: say so, and how to go on.
     Exits at once: a thread may be inside a collective that will never finish, and the run
     directory is consistent at any moment (its journal is flushed record by record)."""
-    from .cli.demo import stop_local_peers
+    from .run import stop_local_peers
 
     where = run_dir or "RUN_DIR (the run directory the hub printed at start-up)"
 

@@ -8,6 +8,10 @@
   applications.
 - The applications `hub/` and `peer/` never import each other, under either import path, and
   nothing imports them by their folder names.
+- The hub's core (`hub/core/`, echo2p2p.hub.core) is sans-IO like the library's: it may import
+  the library's core modules, the hub's config modules, its own modules and the pure
+  standard-library modules in HUB_CORE_STDLIB; never an event loop, a socket, a thread, a
+  clock, a process or torch, nor the hub's other folders (HUB_CORE_FILES).
 - No module of echo2p2p, echo2p2p.hub or echo2p2p.peer imports itself through others, by any
   import: top level, inside a function or under TYPE_CHECKING (module names come from paths, so
   sub-packages are covered as they appear).
@@ -139,6 +143,53 @@ def test_one_import_path_everywhere():
            for line, name in imports(ast.parse(f.read_text(encoding="utf-8")))
            if name.split(".")[0] in APPLICATIONS]
     assert not bad, bad
+
+
+HUB_CORE = ROOT / "hub" / "core"
+HUB_CORE_FILES = sorted(HUB_CORE.glob("*.py"))
+HUB_CORE_STDLIB = {"__future__", "collections", "dataclasses", "enum", "functools", "heapq",
+                   "ipaddress", "itertools", "logging", "math", "operator", "random", "typing"}
+HUB_CONFIG = {"..config", "..config_sections"}  # the hub's config modules, seen from hub/core
+# echo2p2p.overlay.tickets is pure (a ticket's URL and signature, no I/O) but lives with the
+# overlay's I/O: `Peer.server_url` reads it.
+HUB_CORE_LIBRARY_EXCEPTIONS = {"echo2p2p.overlay.tickets"}
+
+
+def hub_core_violations(source: str) -> list[str]:
+    """Imports in a hub/core module outside its rule (see the module docstring)."""
+    bad = []
+    for line, name in imports(ast.parse(source)):
+        if name.startswith(".."):
+            ok = name in HUB_CONFIG
+        elif name.startswith("."):
+            ok = True  # hub/core's own modules
+        elif name.split(".")[0] == "echo2p2p":
+            second = name.split(".")[1] if "." in name else ""
+            ok = (second not in SUBPACKAGES and second not in APPLICATIONS
+                  or name in HUB_CORE_LIBRARY_EXCEPTIONS)
+        else:
+            ok = name.split(".")[0] in HUB_CORE_STDLIB
+        if not ok:
+            bad.append(f"line {line}: {name}")
+    return bad
+
+
+@pytest.mark.parametrize("path", HUB_CORE_FILES, ids=lambda p: p.name)
+def test_hub_core_is_sans_io(path):
+    """A hub/core module imports the library's core, the hub's config and pure stdlib only."""
+    bad = hub_core_violations(path.read_text(encoding="utf-8"))
+    assert not bad, f"{path.relative_to(ROOT)} crosses the hub core's boundary: {bad}"
+
+
+def test_hub_core_rule_catches_io():
+    """The hub core's rule fails on an event loop, a clock, a thread pool, the hub's shell and
+    the library's I/O sub-packages (it can go red)."""
+    src = ("import asyncio\nimport time\nfrom concurrent.futures import Future\n"
+           "from ..serving.peers import PeerConn\nfrom echo2p2p.scoring.scorer import Scorer\n"
+           "from echo2p2p import messages as m\nfrom .peer import Peer\nfrom ..config import X\n")
+    assert [b.split(": ")[1] for b in hub_core_violations(src)] == [
+        "asyncio", "time", "concurrent.futures", "..serving.peers", "echo2p2p.scoring.scorer"]
+    assert len(HUB_CORE_FILES) >= 10
 
 
 def test_scanner_catches_what_a_violation_looks_like():

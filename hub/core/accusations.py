@@ -203,7 +203,7 @@ class Accusations:
         self.outbox.emit(Record({
             "event": "relay_check", "accuser": accuser.peer_id, "accused": accused.peer_id,
             "reason": reason, "version": case.manifest.version, "chunk": case.index,
-            "checked": [*checked, case.chunk], "verdict": verdict}))
+            "checked": [*checked, case.chunk], "verdict": verdict}, dated=True))
         if verdict == "intact" and reason == "corrupt":  # whole: the accusation was a lie
             self._distrust(accuser, "false_report")
         conviction = (accused.identity, checked, case.chunk)
@@ -283,7 +283,8 @@ class Accusations:
         self.outbox.emit(Record({
             "event": "relay_check", "accuser": accuser.peer_id, "relay": "gossip",
             "accused": accused.peer_id, "reason": case.reason,
-            "version": case.manifest.version, "chunk": case.index, "verdict": verdict}))
+            "version": case.manifest.version, "chunk": case.index, "verdict": verdict},
+            dated=True))
         if verdict == "corrupt":  # once per chunk: it is checked once
             self._distrust(accused, "bad_chunk")
         if verdict in ("corrupt", "stall") and accused.relay != "failed":

@@ -11,9 +11,11 @@ of what the hub decided.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from echo2p2p import messages as m
+from echo2p2p.buffer import ScoredGroup
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,71 @@ class Journal:
 
 @dataclass(frozen=True)
 class Record:
-    """One run log record (`hub.view.runlog`)."""
+    """One run log record (`hub.view.runlog`); `dated`: the core adds the learner's step."""
 
     record: dict[str, Any]
+    dated: bool = False
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Connection `conn_id` joined as peer `peer_id` (its Welcome follows as a `Send`)."""
+
+    conn_id: str
+    peer_id: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Connection `conn_id`'s hello is refused: say `reason` and close it with `code`."""
+
+    conn_id: str
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Score:
+    """Score submission `lease_id`'s samples from their token ids with the task's verifier, in
+    `owner`'s queue at the scorer; its result comes back as `ScoringFinished`. `problem`: the
+    task's problem (the verifier's key); `turns`: the episodes' turns (None: not episodes)."""
+
+    lease_id: str
+    owner: str
+    problem: object
+    token_ids: tuple[bytes, ...]
+    texts: tuple[str, ...]
+    turns: tuple[object, ...] | None
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    """Recompute `group`'s behaviour logprobs under its claimed version (the weights taken
+    now); its result comes back as `SpotCheckFinished` (`hub.serving.spotcheck`)."""
+
+    lease_id: str
+    group: ScoredGroup
+
+
+@dataclass(frozen=True)
+class SpotCheckDropped:
+    """The spot-check of `lease_id` is no longer wanted (its submission was refused first)."""
+
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class BatchReady:
+    """The learner's batch for step `step` (the one queue the learner loop reads)."""
+
+    step: int
+    groups: tuple[ScoredGroup, ...]
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    """Feed `TurnEnded` at the end of this event loop turn (a lease pass is due): every
+    frame of one turn asks, one pass serves them all (`bench/ingest.py`)."""
 
 
 @dataclass

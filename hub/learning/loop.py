@@ -105,7 +105,7 @@ class HubRun:
                   time.perf_counter() - start)
 
     def resume(self, saved: tuple[Path, dict[str, Any], list[list]]) -> None:
-        """Continue from a checkpoint and its journal (see hub.durable)."""
+        """Continue from a checkpoint and its journal (see hub.learning.durable)."""
         learner, state, journal = saved
         self.learner.load(learner)
         self.hub.restore(state, journal)
@@ -189,10 +189,8 @@ class HubRun:
             lags = Counter(lag_versions(step, g.version) for g in batch)
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
-            hub.finish_step()
             stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
-            if not stopping:
-                hub.dispatch()
+            hub.finish_step(stopping)  # and, unless stopping, a lease pass
             hub.replan(self.estimates.required_rollouts_per_s())
             # before the publication's checkpoint: a run resumed from it never logs a clock or
             # a total below this record's
@@ -227,7 +225,7 @@ class HubRun:
         return None
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
-        """The run log record of learner step `step` (which produced version `hub.step`)."""
+        """The run log record of learner step `step` (which produced version `Hub.step`)."""
         now, hub = time.perf_counter(), self.hub.statistics()
         tally = getattr(stats, "off_policy", None)  # None: a learner without diagnostics
         diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None

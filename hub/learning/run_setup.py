@@ -165,7 +165,7 @@ def _remove(run_dir: Path | None) -> None:
 def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
     """The line that says the hub serves, and where: what users and scripts wait for. The CLI
     logs it once its own signal handlers are set, so that a Ctrl-C after it stops the run
-    cleanly (`echo2p2p.hub.cli.demo`)."""
+    cleanly (`echo2p2p.hub.run`)."""
     cfg, hub = run.cfg, run.hub
     log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, relay %s, learner on %d "
              "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
@@ -207,7 +207,7 @@ def fit_to_model(cfg: HubConfig, shape: ModelShape) -> HubConfig:
 
 def kept_streams(cfg: HubConfig) -> int:
     """Published streams kept on disk: S + 1 for the spot-checker (else one: the next delta's
-    base), catch_up_versions + 1 as laggards' bases (hub.catchup)."""
+    base), catch_up_versions + 1 as laggards' bases (hub.overlay.catchup)."""
     spot = cfg.trust.spot_check_fraction > 0
     return max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1)
 
@@ -331,7 +331,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     eval_scorer = Scorer(setup.reward, decoder=decoder, timeout_s=cfg.scoring.score_timeout_s,
                          name="eval-scorer")
     on_disk = VersionFiles(run_dir / "versions", keep_chunks=cfg.overlay.keep_versions,
-                           keep_streams=kept_streams(cfg))  # memory-mapped (hub.versions)
+                           keep_streams=kept_streams(cfg))  # memory-mapped (hub.overlay.versions)
     run = HubRun(cfg, hub, learner, tokenizer, runlog, key, checkpoints, eval_scorer,
                  Publisher(cfg.overlay, key, spot, on_disk), estimates)
     if saved is not None:

@@ -1,8 +1,6 @@
-"""What the hub counts and what it reports of itself: `Counters`, `HubStatistics`, `PeerView`.
+"""What the hub reports of itself: `HubStatistics`, `PeerView` (the counts are the core's
+`hub.core.counters.Counters`).
 
-`Counters` are running totals the hub's parts bump as things happen (admitted groups, refusals,
-peers closed for protocol faults, relay reports...); the learner loop logs them every step, and a
-checkpoint keeps them (`state`, `restore`), so a resumed run's totals go on from its checkpoint's.
 `HubStatistics` is the frozen picture `Hub.statistics()` returns (trio's `statistics()`) and
 `PeerView` the frozen look at one connected peer (`Hub.peer_views()`): /status, /metrics, the
 dashboard, the step record, tests and benches read the hub through these two, never its parts.
@@ -13,10 +11,13 @@ changed. No clock, no I/O.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ..core.counters import Counters
+
+__all__ = ["Changes", "Counters", "HubStatistics", "PeerView", "peer_view", "statistics_of"]
 
 if TYPE_CHECKING:
     from echo2p2p.buffer import RolloutBuffer, ScoredGroup
@@ -26,55 +27,8 @@ if TYPE_CHECKING:
     from echo2p2p.scoring.scorer import Scorer, ScorerStats
     from echo2p2p.trust import TrustBook
 
-    from .peers import PeerConn
+    from ..core.peer import Peer
     from ..core.tracker import VersionTracker
-
-
-@dataclass
-class Counters:
-    admitted_groups: int = 0
-    admitted_samples: int = 0
-    stale_on_arrival: int = 0
-    rejected: int = 0
-    duplicates: int = 0
-    closed_for_protocol: int = 0
-    refused: int = 0  # joins without a valid token, or from an address with its share joined
-    joins_too_often: int = 0  # connections and hellos refused by the join limits (join_limits)
-    cut_off: int = 0  # peers that stopped reading
-    closed_for_flooding: int = 0  # of closed_for_protocol, for a kind of frame far past its rate
-    spot_checked: int = 0  # submissions whose logprobs or version tag were checked
-    spot_failed: int = 0  # of those, forged (see hub.spotcheck)
-    withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
-    leases_expired: int = 0  # leases whose connected holder let them run out (hub.server)
-    forged_passes: int = 0  # completions whose program tried to forge its tests' verdict
-    scoring_refused: int = 0  # rollouts refused unscored: their peer was over its scoring budget
-    relay_reports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (peer, reason)
-    stale_lags: Counter[int] = field(default_factory=Counter)  # lag in versions -> stale on arrival
-    # Every group turned away, by reason: `rejected` ones and stale ones (`hub.serving.admission`).
-    rejected_by: Counter[str] = field(default_factory=Counter)
-    frames_dropped: Counter[str] = field(default_factory=Counter)  # kind -> past its rate
-
-    def totals(self) -> dict[str, int]:
-        """The running totals (the histograms left out), as `HubStatistics` takes them."""
-        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
-
-    def state(self) -> dict[str, Any]:
-        """Every total and histogram, as msgpack-able data (for a checkpoint)."""
-        return {**self.totals(), "rejected_by": dict(self.rejected_by),
-                "stale_lags": dict(self.stale_lags), "frames_dropped": dict(self.frames_dropped),
-                "relay_reports": [[*key, n] for key, n in self.relay_reports.items()]}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Take up the totals `state()` gave, in a fresh hub's counters (a name this hub no
-        longer counts is passed over)."""
-        for name, value in state.items():
-            if name in self.totals() and isinstance(value, int):
-                setattr(self, name, value)
-        self.rejected_by.update(state.get("rejected_by", {}))
-        self.frames_dropped.update(state.get("frames_dropped", {}))
-        self.stale_lags.update({int(k): n for k, n in state.get("stale_lags", {}).items()})
-        self.relay_reports.update({(peer, reason): n
-                                   for peer, reason, n in state.get("relay_reports", [])})
 
 
 @dataclass(frozen=True)
@@ -105,7 +59,7 @@ class HubStatistics:
     leases_expired: int
     relay_reports: int  # accusations heard, all peers and reasons
     joins_too_often: int
-    catch_up_builds: int  # catch-up deltas encoded (hub.catchup)
+    catch_up_builds: int  # catch-up deltas encoded (hub.overlay.catchup)
     catch_up_shared: int  # catch-up deltas a peer got from the cache, another's encode
     forged_passes: int
     scoring_refused: int
@@ -140,7 +94,7 @@ class PeerView:
     peer_id: str
     name: str  # as it said in its hello
     engine: str
-    identity: str  # whom trust is kept for (`hub.serving.peers.PeerConn.identity`)
+    identity: str  # whom trust is kept for (`hub.core.peer.Peer.identity`)
     held_version: int | None  # the version it generates with
     stream_version: int | None  # the newest version it holds in full
     server_url: str | None  # its chunk server
@@ -157,7 +111,7 @@ class PeerView:
     account: Mapping[str, Any]  # the pool's (`Pool.per_peer`): price, rates, admitted, usd
 
 
-def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], counters: Counters,
+def statistics_of(step: int, training: bool, peers: Mapping[str, Peer], counters: Counters,
                   leases: LeaseBook, buffer: RolloutBuffer, pool: Pool, trust: TrustBook,
                   tracker: VersionTracker, judging: int, relays_failed: set[str],
                   scorer: Scorer | None, spot_checking: bool, now: float) -> HubStatistics:
@@ -187,7 +141,7 @@ def statistics_of(step: int, training: bool, peers: Mapping[str, PeerConn], coun
         required_rollouts_per_s=pool.required)
 
 
-def peer_view(conn: PeerConn, trust: TrustBook, active: bool, now: float, leases: tuple[str, ...],
+def peer_view(conn: Peer, trust: TrustBook, active: bool, now: float, leases: tuple[str, ...],
               account: Mapping[str, Any], scoring_used_s: float, over_budget: bool) -> PeerView:
     """`conn` as `Hub.peer_views()` shows it (`active`: the pool leases it work)."""
     state = "quarantined" if conn.identity in trust.quarantined else \

@@ -24,7 +24,7 @@ from echo2p2p.request_budget import DROP, PAGES, REFUSE, RequestBudget, hub_limi
 from echo2p2p.runtime.process import loop_now
 
 from ..config_sections import LimitsConfig
-from .peers import address_group
+from ..core.peer import address_group
 
 log = logging.getLogger(__name__)
 

@@ -2,15 +2,12 @@
 
 The tracker, the seed watch, the catch-up cache and the relay judges decide in the hub's core
 (`hub.core.tracker`, `hub.core.seeding`, `hub.core.catchups`, `hub.core.accusations`) and emit
-actions (`hub.core.overlay_actions`, and `Record`). `OverlayShell.run` carries one out: an
-encode in the loop's default executor, a timer for the seed watch's next deadline, a probe
-or a relay check as a task (`hub.overlay.relay_checks`, `hub.overlay.gossip_check`), a run log
-record; what came of each goes back to the part through its method, on the loop, and the hub
-is told something changed (`Hub.until` looks again). Every task ends with the hub (`close`).
-
-Until the hub's core drains one outbox for all its parts, the overlay parts' outbox is
-`outbox`, which carries each action out as it is emitted; their sends go straight to each
-peer's own writer (`PeerConn.post`).
+actions (`hub.core.overlay_actions`). `OverlayShell.run` carries one out: an encode in the
+loop's default executor, a timer for the seed watch's next deadline, a probe or a relay check
+as a task (`hub.overlay.relay_checks`, `hub.overlay.gossip_check`); what came of each goes back
+to the core as an event (`hub.core.events`: a Tick, DeltaBuilt, RelayProbed, RelayChecked,
+GossipChecked), as does the chunk route's evidence for the seed watch (ChunkAsked,
+ChunkAnswered, ChunkServed). Every task ends with the hub (`close`).
 """
 
 from __future__ import annotations
@@ -26,10 +23,8 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 from echo2p2p.seed_watch import Key
 
-from ..core.accusations import Accusations
-from ..core.actions import Outbox, Record
+from ..core import events as ev
 from ..core.overlay_actions import BuildDelta, CheckGossip, CheckRelay, ProbeRelay, WakeAt
-from ..core.tracker import VersionTracker
 from ..overlay.catchup import build_catch_up
 from ..overlay.gossip_check import GossipCheck
 from ..overlay.relay_checks import RelayCheck
@@ -37,49 +32,31 @@ from ..overlay.relay_checks import RelayCheck
 log = logging.getLogger(__name__)
 
 
-class Carried(Outbox):
-    """An outbox whose actions are carried out as they are emitted (nothing to drain)."""
-
-    def __init__(self, run: Callable[[Any], None]):
-        super().__init__()
-        self._run = run
-
-    def emit(self, action: Any) -> None:
-        self._run(action)
-
-
 class OverlayShell:
     """Runs the overlay parts' actions and hands their outcomes back."""
 
     def __init__(self, signing_key: bytes, run_id: str, *, new_peer_id: Callable[[], str],
-                 record: Callable[[dict[str, Any]], None], changed: Callable[[], None],
+                 feed: Callable[[Any], None], snapshot: Callable[[int, int | None], Any],
                  now: Callable[[], float]):
         """`signing_key`: the hub's, for its own ticket (its probes of a new chunk server) and
         the tickets of its checks (b"": a rig without tickets); `new_peer_id`: an id never
-        handed out (and journaled), for each check; `record`: the run log; `changed`: wake
-        the hub's waiters; `now`: the hub's clock."""
+        handed out (and journaled), for each check; `feed`: hands an event to the hub's core;
+        `snapshot(version, base)`: the manifest the hub keeps (its chunks are served here);
+        `now`: the hub's clock."""
         hub = Credentials(run_id, HUB, signing_key, signing.sign_ticket(
             signing_key, run_id, HUB, signing.public_key(signing_key))) if signing_key else None
         self.relay_check = RelayCheck(hub, lambda: Credentials.issued(
             signing_key, run_id, new_peer_id()) if signing_key else None)
         self.gossip_check = GossipCheck(lambda: Credentials.issued(signing_key, run_id,
                                                                    new_peer_id()))
-        self._record, self._changed, self._now = record, changed, now
-        self.outbox = Carried(self.run)
-        self.tracker: VersionTracker | None = None  # set by `bind`, once the parts exist
-        self.accusations: Accusations | None = None
+        self._feed, self._snapshot, self._now = feed, snapshot, now
         self._tasks: set[asyncio.Future] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
 
-    def bind(self, tracker: VersionTracker, accusations: Accusations) -> None:
-        self.tracker, self.accusations = tracker, accusations
-
     def run(self, action: Any) -> None:
         """Carry out one action of an overlay part."""
-        if isinstance(action, Record):
-            self._record(action.record)
-        elif isinstance(action, WakeAt):
+        if isinstance(action, WakeAt):
             self._wake_at(action.when)
         elif isinstance(action, BuildDelta):
             future = asyncio.get_running_loop().run_in_executor(
@@ -97,18 +74,18 @@ class OverlayShell:
     # --- what the chunk route tells the seed watch --------------------------------------
 
     def asked(self, peer_id: str, key: Key, index: int) -> None:
-        self.tracker.seeding.asked(peer_id, key, index, self._now())
+        self._feed(ev.ChunkAsked(peer_id, key, index))
 
     def answered(self, peer_id: str, key: Key, index: int, fetched: bool) -> None:
-        self.tracker.seeding.answered(peer_id, key, index, fetched, self._now())
+        self._feed(ev.ChunkAnswered(peer_id, key, index, fetched))
 
     def chunk_served(self, version: int, nbytes: int) -> None:
-        self.tracker.chunk_served(version, nbytes, self._now())
+        self._feed(ev.ChunkServed(version, nbytes))
 
     async def chunk_lookup(self, version: int, base: int | None, index: int,
                            wait_s: float) -> bytes:
         """The hub's side of GET /chunk/...: it holds every chunk of the versions it keeps."""
-        snap = self.tracker.snapshot(version, base)
+        snap = self._snapshot(version, base)
         if snap is None or not 0 <= index < len(snap.chunks):
             return GONE
         return snap.chunks[index]
@@ -123,8 +100,7 @@ class OverlayShell:
                 log.error("catch-up delta v%d -> v%d failed; sending in full", *key, exc_info=exc)
             else:
                 snap = future.result()
-        self.tracker.delta_built(key, snap, self._now())
-        self._changed()
+        self._feed(ev.DeltaBuilt(key, snap))
 
     def _wake_at(self, when: float) -> None:
         """One timer, at the seed watch's next deadline (an earlier one is kept: it looks
@@ -142,24 +118,23 @@ class OverlayShell:
 
     def _tick(self) -> None:
         self._timer, self._timer_at = None, float("inf")
-        self.tracker.tick(self._now())
-        self._changed()
+        self._feed(ev.Tick())
 
     async def _probe(self, action: ProbeRelay) -> None:
         check = self.relay_check
         ok = await check.probe(action.server_url, action.peer_id, action.version)
         rate = await check.uplink_bps(action.server_url, action.peer_id) if ok else None
-        self.accusations.probed(action.peer_id, ok, rate)
+        self._feed(ev.RelayProbed(action.peer_id, ok, rate))
 
     async def _check_relay(self, action: CheckRelay) -> None:
         verdict, elapsed_s = await self.relay_check.fetch(action.server_url, action.accused_id,
                                                           action.manifest, action.index)
-        self.accusations.relay_checked(action.check_id, verdict, elapsed_s, self._now())
+        self._feed(ev.RelayChecked(action.check_id, verdict, elapsed_s))
 
     async def _check_gossip(self, action: CheckGossip) -> None:
         verdict = await self.gossip_check.check(action.server_url, action.accused_id,
                                                 action.manifest, action.index)
-        self.accusations.gossip_checked(action.check_id, verdict, self._now())
+        self._feed(ev.GossipChecked(action.check_id, verdict))
 
     # --- tasks ------------------------------------------------------------------------
 
@@ -174,7 +149,6 @@ class OverlayShell:
     def _done(self, task: asyncio.Future) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("relay check failed", exc_info=task.exception())
-        self._changed()
 
     async def close(self) -> None:
         """Stop the timer, every probe and check under way, and their HTTP clients (an

@@ -1,18 +1,16 @@
-"""The hub's shell around one connected peer: its socket, its outbox and writer, how it relays.
+"""The hub's shell around one connected peer: its socket, its outbox and writer.
 
-What the protocol knows of the peer (session, credits, versions held and announced) lives in its
-`echo2p2p.hub_protocol.HubProtocol`; `PeerConn` adds what is I/O or the hub's own judgement:
-the websocket and transport, the outbox a writer task drains under a deadline (`write_outbox`),
-heartbeats (`keep_alive`), the chunk server URL and whether the hub reached it, the measured
-upload. `close_connection` says why and closes, and cuts a peer that cannot even take that.
-No lease or version decision is made here.
+What the hub decides of a peer is the core's `hub.core.peer.Peer`; `PeerConn` is its
+connection: the websocket and transport, the outbox of encoded frames a writer task drains
+under a deadline (`write_outbox`), heartbeats (`keep_alive`). `close_connection` says why and
+closes, and cuts a peer that cannot even take that. (Its judgement fields mirror `Peer`'s, for
+the overlay's tests that stage peers with sockets of their own.) No decision is made here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +24,8 @@ from echo2p2p.relay import Member
 from echo2p2p.seed_watch import is_leaf, relay_url
 from echo2p2p.session import Session, State
 
+from ..core.peer import address_group
+
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 
 CLOSE_DEADLINE_S = 5.0  # how long a close may take before the connection is cut
@@ -34,7 +34,7 @@ FAULT_CLOSE_S = 1.0  # the same, closing a peer for a fault: the goodbye and clo
 
 @dataclass
 class PeerConn:
-    """The hub's view of one connected peer."""
+    """One peer's connection, as the shell keeps it."""
 
     peer_id: str
     hello: m.Hello
@@ -172,27 +172,3 @@ async def close_connection(ws: web.WebSocketResponse, session: Session, code: in
         if transport is not None:
             transport.abort()
 
-
-def network_of(remote: str | None) -> str | None:
-    """The network `remote` is in, for the hub's fair share of joins: an IPv4 address's /24,
-    an IPv6 address's /48 (what one site holds; an attacker with many such networks is the
-    case the shares are for)."""
-    try:
-        ip = ipaddress.ip_address(remote or "")
-    except ValueError:
-        return remote
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ipaddress.ip_network((ip, 24 if ip.version == 4 else 48), strict=False))
-
-
-def address_group(remote: str | None) -> str | None:
-    """What the join limits and lease quotas count `remote` as: itself, or for IPv6 its /64
-    (one host's share)."""
-    try:
-        ip = ipaddress.ip_address(remote or "")
-    except ValueError:
-        return remote
-    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is a.b.c.d
-        ip = ip.ipv4_mapped
-    return str(ip) if ip.version == 4 else str(ipaddress.ip_network((ip, 64), strict=False))

@@ -66,8 +66,9 @@ def test_every_input_gets_exactly_the_first_rule_that_applies(outcome, quarantin
                                                               step, version, max_lag, can_score):
     """A model of the rule order written here: the decision is the first that applies."""
     lease_open = outcome is Completion.NEW
-    got = decide_submission(outcome, lease_open, quarantined, unpublished, step, version,
-                            max_lag, can_score, "bad_tokens")
+    got = decide_submission(outcome, lease_open=lease_open, quarantined=quarantined,
+                            unpublished=unpublished, step=step, version=version,
+                            max_lag=max_lag, can_score=can_score, rejected_for="bad_tokens")
     if outcome is Completion.DUPLICATE:
         want = Action.ACK_DUPLICATE
     elif outcome is Completion.JUDGING:

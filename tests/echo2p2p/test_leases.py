@@ -39,7 +39,7 @@ def test_a_rejected_lease_is_rejected_again_for_the_same_reason():
     b.requeue(lease, "bad_tokens")
     assert b.complete(lease.lease_id, "p1") == (Completion.REJECTED, None)
     assert b.verdict(lease.lease_id) == "bad_tokens"
-    assert b.grant("p2", 1.0, 0).problem == lease.problem  # its prompt went back
+    assert b.grant("p2", 1.0, 0).item == lease.item  # its prompt went back
 
 
 def test_lease_of_another_peer_is_unknown():
@@ -90,7 +90,7 @@ def test_expired_lease_is_reissued_first():
     b.grant("p1", 1.0, 0)
     assert b.expire(5.5) == [lease]
     again = b.grant("p2", 6.0, 0)
-    assert again.problem == lease.problem and again.lease_id != lease.lease_id
+    assert again.item == lease.item and again.lease_id != lease.lease_id
     assert b.complete(lease.lease_id, "p1")[0] is Completion.EXPIRED
 
 
@@ -101,7 +101,7 @@ def test_leaving_peer_returns_its_leases():
     other = b.grant("p2", 0.0, 0)
     assert sorted(l.lease_id for l in b.release_peer("p1")) == sorted(l.lease_id for l in mine)
     assert b.open_count == 1
-    assert {b.grant("p3", 1.0, 0).problem for _ in range(2)} == {l.problem for l in mine}
+    assert {b.grant("p3", 1.0, 0).item for _ in range(2)} == {l.item for l in mine}
     assert b.complete(other.lease_id, "p2")[0] is Completion.NEW
 
 
@@ -121,7 +121,7 @@ def test_no_problem_is_lost(ops):
             lease = handed[-1]
             status, got = b.complete(lease.lease_id, lease.peer_id)
             if status is Completion.NEW:
-                completed.append(got.problem)
+                completed.append(got.item)
         elif op == "expire":
             b.expire(now)
         elif op == "leave":
@@ -171,8 +171,8 @@ def test_checkpoint_plus_journal_restores_the_book(cut, ops):
         assert restored.complete(lease_id, "someone-new")[0] is Completion.DUPLICATE
         assert restored.complete(lease_id, "someone-else")[0] is Completion.UNKNOWN
     # the next problems drawn are the same: the data cursor survived
-    assert [restored.grant("x", now, 0).problem for _ in range(6)] == \
-        [live.grant("x", now, 0).problem for _ in range(6)]
+    assert [restored.grant("x", now, 0).item for _ in range(6)] == \
+        [live.grant("x", now, 0).item for _ in range(6)]
 
 
 def test_a_delivery_renews_its_peers_queued_leases_up_to_their_latest_and_no_one_elses():

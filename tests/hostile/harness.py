@@ -51,7 +51,7 @@ def steps(run: HubRun) -> int:
 
 async def wait_steps(run: HubRun, n: int, timeout_s: float) -> None:
     """Return once the learner has taken `n` steps (the hub's step, as `finish_step` counts)."""
-    await asyncio.wait_for(run.hub.wait_step(n), timeout_s)
+    await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= n), timeout_s)
 
 
 def peer_id(run: HubRun, name: str) -> str:

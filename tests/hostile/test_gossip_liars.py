@@ -69,7 +69,7 @@ async def test_a_peer_serving_corrupt_pieces_over_links_is_quarantined(tmp_path,
             corrupt_links(liar)
             liar_id = liar.welcome.peer_id
             identity = run.hub.peer_views()[liar_id].identity
-            await asyncio.wait_for(run.hub.wait_quarantined(identity), 240)
+            await asyncio.wait_for(run.hub.until(lambda: identity in run.hub.statistics().quarantined), 240)
             checks = run_events(run, "relay_check")
             with_ = await steps_per_min(run)
             r.honest_training = await still_training(run, honest, since)

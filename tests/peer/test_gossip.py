@@ -74,7 +74,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
     cut = asyncio.Event()
 
     def control(hub) -> None:
-        honest_lookup, honest_greet = hub.chunk_lookup, hub._greet
+        honest_lookup, honest_greet = hub.chunk_lookup, hub._conns._greet
 
         async def lookup(version, base, index, wait_s):
             if cut.is_set():
@@ -89,7 +89,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
                 return None
             return await honest_greet(ws, protocol, hello, request)
 
-        hub.chunk_lookup, hub._greet = lookup, greet
+        hub.chunk_lookup, hub._conns._greet = lookup, greet
 
     async with tracker(control, relay="gossip", upload_limit_mbps=64) as (hub, key, url, records), \
             Peers(url, 4, upload_limit_mbps=8, reconnect_max_s=0.5) as peers:
@@ -102,7 +102,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         for peer_id in hub.peer_views():
             await hub.disconnect(peer_id, "control plane down")
         assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
-        await asyncio.wait_for(hub.wait_peers(0), 60)
+        await asyncio.wait_for(hub.until(lambda: len(hub.peer_views()) == 0), 60)
         await wait_versions(peers, 1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert not hub.peer_views()  # completed with no control connection at all

@@ -193,8 +193,8 @@ async def test_a_hub_turning_joins_away_is_retried_until_it_lets_the_peer_in():
                     assert line, f"the peer exited ({await proc.wait()})"
                 assert "turns joins away for now (HTTP 429" in line, line
                 await holder.close()
-                await hub.wait_peers(0)
-                await hub.wait_peers(1)  # the peer, in
+                await hub.until(lambda: len(hub.peer_views()) == 0)
+                await hub.until(lambda: len(hub.peer_views()) == 1)  # the peer, in
         finally:
             proc.terminate()
             await asyncio.wait_for(proc.wait(), DEADLINE_S)

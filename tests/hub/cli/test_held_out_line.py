@@ -3,7 +3,7 @@ whole run, as its run log does (issue 31, item 7), not only what the resumed pro
 
 from __future__ import annotations
 
-from echo2p2p.hub.cli.demo import held_out_line
+from echo2p2p.hub.run import held_out_line
 from echo2p2p.hub.view.runlog import RunLog
 
 

@@ -1,6 +1,5 @@
 """The shell's side of the overlay parts (`hub.serving.overlay_shell`): it serves the chunks the
-tracker keeps, runs a catch-up encode off the loop and hands it back, and ticks the seed watch
-at the deadline it asked for."""
+tracker keeps, and runs a catch-up encode off the loop and hands it back as an event."""
 
 from __future__ import annotations
 
@@ -8,11 +7,10 @@ import asyncio
 
 from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.core.accusations import Accusations
+from echo2p2p.hub.core import events as ev
+from echo2p2p.hub.core.actions import Outbox
 from echo2p2p.hub.core.tracker import VersionTracker
-from echo2p2p.hub.serving.counters import Counters
 from echo2p2p.hub.serving.overlay_shell import OverlayShell
-from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.store import GONE
 from echo2p2p.pool import Pool
 
@@ -25,22 +23,31 @@ BLOB = b"\1" * (1 << 18)
 
 
 class Shelled:
-    """A tracker and judges whose actions a real `OverlayShell` carries out as they come (on
-    a clock that stands still), over `peers`."""
+    """A tracker whose overlay actions a real `OverlayShell` carries out (on a clock that stands
+    still), over `peers`; what comes back as an event is handed to the tracker, as the core
+    hands it (`hub.core.core.HubCore`)."""
 
     def __init__(self, peers: dict | None = None, **cfg):
-        self.records: list[dict] = []
+        self.events: list[object] = []
         self.changed = asyncio.Event()
-        self.shell = OverlayShell(b"", "run", new_peer_id=lambda: "p9", record=self.records.append,
-                                  changed=self.changed.set, now=lambda: 0.0)
         self.cfg = HubConfig.from_flat(**{"relay": "pipelined", **cfg})
         self.peers = {} if peers is None else peers
+        self.outbox = Outbox()
         self.tracker = VersionTracker(self.cfg.overlay, self.peers, Pool("all", 0.0),
-                                      self.shell.outbox, quarantined=lambda p: False)
-        judges = Accusations(self.cfg.overlay.relay, self.peers, self.tracker, self.shell.outbox,
-                             Counters(), distrust=lambda p, e: None, tickets=False,
-                             min_rate_bytes_s=MIN_RATE_BYTES_S)
-        self.shell.bind(self.tracker, judges)
+                                      self.outbox, quarantined=lambda p: False)
+        self.shell = OverlayShell(b"", "run", new_peer_id=lambda: "p9", feed=self._feed,
+                                  snapshot=self.tracker.snapshot, now=lambda: 0.0)
+
+    def carry_out(self) -> None:
+        """The tracker's overlay actions so far, to the shell."""
+        for action in self.outbox.drain():
+            self.shell.run(action)
+
+    def _feed(self, event: object) -> None:
+        if isinstance(event, ev.DeltaBuilt):
+            self.tracker.delta_built(event.key, event.snapshot, 0.0)
+        self.events.append(event)
+        self.changed.set()
 
 
 def test_the_hub_serves_the_chunks_of_the_versions_it_keeps():
@@ -58,7 +65,7 @@ def test_the_hub_serves_the_chunks_of_the_versions_it_keeps():
 
 async def test_an_encode_runs_off_the_loop_and_its_delta_is_announced_when_it_comes_back():
     """A `BuildDelta` runs in the loop's executor; when it is done the tracker hears it and
-    the waiting peer is announced the delta, then the full version; the hub is told."""
+    the waiting peer is announced the delta, then the full version (the core is fed DeltaBuilt)."""
     streams = chain(3)
     rig = Rig()  # its peers post their sends to its outbox; the rest goes to the shell
     shelled = Shelled(rig.peers)
@@ -72,6 +79,7 @@ async def test_an_encode_runs_off_the_loop_and_its_delta_is_announced_when_it_co
     peer = rig.join("p", peer_key=b"k" * 32, active=False)
     rig.tracker.catch_up(peer, 0.0)
     assert rig.tracker.catchups.building == 1 and rig.drain() == []  # nothing sent yet
+    shelled.carry_out()
     async with asyncio.timeout(60):
         await shelled.changed.wait()
     sends = [a.message for a in rig.drain()]

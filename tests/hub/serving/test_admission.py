@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 import aiohttp
@@ -18,7 +20,7 @@ from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.policy.engines import TransformersEngine
 from echo2p2p.policy.model import build_char_tokenizer
 
-from tests.conftest import running_peers, tracker, wait_until
+from tests.conftest import running_peers, tracker
 
 TOK = build_char_tokenizer()
 
@@ -112,7 +114,8 @@ async def test_an_honest_peer_never_mismatches(hub_cfg):
     """A real hub and a real honest peer for a few steps: no text_mismatch, no lie of any kind."""
     async with start_hub(hub_cfg.replace(max_steps=3)) as run:
         async with running_peers(run.url, 1):  # a lie stalls training: stop waiting at once
-            await wait_until(lambda: run.finished.is_set() or run.hub.statistics().trust_events, 120)
+            await asyncio.wait_for(run.hub.until(
+                lambda: run.finished.is_set() or run.hub.statistics().trust_events), 120)
     assert run.hub.statistics().trust_events == {}
     assert run.hub.statistics().admitted_groups >= 3 * hub_cfg.grpo.prompts_per_step
 

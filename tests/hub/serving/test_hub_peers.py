@@ -18,7 +18,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.policy.engines import TransformersEngine
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import running_peers
 
 
 async def test_two_peers_train_and_receive_versions(hub_cfg):
@@ -215,12 +215,12 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n").encode())
         await loop.sock_sendall(sock, masked_frame(m.encode(m.Hello("stuck", "transformers", "cpu"))))
-        await asyncio.wait_for(run.hub.wait_peers(2), 60)
+        await asyncio.wait_for(run.hub.until(lambda: len(run.hub.peer_views()) == 2), 60)
         stuck = next(p for p in run.hub.peer_views().values() if p.name == "stuck")
         # Versions travel over HTTP now, so the hub sends this peer only small frames: shrink
         # the hub's buffers for it so that they fill within a few publications (the hub's end
         # of this socket, which no public face hands out: reached privately, here only).
-        transport = run.hub._peers[stuck.peer_id].transport
+        transport = run.hub._conns.by_peer[stuck.peer_id].transport
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         transport.set_write_buffer_limits(high=4096)
         steps_then = run.hub.step
@@ -232,7 +232,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             pass  # the hub closed it while we were still writing
         finally:
             sock.close()
-        await asyncio.wait_for(run.hub.wait_step(steps_then + 3), 60)
+        await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= steps_then + 3), 60)
     assert stuck.peer_id not in run.hub.peer_views()
     assert run.hub.statistics().cut_off == 1
 
@@ -267,6 +267,6 @@ async def test_a_peer_drops_a_rollout_the_hub_would_refuse_instead_of_looping(hu
             # A rollout may still be on its way when the learner stops: the hub, still
             # serving, answers it (it leases no more once its budget is full). Checked here:
             # one granted just before may still be generated as the peers stop.
-            await wait_until(lambda: not peer.outbox.pending())
+            await asyncio.wait_for(run.hub.until(lambda: not peer.outbox.pending()), 60)
     assert peer.statistics().connections == 1 and run.hub.statistics().closed_for_protocol == 0
     assert peer.statistics().acked >= cfg.grpo.prompts_per_step * 3

@@ -23,7 +23,7 @@ from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker
 
 
 def relay_peer(url: str, **overrides) -> PeerClient:
@@ -84,12 +84,12 @@ async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
         peer = relay_peer(url, token=token)
         running = asyncio.create_task(peer.run())
         hub.publish(blob_version(key, 0, b"\1" * 4096))
-        await wait_until(lambda: peer.fetcher.store.newest_stream() == 0)
+        await asyncio.wait_for(hub.until(lambda: peer.fetcher.store.newest_stream() == 0), 60)
         assert len(hub.peer_views()) == 1
         book.revoke(token.split(".")[0])
         with pytest.raises(JoinRefused, match="revoked"):
             await asyncio.wait_for(running, 30)
-        await asyncio.wait_for(hub.wait_peers(0), 60)
+        await asyncio.wait_for(hub.until(lambda: len(hub.peer_views()) == 0), 60)
 
 
 def self_signed(tmp_path) -> tuple[str, str]:
@@ -127,7 +127,7 @@ async def test_tls_hub_serves_wss_and_https_to_peers_that_trust_it(tmp_path):
         peer = relay_peer(url, ca_cert=cert)
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))
-        await wait_until(lambda: peer.fetcher.store.newest_stream() == 0)  # chunks came over https
+        await asyncio.wait_for(hub.until(lambda: peer.fetcher.store.newest_stream() == 0), 60)  # chunks came over https
         stop.set()
         await running
         # Without the certificate the connection fails verification: nothing in plain text.
@@ -164,7 +164,7 @@ async def test_chunks_go_only_to_holders_of_this_runs_ticket():
         peer = relay_peer(url, listen="127.0.0.1:0")
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))
-        await wait_until(lambda: peer.fetcher.store.newest_stream() == 0)
+        await asyncio.wait_for(hub.until(lambda: peer.fetcher.store.newest_stream() == 0), 60)
         await asyncio.wait_for(peer.wait_welcomed(), 60)
         hub_base = url.replace("ws://", "http://").removesuffix("/ws")
         other_key, mine = signing.new_private_key(), signing.new_private_key()

@@ -17,7 +17,6 @@ from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts
 from echo2p2p.session import Session, Side
 
-from tests.conftest import wait_until
 
 GENERATE_S = 1.5  # the slow engine's time per group
 LEASE_TIMEOUT_S = 4.0  # shorter than the 4 leases the slow peer queues (4 x 1.5 s)
@@ -67,7 +66,8 @@ async def test_a_slow_peer_with_leases_queued_past_the_timeout_gets_every_group_
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(peer.run(stop))
-            await wait_until(lambda: run.hub.statistics().admitted_groups >= 6, 90)
+            await asyncio.wait_for(run.hub.until(
+                lambda: run.hub.statistics().admitted_groups >= 6), 90)
             stop.set()
         stats = run.hub.statistics()
     assert stats.leases_expired == 0 and stats.rejected == 0, stats
@@ -99,4 +99,4 @@ async def test_a_silent_peer_loses_every_lease_it_holds(hub_cfg):
             views = run.hub.peer_views()
             return not views[pid].open_leases and run.hub.statistics().leases_expired >= 3
 
-        await wait_until(lost, 10)
+        await asyncio.wait_for(run.hub.until(lost), 10)

@@ -5,6 +5,7 @@ the log tells the first of each reason and sums the rest, at most one line per i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -12,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from echo2p2p import messages as m
 from echo2p2p.hub.learning.run_setup import start_hub
-from echo2p2p.hub.serving.rejections import RejectionLog
+from echo2p2p.hub.core.rejections import RejectionLog
 from echo2p2p.policy.model import build_char_tokenizer
 from echo2p2p.session import Session, Side
 
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker
 
 TOK = build_char_tokenizer()
 
@@ -79,7 +80,7 @@ async def test_a_group_past_its_lease_is_counted_as_expired_in_metrics_and_the_l
         async with http.ws_connect(run.url) as ws:
             peer = Raw(ws)
             welcome, (lease,) = await peer.join(1)
-            await wait_until(lambda: run.hub.statistics().leases_expired >= 1, 10)
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.statistics().leases_expired >= 1), 10)
             reason = await peer.answer(m.RolloutSubmission(lease.lease_id, 0,
                                                            samples(welcome.group_size)))
         async with http.get(f"http://127.0.0.1:{run.dashboard_port}/metrics") as response:

@@ -32,14 +32,15 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
         hold_step_time(run.learner, STEP_S)  # a slow learner, as a large model's
         async with running_peers(run.url, 1, name="paid", price_per_hour=3.6) as (paid,):
             async with running_peers(run.url, 1, name="free") as (free,):
-                await asyncio.wait_for(run.hub.wait_peers(2), 60)
+                await asyncio.wait_for(run.hub.until(lambda: len(run.hub.peer_views()) == 2), 60)
                 paid_id = peer_id(run, "paid")
-                await wait_until(lambda: state(run, paid_id) != "active", 120)
+                await asyncio.wait_for(run.hub.until(lambda: state(run, paid_id) != "active"), 120)
                 # Leases it held when put on standby may still come back; no new ones go out.
-                await wait_until(lambda: len(run.hub.peer_views()[paid_id].open_leases) == 0)
+                await asyncio.wait_for(run.hub.until(
+                    lambda: len(run.hub.peer_views()[paid_id].open_leases) == 0), 60)
                 submitted, version, step = paid.statistics().submitted, paid.version, run.hub.step
                 acked_free = free.statistics().acked
-                await asyncio.wait_for(run.hub.wait_step(step + 4), 60)
+                await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 4), 60)
                 assert paid.statistics().submitted == submitted
                 assert free.statistics().acked > acked_free
                 if standby == "warm":
@@ -48,9 +49,9 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
                     assert paid.version <= version + 1  # at most one announced before standby
                 usd_standby = run.hub.statistics().cost["cost/usd_total"]
             # The free peer left: the paid one is the only worker and must go back to work.
-            await wait_until(lambda: state(run, paid_id) == "active")
+            await asyncio.wait_for(run.hub.until(lambda: state(run, paid_id) == "active"), 60)
             step = run.hub.step
-            await asyncio.wait_for(run.hub.wait_step(step + 3), 60)
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 3), 60)
             assert paid.statistics().submitted > submitted
             assert paid.version >= step
             assert run.hub.statistics().cost["cost/usd_total"] > usd_standby

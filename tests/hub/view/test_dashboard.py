@@ -58,7 +58,7 @@ async def test_a_run_fills_the_snapshot_and_streams_each_new_step(hub_cfg):
             assert stream.headers["Content-Type"] == "text/event-stream"
             events = sse(stream)
             assert await anext(events) == ("hello", {"run_id": run.hub.run_id, "step": 0})
-            await asyncio.wait_for(run.hub.wait_step(2), 60)
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= 2), 60)
             async with http.get(base + "/api/snapshot") as r:
                 snap = await r.json()
             steps = snap["steps"]
@@ -188,7 +188,7 @@ async def test_a_stuck_client_is_dropped_and_the_steps_go_on(hub_cfg):
                 assert await asyncio.wait_for(pushed.get(), 30) == n  # the reader keeps up
             assert feed.statistics().clients == 1
             step = run.hub.step
-            await asyncio.wait_for(run.hub.wait_step(step + 2), 60)
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 2), 60)
             while await asyncio.wait_for(steps.get(), 60) < step:
                 pass  # the reader still gets the steps recorded after the drop
             stuck.settimeout(30)

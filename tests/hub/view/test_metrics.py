@@ -107,7 +107,7 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg, monkeyp
                 worker, made = peers[0].statistics(), peers[0].worker.tokens_generated
                 own = families(await scrape(http, peers[0].metrics_url))
                 worker_after, made_after = peers[0].statistics(), peers[0].worker.tokens_generated
-            await run.hub.wait_peers(0)
+            await run.hub.until(lambda: len(run.hub.peer_views()) == 0)
             await wait_until(lambda: run.hub.statistics().judging == 0)
             quiet = families(await scrape(http, dashboard))
             in_queue = run.hub.statistics().stale_in_queue

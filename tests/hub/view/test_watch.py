@@ -48,7 +48,7 @@ async def test_status_of_a_real_hub_names_its_peers_and_step(hub_cfg):
     cfg = hub_cfg.replace(dashboard_port=0, dashboard_token="peek")
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 2):
-            await asyncio.wait_for(run.hub.wait_step(2), 60)
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= 2), 60)
             before = run.hub.step
             board = f"http://127.0.0.1:{run.dashboard_port}"
             answers = await asyncio.gather(status(run.url, "--token", "peek"),

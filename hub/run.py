@@ -1,4 +1,5 @@
-"""Run a hub until it is done (`serve`), or a hub plus N local peer processes (`demo`).
+"""Start a run and serve it until it is done: the one entry point (`run`) that `echo2-hub serve`
+and `demo`, and a script's `echo2p2p.hub.api.Run`, call; the demo adds N local peer processes.
 
 The demo's peers are real `echo2-peer join` processes talking to the hub over loopback
 websockets; they are stopped when the learner reaches `max_steps`. SIGTERM or SIGINT (Ctrl-C)
@@ -27,10 +28,10 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 
-from ..config import HubConfig
-from ..learning.run_setup import log_listening, start_hub
-from ..learning.loop import HubRun
-from ..view.run_data import read_run
+from .config import HubConfig
+from .learning.loop import HubRun
+from .learning.run_setup import log_listening, start_hub
+from .view.run_data import read_run
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +58,6 @@ def stop_local_peers() -> None:
     for pid in LOCAL_PEERS:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-
-
-async def run_serve(cfg: HubConfig, resume: Path | None = None, ranks: Any = None,
-                    setup: Any = None, sources: Any = None, scripted: bool = False
-                    ) -> list[dict[str, Any]]:
-    """Serve until max_steps; the step records. `resume`: the run directory to continue
-    (cfg.run.run_dir is it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and
-    reward (`hub.tasks.task_setup`; None: as cfg names them); `sources`: where each field of
-    cfg came from (`hub.config_presets`); `scripted`: the run is a Python script's (`Run` with a
-    reward function or rows of its own), which is how it resumes. `Stopped` after a clean stop
-    by a signal."""
-    async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
-                         setup=setup, sources=sources) as run:
-        how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
-        async with _stopped_by_signals(how) as stopped:
-            log_listening(run, ranks)  # after the handlers: a Ctrl-C from now on stops cleanly
-            if await _finished_or(run, stopped) is None:
-                await _stop(run, stopped.result(), how)
-        _summary(run)
-    if stopped.done() and not stopped.cancelled():
-        raise Stopped(stopped.result())
-    return run.records
 
 
 async def _finished_or(run: HubRun, stopped: asyncio.Future[int]) -> bool | None:
@@ -135,27 +114,37 @@ def peer_python(engine: str, given: str = "") -> str:
                                 "GPU machine, or name its Python with --peer-python")
 
 
-async def run_demo(cfg: HubConfig, n_peers: int, *, engine: str = "transformers",
-                   python: str = sys.executable, ranks: Any = None, setup: Any = None,
-                   sources: Any = None, resume: Path | None = None,
-                   scripted: bool = False) -> list[dict[str, Any]]:
-    """`run_serve`, with `n_peers` local `echo2-peer join` processes, until `max_steps` or a
-    SIGTERM or SIGINT (then `Stopped`); the peers are stopped either way. `resume`: the run
-    directory to continue (cfg.run.run_dir is it)."""
+async def run(cfg: HubConfig, *, local_peers: int = 0, engine: str = "transformers",
+              python: str = sys.executable, ranks: Any = None, setup: Any = None,
+              sources: Any = None, resume: Path | None = None,
+              scripted: bool = False) -> list[dict[str, Any]]:
+    """Serve a run until max_steps; the step records. The one entry point of a run: `echo2-hub
+    serve` and `demo` (through `echo2p2p.hub.api.Run`), and a script's `Run`, all come here.
+    `local_peers`: the demo's `echo2-peer join` processes to start (`engine`, under `python`),
+    stopped either way at the end. `resume`: the run directory to continue (cfg.run.run_dir is
+    it); `ranks`: this is rank 0 of a sharded learner; `setup`: the task and reward
+    (`hub.tasks.task_setup`; None: as cfg names them); `sources`: where each field of cfg came
+    from (`hub.config_presets`); `scripted`: the run is a Python script's (`Run` with a reward
+    function or rows of its own), which is how it resumes. `Stopped` after a clean stop by a
+    signal."""
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
                          setup=setup, sources=sources) as run:
-        flags = (f" --peers {n_peers}" if n_peers != 2 else "") + \
-            (f" --engine {engine}" if engine != "transformers" else "")
-        how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
+        if local_peers:
+            flags = (f" --peers {local_peers}" if local_peers != 2 else "") + \
+                (f" --engine {engine}" if engine != "transformers" else "")
+            how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
+        else:
+            how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
         async with _stopped_by_signals(how) as stopped:
-            log_listening(run, ranks)
-            print(f"hub listening on {run.url}; starting {n_peers} local peers "
-                  f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, "
-                  f"G={cfg.grpo.group_size}, {cfg.grpo.prompts_per_step} prompts/step, "
-                  f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
+            log_listening(run, ranks)  # after the handlers: a Ctrl-C from now on stops cleanly
+            if local_peers:
+                print(f"hub listening on {run.url}; starting {local_peers} local peers "
+                      f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, "
+                      f"G={cfg.grpo.group_size}, {cfg.grpo.prompts_per_step} prompts/step, "
+                      f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
             peers: list[asyncio.subprocess.Process] = []
             try:
-                for i in range(n_peers):
+                for i in range(local_peers):
                     peers.append(await _start_peer(cfg, run.url, f"local-{i}", engine, python))
                 if await _finished_or(run, stopped) is None:
                     _terminate(peers)  # with the learner's stop: no step after they left

@@ -1,6 +1,6 @@
 """What the hub adds to its lease book: quotas (`echo2p2p.lease_quota`: who holds which open
 leases, and what an expired lease costs its holder), deadlines that count from when a lease can
-start, and lease ids nobody can guess.
+start. (Lease ids nobody can guess are drawn by the shell: `hub.serving.server.new_lease_id`.)
 
 `Quotas` counts, for one grant, the open leases the pure `may_grant` weighs (by the asking
 peer's identity, by its address, by unproven peers, by the peer itself against what it can
@@ -8,7 +8,7 @@ finish in one lease timeout at the pace the hub measured: `paced_cap`), says how
 granted now may wait behind its peer's others before its timeout runs (`queue_wait_s`, so no
 lease expires for sitting queued behind a slow generation), and charges a lease that ran past its
 deadline to its holder: quota (its cap shrinks) and trust (a `lease_expired` event, through the
-`TrustGuard`). It never grants a lease itself (`Hub.dispatch` does).
+`TrustGuard`). It never grants a lease itself (the core's dispatch pass does: `hub.core.core`).
 
 A lease is dated by the groups ahead of it (`echo2p2p.staleness.lease_min_version`), and only
 open leases that can be generated now count there: one no peer holds (an orphan of a resumed
@@ -19,10 +19,8 @@ waits for (with S = 2, kappa = 3 a resumed hub deadlocked that way: `ahead`).
 
 from __future__ import annotations
 
-import secrets
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p.lease_quota import (PROBATION_LEASES, Held, LeaseQuota, latest_s, may_grant,
@@ -31,7 +29,8 @@ from echo2p2p.leases import Lease, LeaseBook
 from echo2p2p.staleness import lease_budget
 
 from ..config import HubConfig
-from .peers import PeerConn
+from .counters import Counters
+from .peer import Peer
 from .quarantine import TrustGuard
 
 
@@ -47,7 +46,7 @@ class Holdings:
         self.uncounted = 0  # orphans, and leases dated for a version not yet published
         self.unproven_counted = 0  # of the rest, those unproven peers hold
 
-    def add(self, holder: PeerConn | None, book: LeaseQuota, ready: bool = True) -> None:
+    def add(self, holder: Peer | None, book: LeaseQuota, ready: bool = True) -> None:
         """One more open lease, of `holder`'s (None: an orphan of a resumed hub, nobody's);
         `ready`: it can be generated with a version already published."""
         if holder is None or not ready:
@@ -65,11 +64,11 @@ class Holdings:
 class Quotas:
     """Lease quotas over the hub's peers and lease book."""
 
-    def __init__(self, cfg: HubConfig, peers: dict[str, PeerConn], leases: LeaseBook,
-                 guard: TrustGuard, counters: Any, book: LeaseQuota,
+    def __init__(self, cfg: HubConfig, peers: dict[str, Peer], leases: LeaseBook,
+                 guard: TrustGuard, counters: Counters, book: LeaseQuota,
                  rates: Callable[[str], float] = lambda peer_id: 0.0,
                  published: Callable[[], int | None] = lambda: None):
-        """`counters`: the hub's `Counters`; `book`: the standings (admission adds to them);
+        """`book`: the standings (admission adds to them);
         `rates`: a peer's generation rate as the hub measured it, completions/s (0: not yet);
         `published`: the newest version published (None: none yet, every lease counts)."""
         self.book, self.rates, self.published = book, rates, published
@@ -84,7 +83,7 @@ class Quotas:
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
 
     def holdings(self) -> Holdings:
-        """The open leases counted by holder, once: `Hub.dispatch` takes one per pass and
+        """The open leases counted by holder, once: the dispatch pass takes one and
         `add`s each lease it grants, instead of a walk over every open lease per grant."""
         holdings, newest, peers = Holdings(), self.published(), self.peers
         for lease in self.leases.open_leases():
@@ -115,7 +114,7 @@ class Quotas:
         newest = self.published()
         return newest is None or lease.min_version <= newest
 
-    def allows(self, conn: PeerConn, outstanding: int, holdings: Holdings | None = None) -> bool:
+    def allows(self, conn: Peer, outstanding: int, holdings: Holdings | None = None) -> bool:
         """Whether one more lease may go to `conn` now (`outstanding`: open leases, queued
         groups and groups being judged; `holdings`: this dispatch's count, else made now)."""
         book, h = self.book, holdings or self.holdings()
@@ -131,7 +130,7 @@ class Quotas:
         rate = self.rates(peer_id)
         return self.group_size / rate if rate > 0 else None
 
-    def wait_s(self, conn: PeerConn, holdings: Holdings) -> tuple[float, float]:
+    def wait_s(self, conn: Peer, holdings: Holdings) -> tuple[float, float]:
         """How long a lease granted to `conn` now may wait behind its open ones before its
         timeout runs, and the latest its peer's deliveries may renew it to, from now
         (`echo2p2p.lease_quota.queue_wait_s`, `latest_s`)."""
@@ -149,7 +148,7 @@ class Quotas:
         h = holdings or self.holdings()
         return outstanding - h.uncounted - min(h.unproven_counted, self.probation)
 
-    def left(self, conn: PeerConn) -> None:
+    def left(self, conn: Peer) -> None:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is
         never used again); its token's and its address's are kept."""
         if conn.identity == conn.peer_id:
@@ -173,15 +172,9 @@ class Quotas:
 
 def grant_of(lease: Lease, group_size: int, now: float) -> m.LeaseGrant:
     """The `lease` frame that grants `lease` (a `TokenizedProblem`'s) at `now`."""
-    p = lease.problem
+    p = lease.item
     return m.LeaseGrant(lease.lease_id, p.problem.id, p.problem.prompt, p.prompt_ids,
                         p.problem.answer, group_size,
                         # The latest it may be answered: sooner only if the peer stops
                         # delivering (its admitted groups renew it, `echo2p2p.lease_quota`).
                         lease.latest - now, lease.min_version)
-
-
-def new_lease_id() -> str:
-    """A random lease id (16 characters, 96 bits): naming one proves it was granted to you, and
-    ids say nothing of how many leases there were."""
-    return secrets.token_urlsafe(12)

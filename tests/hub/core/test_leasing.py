@@ -1,14 +1,16 @@
-"""The hub's lease quotas (`hub.serving.leasing.Quotas`) over a real lease book, trust guard and peer
-connections (no sockets: a quota never touches one): what a grant weighs, what an expired lease
+"""The hub's lease quotas (`hub.core.leasing.Quotas`) over a real lease book, trust guard and
+peers (no sockets: a quota never touches one): what a grant weighs, what an expired lease
 costs, what is forgotten when a connection leaves."""
 
 from echo2p2p import messages as m
 from echo2p2p.buffer import RolloutBuffer
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.serving.counters import Counters
-from echo2p2p.hub.serving.leasing import Quotas, new_lease_id
-from echo2p2p.hub.serving.peers import PeerConn
-from echo2p2p.hub.serving.quarantine import TrustGuard
+from echo2p2p.hub.core.actions import Outbox
+from echo2p2p.hub.core.counters import Counters
+from echo2p2p.hub.core.leasing import Quotas
+from echo2p2p.hub.core.peer import Peer
+from echo2p2p.hub.core.quarantine import TrustGuard
+from echo2p2p.hub.serving.server import new_lease_id
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.lease_quota import LeaseQuota, QuotaPolicy
 from echo2p2p.leases import LeaseBook, shuffled_epochs
@@ -18,26 +20,25 @@ from echo2p2p.trust import TrustBook
 CFG = HubConfig.from_flat(prompts_per_step=4, max_lag=2)  # budget 8
 
 
-def conn(peer_id: str, remote: str = "10.0.0.1") -> PeerConn:
-    return PeerConn(peer_id, m.Hello(peer_id, "transformers", "cpu"), None,
-                    HubProtocol(0.0, 1 << 20), None, remote=remote)
+def conn(peer_id: str, remote: str = "10.0.0.1") -> Peer:
+    return Peer(peer_id, m.Hello(peer_id, "transformers", "cpu"), HubProtocol(0.0, 1 << 20),
+                Outbox(), remote=remote)
 
 
-def rig(*conns: PeerConn, rates=lambda peer_id: 0.0,
+def rig(*conns: Peer, rates=lambda peer_id: 0.0,
         published=lambda: None) -> tuple[Quotas, LeaseBook, TrustBook]:
     leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0),
                        lease_ids=new_lease_id)
     trust = TrustBook()
     guard = TrustGuard(trust, leases, RolloutBuffer(CFG.staleness.max_lag), Counters(),
-                       journal=lambda kind, *record: None, route_around=lambda peer_id: None,
-                       on_quarantine=lambda record: None)
+                       Outbox())
     peers = {c.peer_id: c for c in conns}
     return Quotas(CFG, peers, leases, guard, Counters(),
                   LeaseQuota(QuotaPolicy(start=CFG.staleness.new_peer_leases)), rates,
                   published), leases, trust
 
 
-def grant_while_allowed(quotas: Quotas, leases: LeaseBook, c: PeerConn) -> int:
+def grant_while_allowed(quotas: Quotas, leases: LeaseBook, c: Peer) -> int:
     n = 0
     while quotas.allows(c, leases.open_count) and n < 100:
         leases.grant(c.peer_id, 0.0, 0)
@@ -107,8 +108,7 @@ def test_a_slow_peer_holds_what_it_finishes_in_a_timeout_and_its_queued_leases_w
     cfg = HubConfig.from_flat(prompts_per_step=4, max_lag=2, group_size=8, lease_timeout_s=10.0)
     leases = LeaseBook([f"q{i}" for i in range(20)], 10.0, shuffled_epochs(20, 0))
     guard = TrustGuard(TrustBook(), leases, RolloutBuffer(2), Counters(),
-                       journal=lambda kind, *record: None, route_around=lambda peer_id: None,
-                       on_quarantine=lambda record: None)
+                       Outbox())
     quotas = Quotas(cfg, {slow.peer_id: slow}, leases, guard, Counters(), LeaseQuota(),
                     rates=lambda peer_id: 2.0)
     for _ in range(20):
@@ -121,7 +121,7 @@ def test_a_slow_peer_holds_what_it_finishes_in_a_timeout_and_its_queued_leases_w
 
 
 def dated(quotas: Quotas, leases: LeaseBook, step: int, queued: int) -> int:
-    """The min_version `Hub.dispatch` gives a lease granted now, at learner `step` (not
+    """The min_version the core's dispatch pass (`HubCore`) gives a lease granted now, at learner `step` (not
     training) with `queued` groups in the buffer."""
     outstanding = leases.open_count + queued
     return lease_min_version(step, False, quotas.ahead(outstanding, quotas.holdings()),
