@@ -23,7 +23,7 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until, wait_versions
+from tests.conftest import Pulse, serving, tracker, until, wait_until, wait_versions
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -71,6 +71,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
     completes v1 from its links, bit for bit, and reports it once the hub takes it back."""
     data = os.urandom(2 << 20)
     served: set[int] = set()
+    serving_one = Pulse()  # at each chunk of v1 the hub serves
     cut = asyncio.Event()
 
     def control(hub) -> None:
@@ -81,6 +82,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
                 return GONE
             if version == 1:
                 served.add(index)
+                serving_one.fire()
             return await honest_lookup(version, base, index, wait_s)
 
         async def greet(ws, protocol, hello, request):
@@ -97,7 +99,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         await joined(hub, 4)
         v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
         hub.publish(v1)
-        await wait_until(lambda: len(served) == len(v1.full.chunks))
+        await serving_one.until(lambda: len(served) == len(v1.full.chunks))
         cut.set()
         for peer_id in hub.peer_views():
             await hub.disconnect(peer_id, "control plane down")
@@ -107,7 +109,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert not hub.peer_views()  # completed with no control connection at all
         cut.clear()
-        await wait_until(lambda: len(hub.peer_views()) == 4 and all(
+        await until(hub, lambda: len(hub.peer_views()) == 4 and all(
             p.stream_version == 1 for p in hub.peer_views().values()))
 
 
@@ -335,7 +337,7 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
         misbehave(peer, kind)
         accused = peer.welcome.peer_id
         await other.send(m.RelayReport(1, accused, "stall", 0, None))
-        await wait_until(lambda: hub.peer_views()[accused].relay == "failed", 60)
+        await until(hub, lambda: hub.peer_views()[accused].relay == "failed", 60)
         (check,) = [r for r in records if r.get("event") == "relay_check"]
         assert check["verdict"] == "stall"
         assert hub.peer_views()[accused].relays_for is None
