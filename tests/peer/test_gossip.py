@@ -23,7 +23,7 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import Pulse, serving, tracker, until, wait_until, wait_versions
+from tests.conftest import Pulse, serving, tracker, until, wait_versions, within
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -224,7 +224,8 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
         target, hostile = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
             for what, frame in HOSTILE_FRAMES.items():
-                await wait_until(lambda: "p99" not in peer.fetcher.links.links)  # the last one
+                links = peer.fetcher.links
+                await within(links.until(lambda: "p99" not in links.links))  # the last one
                 peer.fetcher.links.banned.clear()
                 async with http.ws_connect(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                            headers=hostile.header(target)) as ws:
@@ -304,10 +305,10 @@ async def test_a_dialled_end_that_cannot_prove_its_id_takes_no_slot():
             serving(app) as port:
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 1)
-        await wait_until(lambda: peer.fetcher.links.http is not None)  # its first download ran
         links = peer.fetcher.links
+        await within(links.until(lambda: links.http is not None))  # its first download ran
         links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
-        await wait_until(lambda: links.unproven == 1)
+        await within(links.until(lambda: links.unproven == 1))
         assert accepted and "p77" not in links.links and "p77" not in links.known
 
 
