@@ -184,6 +184,17 @@ async def until(hub: Hub, condition, timeout_s: float = 60.0) -> None:
         raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
 
 
+async def peer_until(peer: PeerClient, condition, timeout_s: float = 60.0) -> None:
+    """Return once `condition()` holds, looked at again after each event from the hub `peer`
+    handles and each version it takes (`Swapper.until`): no polling. Fails after `timeout_s`,
+    saying what was awaited."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await peer.swapper.until(condition)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
+
+
 async def within(awaitable: Awaitable, timeout_s: float = 60.0, what: str = "") -> object:
     """`awaitable`'s result, failing (not hanging) if it takes over `timeout_s`: for waits on
     a peer's or a test's own events, saying what was awaited."""

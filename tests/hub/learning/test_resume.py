@@ -20,7 +20,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.outbox import Outbox
 
-from tests.conftest import until, wait_until
+from tests.conftest import peer_until, until
 
 
 def submission(lease_id: str, version: int = 0, tokens: int = 8) -> m.RolloutSubmission:
@@ -122,7 +122,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
             assert {g.lease_id for g in run2.hub.statistics().queue} >= queued
             await asyncio.wait_for(run2.finished.wait(), 120)
-            await wait_until(lambda: len(peer.outbox) == 0)
+            await peer_until(peer, lambda: len(peer.outbox) == 0)
         stop.set()
         await running
     log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
