@@ -173,31 +173,27 @@ def _described(condition) -> str:
         return repr(condition)
 
 
-async def until(hub: Hub, condition, timeout_s: float = 60.0) -> None:
-    """Return once `condition()` holds, looked at again after each event `hub` handles
-    (`Hub.until`: a frame, a judged submission, a step, a publication, a lease expiry, a
-    record): no polling. Fails after `timeout_s`, saying what was awaited."""
+async def until(source, condition, timeout_s: float = 60.0) -> None:
+    """Return once `condition()` holds, looked at again after each event `source` reports
+    (`source.until`: a `Hub`'s, after each event it handles: a frame, a judged submission, a
+    step, a publication, a lease expiry, a record; a peer's `Links`', a `Swapper`'s): no
+    polling. Fails after `timeout_s`, saying what was awaited."""
     try:
         async with asyncio.timeout(timeout_s):
-            await hub.until(condition)
+            await source.until(condition)
     except TimeoutError:
         raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
 
 
 async def peer_until(peer: PeerClient, condition, timeout_s: float = 60.0) -> None:
-    """Return once `condition()` holds, looked at again after each event from the hub `peer`
-    handles and each version it takes (`Swapper.until`): no polling. Fails after `timeout_s`,
-    saying what was awaited."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            await peer.swapper.until(condition)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
+    """`until` on `peer`'s state: looked at again after each event from the hub it handles
+    and each version it takes (`Swapper.until`)."""
+    await until(peer.swapper, condition, timeout_s)
 
 
 async def within(awaitable: Awaitable, timeout_s: float = 60.0, what: str = "") -> object:
-    """`awaitable`'s result, failing (not hanging) if it takes over `timeout_s`: for waits on
-    a peer's or a test's own events, saying what was awaited."""
+    """`awaitable`'s result, failing (not hanging) if it takes over `timeout_s`: for a wait on
+    one of a peer's events, saying what was awaited."""
     try:
         async with asyncio.timeout(timeout_s):
             return await awaitable

@@ -25,7 +25,7 @@ from echo2p2p.peer.connection import HubConnection, connect
 from echo2p2p.peer_protocol import PeerProtocol
 
 from tests.blob_versions import blob_version
-from tests.conftest import Pulse, serving, tracker, within
+from tests.conftest import Pulse, serving, tracker, until
 from tests.peer.test_gossip import admitted
 from tests.peer.test_join_errors import assert_gave_up, join
 from tests.peer.test_overlay import CHUNK, Peers, joined
@@ -162,7 +162,7 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
         await joined(hub, 2)
         hub.publish(blob_version(key, 1, os.urandom(64 << 10), chunk_bytes=CHUNK))
         for links in (peer.fetcher.links, other.fetcher.links):
-            await within(links.until(lambda: links.links), what="a link at each peer")
+            await until(links, lambda: bool(links.links))  # at each peer
         assert {link.protocol for c in (peer, other) for link in c.fetcher.links.links.values()} == {3}
         target, dialler = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
@@ -179,7 +179,7 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
                     rec, _ = decode_frame(proof, lk.LINK_LIMITS, lk.FRAMES, (agreed,))
                     assert isinstance(rec, lk.Proof)
                 links = peer.fetcher.links
-                await within(links.until(lambda: "p99" not in links.links))
+                await until(links, lambda: "p99" not in links.links)
             async with http.get(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                 headers=dialler.header(target) | {PROTOCOL_HEADER: "1"}) as resp:
                 assert resp.status == 426
@@ -210,11 +210,11 @@ async def test_a_dialler_speaks_2_to_an_acceptor_that_answers_no_header():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 1)
         links = peer.fetcher.links
-        await within(links.until(lambda: links.http is not None))
+        await until(links, lambda: links.http is not None)
         old = admitted(key, "p77")
         proof_for["header"] = old.header(peer.welcome.peer_id)[TICKET_HEADER].encode()
         links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
-        await within(links.until(lambda: "p77" in links.links))
+        await until(links, lambda: "p77" in links.links)
         await hearing.until(lambda: heard)
         assert links.links["p77"].protocol == 2
         await hearing.until(lambda: any(f["t"] == "peers" for f in heard))

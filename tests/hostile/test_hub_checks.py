@@ -67,7 +67,8 @@ async def test_a_relay_cannot_tell_the_hubs_check_from_a_receiver(tmp_path, row)
             # The attack is under way.
             await relay.wait_report(lambda c: c.get(f"slow: {honest_id}"), 120)
             with_ = await steps_per_min(run)
-            await until(run.hub, lambda: conn().relay != "ok" or len(checks()) >= CHECKS_ON_MAIN, 180)
+            await until(run.hub, lambda: conn().relay != "ok"
+                        or len(checks()) >= CHECKS_ON_MAIN, 180)
             last = conn()  # as the hub saw it when the verdict was in (or the checks cleared it)
             r.reaction = (f"hub's checks (reason, verdict) {checks()}; status {last.relay}; "
                           f"requests it took for the hub's {family(relay.report, 'fast')}; "
@@ -78,7 +79,8 @@ async def test_a_relay_cannot_tell_the_hubs_check_from_a_receiver(tmp_path, row)
                 r.honest_training = await still_training(run, honest, since)
                 # Once a version wholly fetched after the verdict is in, the rate without its
                 # share.
-                await peer_until(honest, lambda: honest.statistics().versions_loaded >= loaded + 2, 120)
+                await peer_until(honest, lambda: honest.statistics().versions_loaded
+                                 >= loaded + 2, 120)
                 r.note = f"after the verdict: {await steps_per_min(run):.1f} steps/min"
                 report = await relay.wait_report(lambda c: named_next(c, judged) is not None)
                 dealt_after = named_next(report, judged)

@@ -23,7 +23,7 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import Pulse, serving, tracker, until, wait_versions, within
+from tests.conftest import Pulse, serving, tracker, until, wait_versions
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -225,7 +225,7 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
         async with aiohttp.ClientSession() as http:
             for what, frame in HOSTILE_FRAMES.items():
                 links = peer.fetcher.links
-                await within(links.until(lambda: "p99" not in links.links))  # the last one
+                await until(links, lambda: "p99" not in links.links)  # the last one
                 peer.fetcher.links.banned.clear()
                 async with http.ws_connect(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                            headers=hostile.header(target)) as ws:
@@ -306,9 +306,9 @@ async def test_a_dialled_end_that_cannot_prove_its_id_takes_no_slot():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 1)
         links = peer.fetcher.links
-        await within(links.until(lambda: links.http is not None))  # its first download ran
+        await until(links, lambda: links.http is not None)  # its first download ran
         links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
-        await within(links.until(lambda: links.unproven == 1))
+        await until(links, lambda: links.unproven == 1)
         assert accepted and "p77" not in links.links and "p77" not in links.known
 
 
