@@ -101,6 +101,7 @@ async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
             hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
             await joined(hub, n)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+            # polled: a byte counter that the peers' chunk servers (HTTP) also add to
             await wait_until(lambda: any(c.meter.served_bytes > 0 for c in relays))
             victim = next(c for c in relays if c.meter.served_bytes > 0)
             assert not all(holds(c, 1) for c in relays), "the transfer was over before the kill"
