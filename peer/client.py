@@ -99,7 +99,7 @@ class PeerClient:
         self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
         self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
-        self._connected, self._welcomed = asyncio.Event(), asyncio.Event()  # the 1st: while `_conn`
+        self._connected, self._welcomed = asyncio.Event(), asyncio.Event()  # the `wait_...`s
         self._connections = self._acked = 0
         self._rejected: Counter[str] = Counter()
         self._summarized = (0.0, 0)  # (when, versions fetched) at the last summary (or start)

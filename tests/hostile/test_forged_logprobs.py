@@ -55,7 +55,8 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
         async with asyncio.TaskGroup() as tg:
             tg.create_task(liar.run(stop))
             try:
-                await until(run.hub, lambda: liar.statistics().submitted >= 1, 120)  # heard there
+                # the hub handles the rollout's frame after the liar counted it: woken by that
+                await until(run.hub, lambda: liar.statistics().submitted >= 1, 120)
                 with_liar = await steps_per_min(run)
                 await asyncio.wait_for(run.finished.wait(), 300)
                 liar_identity = run.hub.peer_views()[peer_id(run, "liar")].identity
