@@ -103,8 +103,7 @@ class PeerClient:
         self._building: tuple[tuple, asyncio.Future] | None = None  # (model, engine on its way)
         self._model_route: tuple[aiohttp.ClientSession, str] | None = None  # GET /model/ there
         self._conn: HubConnection | None = None  # the connection now, if any
-        self._connected = asyncio.Event()  # set while `_conn` is
-        self._welcomed = asyncio.Event()
+        self._connected, self._welcomed = asyncio.Event(), asyncio.Event()  # the `wait_...`s
         self._connections = self._acked = 0
         self._rejected: Counter[str] = Counter()
         self._summarized = (0.0, 0)  # (when, versions fetched) at the last summary (or start)
@@ -332,6 +331,7 @@ class PeerClient:
                     log.warning("hub said goodbye: %s (%d)", event.reason, event.code)
                     return
                 self._on_event(conn, event)
+                self.swapper.changed()  # a condition on the peer's state may hold now: `until`
             except (RemoteProtocolError, SnapshotError) as exc:
                 reason = exc.reason if isinstance(exc, RemoteProtocolError) else "bad snapshot"
                 log.error("closing: %s", exc)

@@ -42,7 +42,7 @@ class Swapper:
         self._send = send
         self._staged: tuple[int, dict | None] | None = None  # (version, state) for the loop
         self._staged_event = asyncio.Event()
-        self._version_changed = asyncio.Event()  # replaced at each change: a pulse
+        self._changes = asyncio.Event()  # replaced at each change: a pulse
 
     def set_engine(self, engine: Engine) -> None:
         """A new engine, built for a welcome: it holds no version of ours."""
@@ -62,8 +62,14 @@ class Swapper:
 
     async def wait_version(self, min_version: int) -> None:
         """Return once the engine holds a version >= `min_version`."""
-        while self.version is None or self.version < min_version:
-            await self._version_changed.wait()
+        await self.until(lambda: self.version is not None and self.version >= min_version)
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, looked at again at each `changed`: each version
+        change here, and each event from the hub the client handles (so a condition on any of
+        the peer's state is waited on, not polled)."""
+        while not condition():
+            await self._changes.wait()
 
     async def announce(self) -> None:
         """Tell the hub what we hold (a new connection's first word)."""
@@ -87,7 +93,7 @@ class Swapper:
             # INFO for the first version only: one a step is DEBUG, the client sums them up.
             log.log(logging.INFO if first else logging.DEBUG, "now holding v%d%s", version,
                     " (the first version)" if first else "")
-            self._changed()
+            self.changed()
             await self._send(m.VersionHeld(version))
 
     def _load(self, version: int, state: dict) -> None:
@@ -98,11 +104,12 @@ class Swapper:
 
     def _set_version(self, version: int | None) -> None:
         self.version = version
-        self._changed()
+        self.changed()
 
-    def _changed(self) -> None:
-        self._version_changed.set()
-        self._version_changed = asyncio.Event()
+    def changed(self) -> None:
+        """Wake `until`'s waiters."""
+        self._changes.set()
+        self._changes = asyncio.Event()
 
 
 def build_engine(cfg: PeerConfig, source: str) -> Engine:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -161,6 +163,82 @@ def markdown_table(cells: list[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return lines
+
+
+def _described(condition) -> str:
+    """What `condition` checks, for a failure message: its source line where it has one."""
+    try:
+        return inspect.getsource(condition).strip()
+    except (OSError, TypeError):
+        return repr(condition)
+
+
+async def until(source, condition, timeout_s: float = 60.0) -> None:
+    """Return once `condition()` holds, looked at again after each event `source` reports
+    (`source.until`: a `Hub`'s, after each event it handles: a frame, a judged submission, a
+    step, a publication, a lease expiry, a record; a peer's `Links`', a `Swapper`'s): no
+    polling. Fails after `timeout_s`, saying what was awaited."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await source.until(condition)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
+
+
+async def peer_until(peer: PeerClient, condition, timeout_s: float = 60.0) -> None:
+    """`until` on `peer`'s state: looked at again after each event from the hub it handles
+    and each version it takes (`Swapper.until`)."""
+    await until(peer.swapper, condition, timeout_s)
+
+
+async def within(awaitable: Awaitable, timeout_s: float = 60.0, what: str = "") -> object:
+    """`awaitable`'s result, failing (not hanging) if it takes over `timeout_s`: for a wait on
+    one of a peer's events, saying what was awaited."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout_s:g} s: {what or awaitable!r}") from None
+
+
+class Pulse:
+    """A test's own event, fired by the test's code at each change it makes (a wrapped
+    callback that counts, a fake server that hears a frame), with a wait for a condition on
+    what changed: no polling."""
+
+    def __init__(self) -> None:
+        self._fired = asyncio.Event()
+
+    def fire(self) -> None:
+        self._fired.set()
+
+    async def until(self, condition, timeout_s: float = 60.0) -> None:
+        """Return once `condition()` holds, looked at again after each `fire`; fails after
+        `timeout_s`, saying what was awaited."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not condition():
+                    await self._fired.wait()
+                    self._fired.clear()
+        except TimeoutError:
+            raise AssertionError(f"not within {timeout_s:g} s: {_described(condition)}") from None
+
+
+async def until_logged(condition, timeout_s: float = 60.0) -> None:
+    """Return once `condition()` holds, looked at again after each record logged (what a test
+    reads from `caplog`, e.g. a line a peer says): no polling. Fails after `timeout_s`."""
+    loop, pulse = asyncio.get_running_loop(), Pulse()
+
+    class Fire(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            loop.call_soon_threadsafe(pulse.fire)  # a part may log from a worker thread
+
+    handler = Fire()
+    logging.getLogger().addHandler(handler)
+    try:
+        await pulse.until(condition, timeout_s)
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 async def wait_until(condition, timeout_s: float = 60.0) -> None:

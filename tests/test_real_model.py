@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import wait_first
 
 REQUIRED = os.environ.get("ECHO2_REQUIRE_REAL") == "1"
 STEPS, PROMPTS, GROUP = 2, 4, 4
@@ -90,7 +90,7 @@ async def test_a_gguf_file_trains_through_the_hub_and_a_peer(hub_cfg, tmp_path, 
                 "--torch-threads", "1", "--listen", "", "--model-cache", str(peer_cache),
                 cwd=volunteer, env=env, stdout=log_file, stderr=log_file)
         try:
-            await wait_until(lambda: run.finished.is_set() or proc.returncode is not None, 840)
+            await wait_first(run.finished.wait(), proc.wait(), timeout_s=840)
         finally:
             if proc.returncode is None:
                 proc.terminate()

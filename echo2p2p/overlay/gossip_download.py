@@ -98,6 +98,7 @@ class GossipDownload(Download):
         for i in set(range(len(manifest.chunks))) - set(self.held.assembler.missing):
             self.swarm.got(i)  # resumed: verified before
         self.links.http = self.http
+        self.links.changed()
         self.links.begin(self.held, self)
         self.links.heard_of(self.neighbours)
         in_flight: dict[asyncio.Task, tuple[int, str]] = {}

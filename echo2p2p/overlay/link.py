@@ -169,6 +169,7 @@ class LinkHost(Protocol):
     listeners: dict[Key, Listener]  # the downloads under way
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task: ...
+    def changed(self) -> None: ...
     def dropped(self, link: Link) -> None: ...
     def heard_of_link(self, sources: list[Neighbour]) -> None: ...
     async def upload(self, link: Link, piece: Piece, slots: dict) -> None: ...
@@ -268,6 +269,7 @@ class Link:
                 except RemoteProtocolError as exc:
                     raise LinkError(exc.reason) from None
                 await self.receive(rec)
+                self.links.changed()
         except LinkError as exc:
             log.warning("dropping the link to %s: %s", self.peer_id, exc)
             await self.close(str(exc))
@@ -384,6 +386,7 @@ class Link:
         finally:
             if self._serving.get((key, index)) is asyncio.current_task():
                 del self._serving[(key, index)]
+            self.links.changed()
 
     async def close(self, reason: str) -> None:
         self.reason = self.reason or reason

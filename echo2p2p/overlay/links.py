@@ -113,6 +113,17 @@ class Links:
         self._sending = RankedSlots(UPLOAD_SLOTS)
         self._tasks: set[asyncio.Task] = set()
         self.closing = False
+        self._changed = asyncio.Event()  # a pulse: what `until` waits on
+
+    def changed(self) -> None:
+        """Wake `until`: a link came, went or heard a frame, a want left a serve window."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, looked at again at each `changed` (no polling)."""
+        while not condition():
+            await self._changed.wait()
 
     def begin(self, held: Held, listener: Listener) -> None:
         """Advertise `held` and route what links hear about it to `listener`."""
@@ -198,6 +209,7 @@ class Links:
             self.known.pop(peer_id, None)
             if ws is not None:
                 self.unproven += 1
+                self.changed()
                 await quietly(ws.close(code=m.CLOSE_PROTOCOL_ERROR,
                                        message=b"no proof of identity"))
             return
@@ -246,6 +258,7 @@ class Links:
                 listener.link_down(old)
             self.spawn(old.close("duplicate link"))
         self.links[link.peer_id] = link
+        self.changed()
         for listener in self.listeners.values():
             listener.link_up(link)
         for held in self.advertised.values():
@@ -262,6 +275,7 @@ class Links:
         await link.run()
 
     def dropped(self, link: Link) -> None:
+        self.changed()
         if link.reason not in HONEST_ENDS and len(self.banned) < 4096:
             self.banned.add(link.peer_id)  # it broke a rule: never linked again
             self.known.pop(link.peer_id, None)
@@ -281,6 +295,7 @@ class Links:
             if self.limiter is not None:
                 await self.limiter.take(len(piece.data))
             slots.pop(((piece.version, piece.base), piece.index), None)
+            self.changed()
             await link.send(piece)
             self.meter.served_bytes += len(piece.data)
 

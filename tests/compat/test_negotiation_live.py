@@ -25,7 +25,7 @@ from echo2p2p.peer.connection import HubConnection, connect
 from echo2p2p.peer_protocol import PeerProtocol
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until
+from tests.conftest import Pulse, serving, tracker, until
 from tests.peer.test_gossip import admitted
 from tests.peer.test_join_errors import assert_gave_up, join
 from tests.peer.test_overlay import CHUNK, Peers, joined
@@ -116,6 +116,7 @@ async def test_the_peer_speaks_2_to_a_hub_that_does_not_answer_protocol():
     """A hub of the previous release (a welcome with no `protocol`, framed 2): this release's
     connection then frames everything 2."""
     heard: list[dict] = []
+    hearing = Pulse()  # at each frame heard
     welcome = {k: v for k, v in m.to_wire(m.Welcome("p1", "run", "tiny", "add", 0, 1, 2, 1.0,
                                                     1.0, 8, 0)).items()
                if k not in ("protocol", "features", "leaf")}
@@ -125,6 +126,7 @@ async def test_the_peer_speaks_2_to_a_hub_that_does_not_answer_protocol():
         await ws.prepare(request)
         async for msg in ws:
             heard.append(unpack(msg.data))
+            hearing.fire()
             if heard[-1]["t"] == "hello":
                 await ws.send_bytes(msgpack.packb({"p": 2, "t": "welcome", **welcome},
                                                   use_bin_type=True))
@@ -141,7 +143,7 @@ async def test_the_peer_speaks_2_to_a_hub_that_does_not_answer_protocol():
             conn = HubConnection(ws, protocol, http, "", 10.0, None)
             await conn.send(m.LeaseRequest(1))
             await conn.send(m.Heartbeat())
-            await wait_until(lambda: len(heard) == 3)
+            await hearing.until(lambda: len(heard) == 3)
     assert [(f["t"], f["p"]) for f in heard] == [("hello", 2), ("lease_request", 2),
                                                   ("heartbeat", 2)]
     assert heard[0]["protocol"] == 3  # offered, and not taken up
@@ -159,7 +161,8 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 2)
         hub.publish(blob_version(key, 1, os.urandom(64 << 10), chunk_bytes=CHUNK))
-        await wait_until(lambda: peer.fetcher.links.links and other.fetcher.links.links)
+        for links in (peer.fetcher.links, other.fetcher.links):
+            await until(links, lambda: bool(links.links))  # at each peer
         assert {link.protocol for c in (peer, other) for link in c.fetcher.links.links.values()} == {3}
         target, dialler = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
@@ -175,7 +178,8 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
                     assert unpack(proof)["p"] == agreed
                     rec, _ = decode_frame(proof, lk.LINK_LIMITS, lk.FRAMES, (agreed,))
                     assert isinstance(rec, lk.Proof)
-                await wait_until(lambda: "p99" not in peer.fetcher.links.links)
+                links = peer.fetcher.links
+                await until(links, lambda: "p99" not in links.links)
             async with http.get(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                 headers=dialler.header(target) | {PROTOCOL_HEADER: "1"}) as resp:
                 assert resp.status == 426
@@ -186,6 +190,7 @@ async def test_a_dialler_speaks_2_to_an_acceptor_that_answers_no_header():
     """An acceptor of the previous release (no header in its 101, its proof framed 2): this
     release's dialler frames every frame of that link 2."""
     heard: list[dict] = []
+    hearing = Pulse()  # at each frame heard
     proof_for: dict[str, bytes] = {}
 
     async def old_acceptor(request: web.Request) -> web.WebSocketResponse:
@@ -195,6 +200,7 @@ async def test_a_dialler_speaks_2_to_an_acceptor_that_answers_no_header():
         await ws.send_bytes(encode_frame("proof", lk.Proof(proof_for["header"]), 2))
         async for msg in ws:
             heard.append(unpack(msg.data))
+            hearing.fire()
         return ws
 
     app = web.Application()
@@ -203,12 +209,13 @@ async def test_a_dialler_speaks_2_to_an_acceptor_that_answers_no_header():
             serving(app) as port:
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 1)
-        await wait_until(lambda: peer.fetcher.links.http is not None)
+        links = peer.fetcher.links
+        await until(links, lambda: links.http is not None)
         old = admitted(key, "p77")
         proof_for["header"] = old.header(peer.welcome.peer_id)[TICKET_HEADER].encode()
-        links = peer.fetcher.links
         links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
-        await wait_until(lambda: "p77" in links.links and heard)
+        await until(links, lambda: "p77" in links.links)
+        await hearing.until(lambda: heard)
         assert links.links["p77"].protocol == 2
-        await wait_until(lambda: any(f["t"] == "peers" for f in heard))
+        await hearing.until(lambda: any(f["t"] == "peers" for f in heard))
     assert heard and all(f["p"] == 2 for f in heard), heard

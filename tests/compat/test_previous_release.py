@@ -21,7 +21,7 @@ from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.negotiation import Agreed
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker, until, wait_first
 from tests.hostile.harness import small_cfg
 from tests.peer.test_overlay import CHUNK, Peers, holds, propagation
 
@@ -84,7 +84,8 @@ async def test_a_peer_of_the_previous_release_trains_on_this_hub(old_peer, tmp_p
     cfg = small_cfg(tmp_path, max_steps=3)
     async with start_hub(cfg, stream=None) as run, \
             running(old_peer, run.url, "--listen", "127.0.0.1:0", "--name", "old") as proc:
-        await wait_until(lambda: run.hub._peers or proc.returncode is not None, DEADLINE_S)
+        await wait_first(until(run.hub, lambda: bool(run.hub.peer_views()), DEADLINE_S),
+                         proc.wait(), timeout_s=DEADLINE_S)
         assert proc.returncode is None, "the old peer exited"
         assert [c.protocol.agreed for c in run.hub._peers.values()] == [Agreed(2)]
         await asyncio.wait_for(run.finished.wait(), DEADLINE_S)
@@ -107,7 +108,7 @@ async def test_a_gossip_link_between_releases_carries_a_version(old_peer, dialle
             running(old_peer, url, "--engine", "relay", "--listen", old_listen,
                     "--relay-stall-s", "3"):
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
-        await wait_until(lambda: len(hub.peer_views()) == 2 and all(
+        await until(hub, lambda: len(hub.peer_views()) == 2 and all(
             p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
             for p in hub.peer_views().values()), DEADLINE_S)
         old_id = next(pid for pid in hub.peer_views() if pid != new.welcome.peer_id)

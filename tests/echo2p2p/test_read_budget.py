@@ -118,6 +118,7 @@ async def test_a_flooding_peer_is_paused_and_the_others_are_served():
             await flood.send_bytes(m.encode(m.Hello("flood", "transformers", "cpu")))
             flood_id = m.decode((await flood.receive()).data).peer_id
             sending = asyncio.ensure_future(asyncio.gather(*(flood.send_bytes(pad) for _ in range(5))))
+            # polled: a pause is no event of the hub's (its pump sleeps it out, then handles)
             await wait_until(lambda: hub.peer_views()[flood_id].read_budget.pauses >= 1)
             await honest.send_bytes(m.encode(m.Hello("honest", "transformers", "cpu")))
             assert isinstance(m.decode((await honest.receive()).data), m.Welcome)

@@ -28,7 +28,7 @@ from echo2p2p.messages import to_wire
 from echo2p2p.overlay.store import chunk_path
 from echo2p2p.overlay.tickets import Credentials
 
-from tests.conftest import serving
+from tests.conftest import Pulse, serving
 from .peer_attacks import owned
 
 Frame = dict[str, Any]
@@ -99,6 +99,16 @@ class RawPeer:
             assert remaining > 0, "no such frame from the hub in time"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pulse.wait(), remaining)
+
+    async def until(self, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        """Return once `condition()` holds, looked at again at each frame from the hub (and
+        its close); an assertion error after `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not condition():
+                    await self._pulse.wait()
+        except TimeoutError:
+            raise AssertionError(f"not within {timeout_s:g} s: {self.reaction()}") from None
 
     async def wait_closed(self, timeout_s: float = 60.0) -> None:
         await asyncio.wait_for(self.closed.wait(), timeout_s)
@@ -277,6 +287,7 @@ class Impostor:
     hellos: int = 0
     received: list[str] = field(default_factory=list)  # message types after the hellos
     hung_up: int = 0  # connections the peer closed
+    heard: Pulse = field(default_factory=Pulse)  # fired at each frame told (`until`)
 
 
 @contextlib.asynccontextmanager
@@ -302,6 +313,7 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
             got = msgpack.unpackb(msg.data, raw=False)
             if got.get("t") != "hello":
                 impostor.received.append(got.get("t"))
+                impostor.heard.fire()
                 if got.get("t") == "lease_request":
                     await ws.send_bytes(frame(
                         "lease", lease_id="L1", problem_id=problem.id, prompt=problem.prompt,
@@ -310,6 +322,7 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
                         min_version=newest.manifest.version))
                 continue
             impostor.hellos += 1
+            impostor.heard.fire()
             cfg = real.cfg
             await ws.send_bytes(frame(
                 "welcome", peer_id="p1", run_id=real.run_id, model=cfg.run.model, task=real.task.kind,

@@ -5,8 +5,8 @@ the records the hub wrote (quarantines, relay reports).
 The hub and the honest peer (a real `PeerClient` with the real CPU engine) run on the test's
 event loop; an attacker whose cost is measured as a rate runs in a process of its own
 (`attacker_process`, tests/hostile/attacks.py), the others on the same loop. Waits are on
-events or on a condition polled with a deadline (`wait_until`), never on sleeps; nothing here
-asserts how long anything took.
+events (the hub's and the honest peer's: `until`, `peer_until`), never on polls or sleeps;
+nothing here asserts how long anything took.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.hub.learning.loop import HubRun
 from echo2p2p.peer.client import PeerClient
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import peer_until, running_peers, until, wait_first
 
 HONEST = "test-0"  # running_peers' name for the first peer
 START_STEPS = 2  # learner steps taken before an attack begins: training is under way
@@ -51,7 +51,14 @@ def steps(run: HubRun) -> int:
 
 async def wait_steps(run: HubRun, n: int, timeout_s: float) -> None:
     """Return once the learner has taken `n` steps (the hub's step, as `finish_step` counts)."""
-    await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= n), timeout_s)
+    await until(run.hub, lambda: run.hub.step >= n, timeout_s)
+
+
+async def until_finished_or(run: HubRun, condition, timeout_s: float) -> None:
+    """Return once the run has finished or `condition()` holds (looked at after each event
+    of the hub's); an assertion error after `timeout_s`."""
+    await wait_first(run.finished.wait(), until(run.hub, condition, timeout_s),
+                     timeout_s=timeout_s)
 
 
 def peer_id(run: HubRun, name: str) -> str:
@@ -91,12 +98,12 @@ async def still_training(run: HubRun, honest: PeerClient, since: Mark,
     """Wait for `n_steps` learner steps after `since`, with a rollout of the honest peer's
     admitted and a new version loaded by it meanwhile; the table's account of it."""
 
-    def going() -> bool:
+    def going() -> bool:  # each count only grows: waited on one by one, they hold together
         s = honest.statistics()
-        return (steps(run) >= since.steps + n_steps and s.acked > since.acked
-                and s.versions_loaded > since.loaded)
+        return s.acked > since.acked and s.versions_loaded > since.loaded
 
-    await wait_until(going, 120)
+    await until(run.hub, lambda: steps(run) >= since.steps + n_steps, 120)
+    await peer_until(honest, going, 120)
     s = honest.statistics()
     return (f"yes: {steps(run) - since.steps} steps, {s.acked - since.acked} groups acked, "
             f"{s.versions_loaded - since.loaded} versions loaded since")

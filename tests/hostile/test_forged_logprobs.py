@@ -17,7 +17,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import running_peers, until
 from .conftest import ACCURACY_STEPS, NOISE, accuracy_cfg, cell_accuracy, yes
 from .harness import (START_STEPS, cell_rate, hub_alive, peer_id, run_events, steps,
                       steps_per_min, wait_steps)
@@ -55,7 +55,8 @@ async def test_forged_logprobs_are_caught_before_they_are_trained(tmp_path, hone
         async with asyncio.TaskGroup() as tg:
             tg.create_task(liar.run(stop))
             try:
-                await wait_until(lambda: liar.statistics().submitted >= 1, 120)
+                # the hub handles the rollout's frame after the liar counted it: woken by that
+                await until(run.hub, lambda: liar.statistics().submitted >= 1, 120)
                 with_liar = await steps_per_min(run)
                 await asyncio.wait_for(run.finished.wait(), 300)
                 liar_identity = run.hub.peer_views()[peer_id(run, "liar")].identity

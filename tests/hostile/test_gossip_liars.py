@@ -24,7 +24,7 @@ from echo2p2p import messages as m
 from echo2p2p.overlay.link import LINK_PATH
 from echo2p2p.overlay.tickets import Credentials
 
-from tests.conftest import running_peers, serving, wait_until
+from tests.conftest import running_peers, serving, until
 from .attackers import raw_peer
 from .conftest import yes
 from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
@@ -104,7 +104,7 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
             await asyncio.wait_for(liar.wait_welcomed(), 60)
             silent_links(liar)
             liar_id = liar.welcome.peer_id
-            await wait_until(lambda: run.hub.peer_views()[liar_id].relay == "failed", 240)
+            await until(run.hub, lambda: run.hub.peer_views()[liar_id].relay == "failed", 240)
             conn = run.hub.peer_views()[liar_id]
             checks = run_events(run, "relay_check")
             with_ = await steps_per_min(run)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from echo2p2p.hub.serving.counters import PeerView
 
-from tests.conftest import wait_until
+from tests.conftest import peer_until, until
 from .conftest import yes
 from .harness import (HONEST, Rates, attacker_process, family, hub_alive, hub_and_honest_peer,
                       mark, peer_id, run_events, small_cfg, steps_per_min, still_training)
@@ -61,13 +61,14 @@ async def test_a_relay_cannot_tell_the_hubs_check_from_a_receiver(tmp_path, row)
                 return [(e["reason"], e["verdict"]) for e in run_events(run, "relay_check")
                         if e["accused"] == relay_id]
 
-            await wait_until(lambda: conn().relay != "unprobed", 60)
+            await until(run.hub, lambda: conn().relay != "unprobed", 60)
             assert conn().relay == "ok", f"the relay was not admitted as one: {conn().relay}"
             since = mark(run, honest)
             # The attack is under way.
             await relay.wait_report(lambda c: c.get(f"slow: {honest_id}"), 120)
             with_ = await steps_per_min(run)
-            await wait_until(lambda: conn().relay != "ok" or len(checks()) >= CHECKS_ON_MAIN, 180)
+            await until(run.hub, lambda: conn().relay != "ok"
+                        or len(checks()) >= CHECKS_ON_MAIN, 180)
             last = conn()  # as the hub saw it when the verdict was in (or the checks cleared it)
             r.reaction = (f"hub's checks (reason, verdict) {checks()}; status {last.relay}; "
                           f"requests it took for the hub's {family(relay.report, 'fast')}; "
@@ -78,7 +79,8 @@ async def test_a_relay_cannot_tell_the_hubs_check_from_a_receiver(tmp_path, row)
                 r.honest_training = await still_training(run, honest, since)
                 # Once a version wholly fetched after the verdict is in, the rate without its
                 # share.
-                await wait_until(lambda: honest.statistics().versions_loaded >= loaded + 2, 120)
+                await peer_until(honest, lambda: honest.statistics().versions_loaded
+                                 >= loaded + 2, 120)
                 r.note = f"after the verdict: {await steps_per_min(run):.1f} steps/min"
                 report = await relay.wait_report(lambda c: named_next(c, judged) is not None)
                 dealt_after = named_next(report, judged)

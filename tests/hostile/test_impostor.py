@@ -12,7 +12,7 @@ import logging
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 
-from tests.conftest import wait_until
+from tests.conftest import wait_first
 from .attackers import impostor_hub
 from .conftest import yes
 from .harness import hub_alive, hub_and_honest_peer, mark, small_cfg, still_training
@@ -33,8 +33,9 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(tmp_path,
             joining = tg.create_task(victim.run(stop))
             try:
                 # Refused (it came back after hanging up, or gave up), or taken in.
-                await wait_until(lambda: joining.done() or impostor.hellos >= 2
-                                 or "lease_request" in impostor.received, 120)
+                await wait_first(joining, impostor.heard.until(
+                    lambda: impostor.hellos >= 2 or "lease_request" in impostor.received, 120),
+                    timeout_s=120)
             finally:
                 stop.set()
         why = [rec.getMessage().replace(impostor.url, "IMPOSTOR") for rec in caplog.records

@@ -20,7 +20,7 @@ import pytest
 
 from echo2p2p import messages as m
 
-from tests.conftest import wait_until
+from tests.conftest import until
 from .attackers import Frame, RawPeer, raw_peer
 from .conftest import yes
 from .harness import (HONEST, cell_rate, hub_alive, hub_and_honest_peer, mark, peer_id,
@@ -85,13 +85,13 @@ async def test_lease_hoarders_never_hold_the_learner_below_its_batch(tmp_path, r
 
             async with asyncio.TaskGroup() as tg:
                 attacks = [tg.create_task(hoard(h)) for h in hoarders]
-                await wait_until(lambda: held() > 0, 60)  # the hoarders got what they could
+                await until(run.hub, lambda: held() > 0, 60)  # the hoarders got what they could
                 with_ = await steps_per_min(run)
                 r.honest_training = await still_training(run, honest, since)
                 holding = held()
                 if connections == 1:  # a lease run out in its hands costs it
-                    await wait_until(lambda: any(run.hub.statistics().trust_events.get(who, {}).get(
-                        "lease_expired") for who in ids), 3 * lease_timeout_s)
+                    await until(run.hub, lambda: any(run.hub.statistics().trust_events.get(
+                        who, {}).get("lease_expired") for who in ids), 3 * lease_timeout_s)
                 for attack in attacks:
                     attack.cancel()
             granted = sum(f["t"] == "lease" for h in hoarders for f in h.frames)
@@ -149,9 +149,9 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
         bad = [sample([10**6], "")] * g  # an id no vocabulary has: bad_tokens
         honest_id = peer_id(run, HONEST)
         identity = welcome["peer_id"]  # no tokens: trust is kept per connection
-        await wait_until(lambda: run.hub.statistics().queue, 60)
+        await until(run.hub, lambda: bool(run.hub.statistics().queue), 60)
         theirs_done = run.hub.statistics().queue[0].lease_id  # admitted from the honest peer
-        await wait_until(lambda: run.hub.peer_views()[honest_id].open_leases, 60)
+        await until(run.hub, lambda: bool(run.hub.peer_views()[honest_id].open_leases), 60)
         theirs_open = run.hub.peer_views()[honest_id].open_leases[0]
 
         async def lease() -> str:
@@ -165,7 +165,7 @@ async def test_acks_tell_the_truth_and_reveal_no_other_peers_leases(tmp_path, ro
                 await prober.send("rollout", lease_id=lease_id, version=version, samples=samples)
 
         async def answered(lease_id: str, n: int) -> list[str]:
-            await wait_until(lambda: len(answers(prober, lease_id)) >= n, 60)
+            await prober.until(lambda: len(answers(prober, lease_id)) >= n, 60)
             return answers(prober, lease_id)
 
         async def attack() -> list[str]:

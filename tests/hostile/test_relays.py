@@ -16,12 +16,12 @@ import aiohttp
 from echo2p2p.overlay.serving import PROBE_PATH
 from echo2p2p.overlay.tickets import TICKET_HEADER
 
-from tests.conftest import wait_until
+from tests.conftest import until, wait_until
 from .attackers import Request, dead_relay, raw_peer, recording_relay, sharing
 from .peer_attacks import plan_in, sources
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
-                      still_training, steps)
+                      still_training, steps, until_finished_or)
 
 ACCUSERS = 3  # the report's number: 3 x bad_chunk 0.2 took an honest peer below 0.5
 RUN_STEPS = 40  # max_steps of the relay runs: they must get there, not only start
@@ -56,7 +56,7 @@ async def test_false_accusations_do_not_quarantine_an_honest_relay(tmp_path, row
             return honest_identity in trust.quarantined or all(
                 trust.trust_events.get(a.peer_id, {}).get("false_report", 0) for a in accusers)
 
-        await wait_until(judged)
+        await until(run.hub, judged)
         trust = run.hub.statistics()
         if honest_identity in trust.quarantined:
             r.reaction = f"honest relay QUARANTINED: {trust.trust_events[honest_identity]}"
@@ -99,7 +99,7 @@ async def test_dead_relay_is_never_dealt_chunks(tmp_path, row):
         honest_id = peer_id(run, HONEST)
         assert await attacker.hello(name="dead-relay", listen_addr=dead.url) is not None
         since = mark(run, honest)
-        await wait_until(lambda: run.finished.is_set() or stalls_about(run, attacker.peer_id), 240)
+        await until_finished_or(run, lambda: stalls_about(run, attacker.peer_id), 240)
         dealt = [f["version"] for f in attacker.frames
                  if (p := plan_in(f)) is not None and attacker.peer_id in sources(p)]
         asked_by_honest = [q for q in dead.requests if ticket(q).startswith(f"{honest_id}.")]
@@ -140,8 +140,7 @@ async def test_relay_urls_use_host_and_port_and_tickets_do_not_replay(tmp_path, 
 
         await wait_until(lambda: run.finished.is_set() or harvested(), 240)
         attackers = [a.peer_id for a in (odd, harvester) if a.welcome is not None]
-        await wait_until(lambda: run.finished.is_set()
-                         or any(stalls_about(run, a) for a in attackers), 240)
+        await until_finished_or(run, lambda: any(stalls_about(run, a) for a in attackers), 240)
         from_honest = harvested()
         chosen = sorted({f"{q.path}?{q.query}" for q in odd_relay.requests + relay.requests
                          if not _our_route(q)})

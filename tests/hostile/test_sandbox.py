@@ -29,7 +29,7 @@ from echo2p2p.messages import pack_ids, pack_logprobs
 from echo2p2p.scoring import code
 from echo2p2p.scoring.sandbox_child import NOBODY
 
-from tests.conftest import wait_until
+from tests.conftest import until
 from tests.echo2p2p.scoring import host_ipc
 
 from .attackers import RawPeer, raw_peer
@@ -217,7 +217,7 @@ async def test_four_connections_burning_the_sandbox_limit_do_not_starve_scoring(
                 def burners_cut_off() -> bool:  # each, once a sample of its was scored
                     return sum(v.over_scoring_budget for v in run.hub.peer_views().values()
                                if v.name.startswith("burner")) == 4
-                await wait_until(burners_cut_off, 180)
+                await until(run.hub, burners_cut_off, 180)
                 refusals = getattr(run.hub.statistics(), "scoring_refused", None)
                 views = run.hub.peer_views()
                 honest_used = views[peer_id(run, HONEST)].scoring_used_s

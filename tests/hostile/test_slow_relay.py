@@ -19,7 +19,7 @@ from aiohttp import web
 from echo2p2p.hub.serving.counters import PeerView
 from echo2p2p.overlay.serving import MAX_PROBE_BYTES, PROBE_PATH
 
-from tests.conftest import serving, wait_until
+from tests.conftest import peer_until, serving, until, wait_until
 from .attacks import Counts
 from .attackers import CHUNK_IN_URL, raw_peer, sharing
 from .conftest import yes
@@ -96,19 +96,19 @@ async def test_slow_relay_loses_its_share(tmp_path, row):
         def conn() -> PeerView:  # the hub's view of the attacker now
             return run.hub.peer_views()[attacker.peer_id]
 
-        await wait_until(lambda: conn().relay != "unprobed", 60)
+        await until(run.hub, lambda: conn().relay != "unprobed", 60)
         probed_mbps = conn().upload_bps / 1e6
         assert conn().relay == "ok", f"the slow relay was not admitted as one: {conn().relay}"
         since = mark(run, honest)
         await wait_until(lambda: relay.slow.get(honest_id), 120)  # the attack is under way
         r.steps_per_min = cell_rate(without, with_ := await steps_per_min(run))
         r.reaction = f"NO VERDICT: status {conn().relay}, estimate {probed_mbps:.0f} Mbit/s"
-        await wait_until(lambda: conn().relay != "ok", 120)
+        await until(run.hub, lambda: conn().relay != "ok", 120)
         judged_at, loaded = len(attacker.frames), honest.statistics().versions_loaded
         r.honest_training = await still_training(run, honest, since)
         # Once a version wholly fetched after the verdict is in (one under way may still wait
         # on the relay's chunks it asked for before), the rate without its share.
-        await wait_until(lambda: honest.statistics().versions_loaded >= loaded + 2, 120)
+        await peer_until(honest, lambda: honest.statistics().versions_loaded >= loaded + 2, 120)
         r.note = f"after the verdict: {await steps_per_min(run):.1f} steps/min"
         # Every plan made after the verdict routes around it: the next version's first plan.
         later = await attacker.wait_frame(lambda f: f["t"] == "version", since=judged_at)
@@ -159,7 +159,7 @@ async def test_false_slow_reports_cost_an_honest_relay_nothing(tmp_path, row):
                     if e["accused"] == honest_id and e["reason"] == "slow"]
 
         with_ = await steps_per_min(run)
-        await wait_until(lambda: len(checks()) == ACCUSERS or honest_conn().relay != "ok", 120)
+        await until(run.hub, lambda: len(checks()) == ACCUSERS or honest_conn().relay != "ok", 120)
         r.honest_training = await still_training(run, honest, since)
         later = len(accusers[0].frames)
         relays_on = await accusers[0].wait_frame(

@@ -38,7 +38,7 @@ from echo2p2p import messages as m
 from echo2p2p import signing
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker, until
 
 QUICK, SLOW = 60, 500
 GUARD_S = 60.0  # an example that hangs fails here; this is not what the test asserts
@@ -280,7 +280,7 @@ async def attack(live: LiveHub, hello: m.Hello, sequence: list) -> int | None:
         await ws.close()
         await reader
         code = ws.close_code
-    await wait_until(lambda: welcome.peer_id not in hub.peer_views())  # its handler has finished
+    await until(hub, lambda: welcome.peer_id not in hub.peer_views())  # its handler has finished
     return code
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import peer_until, running_peers
 from echo2p2p.hub.learning.run_setup import start_hub
 
 from .conftest import yes
@@ -37,7 +37,7 @@ async def test_hoarders_that_came_first_leave_the_honest_peer_its_leases(tmp_pat
             lambda c: c.get("leases_held", 0) >= 2 * networks, FIRST_GROUP_DEADLINE_S)
         start = time.monotonic()  # the hoarders hold their leases: the honest peer comes now
         async with running_peers(run.url, 1, torch_threads=1) as [honest]:
-            await wait_until(lambda: honest.statistics().acked >= 1, FIRST_GROUP_DEADLINE_S)
+            await peer_until(honest, lambda: honest.statistics().acked >= 1, FIRST_GROUP_DEADLINE_S)
             first_group_s = time.monotonic() - start
             hoarders_hold = sum(len(v.open_leases) for v in run.hub.peer_views().values()
                                 if v.name.startswith("hoarder"))

@@ -20,7 +20,7 @@ from echo2p2p import messages as m
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 
-from tests.conftest import wait_until
+from tests.conftest import until, wait_first
 from .attackers import raw_peer
 from .conftest import yes
 from .harness import (HONEST, hub_alive, hub_and_honest_peer, mark, peer_id, small_cfg,
@@ -172,8 +172,8 @@ async def test_decoding_bombs_and_floods_are_bounded(tmp_path, row):
                 # The read budget (echo2p2p.read_budget) throttles a flood, and the heartbeat's
                 # rate (echo2p2p.frame_budget) closes it: whichever comes first.
                 views = run.hub.peer_views
-                await wait_until(lambda: flooding.done() or flooder_id not in views()
-                                 or views()[flooder_id].read_budget.pauses)
+                await wait_first(flooding, until(run.hub, lambda: flooder_id not in views()
+                                                 or views()[flooder_id].read_budget.pauses))
                 budget = views()[flooder_id].read_budget if flooder_id in views() else None
                 await flooder.wait_closed(60) if budget is None else None
                 flooding.cancel()

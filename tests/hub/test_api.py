@@ -13,7 +13,7 @@ from echo2p2p.hub.config import DEMO_DEFAULTS, HubConfig
 from echo2p2p.hub.learning.run_setup import start_hub
 from echo2p2p.tasks import RecordsTask
 
-from tests.conftest import running_peers, wait_until
+from tests.conftest import running_peers, within
 
 QUARTER = 0.25
 
@@ -80,7 +80,7 @@ async def test_a_user_reward_scores_a_real_run_and_peers_claims_are_not_held_aga
     async with start_hub(run.config, setup=run.setup()) as hub_run, \
             running_peers(hub_run.url, 1, torch_threads=1) as [peer]:
         await hub_run.finished.wait()
-        await wait_until(lambda: peer.welcome is not None, 30)
+        await within(peer.wait_welcomed(), 30, "the peer's welcome")
         assert peer.welcome.task == "custom" and peer.worker.reward is None
     steps = [r for r in hub_run.records if "step" in r]
     assert len(steps) == 3

@@ -17,7 +17,7 @@ from echo2p2p.peer.connection import Backoff
 from echo2p2p.peer.worker import Rollouts
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until
+from tests.conftest import tracker, until_logged
 
 
 def relay_peer(url: str) -> PeerClient:
@@ -117,11 +117,11 @@ async def test_the_log_says_the_first_version_then_sums_up(caplog, monkeypatch):
         async with asyncio.TaskGroup() as tg:
             tg.create_task(peer.run(stop))
             try:
-                await wait_until(lambda: said("waiting for the first version"), 30)
+                await until_logged(lambda: said("waiting for the first version"), 30)
                 for version in range(3):
                     hub.publish(blob_version(key, version, bytes([version + 1]) * 40_000))
                     await asyncio.wait_for(peer.wait_version(version), 30)
-                await wait_until(lambda: said("holding v2 ("), 30)
+                await until_logged(lambda: said("holding v2 ("), 30)
             finally:
                 stop.set()
     assert said("now holding") == ["now holding v0 (the first version)"]

@@ -23,7 +23,7 @@ from echo2p2p.overlay.store import GONE
 from echo2p2p.overlay.tickets import Credentials
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, tracker, wait_until, wait_versions
+from tests.conftest import Pulse, serving, tracker, until, wait_versions
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
 
 
@@ -71,6 +71,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
     completes v1 from its links, bit for bit, and reports it once the hub takes it back."""
     data = os.urandom(2 << 20)
     served: set[int] = set()
+    serving_one = Pulse()  # at each chunk of v1 the hub serves
     cut = asyncio.Event()
 
     def control(hub) -> None:
@@ -81,6 +82,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
                 return GONE
             if version == 1:
                 served.add(index)
+                serving_one.fire()
             return await honest_lookup(version, base, index, wait_s)
 
         async def greet(ws, protocol, hello, request):
@@ -97,7 +99,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         await joined(hub, 4)
         v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
         hub.publish(v1)
-        await wait_until(lambda: len(served) == len(v1.full.chunks))
+        await serving_one.until(lambda: len(served) == len(v1.full.chunks))
         cut.set()
         for peer_id in hub.peer_views():
             await hub.disconnect(peer_id, "control plane down")
@@ -107,7 +109,7 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert not hub.peer_views()  # completed with no control connection at all
         cut.clear()
-        await wait_until(lambda: len(hub.peer_views()) == 4 and all(
+        await until(hub, lambda: len(hub.peer_views()) == 4 and all(
             p.stream_version == 1 for p in hub.peer_views().values()))
 
 
@@ -222,7 +224,8 @@ async def test_a_link_that_breaks_a_rule_is_closed_with_a_reason():
         target, hostile = peer.welcome.peer_id, admitted(key, "p99")
         async with aiohttp.ClientSession() as http:
             for what, frame in HOSTILE_FRAMES.items():
-                await wait_until(lambda: "p99" not in peer.fetcher.links.links)  # the last one
+                links = peer.fetcher.links
+                await until(links, lambda: "p99" not in links.links)  # the last one
                 peer.fetcher.links.banned.clear()
                 async with http.ws_connect(peer.served_url + lk.LINK_PATH, params={"id": "p99"},
                                            headers=hostile.header(target)) as ws:
@@ -302,10 +305,10 @@ async def test_a_dialled_end_that_cannot_prove_its_id_takes_no_slot():
             serving(app) as port:
         hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
         await joined(hub, 1)
-        await wait_until(lambda: peer.fetcher.links.http is not None)  # its first download ran
         links = peer.fetcher.links
+        await until(links, lambda: links.http is not None)  # its first download ran
         links.heard_of([m.RelaySource("p77", f"http://127.0.0.1:{port}")])
-        await wait_until(lambda: links.unproven == 1)
+        await until(links, lambda: links.unproven == 1)
         assert accepted and "p77" not in links.links and "p77" not in links.known
 
 
@@ -335,7 +338,7 @@ async def test_a_peer_that_never_serves_what_it_advertises_is_taken_out_of_relay
         misbehave(peer, kind)
         accused = peer.welcome.peer_id
         await other.send(m.RelayReport(1, accused, "stall", 0, None))
-        await wait_until(lambda: hub.peer_views()[accused].relay == "failed", 60)
+        await until(hub, lambda: hub.peer_views()[accused].relay == "failed", 60)
         (check,) = [r for r in records if r.get("event") == "relay_check"]
         assert check["verdict"] == "stall"
         assert hub.peer_views()[accused].relays_for is None

@@ -18,7 +18,7 @@ from echo2p2p.overlay.link import SERVE_WINDOW, Link
 from echo2p2p.overlay.links import Links
 from echo2p2p.overlay.serving import UploadMeter
 
-from tests.conftest import wait_until
+from tests.conftest import until, wait_first
 from tests.echo2p2p.overlay.test_had_frames import Wire
 from tests.echo2p2p.overlay.test_gossip_faults import holding, peer_links, shut_uplink
 
@@ -33,8 +33,9 @@ async def linked() -> AsyncIterator[tuple]:
         links_b.advertised[held.key] = links_a.advertised[held.key] = held
         links_a.http = http
         links_a.heard_of([m.RelaySource("p1", url_b)])
-        await wait_until(lambda: "p1" in links_a.links and "p2" in links_b.links
-                         and links_b.links["p2"].same(held))
+        await until(links_a, lambda: "p1" in links_a.links)
+        await until(links_b, lambda: "p2" in links_b.links and links_b.links["p2"].same(held))
+        assert "p1" in links_a.links
         yield held, manifest, links_a.links["p1"], links_b
 
 
@@ -46,10 +47,10 @@ async def test_a_want_given_up_cancels_itself_and_frees_the_holders_window():
         served, size = links_b.links["p2"], manifest.chunks[0].wire_bytes
         async with shut_uplink(links_b):
             wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
-            await wait_until(lambda: len(served._serving) == SERVE_WINDOW)
+            await until(links_b, lambda: len(served._serving) == SERVE_WINDOW)
             for task in wants:
                 task.cancel()
-            await wait_until(lambda: not served._serving, timeout_s=10.0)
+            await until(links_b, lambda: not served._serving, 10.0)
         got = await asyncio.gather(*(link.want(held.key, i, manifest.chunks[i].wire_bytes)
                                      for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)))
         assert got == [bytes(held.wires[i]) for i in range(SERVE_WINDOW, 2 * SERVE_WINDOW)]
@@ -62,14 +63,14 @@ async def test_a_want_sent_after_a_give_up_follows_its_cancel():
     stays (before: the new want overtook the cancel, one past the window, the holder dropped the
     link and the asker reported an honest peer for a stall: 8-9 reports per 8-peer race)."""
     async with linked() as (held, manifest, link, links_b):
-        served, size = links_b.links["p2"], manifest.chunks[0].wire_bytes
+        served, size, links = links_b.links["p2"], manifest.chunks[0].wire_bytes, link.links
         async with shut_uplink(links_b):
             wants = [asyncio.create_task(link.want(held.key, i, size)) for i in range(SERVE_WINDOW)]
-            await wait_until(lambda: len(served._serving) == SERVE_WINDOW)
+            await until(links_b, lambda: len(served._serving) == SERVE_WINDOW)
             wants[0].cancel()
             late = asyncio.create_task(link.want(held.key, SERVE_WINDOW, size))
-            await wait_until(lambda: (held.key, SERVE_WINDOW) in served._serving
-                             or link.reason is not None)
+            await wait_first(*(side.until(lambda: (held.key, SERVE_WINDOW) in served._serving
+                                          or link.reason is not None) for side in (links, links_b)))
         assert await late == bytes(held.wires[SERVE_WINDOW])
         assert await wants[1] == bytes(held.wires[1])
         assert link.reason is None and "p2" not in links_b.banned

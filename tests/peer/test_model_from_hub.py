@@ -29,7 +29,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.model_files import model_directory
 
-from tests.conftest import serving, wait_until
+from tests.conftest import serving, until, until_logged, wait_first
 
 TIMEOUT_S = 10.0
 
@@ -80,8 +80,8 @@ async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_
                 "--torch-threads", "1", "--listen", "", "--model-cache", str(cache),
                 cwd=volunteer, env=env, stdout=log_file, stderr=log_file)
         try:
-            await wait_until(lambda: (c := run.hub.statistics()).admitted_groups >= 2
-                             and c.spot_checked >= 2 or proc.returncode is not None, 300)
+            await wait_first(until(run.hub, lambda: (c := run.hub.statistics()).admitted_groups >= 2
+                                  and c.spot_checked >= 2, 300), proc.wait(), timeout_s=300)
         finally:
             if proc.returncode is None:
                 proc.terminate()
@@ -236,8 +236,8 @@ async def test_a_peer_leaves_a_hub_whose_model_files_do_not_verify(hub_cfg, tmp_
         async with asyncio.TaskGroup() as tg:
             tg.create_task(peer.run(stop))
             try:
-                await wait_until(lambda: sum("not signed by the hub's key" in r.getMessage()
-                                             for r in caplog.records) >= 2, 60)
+                await until_logged(lambda: sum("not signed by the hub's key" in r.getMessage()
+                                               for r in caplog.records) >= 2, 60)
             finally:
                 stop.set()
     assert peer.swapper.engine is None and peer.welcome is None and peer.statistics().submitted == 0

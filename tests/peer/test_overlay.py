@@ -14,7 +14,7 @@ from echo2p2p.peer.config import PeerConfig
 from echo2p2p.overlay.store import GONE
 
 from tests.blob_versions import blob_version
-from tests.conftest import tracker, wait_until, wait_versions
+from tests.conftest import tracker, until, wait_until, wait_versions
 
 CHUNK = 16 << 10
 
@@ -53,7 +53,7 @@ def holds(client: PeerClient, version: int) -> bool:
 
 async def joined(hub: Hub, n: int) -> None:
     """`n` peers hold v0 and the hub has probed every chunk server advertised."""
-    await wait_until(lambda: len(hub.peer_views()) == n and all(
+    await until(hub, lambda: len(hub.peer_views()) == n and all(
         p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
         for p in hub.peer_views().values()))
 
@@ -101,6 +101,7 @@ async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
             hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
             await joined(hub, n)
             hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+            # polled: a byte counter that the peers' chunk servers (HTTP) also add to
             await wait_until(lambda: any(c.meter.served_bytes > 0 for c in relays))
             victim = next(c for c in relays if c.meter.served_bytes > 0)
             assert not all(holds(c, 1) for c in relays), "the transfer was over before the kill"
@@ -161,7 +162,7 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
         v2[i] ^= 0x5A
     async with tracker() as (hub, key, url, records), Peers(url, 3) as relays:
         hub.publish(blob_version(key, 1, bytes(v1), chunk_bytes=CHUNK))
-        await wait_until(lambda: len(hub.peer_views()) == 3 and all(
+        await until(hub, lambda: len(hub.peer_views()) == 3 and all(
             p.stream_version == 1 for p in hub.peer_views().values()))
         hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
         await records.wait_for("propagation", version=2)

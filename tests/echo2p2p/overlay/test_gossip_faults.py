@@ -24,7 +24,7 @@ from echo2p2p.overlay.store import ChunkStore, Held
 from echo2p2p.overlay.tickets import Tickets
 
 from tests.blob_versions import blob_version
-from tests.conftest import serving, wait_until
+from tests.conftest import serving, until
 
 DEAD_HUB = "http://127.0.0.1:9"  # the hub's chunk route: nothing listens there
 
@@ -86,10 +86,11 @@ async def test_a_want_cut_by_a_duplicate_link_is_no_stall():
             gossip=m.GossipPlan(1, None, b"", [m.RelaySource("p1", url_b)]))
         async with shut_uplink(links_b):
             task = asyncio.create_task(download.run())
-            await wait_until(lambda: "p2" in links_b.links and links_b.links["p2"]._serving)
+            await until(links_b, lambda: "p2" in links_b.links
+                        and bool(links_b.links["p2"]._serving))
             first = links_a.links["p1"]
             links_b.spawn(links_b._dial("p2", url_a))  # p1 dials p2 as well: a second link
-            await wait_until(lambda: first.reason is not None)
+            await until(links_a, lambda: first.reason is not None)
             assert first.reason == "duplicate link"
         async with asyncio.timeout(30):
             await task

@@ -20,7 +20,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.outbox import Outbox
 
-from tests.conftest import wait_until
+from tests.conftest import peer_until, until
 
 
 def submission(lease_id: str, version: int = 0, tokens: int = 8) -> m.RolloutSubmission:
@@ -111,7 +111,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             await asyncio.wait_for(run.finished.wait(), 120)
             weights = {k: v.clone() for k, v in run.learner.model.state_dict().items()}
             trained_before = {lid for r in run.records if "step" in r for lid in r["rollout/leases"]}
-            await wait_until(lambda: run.hub.statistics().queued_groups >= 1)
+            await until(run.hub, lambda: run.hub.statistics().queued_groups >= 1)
         # the hub is gone (closed as at shutdown); what it admitted since its checkpoint is in
         # the journal, and what the peer made since is in the peer's outbox
         queued = {g.lease_id for g in run.hub.statistics().queue}
@@ -122,7 +122,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
             assert {g.lease_id for g in run2.hub.statistics().queue} >= queued
             await asyncio.wait_for(run2.finished.wait(), 120)
-            await wait_until(lambda: len(peer.outbox) == 0)
+            await peer_until(peer, lambda: len(peer.outbox) == 0)
         stop.set()
         await running
     log = [json.loads(line) for line in (Path(cfg.run.run_dir) / "metrics.jsonl").open()]
@@ -155,12 +155,12 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
             peer = PeerClient(PeerConfig(hub_url=run.url, name="stays", reconnect_max_s=0.5,
                                          torch_threads=1, leases_in_flight=8))
             running = tg.create_task(peer.run(stop))
-            await wait_until(lambda: run.hub.step >= 2, 120)
+            await until(run.hub, lambda: run.hub.step >= 2, 120)
             assert await run.stop()
             stopped_at, logged = run.hub.step, run.records[-1]
             # a batch waits, and no step takes it
             batch = cfg.grpo.prompts_per_step
-            await wait_until(lambda: run.hub.statistics().queued_groups >= batch)
+            await until(run.hub, lambda: run.hub.statistics().queued_groups >= batch)
             assert run.hub.step == stopped_at and not run.finished.is_set()
             assert run.records[-1]["step"] + 1 == stopped_at
             trained_lags = dict(run.runlog.staleness)

@@ -24,7 +24,7 @@ from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.metrics import peer_registry
 
-from tests.conftest import running_peers, serving, wait_until
+from tests.conftest import running_peers, serving, until
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "examples" / "grafana-dashboard.json"
 NAME = re.compile(r"echo2_[a-z0-9]+(_[a-z0-9]+)*")
@@ -98,8 +98,8 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg, monkeyp
             dashboard = f"http://127.0.0.1:{run.dashboard_port}/metrics"
             async with running_peers(run.url, 2, metrics_port=0, name=HOSTILE_NAME) as peers:
                 await asyncio.wait_for(run.finished.wait(), 120)
-                await wait_until(lambda: any(r.get("event") == "propagation" and
-                                             r["version"] == 3 for r in seen))
+                await until(run.hub, lambda: any(r.get("event") == "propagation" and
+                                                 r["version"] == 3 for r in seen))
                 before = run.hub.statistics()
                 live = families(await scrape(http, dashboard))
                 after = run.hub.statistics()
@@ -107,8 +107,8 @@ async def test_a_real_run_scraped_over_http_agrees_with_the_hub(hub_cfg, monkeyp
                 worker, made = peers[0].statistics(), peers[0].worker.tokens_generated
                 own = families(await scrape(http, peers[0].metrics_url))
                 worker_after, made_after = peers[0].statistics(), peers[0].worker.tokens_generated
-            await run.hub.until(lambda: len(run.hub.peer_views()) == 0)
-            await wait_until(lambda: run.hub.statistics().judging == 0)
+            await until(run.hub, lambda: len(run.hub.peer_views()) == 0)
+            await until(run.hub, lambda: run.hub.statistics().judging == 0)
             quiet = families(await scrape(http, dashboard))
             in_queue = run.hub.statistics().stale_in_queue
             stats = run.hub.statistics()
