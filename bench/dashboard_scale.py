@@ -45,7 +45,7 @@ from echo2p2p.hub.serving.peers import PeerConn  # noqa: E402
 from echo2p2p.hub.view.runlog import RunLog  # noqa: E402
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem  # noqa: E402
 from echo2p2p.hub.view.status import status  # noqa: E402
-from echo2p2p.hub.learning.loop import HubRun  # noqa: E402
+from echo2p2p.hub.run.loop import HubRun  # noqa: E402
 from echo2p2p.hub_protocol import HubProtocol  # noqa: E402
 from echo2p2p.tasks import AdditionTask  # noqa: E402
 

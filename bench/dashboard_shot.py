@@ -1,6 +1,6 @@
 """The dashboard's screenshot (docs/dashboard.png): a demo-like run, then the page in Chromium.
 
-A hub in this process (`echo2p2p.hub.learning.run_setup.start_hub`: the built-in model and task, --steps
+A hub in this process (`echo2p2p.hub.run.start.start_hub`: the built-in model and task, --steps
 steps, an evaluation every 10, S = 2, cost-aware activation) and --peers real in-process peers
 with names and prices of their own (one free, so the pool has a standby to choose around), their
 chunk servers relaying to each other. Once the learner is done, with the peers still connected
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from playwright.async_api import async_playwright  # noqa: E402
 
 from echo2p2p.hub.config import HubConfig  # noqa: E402
-from echo2p2p.hub.learning.run_setup import start_hub  # noqa: E402
+from echo2p2p.hub.run.start import start_hub  # noqa: E402
 from tests.conftest import running_peers  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"

@@ -1,7 +1,7 @@
 """End to end: wall-clock time to a held-out accuracy, ECHO-2 mode vs synchronous, on shaped links.
 
 The built-in task and tiny model, the same seed, steps, prompts per step and group size in both
-modes; a hub (in this process, `echo2p2p.hub.learning.run_setup.start_hub`) and 4 `echo2-peer join` processes
+modes; a hub (in this process, `echo2p2p.hub.run.start.start_hub`) and 4 `echo2-peer join` processes
 (`--torch-threads 1`) on 127.0.0.1. Modes:
 - echo2: S = 4 (kappa = 3), pipelined overlay (peers relay chunks to each other);
 - sync:  S = 0 (kappa = 1), star (the hub uploads every version to every peer).
@@ -105,7 +105,7 @@ async def run_cluster(cfg: HubConfig, rate_mbps: float, timeout_s: float,
     """Hub + N_PEERS peer processes until `cfg.run.max_steps`, then (`eval_every` > 0) the held-out
     accuracy of every `eval_every`-th version. Peers are stopped on every exit path, and after
     `timeout_s` the run fails (TimeoutError) instead of hanging."""
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
 
     snaps = Snapshots(eval_every or cfg.run.max_steps + 1)
     peers: list[asyncio.subprocess.Process] = []

@@ -58,7 +58,7 @@ from echo2p2p.hub.view.dashboard import STATIC, serve_dashboard  # noqa: E402
 from echo2p2p.hub.view.feed import Feed  # noqa: E402
 from echo2p2p.hub.view.runlog import RunLog  # noqa: E402
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem  # noqa: E402
-from echo2p2p.hub.learning.loop import HubRun  # noqa: E402
+from echo2p2p.hub.run.loop import HubRun  # noqa: E402
 from echo2p2p.staleness import lag_versions  # noqa: E402
 from tests.conftest import wait_until  # noqa: E402
 

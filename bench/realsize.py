@@ -167,7 +167,7 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
                       rss: RssSampler) -> dict:
     """Hub + N_PEERS peer processes for args.steps steps, until every peer serves the last
     version; the run's facts for the tables."""
-    from echo2p2p.hub.learning import run_setup
+    from echo2p2p.hub.run import start as run_setup
     from echo2p2p.hub.tasks import task_setup
 
     cfg = hub_config(args, run_dir)

@@ -69,7 +69,7 @@ class Probes:
         from echo2p2p.hub.learning.learner import Learner
         from echo2p2p.hub.overlay.publisher import Publisher
         from echo2p2p.hub.serving.server import Hub
-        from echo2p2p.hub.overlay.tracker import VersionTracker
+        from echo2p2p.hub.core.tracker import VersionTracker
 
         now = time.perf_counter
         saved = [(Learner, "step"), (Learner, "iter_weights"), (Publisher, "build"),

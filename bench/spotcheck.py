@@ -96,7 +96,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], flo
     from echo2p2p.tasks import AdditionTask
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.learning.learner import Learner, encode_prompt
-    from echo2p2p.hub.serving.spotcheck import SpotChecker
+    from echo2p2p.hub.learning.spotcheck import SpotChecker
     from echo2p2p.policy.prompts import prompt_of
     from echo2p2p.policy.engines import TransformersEngine
     from echo2p2p.policy.model import load_policy

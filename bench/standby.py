@@ -1,6 +1,6 @@
 """Warm or cold standby: what a standby peer costs in bytes, and what it costs to wake it.
 
-A real hub (`echo2p2p.hub.learning.run_setup.start_hub`, the built-in tiny model, websockets on 127.0.0.1) with a
+A real hub (`echo2p2p.hub.run.start.start_hub`, the built-in tiny model, websockets on 127.0.0.1) with a
 learner held at T_train per step (the real step, then a sleep) and two real in-process peers: a
 free one, fast enough alone, and a paid one, which cost-aware activation puts on standby. Every
 upload (the hub's and the peers') goes through the token bucket at --rate-mbps, so a full version
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.learner import hold_step_time
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 

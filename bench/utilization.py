@@ -1,6 +1,6 @@
 """Learner utilization: the pool the provisioning rule picks, against the synchronous baseline.
 
-A real hub (`echo2p2p.hub.learning.run_setup.start_hub`, real websockets on 127.0.0.1, the built-in tiny model)
+A real hub (`echo2p2p.hub.run.start.start_hub`, real websockets on 127.0.0.1, the built-in tiny model)
 trains with real in-process peers (`echo2p2p.peer.client.PeerClient`). Three things are held to chosen
 values, so that a small CPU (2 cores here) is never the bottleneck:
 - the learner's step takes T_train: the real GRPO step, then a sleep for the rest of T_train;
@@ -129,7 +129,7 @@ async def run_phase(args, pool: list[PricedWorker], max_lag: int, rate_mbps: flo
     """Train `args.steps` steps with `pool` at staleness bound `max_lag`; the measurements."""
     from echo2p2p.hub.config import HubConfig
     from echo2p2p.hub.learning.learner import hold_step_time
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
 
     # Everything shares one process, so the default executor (min(32, cores + 4) threads) would
     # be too small: each peer parks a thread in generate and another waiting to load weights.

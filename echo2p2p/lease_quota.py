@@ -8,7 +8,7 @@ learner below its batch until they expire, then takes them again. So:
 - a peer's cap on open leases starts at `start` and grows by one per group of its that was
   admitted; each lease it let expire takes `expiry_cost` off (never below 1: an honest peer
   whose first lease ran late can still work; an unproven peer's expiry also costs it trust,
-  `hub.serving.leasing`). The hub applies the cap to the peer's identity (its join token's id when
+  `hub.core.leasing`). The hub applies the cap to the peer's identity (its join token's id when
   tokens are required, else its connection) and to its address, each with its own `Standing`;
 - a peer is *proven* once it delivered more groups than it let expire. Leases of unproven
   peers are on top of the budget, each unproven peer on its own probation: its cap (`start`,
@@ -20,7 +20,7 @@ learner below its batch until they expire, then takes them again. So:
   taking it again at each expiry, and a new run stayed at step 0). What they hold is prompts
   out of the epoch for a lease timeout at a time (re-issued first, after), not work the
   learner waits for: their leases are not counted among the groups ahead of a new one
-  (`hub.serving.leasing`). `PROBATION_LEASES` bounds them all, as the lease book's memory.
+  (`hub.core.leasing`). `PROBATION_LEASES` bounds them all, as the lease book's memory.
   With S = 0 there is no room on top of the budget (a lease beyond it could only be generated
   after the step it was taken from): there unproven peers take leases inside the budget,
   under their caps, and hoarders that came first can hold it; use join tokens.
@@ -30,7 +30,7 @@ queued, so its engine never idles), so a lease's timeout must not run while the 
 behind the peer's other leases: a slow engine would then see its queued leases expire, its
 finished groups rejected and its quota cut, for no fault of its own. Two rules, over the hub's
 own measurement of the peer's seconds per group (its samples over the time it spent on them,
-`hub.serving.admission`; what a peer says of its speed is never used), and one over its progress:
+`hub.core.admission`; what a peer says of its speed is never used), and one over its progress:
 
 - `paced_cap`: a peer holds no more open leases than it can finish inside one lease timeout at
   its measured pace (at least 1);

@@ -151,7 +151,7 @@ def _launch(cfg: HubConfig, serve: Callable[[Any], Any]) -> list[dict[str, Any]]
     """`serve(ranks)` on this process's event loop, or, a rank other than 0 of a sharded
     learner (torchrun), follow rank 0 until it stops."""
     from .learning.ranks import Ranks
-    from .learning.run_setup import follow_rank
+    from .run.start import follow_rank
 
     ranks = Ranks.from_env(cfg)  # None unless launched by torchrun with several ranks
     _show_dashboard_url()

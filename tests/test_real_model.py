@@ -66,7 +66,7 @@ async def test_a_gguf_file_trains_through_the_hub_and_a_peer(hub_cfg, tmp_path, 
     import torch
     from safetensors.torch import load_file
 
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
     from echo2p2p.policy.gguf_cache import cache_root
     from echo2p2p.policy.model import model_source
 

@@ -20,7 +20,7 @@ many owners leaves every owner's figures exact.
 An owner is over its budget while its items took more than `per_item_s` each on average and it
 used more than `per_item_s` lately, and another owner is waiting or scored lately whose items
 are `OUTLIER` times cheaper (when all are slow, it is the policy, not a peer): the hub then
-refuses its submissions (`echo2p2p.hub.serving.admission`) and the scorer fails what it has queued,
+refuses its submissions (`echo2p2p.hub.core.admission`) and the scorer fails what it has queued,
 and it stays over until what it used has decayed to `RELEASE` x `per_item_s` (about a minute and
 a half after one sample that ran 1 s; without that hold, one such sample decayed under the
 budget within a second, and a peer whose samples burn exactly the budget was granted, queued

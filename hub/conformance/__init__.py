@@ -4,7 +4,7 @@ by rule against docs/protocol/ (docs/guides/conformance.md). One line per rule, 
 its spec section: pass, FAIL (what was seen) or skipped (why); the exit status is 1 if any
 rule failed.
 
-It lives under the hub because it runs one (`hub.learning.run_setup.start_hub`); it knows the
+It lives under the hub because it runs one (`hub.run.start.start_hub`); it knows the
 peer only by what crosses the wire.
 """
 

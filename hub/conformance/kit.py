@@ -283,7 +283,7 @@ async def serving_phases(run: Any, peer_id: str, probe: Probe, phases: set[str],
 async def check(command: str | None, phases: set[str], work_dir: Path, report: v.Report) -> None:
     """Run the kit: every rule of `phases` (and the join, first version and close-code rules)
     gets its verdict in `report`."""
-    from echo2p2p.hub.learning.run_setup import start_hub  # torch: after argument parsing
+    from echo2p2p.hub.run.start import start_hub  # torch: after argument parsing
 
     closes = Closes()
     server_log = logging.getLogger("echo2p2p.hub.serving.server")

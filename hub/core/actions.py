@@ -88,7 +88,7 @@ class Score:
 @dataclass(frozen=True)
 class SpotCheck:
     """Recompute `group`'s behaviour logprobs under its claimed version (the weights taken
-    now); its result comes back as `SpotCheckFinished` (`hub.serving.spotcheck`)."""
+    now); its result comes back as `SpotCheckFinished` (`hub.learning.spotcheck`)."""
 
     lease_id: str
     group: ScoredGroup

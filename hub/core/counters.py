@@ -24,7 +24,7 @@ class Counters:
     cut_off: int = 0  # peers that stopped reading
     closed_for_flooding: int = 0  # of closed_for_protocol, for a kind of frame far past its rate
     spot_checked: int = 0  # submissions whose logprobs or version tag were checked
-    spot_failed: int = 0  # of those, forged (see hub.serving.spotcheck)
+    spot_failed: int = 0  # of those, forged (see hub.learning.spotcheck)
     withdrawn_groups: int = 0  # admitted, then taken from the queue: their peer was quarantined
     leases_expired: int = 0  # leases whose connected holder let them run out (hub.core.leasing)
     forged_passes: int = 0  # completions whose program tried to forge its tests' verdict

@@ -119,7 +119,7 @@ class Replanned:
 
 @dataclass(frozen=True)
 class VersionPublished:
-    """`version` is the newest now: announce it (`hub.overlay.tracker`)."""
+    """`version` is the newest now: announce it (`hub.core.tracker`)."""
 
     version: Published
 

@@ -26,7 +26,7 @@ from .durable import group_from_wire, group_to_wire
 if TYPE_CHECKING:
     from echo2p2p.scoring.scorer import Scorer
 
-    from ..serving.counters import Counters
+    from ..core.counters import Counters
 
 
 def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer: RolloutBuffer,

@@ -41,7 +41,7 @@ from ..config_sections import OverlayConfig
 from .versions import Bases, Published, VersionFiles, mapped_state, signed_snapshot
 
 if TYPE_CHECKING:
-    from ..serving.spotcheck import SpotChecker
+    from ..learning.spotcheck import SpotChecker
 
 
 class Publisher:

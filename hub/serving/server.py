@@ -51,7 +51,7 @@ from .overlay_shell import OverlayShell
 from .pump import Connections
 from .tokens import TokenBook
 
-if TYPE_CHECKING:  # hub.serving.spotcheck imports torch, which `echo2-hub --help` must not wait for
+if TYPE_CHECKING:  # hub.learning.spotcheck imports torch, which `echo2-hub --help` must not wait for
     from .spotcheck import SpotChecker, SpotResult
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from ..config_sections import is_loopback
 from .status import public_status, status
 
 if TYPE_CHECKING:
-    from ..learning.loop import HubRun
+    from .status import HubRun
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from ..serving.http_limits import Recent
 
 if TYPE_CHECKING:
     from ..serving.counters import HubStatistics, PeerView
-    from ..learning.loop import HubRun
+    from .status import HubRun
 
 MAX_PEER_SERIES = 64  # peers with series of their own; 1,000 peers would be 10,000 series
 PEER_STATES = ("active", "standby", "quarantined")  # what `PeerView.state` says

@@ -12,11 +12,26 @@ changes them; knows nothing of HTTP
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..config import HubConfig
     from ..serving.counters import HubStatistics
-    from ..learning.loop import HubRun
+    from ..serving.server import Hub
+    from .runlog import RunLog
+
+
+class HubRun(Protocol):
+    """What the views read of a running hub (`echo2p2p.hub.run.loop.HubRun`, a layer above
+    them: `tests/test_hub_layers.py`): its config, its hub, its run log and step records."""
+
+    cfg: HubConfig
+    hub: Hub
+    runlog: RunLog
+    records: list[dict[str, Any]]
+    resumed: bool
+
+    def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]: ...
 
 
 def status(run: HubRun) -> dict[str, Any]:

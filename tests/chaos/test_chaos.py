@@ -322,7 +322,7 @@ def test_byzantine_peers(cluster: Cluster, report, tmp_path, relay):
     max_steps = 16  # liars get a lease now and then among 7 peers: room after the last is caught
     # Tolerance 0.05 nats, not the default 0.2: the tiny model is confident, so an all-zero
     # forgery is off by only 0.13-0.4 nats a token (a third of v0's groups under 0.2), while
-    # these fp32 CPU peers reproduce the hub's logprobs to < 1e-6 (hub/serving/spotcheck.py).
+    # these fp32 CPU peers reproduce the hub's logprobs to < 1e-6 (hub/learning/spotcheck.py).
     hub = cluster.start_hub(tmp_path / "run", "--max-steps", str(max_steps), "--max-lag", "0",
                             "--spot-check-fraction", "1.0", "--spot-check-tolerance", "0.05",
                             "--chunk-bytes", "65536", "--relay", relay)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.negotiation import Agreed
 
 from tests.blob_versions import blob_version

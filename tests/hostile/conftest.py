@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import markdown_table, running_peers
 

@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.learning.run_setup import start_hub
-from echo2p2p.hub.learning.loop import HubRun
+from echo2p2p.hub.run.start import start_hub
+from echo2p2p.hub.run.loop import HubRun
 from echo2p2p.peer.client import PeerClient
 
 from tests.conftest import peer_until, running_peers, until, wait_first

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from echo2p2p.episodes import Played
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts

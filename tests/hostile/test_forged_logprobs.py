@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import replace
 
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts

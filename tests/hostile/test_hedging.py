@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.messages import pack_ids, pack_logprobs
 
 from .attackers import raw_peer

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import peer_until, running_peers
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from .conftest import yes
 from .harness import attacker_process, hub_alive, small_cfg, steps_per_min, wait_steps

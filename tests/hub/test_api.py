@@ -10,7 +10,7 @@ from echo2p2p.errors import ConfigError
 from echo2p2p.hub import Run
 from echo2p2p.hub.cli import build_parser, load_config
 from echo2p2p.hub.config import DEMO_DEFAULTS, HubConfig
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.tasks import RecordsTask
 
 from tests.conftest import running_peers, within

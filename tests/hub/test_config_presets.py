@@ -19,7 +19,7 @@ from echo2p2p.hub.cli import build_parser, given, load_config, main
 from echo2p2p.hub.config import DEMO_DEFAULTS, HubConfig
 from echo2p2p.hub.config_presets import (PRESETS, derive, gguf_parameter_count, model_size,
                                          parameter_count)
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.policy.model import BUILTIN_MODELS, builtin_dir
 
 # SmolLM2-135M-Instruct's config.json (the sizes that matter); 134,515,008 parameters.
@@ -175,7 +175,7 @@ def test_print_config_names_every_source_and_starts_nothing(big_model, tmp_path,
 async def test_a_starting_hub_logs_and_saves_where_each_value_came_from(tmp_path, caplog):
     run = Run(port=0, run_dir=str(tmp_path / "run"), max_steps=0, eval_every=0, torch_threads=1)
     cfg, sources = run.resolved()
-    with caplog.at_level(logging.INFO, logger="echo2p2p.hub.learning.run_setup"):
+    with caplog.at_level(logging.INFO, logger="echo2p2p.hub.run.start"):
         async with start_hub(cfg, sources=sources):
             pass
     saved = json.loads((tmp_path / "run" / "config_sources.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 
 from echo2p2p.errors import JoinRefused
 from echo2p2p.hub.tasks.task_setup import TaskSetup
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.worker import Rollouts

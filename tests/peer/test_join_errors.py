@@ -15,7 +15,7 @@ from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.learning.loop import HubRun
+from echo2p2p.hub.run.loop import HubRun
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
 from echo2p2p.hub.serving.tokens import TokenBook
 from echo2p2p.hub.view.dashboard import serve_dashboard

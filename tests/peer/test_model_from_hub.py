@@ -68,7 +68,7 @@ async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_
     volunteer = tmp_path / "volunteer"
     volunteer.mkdir()
     cache, log_path = tmp_path / "cache", tmp_path / "peer.log"
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
 
     cfg = hub_cfg.replace(model="finetune", spot_check_fraction=1.0, max_steps=0)
     async with start_hub(cfg, stream=None) as run:
@@ -223,7 +223,7 @@ async def test_an_old_hub_on_the_builtin_model_gets_the_builtin(tmp_path):
 async def test_a_peer_leaves_a_hub_whose_model_files_do_not_verify(hub_cfg, tmp_path, caplog):
     """A real hub whose welcome carries a signature by another key: the peer says why in one
     line, hangs up, builds nothing and joins again later (it does not crash)."""
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
 
     caplog.set_level(logging.ERROR, logger="echo2p2p.peer.client")
     cache = tmp_path / "cache"

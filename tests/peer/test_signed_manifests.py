@@ -15,7 +15,7 @@ from echo2p2p import signing
 from echo2p2p.errors import RemoteProtocolError, SnapshotError
 from echo2p2p.session import Session, Side
 from echo2p2p.snapshot import build_snapshot
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 

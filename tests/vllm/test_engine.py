@@ -19,7 +19,7 @@ from echo2p2p import messages as m
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.serving.spotcheck import SpotChecker
+from echo2p2p.hub.learning.spotcheck import SpotChecker
 from echo2p2p.policy.model import build_tiny_model, builtin_dir, load_policy
 from echo2p2p.policy.sampling import copy_state, nucleus_logprobs
 from echo2p2p.rows import parse_samples

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from tests.conftest import wait_first
 from tests.peer.test_model_from_hub import make_lab_model
 
@@ -39,7 +39,7 @@ async def test_a_vllm_peer_trains_a_lab_model_it_never_sees(vllm_py, hub_cfg, tm
                                                             monkeypatch):
     """Every admitted group is spot-checked under the version it claims with a tolerance of
     1e-3 nats (an fp32 vLLM agrees to ~1e-6; a group made with the version before its tag
-    differs by a median 8e-3 on the built-in model, hub/serving/spotcheck.py): so each rollout carries the version that made it, also those whose
+    differs by a median 8e-3 on the built-in model, hub/learning/spotcheck.py): so each rollout carries the version that made it, also those whose
     generation was in flight when a new version arrived (the swap waits for it, and the
     generation finishes on the old version). The peer swapped versions in place several times."""
     make_lab_model(tmp_path / "lab" / "finetune")

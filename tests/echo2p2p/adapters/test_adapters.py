@@ -16,7 +16,7 @@ import verifiers
 from echo2p2p import episodes
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.policy.model import load_policy
 from echo2p2p.hub.tasks.task_setup import open_setup
 from echo2p2p.adapters.environments import (EnvironmentMissing, find_environment,

@@ -14,7 +14,7 @@ import torch
 
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.grpo import token_logprobs
-from echo2p2p.hub.learning.run_setup import fit_to_model, kept_streams, make_learner, predicted_footprint
+from echo2p2p.hub.run.start import fit_to_model, kept_streams, make_learner, predicted_footprint
 from echo2p2p.learner_size import ModelShape
 
 from .test_learner import tiny_model

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bench.sync_baseline import train_sync
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import running_peers
 

@@ -13,7 +13,7 @@ import torch
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning import off_policy
 from echo2p2p.hub.learning.learner import Learner
-from echo2p2p.hub.learning.step_record import step_record
+from echo2p2p.hub.run.step_record import step_record
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
 from echo2p2p.tasks import AdditionTask
 

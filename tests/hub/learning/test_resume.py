@@ -15,7 +15,7 @@ import torch
 
 from echo2p2p import messages as m
 from echo2p2p.hub.learning.durable import Checkpoints, read_journal
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.outbox import Outbox

@@ -1,11 +1,11 @@
-"""The step record (`hub.learning.step_record`) is laid out from plain values: the learner's metrics, the
+"""The step record (`hub.run.step_record`) is laid out from plain values: the learner's metrics, the
 batch, the caller's measured rates and one `Hub.statistics()`."""
 
 from collections import Counter
 
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
-from echo2p2p.hub.learning.step_record import step_record
+from echo2p2p.hub.run.step_record import step_record
 from echo2p2p.tasks import AdditionTask
 
 

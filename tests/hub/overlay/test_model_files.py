@@ -128,7 +128,7 @@ def test_the_index_served_is_the_canonical_one_signed(model_tree):
 async def test_a_model_directory_missing_files_is_refused_at_start(hub_cfg, tmp_path, remove, why):
     """A hub asked to train a directory without config.json, or without any tokenizer file,
     refuses at start-up with one sentence on the "model" field naming the fix."""
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
     from echo2p2p.policy.model import builtin_dir
 
     lab = tmp_path / "lab-model"
@@ -180,7 +180,7 @@ async def test_hub_serves_the_model_it_trains(hub_cfg):
     """A running hub answers /model/ beside /ws: the built-in model's files and its EOS, for a
     request carrying a ticket as a chunk request to the hub would."""
     from echo2p2p.policy.model import builtin_dir
-    from echo2p2p.hub.learning.run_setup import start_hub
+    from echo2p2p.hub.run.start import start_hub
 
     async with start_hub(hub_cfg.replace(max_steps=0)) as run, aiohttp.ClientSession() as http:
         key = signing.new_private_key()

@@ -13,7 +13,7 @@ import torch
 from echo2p2p import signing
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.overlay.publisher import Publisher
-from echo2p2p.hub.serving.spotcheck import SpotChecker
+from echo2p2p.hub.learning.spotcheck import SpotChecker
 from echo2p2p.hub.overlay.versions import VersionFiles
 
 CFG = HubConfig.from_flat(max_lag=2, keep_versions=3, anchor_every=10, chunk_bytes=256 << 10)

@@ -16,7 +16,7 @@ from echo2p2p.tasks import MathTask, addition_reward
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.serving.app import serve
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.policy.engines import TransformersEngine
 from echo2p2p.policy.model import build_char_tokenizer
 

@@ -6,7 +6,7 @@ import pytest
 
 from echo2p2p.capacity import Reading, required_throughput
 from echo2p2p.hub.config import HubConfig
-from echo2p2p.hub.serving.estimates import Estimates
+from echo2p2p.hub.learning.estimates import Estimates
 
 
 def test_first_measurement_is_taken_as_is_then_averaged():

@@ -13,7 +13,7 @@ import aiohttp
 import msgpack
 
 from echo2p2p import messages as m
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.policy.engines import TransformersEngine

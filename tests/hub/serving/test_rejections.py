@@ -12,7 +12,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from echo2p2p import messages as m
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.hub.core.rejections import RejectionLog
 from echo2p2p.policy.model import build_char_tokenizer
 from echo2p2p.session import Session, Side

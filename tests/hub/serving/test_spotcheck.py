@@ -18,8 +18,8 @@ from echo2p2p.session import Session, Side
 from echo2p2p.tasks import AdditionTask
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.learning.learner import Learner, encode_prompt
-from echo2p2p.hub.serving.spotcheck import SpotChecker
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.learning.spotcheck import SpotChecker
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.policy.engines import Completion, TransformersEngine
 from echo2p2p.policy.model import load_policy
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from echo2p2p.hub.learning.learner import hold_step_time
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import running_peers, wait_until
 

@@ -15,7 +15,7 @@ datasets = pytest.importorskip("datasets")
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.tasks.dataset_task import open_dataset_task
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.hub.tasks.task_setup import open_task
 from echo2p2p.policy.engines import TransformersEngine
 

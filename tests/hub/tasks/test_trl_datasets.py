@@ -9,7 +9,7 @@ import pytest
 
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub import Run
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.tasks import RecordsTask
 
 from tests.conftest import running_peers

@@ -28,7 +28,7 @@ from echo2p2p.hub.view import dashboard as dashboard_module
 from echo2p2p.hub.view.dashboard import FILES, STATIC, logged_before, serve_dashboard
 from echo2p2p.hub.view.metrics import RunCollector
 from echo2p2p.hub.view.feed import KEEP, POINTS, STEP_SERIES, VERSION_KEYS, Feed
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import running_peers
 from tests.hub.serving.test_join_auth import self_signed

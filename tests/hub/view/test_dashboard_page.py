@@ -20,8 +20,8 @@ from echo2p2p.hub.view.feed import Feed
 from echo2p2p.hub.serving.peers import PeerConn
 from echo2p2p.hub.view.runlog import RunLog
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
-from echo2p2p.hub.learning.run_setup import start_hub
-from echo2p2p.hub.learning.loop import HubRun
+from echo2p2p.hub.run.start import start_hub
+from echo2p2p.hub.run.loop import HubRun
 from echo2p2p.hub_protocol import HubProtocol
 from echo2p2p.tasks import AdditionTask
 

@@ -15,7 +15,7 @@ import pytest
 from echo2p2p.errors import ConfigError
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.view.experiment_trackers import open_trackers
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import running_peers
 

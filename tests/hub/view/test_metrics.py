@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from echo2p2p.runtime.prometheus import label_text
 from echo2p2p.hub.view.metrics import (MAX_PEER_SERIES, lag_histogram, labelled_peers,
                                   metrics_handler, ratio_gauges)
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.peer.client import PeerClient
 from echo2p2p.peer.config import PeerConfig
 from echo2p2p.peer.metrics import peer_registry

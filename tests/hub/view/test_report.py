@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from echo2p2p.hub import cli
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 
 from tests.conftest import running_peers
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from rich.console import Console
 
-from echo2p2p.hub.learning.run_setup import start_hub
+from echo2p2p.hub.run.start import start_hub
 from echo2p2p.hub.view.watch import MAX_ROWS, render, status_url
 
 from tests.conftest import running_peers, serving

@@ -28,10 +28,10 @@ from typing import Any
 
 from echo2p2p.errors import ConfigError
 
-from .config import HubConfig
-from .learning.loop import HubRun
-from .learning.run_setup import log_listening, start_hub
-from .view.run_data import read_run
+from ..config import HubConfig
+from .loop import HubRun
+from .start import log_listening, start_hub
+from ..view.run_data import read_run
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The run log record of one learner step, built from plain values.
 
-`step_record` lays out the record `hub.learning.loop` logs after every step (the run log, the
+`step_record` lays out the record `hub.run.loop` logs after every step (the run log, the
 dashboard's feed, /metrics' last-step gauges and the report read it): the learner's own
 metrics and off-policy diagnostics, the staleness of the batch, rates over the recent window,
 and the hub's totals from `Hub.statistics()`. It reads no part of the hub and no clock: the

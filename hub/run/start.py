@@ -3,7 +3,7 @@
 `start_hub(cfg)` is an async context manager: on entry the run directory is opened (or, with
 `resume`, its checkpoint and journal read back), the task and the policy loaded, the hub, the
 learner and the publisher built, version 0 (or the resumed one) published, the server and the
-dashboard listening and the learner loop (`echo2p2p.hub.learning.loop.HubRun.train`) running in the
+dashboard listening and the learner loop (`echo2p2p.hub.run.loop.HubRun.train`) running in the
 background; on exit everything it opened is closed. `follow_rank` sets up a learner rank other
 than 0 of a sharded learner. It knows nothing of a step: that is the loop's.
 """
@@ -34,11 +34,11 @@ from ..serving.http_limits import request_budget
 from ..config import SECRETS, HubConfig
 from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
-from .durable import Checkpoints
-from ..serving.estimates import Estimates
+from ..learning.durable import Checkpoints
+from ..learning.estimates import Estimates
 from ..overlay.model_files import ModelFiles, model_routes, token_facts
 from ..overlay.publisher import Publisher, load_or_make_key
-from .ranks import Leader, Ranks, follow
+from ..learning.ranks import Leader, Ranks, follow
 from ..view.runlog import RunLog, propagation_line
 from ..serving.server import Hub
 from ..tasks.task_setup import TaskSetup, TokenizedProblem, open_setup
@@ -176,7 +176,7 @@ def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:
     """The run's learner on `model` (sharded over `ranks`; every rank makes the same one, with
     micro-batches within `learner_micro_bytes` for this model's shape)."""
-    from .learner import Learner
+    from ..learning.learner import Learner
 
     return Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
                    temperature=cfg.grpo.temperature, pad_id=tokenizer.pad_token_id,
@@ -272,7 +272,7 @@ def _leased(task: Any, tokenizer: Any, prompts: Any) -> list[TokenizedProblem]:
     conversational row's messages through the chat template)."""
     from echo2p2p.policy.prompts import prompt_of
 
-    from .learner import encode_prompt
+    from ..learning.learner import encode_prompt
 
     return [TokenizedProblem(p, encode_prompt(tokenizer, prompt_of(p), prompts))
             for p in task.problems("train")]
@@ -284,7 +284,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
     (or the resumed one) published; and the evaluation scorer and trackers (the caller's)."""
-    from ..serving.spotcheck import SpotChecker
+    from ..learning.spotcheck import SpotChecker
 
     saved = None
     if resume:

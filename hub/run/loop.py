@@ -6,7 +6,7 @@ publishes every kappa steps (`echo2p2p.hub.overlay.publisher`), evaluates every 
 logs one record per step. It stops after `max_steps` (0: never), or when `stop()` asks (a signal):
 after the step in progress, with a checkpoint of it. The run's clock (`elapsed_s`, the records'
 `time_s`) and its totals go into every checkpoint and continue in a resumed run. The run is
-opened, built and served by `echo2p2p.hub.learning.run_setup.start_hub`; the loop never touches a
+opened, built and served by `echo2p2p.hub.run.start.start_hub`; the loop never touches a
 socket (`echo2p2p.hub.serving.server`) or the weights' wire format (`echo2p2p.hub.overlay.publisher`).
 """
 
@@ -25,8 +25,8 @@ from echo2p2p.staleness import is_publish_version, lag_versions
 
 from ..config import HubConfig
 from ..serving.counters import HubStatistics
-from .durable import Checkpoints
-from ..serving.estimates import Estimates
+from ..learning.durable import Checkpoints
+from ..learning.estimates import Estimates
 from ..overlay.publisher import Publisher
 from ..view.runlog import RunLog
 from ..serving.server import Hub
@@ -125,7 +125,7 @@ class HubRun:
     async def evaluate(self) -> float:
         problems = self.hub.task.problems("eval")[: self.cfg.tasks.eval_problems]
         if self.hub.setup.env:  # greedy episodes of the held-out seeds
-            from .episode_eval import evaluate_episodes
+            from ..learning.episode_eval import evaluate_episodes
 
             return await asyncio.to_thread(
                 evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,

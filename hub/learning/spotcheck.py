@@ -49,7 +49,7 @@ import torch
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.policy.sampling import copy_state, nucleus_logprobs
 
-from ..learning import grpo
+from . import grpo
 from ..config import HubConfig
 
 
