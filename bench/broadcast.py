@@ -56,6 +56,7 @@ import shardcast_race  # noqa: E402
 
 from bench.gossip_sweep import scale_sweep  # noqa: E402
 from echo2p2p.snapshot import auto_chunk_bytes  # noqa: E402
+from echo2p2p.hub.core.events import VersionPublished
 
 HUB_PORT = 8765
 RUN_TIMEOUT_S = 600.0
@@ -83,7 +84,7 @@ async def hub_main(args: argparse.Namespace) -> None:
     hub = Hub(cfg, "bench", task, [TokenizedProblem(task.problems("train")[0], [1])],
               key, on_event=records.put_nowait)
     async with serve(hub, cfg.network.host, cfg.network.port):
-        hub.publish(blob_version(key, 0, b"\0" * 64))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 64)))
         while not (len(hub.peer_views()) == args.n_peers
                    and all(p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
                            for p in hub.peer_views().values())):
@@ -91,7 +92,7 @@ async def hub_main(args: argparse.Namespace) -> None:
         for version in range(1, args.rounds + 1):
             built = await asyncio.to_thread(blob_version, key, version, os.urandom(args.bytes),
                                             chunk_bytes=cfg.overlay.chunk_bytes, zstd_level=1)
-            hub.publish(built)
+            hub.feed(VersionPublished(built))
             print(json.dumps({"published": version}), flush=True)
             while ((record := await records.get()).get("event") != "propagation"
                    or record["version"] != version):

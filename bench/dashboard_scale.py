@@ -92,8 +92,8 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
                         ENGINES[i % 2], "cuda", listen_addr=f"http://10.0.{i // 250}.{i % 250}:9000")
         proto.receive_frame(m.encode(hello), now)
         conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
-        conn.post(m.Welcome(peer_id, hub.run_id, "model", "addition", 0, 2, 8, 1.0, 1.0, 256, i))
-        proto.held_version = hub.step - i % 3
+        conn.post(m.Welcome(peer_id, hub.core.run_id, "model", "addition", 0, 2, 8, 1.0, 1.0, 256, i))
+        proto.held_version = hub.core.step - i % 3
         conn.upload_bps, conn.relay = rng.uniform(50e6, 1e9), "ok"
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), True, now)
@@ -111,8 +111,8 @@ def build(args: argparse.Namespace, run_dir: Path) -> tuple[HubRun, Feed]:
     task = AdditionTask()
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]
     hub = Hub(cfg, "scale-bench", task, problems)
-    hub.step = args.steps
-    runlog = RunLog(run_dir, {"run_id": hub.run_id}, stream=None)
+    hub.core.step = args.steps
+    runlog = RunLog(run_dir, {"run_id": hub.core.run_id}, stream=None)
     run = HubRun(cfg, hub, None, None, runlog, b"")
     join_peers(hub, args.peers, rng)
     feed = Feed()

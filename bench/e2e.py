@@ -131,7 +131,7 @@ async def run_cluster(cfg: HubConfig, rate_mbps: float, timeout_s: float,
                     raise RuntimeError("a peer process exited before the run finished")
         finally:
             await stop(peers)
-        full_wire_bytes = run.hub.snapshot().wire_bytes
+        full_wire_bytes = run.hub.core.tracker.snapshot().wire_bytes
     accuracy = {}
     if eval_every:
         async with asyncio.timeout(timeout_s):

@@ -223,7 +223,7 @@ async def drain(hub: Hub, run: HubRun | None = None) -> None:
 
 def step_record(hub: Hub, run: HubRun, step: int, batch: list, time_s: float) -> dict:
     """A step record with the learner loop's keys (`HubRun._record`), from the batch."""
-    lags = Counter(lag_versions(hub.step, g.version) for g in batch)
+    lags = Counter(lag_versions(hub.core.step, g.version) for g in batch)
     run.runlog.staleness.update(lags)
     rewards = [r for g in batch for r in g.rewards]
     c = hub.statistics()
@@ -243,7 +243,7 @@ async def with_dashboard(hub: Hub, url: str, args: argparse.Namespace) -> list[t
     """The dashboard on this loop; a warm-up, then rounds of saturation phases with 0, N, N
     and 0 browsers (ABBA: a drift in time weighs on both sides alike)."""
     with tempfile.TemporaryDirectory() as run_dir:
-        run = HubRun(hub.cfg, hub, None, None, RunLog(Path(run_dir), {}, stream=None), b"")
+        run = HubRun(hub.core.cfg, hub, None, None, RunLog(Path(run_dir), {}, stream=None), b"")
         feed = Feed()
         run.runlog.listeners.append(feed.record)
         results = []
@@ -302,25 +302,26 @@ async def hub_main(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
-    await hub.scorer.start()  # its workers start now, not in the timed phases
+    async with hub:  # on the way out the peers are sent away and the scorer closed
+        await hub.scorer.start()  # its workers start now, not in the timed phases
+        if args.dashboard_clients:
+            results = await with_dashboard(hub, url, args)
+        else:
+            async with asyncio.TaskGroup() as tg:
+                drainer = tg.create_task(drain(hub))
+                full = await phase(hub, url, args, rate=0.0)
+                half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
+                # Half of nothing would be an unpaced phase (rate 0): none is run, its figures
+                # are None.
+                half = await phase(hub, url, args, rate=half_rate_groups) if half_rate_groups \
+                    else {"rollouts_per_s": 0.0, "p50_ms": None, "p99_ms": None, "hub_cpu": 0.0,
+                          "peers_cpu": 0.0}
+                drainer.cancel()
+            scoring = hub.statistics().scoring
+    await runner.cleanup()
     if args.dashboard_clients:
-        results = await with_dashboard(hub, url, args)
-        await hub.close_all()
-        await runner.cleanup()
         report_dashboard(results, args)
         return
-    async with asyncio.TaskGroup() as tg:
-        drainer = tg.create_task(drain(hub))
-        full = await phase(hub, url, args, rate=0.0)
-        half_rate_groups = full["rollouts_per_s"] / args.group_size / 2
-        # Half of nothing would be an unpaced phase (rate 0): none is run, its figures are None.
-        half = await phase(hub, url, args, rate=half_rate_groups) if half_rate_groups else \
-            {"rollouts_per_s": 0.0, "p50_ms": None, "p99_ms": None, "hub_cpu": 0.0,
-             "peers_cpu": 0.0}
-        drainer.cancel()
-    scoring = hub.statistics().scoring
-    await hub.close_all()
-    await runner.cleanup()
     print(f"{'phase':<12}{'rollouts/s':>12}{'groups/s':>10}{'p50 ack ms':>12}{'p99 ack ms':>12}"
           f"{'hub CPU':>9}{'peers CPU':>11}")
     for name, r in (("saturation", full), ("half load", half)):

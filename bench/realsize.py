@@ -187,7 +187,7 @@ async def run_cluster(args: argparse.Namespace, run_dir: Path, probes: Probes,
                             "--model-dir", str(args.model_dir)))
                         rss.watch(f"peer rs-{i}", peers[-1].pid)
                     await run.finished.wait()
-                    await probes.all_hold(run.hub.step, N_PEERS)
+                    await probes.all_hold(run.hub.core.step, N_PEERS)
             finally:
                 await stop(peers, grace_s=20)  # a peer may be mid-reload of 1.2 GB
                 rss.stop()  # the peaks are the run's: the per-core rates below export again

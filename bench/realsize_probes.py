@@ -255,11 +255,11 @@ def per_core_rates(run: Any, versions_dir: Path, sample_bytes: int = 256 << 20) 
         fn()
         timed[name] = time.perf_counter() - start
     start = time.perf_counter()
-    full = run.hub.snapshot()  # the newest version in full, and as a delta from the one before
+    full = run.hub.core.tracker.snapshot()  # the newest version in full, and as a delta from the one before
     signing.sign_manifest(run.signing_key, full.manifest)
     sign_s = time.perf_counter() - start
     published = run.hub.statistics().published
-    delta = run.hub.snapshot(published[-1], published[-2]) if len(published) > 1 else None
+    delta = run.hub.core.tracker.snapshot(published[-1], published[-2]) if len(published) > 1 else None
     total = full.manifest.total_bytes
     mb = lambda b, s: round(b / s / 1e6, 1)  # noqa: E731
     return {"bf16 cast (export), MB/s": mb(cast_bytes, cast_s),
@@ -281,7 +281,7 @@ def _base_stream(run: Any, n: int) -> bytes:
     out = bytearray()
     files = sorted(Path(run.cfg.run.model).glob("*.safetensors"))
     handles = [safe_open(str(f), framework="pt") for f in files]
-    for t in run.hub.snapshot().manifest.tensors:
+    for t in run.hub.core.tracker.snapshot().manifest.tensors:
         if len(out) >= n:
             break
         handle = next(h for h in handles if t.name in h.keys())

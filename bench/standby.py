@@ -76,17 +76,17 @@ async def measure(mode: str, args: argparse.Namespace, run_dir: str) -> dict:
                 paid_id = next(p for p, c in hub.peer_views().items() if c.name == "paid")
                 await until(lambda: (view := hub.peer_views()[paid_id]).state != "active"
                             and not view.open_leases)
-                step, got = hub.step, paid.statistics().downloaded_bytes
-                await until(lambda: hub.step >= step + args.standby_steps)
+                step, got = hub.core.step, paid.statistics().downloaded_bytes
+                await until(lambda: hub.core.step >= step + args.standby_steps)
                 standby_bytes = paid.statistics().downloaded_bytes - got
-                versions = hub.step - step  # kappa = 1 at S = 2: one version per step
+                versions = hub.core.step - step  # kappa = 1 at S = 2: one version per step
             admitted = hub.peer_views()[paid_id].account["admitted"]
             woke = await until(lambda: hub.peer_views()[paid_id].state == "active")
             newest, got = hub.statistics().newest_version, paid.statistics().downloaded_bytes
             current = await until(lambda: (paid.version or 0) >= newest)
             wake_bytes = paid.statistics().downloaded_bytes - got
             first = await until(lambda: hub.peer_views()[paid_id].account["admitted"] > admitted)
-            full_bytes = hub.snapshot().wire_bytes
+            full_bytes = hub.core.tracker.snapshot().wire_bytes
     return {"standby_bytes_per_version": round(standby_bytes / versions),
             "wake_to_current_version_s": round(max(current - woke, 0.0), 3),
             "wake_to_first_rollout_s": round(first - woke, 3), "wake_bytes": wake_bytes,

@@ -98,7 +98,7 @@ async def test_a_gguf_file_trains_through_the_hub_and_a_peer(hub_cfg, tmp_path, 
         log = log_path.read_text()
         assert run.finished.is_set(), log[-3000:]
         c = run.hub.statistics()
-        digest = run.hub.model_index[0]
+        digest = run.hub.core.model_index[0]
         trained = {k: v.detach().float().clone() for k, v in run.learner.model.state_dict().items()}
     [converted] = list((cache_root() / "models").iterdir())  # one entry, no temporary left
     start = load_file(converted / "model.safetensors")

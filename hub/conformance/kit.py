@@ -113,13 +113,14 @@ async def launched(command: str | None, url: str, log_path: Path) -> AsyncIterat
 
 def impostor_welcome(hub: Any) -> m.Welcome:
     """The real hub's welcome values, its key included, with a proof it did not sign."""
-    cfg = hub.cfg
-    return m.Welcome(peer_id="p1", run_id=hub.run_id, model=cfg.run.model, task=hub.task.kind,
+    cfg = hub.core.cfg
+    return m.Welcome(peer_id="p1", run_id=hub.core.run_id, model=cfg.run.model,
+                     task=hub.setup.task.kind,
                      version=0, max_lag=cfg.staleness.max_lag, group_size=cfg.grpo.group_size,
                      temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p,
-                     max_new_tokens=cfg.grpo.max_new_tokens, seed=1, hub_key=hub.hub_key,
-                     ticket=bytes(64), proof=bytes(64), model_digest=hub.model_index[0],
-                     model_signature=hub.model_index[1])
+                     max_new_tokens=cfg.grpo.max_new_tokens, seed=1, hub_key=hub.core.hub_key,
+                     ticket=bytes(64), proof=bytes(64), model_digest=hub.core.model_index[0],
+                     model_signature=hub.core.model_index[1])
 
 
 async def impostor_phase(run: Any, command: str, log_path: Path, report: v.Report) -> None:
@@ -203,7 +204,7 @@ async def deltas_phase(run: Any, peer_id: str, probe: Probe, report: v.Report) -
     else:
         why = "no delta manifest held whole (a peer is sent deltas after its transfer_report)"
     seen: dict[str, int] = {}
-    snaps = {(h.version, h.base): run.hub.snapshot(h.version, h.base) for h in haves
+    snaps = {(h.version, h.base): run.hub.core.tracker.snapshot(h.version, h.base) for h in haves
              if h.base is not None}
     whole = [h for h in haves if (snap := snaps.get((h.version, h.base))) is not None
              and sum(bin(b).count("1") for b in h.bits) == len(snap.chunks)]

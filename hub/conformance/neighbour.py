@@ -162,7 +162,7 @@ async def dialler_phase(hub: Any, peer_id: str, nb: Neighbour, report: v.Report)
         report.add(v.DIAL_SILENT, False, f"it sent a {early.type.name} frame first")
     except TimeoutError:
         report.add(v.DIAL_SILENT, True)
-    stranger = Credentials.issued(signing.new_private_key(), hub.run_id, nb.peer_id)
+    stranger = Credentials.issued(signing.new_private_key(), hub.core.run_id, nb.peer_id)
     await dial.ws.send_bytes(encode_frame(Proof.TYPE, Proof(stranger.header(peer_id)[
         TICKET_HEADER].encode()), dial.protocol))
     try:  # a close (or the link's end) is the answer; a frame means it took the proof
@@ -208,7 +208,7 @@ async def _corrupt_piece(hub: Any, dial: Dial, nb: Neighbour) -> None:
     while True:
         rec = _frame(await ws.receive(timeout=FRAME_S), version)
         if key is None and isinstance(rec, Have):
-            snap = hub.snapshot(rec.version, rec.base)
+            snap = hub.core.tracker.snapshot(rec.version, rec.base)
             if snap is not None and sum(bin(b).count("1") for b in rec.bits) < len(snap.chunks):
                 key, n = (rec.version, rec.base), len(snap.chunks)
                 bits = bytes([255] * (n // 8) + ([(1 << n % 8) - 1] if n % 8 else []))

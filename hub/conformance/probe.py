@@ -2,7 +2,7 @@
 
 It needs no connection to the hub: the kit runs the hub, so the probe holds a ticket the hub's
 key signed for the id PROBE_ID (`Credentials.issued`, as the hub's own checks get theirs), and
-compares what the peer serves with the hub's own copy of each manifest (`Hub.snapshot`). Each
+compares what the peer serves with the hub's own copy of each manifest (`VersionTracker.snapshot`, the hub core's). Each
 function checks one or a few rules and records them in the report; a network failure is the
 peer's failure to answer, reported as what was seen.
 """
@@ -35,14 +35,14 @@ class Probe:
 
     def __init__(self, hub: Any, signing_key: bytes, http: aiohttp.ClientSession):
         self.hub, self.http = hub, http
-        self.creds = Credentials.issued(signing_key, hub.run_id, PROBE_ID)
+        self.creds = Credentials.issued(signing_key, hub.core.run_id, PROBE_ID)
         # A ticket of another key: well formed, but no hub of this run signed it.
-        self.stranger = Credentials.issued(signing.new_private_key(), hub.run_id, PROBE_ID)
+        self.stranger = Credentials.issued(signing.new_private_key(), hub.core.run_id, PROBE_ID)
         self.proof_seen = ""  # what came instead of a proof naming the peer, if anything did
         self.held_keys: list[tuple[int, int | None]] = []  # whole manifests a link's haves named
 
     def hub_chunk(self, version: int, base: int | None, index: int) -> bytes | None:
-        snap = self.hub.snapshot(version, base)
+        snap = self.hub.core.tracker.snapshot(version, base)
         return None if snap is None or index >= len(snap.chunks) else bytes(snap.chunks[index])
 
     async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -119,7 +119,7 @@ class Probe:
         """The haves and the peers frame that open a link (None: the first frame was no proof
         naming `peer_id`); the proof itself is judged by `_link`."""
         first = await self._frame(ws)
-        who = (Tickets(self.hub.hub_key, self.hub.run_id, PROBE_ID).holder(
+        who = (Tickets(self.hub.core.hub_key, self.hub.core.run_id, PROBE_ID).holder(
             first.header.decode("ascii", "replace")) if isinstance(first, Proof) else None)
         if who is None or who[0] != peer_id:
             self.proof_seen = f"first frame: {type(first).__name__}" if who is None else \
@@ -134,7 +134,7 @@ class Probe:
         haves, peers = await self._first_frames(ws, peer_id)
         if not report.add(v.LINK_PROOF, peers is not None, self.proof_seen):
             return
-        vouches = Tickets(self.hub.hub_key, self.hub.run_id, PROBE_ID).vouches
+        vouches = Tickets(self.hub.core.hub_key, self.hub.core.run_id, PROBE_ID).vouches
         bad = [s.peer_id for s in peers.sources if not vouches(s.peer_id, s.key, s.ticket)]
         report.add(v.LINK_PEERS, not bad and bool(peers.sources),
                    f"entries without a valid key and ticket: {bad}" if bad
@@ -142,7 +142,7 @@ class Probe:
         while not (whole := [h for h in haves if h.bits[:1] and h.bits[0] & 1]):
             haves += [rec] if isinstance(rec := await self._frame(ws), Have) else []
         have = max(whole, key=lambda h: h.version)
-        snap = self.hub.snapshot(have.version, have.base)
+        snap = self.hub.core.tracker.snapshot(have.version, have.base)
         if snap is None:
             report.skip(v.LINK_PIECE, f"the hub no longer keeps {have.version}/{have.base}")
             return

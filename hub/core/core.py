@@ -40,7 +40,7 @@ from echo2p2p.trust import TrustBook, TrustPolicy
 
 from ..config import HubConfig
 from . import events as ev
-from .actions import BatchReady, EndTurn, Joined, Journal, Outbox, Record, Refused
+from .actions import BatchReady, Close, EndTurn, Joined, Journal, Outbox, Record, Refused
 from .accusations import Accusations
 from .admission import Admission, AdmissionRules, Prompt, ScoringLedger
 from .counters import Counters
@@ -234,6 +234,11 @@ class HubCore:
         elif isinstance(frame, hp.FrameDropped):
             self.door.dropped(conn, frame)
 
+    def _sent_away(self, event: ev.SentAway, now: float) -> None:
+        if (conn := self.peers.get(event.peer_id)) is not None:
+            conn.closing = True
+            self.outbox.emit(Close(conn.peer_id, m.CLOSE_GOING_AWAY, event.reason))
+
     def _broken(self, event: ev.ProtocolBroken, now: float) -> None:
         """A connection is being closed for breaking the protocol; a flood costs its sender."""
         self.counters.closed_for_protocol += 1
@@ -380,7 +385,8 @@ class HubCore:
 
 _HANDLERS: dict[type, Callable[[HubCore, Any, float], None]] = {
     ev.HelloReceived: HubCore._hello, ev.FrameReceived: HubCore._frame,
-    ev.ProtocolBroken: HubCore._broken, ev.PeerStalled: HubCore._stalled,
+    ev.ProtocolBroken: HubCore._broken, ev.SentAway: HubCore._sent_away,
+    ev.PeerStalled: HubCore._stalled,
     ev.PeerLeft: HubCore._left, ev.ScoringFinished: HubCore._scored,
     ev.SpotCheckFinished: HubCore._spot_checked, ev.BatchWanted: HubCore._batch_wanted_,
     ev.StepFinished: HubCore._step_finished, ev.Replanned: HubCore._replanned,

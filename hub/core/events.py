@@ -63,6 +63,14 @@ class PeerStalled:
 
 
 @dataclass(frozen=True)
+class SentAway:
+    """The hub's operator (or a test) sends peer `peer_id` away, going away, for `reason`."""
+
+    peer_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class PeerLeft:
     """Joined peer `peer_id`'s connection ended (any reason)."""
 
@@ -202,7 +210,8 @@ class ChunkServed:
     nbytes: int
 
 
-Event = (HelloReceived | FrameReceived | ProtocolBroken | PeerStalled | PeerLeft | ScoringFinished
+Event = (HelloReceived | FrameReceived | ProtocolBroken | PeerStalled | SentAway | PeerLeft
+         | ScoringFinished
          | SpotCheckFinished | BatchWanted | StepFinished | Replanned | VersionPublished | Tick
          | TurnEnded | DeltaBuilt | RelayProbed | RelayChecked | GossipChecked | ChunkAsked
          | ChunkAnswered | ChunkServed)

@@ -316,9 +316,11 @@ class VersionTracker:
 
     # --- chunks and transfers --------------------------------------------------------
 
-    def snapshot(self, version: int, base: int | None) -> Snapshot | None:
-        """The published manifest (version, base) this hub still keeps, or the catch-up delta
-        (base -> version) it has cached, if any."""
+    def snapshot(self, version: int | None = None, base: int | None = None) -> Snapshot | None:
+        """The published manifest (version, base) this hub still keeps (version None: the
+        newest), or the catch-up delta (base -> version) it has cached, if any."""
+        if version is None and (version := self.newest_version) is None:
+            return None
         pub = self.published.get(version)
         snap = pub and (pub.full if base is None else pub.delta)
         if snap is not None and snap.manifest.base_version == base:

@@ -74,7 +74,7 @@ async def _stop(run: HubRun, signum: int, how: str) -> None:
     """End the learner loop after its step in progress, checkpoint, and say how to resume."""
     saved = await run.stop()
     name = signal.Signals(signum).name
-    print(f"stopped by {name} at v{run.hub.step} ({run.hub.step} steps trained): "
+    print(f"stopped by {name} at v{run.hub.core.step} ({run.hub.core.step} steps trained): "
           + (f"checkpoint saved; resume with: {how}" if saved else
              "no checkpoint (checkpoint_every is 0): this run cannot be resumed"), flush=True)
 

@@ -31,6 +31,7 @@ from ..overlay.publisher import Publisher
 from ..view.runlog import RunLog
 from ..serving.server import Hub
 from .step_record import step_record
+from ..core.events import Replanned, StepFinished, VersionPublished
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,10 @@ class HubRun:
         import torch
 
         dtype = getattr(torch, self.cfg.overlay.weights_dtype)
-        version = self.hub.step
+        version = self.hub.core.step
         built = await asyncio.to_thread(
             lambda: self.publisher.build(version, self.learner.iter_weights(dtype)))
-        self.hub.publish(built)
+        self.hub.feed(VersionPublished(built))
         log.debug("published v%d: %d wire bytes in full, %s as a delta", built.version,
                   built.full.wire_bytes, built.delta.wire_bytes if built.delta else "none")
 
@@ -123,12 +124,13 @@ class HubRun:
                                   f"{len(journal)} journal records replayed")
 
     async def evaluate(self) -> float:
-        problems = self.hub.task.problems("eval")[: self.cfg.tasks.eval_problems]
+        problems = self.hub.setup.task.problems("eval")[: self.cfg.tasks.eval_problems]
         if self.hub.setup.env:  # greedy episodes of the held-out seeds
             from ..learning.episode_eval import evaluate_episodes
 
             return await asyncio.to_thread(
-                evaluate_episodes, self.learner, self.tokenizer, problems, self.hub.task.factory,
+                evaluate_episodes, self.learner, self.tokenizer, problems,
+                self.hub.setup.task.factory,
                 max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts,
                 turn=self.hub.setup.reward.turn)
 
@@ -174,7 +176,7 @@ class HubRun:
         self._waited = WindowSum(self._start)
         self._last_record_t = self._start
         got = evaluated_s = None  # when the last batch came; what its step spent evaluating
-        while not cfg.run.max_steps or hub.step < cfg.run.max_steps:
+        while not cfg.run.max_steps or hub.core.step < cfg.run.max_steps:
             waiting = time.perf_counter()
             if got is not None:  # T_train: the last step's whole time in the loop (compute,
                 # publication, checkpoint, its record), its evaluation aside; on the tiny model
@@ -185,27 +187,27 @@ class HubRun:
                 return
             got = time.perf_counter()
             self._waited.add(got, got - waiting)
-            step = hub.step
+            step = hub.core.step
             lags = Counter(lag_versions(step, g.version) for g in batch)
             self.runlog.staleness.update(lags)
             stats = await asyncio.to_thread(self.learner.step, batch)
             stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
-            hub.finish_step(stopping)  # and, unless stopping, a lease pass
-            hub.replan(self.estimates.required_rollouts_per_s())
+            hub.feed(StepFinished(stopping))  # and, unless stopping, a lease pass
+            hub.feed(Replanned(self.estimates.required_rollouts_per_s()))
             # before the publication's checkpoint: a run resumed from it never logs a clock or
             # a total below this record's
             record = self._record(step, batch, lags, stats)
-            if is_publish_version(hub.step, cfg.staleness.kappa) and not stopping:
+            if is_publish_version(hub.core.step, cfg.staleness.kappa) and not stopping:
                 await self.publish()
             evaluated_s = 0.0
-            if cfg.tasks.eval_every and hub.step % cfg.tasks.eval_every == 0 and not stopping:
+            if cfg.tasks.eval_every and hub.core.step % cfg.tasks.eval_every == 0 and not stopping:
                 evaluating = time.perf_counter()
                 record["eval/accuracy"] = await self.evaluate()
                 evaluated_s = time.perf_counter() - evaluating
             self.records.append(record)
             self.runlog.step(record)
-            if hub.step % 10 == 0:
-                self.runlog.event({"event": "cost", "step": hub.step, "peers": {
+            if hub.core.step % 10 == 0:
+                self.runlog.event({"event": "cost", "step": hub.core.step, "peers": {
                     pid: dict(view.account) for pid, view in hub.peer_views().items()}})
             if self._stopping.is_set():
                 return
@@ -225,7 +227,7 @@ class HubRun:
         return None
 
     def _record(self, step: int, batch: list[Any], lags: Counter[int], stats: Any) -> dict[str, Any]:
-        """The run log record of learner step `step` (which produced version `Hub.step`)."""
+        """The run log record of learner step `step` (which produced version `HubCore.step`)."""
         now, hub = time.perf_counter(), self.hub.statistics()
         tally = getattr(stats, "off_policy", None)  # None: a learner without diagnostics
         diagnostics = tally.summary(lambda version: lag_versions(step, version)) if tally else None

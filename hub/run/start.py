@@ -77,9 +77,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
     hub, runlog = run.hub, run.runlog
 
     files = files.with_tokens(token_facts(run.tokenizer, run.learner.vocab_size))
-    hub.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
+    hub.core.model_index = files.signed(run.signing_key)  # the welcome's model_digest, signature
     routes = {"/status": status_route(run),
-              **model_routes(files, authorize=Tickets(hub.hub_key, hub.run_id, "hub"))}
+              **model_routes(files, authorize=Tickets(hub.core.hub_key, hub.core.run_id, "hub"))}
     budget = request_budget(cfg.limits)  # one per address for both ports; the dashboard shows it
     try:
         if hub.scorer is not None:  # a reward function that cannot load in a worker fails here
@@ -88,7 +88,7 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                          budget=budget) as port, dashboard(run, board_sock, budget) as board:
             run.port, run.dashboard_port = port, board
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(hub.expire_leases()), tg.create_task(run.train())]
+                tasks = [tg.create_task(run.train())]
                 try:
                     yield run
                 finally:
@@ -168,9 +168,9 @@ def log_listening(run: HubRun, ranks: Ranks | None = None) -> None:
     cleanly (`echo2p2p.hub.run`)."""
     cfg, hub = run.cfg, run.hub
     log.info("hub %s listening on %s (model %s, task %s, S=%d, kappa=%d, relay %s, learner on %d "
-             "rank(s)); run dir %s; hub key %s", hub.run_id, run.url, cfg.run.model,
+             "rank(s)); run dir %s; hub key %s", hub.core.run_id, run.url, cfg.run.model,
              hub.setup.kind, cfg.staleness.max_lag, cfg.staleness.kappa, cfg.overlay.relay,
-             ranks.world if ranks else 1, run.runlog.run_dir, hub.hub_key.hex())
+             ranks.world if ranks else 1, run.runlog.run_dir, hub.core.hub_key.hex())
 
 
 def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None) -> Any:

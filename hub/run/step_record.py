@@ -22,7 +22,7 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
                 lags: Counter[int], *, time_s: float, rollouts_per_s: float, busy_frac: float,
                 tokens_per_s: float, capacity: Mapping[str, Any],
                 off_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The record of learner step `step` (which produced version `Hub.step`): `learner`, the
+    """The record of learner step `step` (which produced version `HubCore.step`): `learner`, the
     step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
     `time_s`, the run's clock (`HubRun.elapsed_s`: learner loop seconds over every process of
     a resumed run); `rollouts_per_s` admitted per second and `busy_frac` the share of time the

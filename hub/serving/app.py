@@ -61,19 +61,19 @@ async def serve(hub: Hub, host: str, port: int, routes: dict[str, Any] | None = 
     """Serve the hub's routes and any extra GET `routes` on host:port (or on `sock`, a listener
     bound already: `bind`), under `budget` (None: one of this server's own, as the hub's
     limits say); yields the bound port. Peers are sent away on exit."""
-    budget = budget or request_budget(hub.cfg.limits)
+    budget = budget or request_budget(hub.core.cfg.limits)
     app = web.Application(middlewares=[budget_middleware(budget, ROUTE_CLASSES)])
     for path, handler in {**hub.routes(), **(routes or {})}.items():
         app.router.add_get(path, handler)
-    tls = tls_context(hub.cfg.network.tls_cert, hub.cfg.network.tls_key)
+    tls = tls_context(hub.core.cfg.network.tls_cert, hub.core.cfg.network.tls_key)
     runner = http_deadlines.runner(app)  # idle and request-head deadlines
     await runner.setup()
     try:
-        sock = sock or bind(host, port, "port", hub.cfg.overlay.tcp_congestion)
+        sock = sock or bind(host, port, "port", hub.core.cfg.overlay.tcp_congestion)
         await web.SockSite(runner, sock, ssl_context=tls).start()
-        yield runner.addresses[0][1]
+        async with hub:  # its timer runs while it serves; the peers are sent away on the exit
+            yield runner.addresses[0][1]
     finally:
-        await hub.close_all()
         await runner.cleanup()
 
 

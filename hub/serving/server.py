@@ -1,17 +1,21 @@
 """The hub's shell: sockets, timers and worker futures around the sans-IO `hub.core.core.HubCore`.
 
-Everything that happens reaches the core as one event through `Hub._feed`: frames and the ends
+Everything that happens reaches the core as one event through `Hub.feed`: frames and the ends
 of connections from the pump (`hub.serving.pump.Connections`), finished scorings and spot-checks
-from their futures, the learner's asks (`wait_batch`, `finish_step`, `replan`, `publish`), the
-lease timer (`expire_leases`) and the end of each event loop turn. `_carry_out` then does what
-the core answered, in order (`hub.core.actions`): frames to the peers' writers (held until
-`not_before`), refusals, journal records, run log records, scorings and spot-checks started,
-the learner's batch queued. No part calls another back: the core's parts emit actions, and this
-is the one place that acts on them (as `echo2p2p.peer.client` does for the peer).
+from their futures, the overlay's encodes, probes and checks (`hub.serving.overlay_shell`), the
+learner's events (a version published, a step finished, a replan; `wait_batch` asks for a
+batch), the timer's Ticks (while the hub serves: `async with hub`) and the end of each event
+loop turn. `_carry_out` then does what the core answered, in order (`hub.core.actions`): frames
+to the peers' writers (held until `not_before`), refusals, journal records, run log records,
+scorings and spot-checks started, the learner's batch queued. No part calls another back: the
+core's parts emit actions, and this is the one place that acts on them (as
+`echo2p2p.peer.client` does for the peer).
 
 Everyone else (/status, /metrics, the dashboard, the step record, tests and benches) reads the
-hub through `statistics()` and `peer_views()` and waits with `until(condition)`, re-checked
-after each event the hub handled.
+hub through `statistics()`, `peer_views()` and `core` (its step, run id, key, versions), and
+waits with `until(condition)`, re-checked after each event the hub handled. `Hub`'s public
+names are these, `feed`, `wait_batch`, `routes`, `checkpoint`, `restore`, the `scorer`, the
+run's `setup` and `chunk_lookup` (the hub's chunks, which tests wrap).
 """
 
 from __future__ import annotations
@@ -26,11 +30,9 @@ from aiohttp import web
 
 from echo2p2p.buffer import ScoredGroup
 from echo2p2p.completions import CompletionDecoder
-from echo2p2p.negotiation import Speaks
 from echo2p2p.overlay.fetch import MIN_RATE_BYTES_S
 from echo2p2p.overlay.serving import TokenBucket, UploadMeter, chunk_handler
 from echo2p2p.overlay.tickets import Tickets
-from echo2p2p.relay import Broadcast
 from echo2p2p.runtime.process import loop_now
 from echo2p2p.scoring.scorer import OverBudget, Scorer
 from echo2p2p import messages as m
@@ -43,7 +45,6 @@ from ..learning.checkpoint import hub_state, restore_hub
 from ..learning.durable import Journal, group_to_wire
 from ..core.overlay_actions import BuildDelta, CheckGossip, CheckRelay, ProbeRelay, WakeAt
 from ..overlay.seeding import watched
-from ..overlay.versions import Published, Snapshot
 from ..tasks.task_setup import TaskSetup, TokenizedProblem
 from .counters import Changes, HubStatistics, PeerView, peer_view, statistics_of
 from .door import Tarpit
@@ -80,7 +81,7 @@ class Hub:
         logprobs of a share of the rollouts (None: no spot-checks). `decode`: the run's
         tokenizer, which rollouts are scored by (None: a hub that refuses every rollout, e.g.
         a broadcast bench). `setup`: how `task` is scored (None: by its own reward)."""
-        self.cfg, self.task = cfg, task
+        self._cfg = cfg
         self.setup = setup = setup or TaskSetup.builtin(task)
         self.scorer = None if decode is None else Scorer(  # its workers start on the first rollout
             setup.reward, decoder=decode, timeout_s=cfg.scoring.score_timeout_s,
@@ -103,10 +104,11 @@ class Hub:
         self._closing: set[asyncio.Task] = set()  # closes the core asked for, under way
         self._turn_due = False
         self._tarpit = Tarpit()
+        self._timer: asyncio.Future | None = None  # the Ticks, while the hub serves
         self._conns = Connections(cfg, TokenBook(cfg.network.tokens) if cfg.network.tokens
-                                  else None, self._feed)
+                                  else None, self.feed)
         self._overlay = overlay = OverlayShell(  # encodes, probes, checks, the seed watch's timer
-            signing_key, run_id, new_peer_id=core.new_peer_id, feed=self._feed,
+            signing_key, run_id, new_peer_id=core.new_peer_id, feed=self.feed,
             snapshot=core.tracker.snapshot, now=loop_now)
         self._do = {a.Send: self._send,
                     a.Joined: lambda x: self._conns.joined(x.conn_id, x.peer_id),
@@ -121,7 +123,8 @@ class Hub:
 
     # --- the one way in, and the one place actions are carried out ----------------------
 
-    def _feed(self, event: ev.Event) -> None:
+    def feed(self, event: ev.Event) -> None:
+        """Tell the core what happened (now, on the loop's clock) and carry out its answer."""
         self._carry_out(self.core.handle(event, loop_now()))
 
     def _carry_out(self, actions: list[Any]) -> None:
@@ -136,13 +139,13 @@ class Hub:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): now
-            return self._feed(ev.TurnEnded())
+            return self.feed(ev.TurnEnded())
         self._turn_due = True
         loop.call_soon(self._turn_ended)
 
     def _turn_ended(self) -> None:
         self._turn_due = False
-        self._feed(ev.TurnEnded())
+        self.feed(ev.TurnEnded())
 
     def _send(self, send: a.Send) -> None:
         conn = self._conns.by_peer.get(send.peer_id)
@@ -171,14 +174,14 @@ class Hub:
         if self._scoring.pop(lease_id, None) is None:
             return  # fed already (close_all)
         if future.cancelled():
-            return self._feed(ev.ScoringFinished(lease_id, error="failed"))
+            return self.feed(ev.ScoringFinished(lease_id, error="failed"))
         if isinstance(exc := future.exception(), OverBudget):
-            return self._feed(ev.ScoringFinished(lease_id, error="over_budget"))
+            return self.feed(ev.ScoringFinished(lease_id, error="over_budget"))
         if exc is not None:
             log.error("judging a rollout failed", exc_info=exc)
-            return self._feed(ev.ScoringFinished(lease_id, error="failed"))
+            return self.feed(ev.ScoringFinished(lease_id, error="failed"))
         s = future.result()
-        self._feed(ev.ScoringFinished(lease_id, None, tuple(s.rewards), bool(s.malformed),
+        self.feed(ev.ScoringFinished(lease_id, None, tuple(s.rewards), bool(s.malformed),
                                       tuple(s.faults), bool(s.mismatched), s.forged))
 
     def _spot_check(self, check: a.SpotCheck) -> None:
@@ -193,9 +196,9 @@ class Hub:
         if task.cancelled() or task.exception() is not None:
             if not task.cancelled():
                 log.error("spot-checking a rollout failed", exc_info=task.exception())
-            return self._feed(ev.SpotCheckFinished(lease_id, "failed"))
+            return self.feed(ev.SpotCheckFinished(lease_id, "failed"))
         result = task.result()
-        self._feed(ev.SpotCheckFinished(lease_id, result.reason, result.tokens, result.detail()))
+        self.feed(ev.SpotCheckFinished(lease_id, result.reason, result.tokens, result.detail()))
 
     def _spot_dropped(self, dropped: a.SpotCheckDropped) -> None:
         if (task := self._checks.pop(dropped.lease_id, None)) is not None:
@@ -208,71 +211,31 @@ class Hub:
                 rest[0] = group_to_wire(rest[0])
             self._journal_to.write([kind, *rest])
 
-    # --- the run's facts, kept by the core (read by the loop, the views, the run's setup) ---
-
-    @property
-    def step(self) -> int:
-        """The run's one step counter: the learner's version is this."""
-        return self.core.step
-
-    @property
-    def run_id(self) -> str:
-        return self.core.run_id
-
-    @property
-    def hub_key(self) -> bytes:
-        return self.core.hub_key
-
-    @property
-    def model_index(self) -> tuple[bytes, bytes]:
-        """GET /model/'s (digest, signature), told in every welcome (set where it is served)."""
-        return self.core.model_index
-
-    @model_index.setter
-    def model_index(self, index: tuple[bytes, bytes]) -> None:
-        self.core.model_index = index
-
-    @property
-    def speaks(self) -> Speaks:
-        """What hellos are answered with (a test's hub may speak others)."""
-        return self._conns.speaks
-
-    @speaks.setter
-    def speaks(self, speaks: Speaks) -> None:
-        self._conns.speaks = speaks
-
     # The core's peers, pool and trust book, by the names benches and tests that stage a hub
-    # without sockets (bench/dashboard_scale.py) reach for.
+    # without sockets (bench/dashboard_scale.py) reach for; the connections' protocol versions
+    # (`echo2p2p.negotiation.Speaks`), which a compatibility test changes.
     _peers = property(lambda self: self.core.peers)
     _pool = property(lambda self: self.core.pool)
     _trust = property(lambda self: self.core.trust)
+    _speaks = property(lambda self: self._conns.speaks,
+                       lambda self, speaks: setattr(self._conns, "speaks", speaks))
 
     # --- what the learner loop asks -----------------------------------------------------
 
-    def publish(self, version: Published) -> None:
-        """`version` is the newest now, announced to the peers with a relay plan."""
-        self._feed(ev.VersionPublished(version))
-
     async def wait_batch(self) -> list[ScoredGroup]:
-        """Block until `prompts_per_step` fresh groups are queued for the current step."""
-        self._feed(ev.BatchWanted())
+        """Block until `prompts_per_step` fresh groups are queued for the current step: the
+        core is told the learner wants one (`BatchWanted`) and answers with a `BatchReady`,
+        which lands in the one batch queue the learner reads. Everything else the learner
+        says is an event (`feed`: VersionPublished, StepFinished, Replanned)."""
+        self.feed(ev.BatchWanted())
         return list((await self._batches.get()).groups)
 
-    def finish_step(self, stopping: bool = False) -> None:
-        """The learner finished the step whose batch `wait_batch` gave: one version on
-        (`stopping`: and the run stops after it, so no lease pass)."""
-        self._feed(ev.StepFinished(stopping))
-
-    def replan(self, required: float | None) -> None:
-        """Re-choose the active peers for `required` rollouts/s (None: all; see echo2p2p.pool)."""
-        self._feed(ev.Replanned(required))
-
-    async def expire_leases(self) -> None:
+    async def _timers(self) -> None:
         """Forever: a Tick for the core (leases past their deadline, the rejections' summary)."""
         while True:
             # a timer, not a sync
-            await asyncio.sleep(min(1.0, self.cfg.staleness.lease_timeout_s / 4))
-            self._feed(ev.Tick())
+            await asyncio.sleep(min(1.0, self._cfg.staleness.lease_timeout_s / 4))
+            self.feed(ev.Tick())
 
     # --- what the hub says of itself -------------------------------------------------
 
@@ -293,17 +256,6 @@ class Hub:
             accounts.get(c.peer_id, {}), self.scorer.usage_s(c.identity) if self.scorer else 0.0,
             core.admission.over_budget(c)) for c in core.peers.values()}
 
-    def snapshot(self, version: int | None = None, base: int | None = None) -> Snapshot | None:
-        """The manifest and chunks of `version` (None: the newest published) this hub keeps: in
-        full (`base` None), or as a delta from `base` (published, or a catch-up's)."""
-        if version is None and (version := self.core.newest_version) is None:
-            return None
-        return self.core.tracker.snapshot(version, base)
-
-    def broadcasts(self) -> dict[tuple[int, int | None], Broadcast]:
-        """The relay plans dealt, by (version, base: None for the full manifest)."""
-        return dict(self.core.tracker.broadcasts)
-
     async def until(self, condition: Callable[[], bool]) -> None:
         """Return once `condition()` holds, looked at again after each event the hub handled (a
         frame, a judged submission, a step, a publication, a lease expiry): no polling."""
@@ -315,7 +267,7 @@ class Hub:
         """The hub's GET routes for `hub.serving.app.serve`: the peers' websocket (/ws) and the
         hub's share of the chunks (/chunk/..., ticket-checked, rate-limited, watched:
         hub.overlay.seeding)."""
-        mbps = self.cfg.overlay.upload_limit_mbps
+        mbps = self._cfg.overlay.upload_limit_mbps
         tickets = Tickets(self.core.hub_key, self.core.run_id, "hub")
         chunks = chunk_handler(self.chunk_lookup, UploadMeter(), TokenBucket(mbps * 1e6) if mbps
                                else None, on_served=self._overlay.chunk_served, authorize=tickets)
@@ -331,19 +283,24 @@ class Hub:
             return await self._tarpit.turn_away(why)
         return await self._conns.pump(request)
 
-    async def disconnect(self, peer_id: str, reason: str) -> None:
-        """Send peer `peer_id` away (going away, `reason`), as a hub that drops it would."""
-        if (conn := self._conns.by_peer.get(peer_id)) is not None:
-            await conn.close(m.CLOSE_GOING_AWAY, reason)
+    async def __aenter__(self) -> Hub:
+        """Start the hub's timer (its Ticks); the hub serves from here until the exit."""
+        self._timer = asyncio.ensure_future(self._timers())
+        return self
 
-    async def close_all(self, reason: str = "hub shutting down") -> None:
+    async def __aexit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        await self._close_all()
+
+    async def _close_all(self, reason: str = "hub shutting down") -> None:
         """Peers first: no submission may reach the scorer once it is closed; each submission
         still being judged puts its prompt back."""
         await asyncio.gather(*(conn.close(m.CLOSE_GOING_AWAY, reason)
                                for conn in list(self._conns.by_peer.values())))
         for lease_id in list(self._scoring):
             self._scoring.pop(lease_id).cancel()
-            self._feed(ev.ScoringFinished(lease_id, error="failed"))
+            self.feed(ev.ScoringFinished(lease_id, error="failed"))
         checks = [*self._checks.values(), *self._closing]
         self._checks.clear()
         for task in checks:

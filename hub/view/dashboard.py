@@ -78,7 +78,7 @@ async def dashboard(run: HubRun, sock: socket.socket | None = None,
         return
     feed = Feed()
     if run.resumed:  # the history before the restart, from the run log
-        for record in await asyncio.to_thread(logged_before, run.runlog.run_dir, run.hub.step):
+        for record in await asyncio.to_thread(logged_before, run.runlog.run_dir, run.hub.core.step):
             feed.record(record)
     run.runlog.listeners.append(feed.record)
     try:
@@ -131,8 +131,8 @@ async def serve_dashboard(run: HubRun, feed: Feed, port: int | None = None, *,
 def snapshot(run: HubRun, feed: Feed, now: dict[str, Any] | None = None) -> dict[str, Any]:
     """What /api/snapshot answers: everything the page draws (`now`: the status, if built)."""
     now = status(run) if now is None else now
-    return {"run_id": run.hub.run_id, "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa,
-            "step": run.hub.step, **feed.snapshot(), "staleness": now["staleness"],
+    return {"run_id": run.hub.core.run_id, "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa,
+            "step": run.hub.core.step, **feed.snapshot(), "staleness": now["staleness"],
             "status": now}
 
 
@@ -297,7 +297,7 @@ def _events(run: HubRun, feed: Feed) -> Handler:
         subscriber = feed.subscribe(on_drop=transport.abort if transport else lambda: None)
         try:
             await response.write(b"retry: 2000\n\n" + event_frame(
-                "hello", {"run_id": run.hub.run_id, "step": run.hub.step}))
+                "hello", {"run_id": run.hub.core.run_id, "step": run.hub.core.step}))
             while not subscriber.closed:
                 frames = await subscriber.wait_frames(HEARTBEAT_S)
                 if frames or not subscriber.closed:

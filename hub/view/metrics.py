@@ -180,7 +180,7 @@ class RunCollector:
     def _hub(self, stats: HubStatistics) -> Iterator[Metric]:
         hub, cfg = self.run.hub, self.run.cfg
         yield InfoMetricFamily("echo2_run", "The run this hub trains.",
-                               value={"run_id": label_text(hub.run_id)})
+                               value={"run_id": label_text(hub.core.run_id)})
         yield gauge("echo2_step", "The learner's step (the newest version trained).", stats.step)
         yield gauge("echo2_published_version", "The newest version published to peers.",
                      stats.newest_version)

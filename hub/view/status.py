@@ -38,7 +38,7 @@ def status(run: HubRun) -> dict[str, Any]:
     """What /status answers."""
     hub, stats = run.hub, run.hub.statistics()
     return {
-        "run_id": hub.run_id, "step": stats.step, "hub_key": hub.hub_key.hex(),
+        "run_id": hub.core.run_id, "step": stats.step, "hub_key": hub.core.hub_key.hex(),
         "published_version": stats.newest_version, "max_lag": run.cfg.staleness.max_lag,
         "kappa": run.cfg.staleness.kappa,
         "peers": {p.peer_id: {"name": p.name, "engine": p.engine,
@@ -60,8 +60,8 @@ def public_status(run: HubRun) -> dict[str, Any]:
     """What /status on the peers' port answers without the dashboard token: what any peer
     learns from its welcome (run, hub key, version, S) and the step. No peer's name, address,
     trust or leases."""
-    hub, newest = run.hub, run.hub.snapshot()  # not statistics(): anyone may ask, often
-    return {"run_id": hub.run_id, "step": hub.step, "hub_key": hub.hub_key.hex(),
+    hub, newest = run.hub, run.hub.core.tracker.snapshot()  # not statistics(): anyone may ask, often
+    return {"run_id": hub.core.run_id, "step": hub.core.step, "hub_key": hub.core.hub_key.hex(),
             "published_version": None if newest is None else newest.manifest.version,
             "max_lag": run.cfg.staleness.max_lag, "kappa": run.cfg.staleness.kappa, "public": True}
 

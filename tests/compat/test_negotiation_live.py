@@ -29,6 +29,7 @@ from tests.conftest import Pulse, serving, tracker, until
 from tests.peer.test_gossip import admitted
 from tests.peer.test_join_errors import assert_gave_up, join
 from tests.peer.test_overlay import CHUNK, Peers, joined
+from echo2p2p.hub.core.events import VersionPublished
 
 OLD_HELLO = {"p": 2, "t": "hello", "name": "old", "engine": "relay", "device": "cpu",
              "price_per_hour": 0.0, "listen_addr": None, "token": "", "nonce": b"", "peer_key": b""}
@@ -103,7 +104,7 @@ async def test_the_peer_refused_by_a_newer_hub_prints_the_sentence_and_exits():
     """`echo2-peer join` against a hub that speaks only protocol 4: one sentence, exit 1, no
     retry."""
     def future(hub) -> None:
-        hub.speaks = Speaks((4,))
+        hub._speaks = Speaks((4,))
 
     async with tracker(future) as (hub, key, url, _):
         code, err = await join(url)
@@ -158,9 +159,9 @@ async def test_a_link_agrees_its_version_in_the_upgrade():
     framed 3), one offering 1 gets 426 with the sentence; and two peers of this release link
     in 3."""
     async with tracker(relay="gossip") as (hub, key, url, _), Peers(url, 2) as (peer, other):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 2)
-        hub.publish(blob_version(key, 1, os.urandom(64 << 10), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, os.urandom(64 << 10), chunk_bytes=CHUNK)))
         for links in (peer.fetcher.links, other.fetcher.links):
             await until(links, lambda: bool(links.links))  # at each peer
         assert {link.protocol for c in (peer, other) for link in c.fetcher.links.links.values()} == {3}
@@ -207,7 +208,7 @@ async def test_a_dialler_speaks_2_to_an_acceptor_that_answers_no_header():
     app.router.add_get(lk.LINK_PATH, old_acceptor)
     async with tracker(relay="gossip") as (hub, key, url, _), Peers(url, 1) as [peer], \
             serving(app) as port:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 1)
         links = peer.fetcher.links
         await until(links, lambda: links.http is not None)

@@ -24,6 +24,7 @@ from tests.blob_versions import blob_version
 from tests.conftest import tracker, until, wait_first
 from tests.hostile.harness import small_cfg
 from tests.peer.test_overlay import CHUNK, Peers, holds, propagation
+from echo2p2p.hub.core.events import VersionPublished
 
 pytestmark = pytest.mark.system
 
@@ -107,12 +108,12 @@ async def test_a_gossip_link_between_releases_carries_a_version(old_peer, dialle
             Peers(url, 1, listen=new_listen) as [new], \
             running(old_peer, url, "--engine", "relay", "--listen", old_listen,
                     "--relay-stall-s", "3"):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await until(hub, lambda: len(hub.peer_views()) == 2 and all(
             p.stream_version == 0 and (p.server_url is None or p.relay != "unprobed")
             for p in hub.peer_views().values()), DEADLINE_S)
         old_id = next(pid for pid in hub.peer_views() if pid != new.welcome.peer_id)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await asyncio.wait_for(records.wait_for("propagation", version=1), DEADLINE_S)
         link = new.fetcher.links.links.get(old_id)
         assert link is not None and link.protocol == 2

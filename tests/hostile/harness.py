@@ -51,7 +51,7 @@ def steps(run: HubRun) -> int:
 
 async def wait_steps(run: HubRun, n: int, timeout_s: float) -> None:
     """Return once the learner has taken `n` steps (the hub's step, as `finish_step` counts)."""
-    await until(run.hub, lambda: run.hub.step >= n, timeout_s)
+    await until(run.hub, lambda: run.hub.core.step >= n, timeout_s)
 
 
 async def until_finished_or(run: HubRun, condition, timeout_s: float) -> None:
@@ -207,7 +207,7 @@ async def hub_alive(run: HubRun) -> bool:
     try:
         async with aiohttp.ClientSession(timeout=timeout) as http, \
                 http.get(f"http://127.0.0.1:{run.port}/status") as resp:
-            return resp.status == 200 and (await resp.json())["run_id"] == run.hub.run_id
+            return resp.status == 200 and (await resp.json())["run_id"] == run.hub.core.run_id
     except (aiohttp.ClientError, TimeoutError):
         return False
 

@@ -164,7 +164,7 @@ async def test_made_up_ids_in_a_peers_frame_take_no_link_slot(tmp_path, row):
         welcome = await raw.hello(name="pex-liar")
         assert welcome is not None, raw.reaction()
         target = peer_id(run, HONEST)
-        creds = Credentials(run.hub.run_id, raw.peer_id, raw.key, welcome["ticket"])
+        creds = Credentials(run.hub.core.run_id, raw.peer_id, raw.key, welcome["ticket"])
         fakes = [f"p{9000 + i}" for i in range(MADE_UP)]
         since = mark(run, honest)
         async with http.ws_connect(honest.served_url + LINK_PATH,

@@ -74,7 +74,7 @@ async def test_a_relay_cannot_tell_the_hubs_check_from_a_receiver(tmp_path, row)
                           f"requests it took for the hub's {family(relay.report, 'fast')}; "
                           f"slow chunks served {family(relay.report, 'slow')}")
             if last.relay != "ok":
-                judged = run.hub.snapshot().manifest.version  # the newest version at the verdict
+                judged = run.hub.core.tracker.snapshot().manifest.version  # the newest version at the verdict
                 loaded = honest.statistics().versions_loaded
                 r.honest_training = await still_training(run, honest, since)
                 # Once a version wholly fetched after the verdict is in, the rate without its

@@ -26,7 +26,7 @@ async def test_pinned_peer_refuses_an_impostor_that_echoes_the_hub_key(tmp_path,
             impostor_hub(run) as impostor:
         since = mark(run, honest)
         victim = PeerClient(PeerConfig(hub_url=impostor.url, name="victim", listen="",
-                                       hub_key=run.hub.hub_key.hex(), torch_threads=1,
+                                       hub_key=run.hub.core.hub_key.hex(), torch_threads=1,
                                        reconnect_max_s=1.0))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:

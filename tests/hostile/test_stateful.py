@@ -39,6 +39,7 @@ from echo2p2p import signing
 
 from tests.blob_versions import blob_version
 from tests.conftest import tracker, until
+from echo2p2p.hub.core.events import Replanned, VersionPublished
 
 QUICK, SLOW = 60, 500
 GUARD_S = 60.0  # an example that hangs fails here; this is not what the test asserts
@@ -100,10 +101,10 @@ class LiveHub:
         async with tracker(peer_timeout_s=3600.0, joins_per_min=0, joins_per_min_per_key=0
                            ) as (hub, key, url, _records):
             self.hub, self.url, self.key = hub, url, key
-            hub.publish(blob_version(key, 0, os.urandom(40 << 10), chunk_bytes=16 << 10))
+            hub.feed(VersionPublished(blob_version(key, 0, os.urandom(40 << 10), chunk_bytes=16 << 10)))
             v0 = os.urandom(40 << 10)
-            hub.publish(blob_version(key, 1, v0, base=(0, os.urandom(40 << 10)),
-                                     chunk_bytes=16 << 10))
+            hub.feed(VersionPublished(blob_version(key, 1, v0, base=(0, os.urandom(40 << 10)),
+                                     chunk_bytes=16 << 10)))
             async with aiohttp.ClientSession() as http, http.ws_connect(url) as bystander:
                 await bystander.send_bytes(hello_frame("bystander"))
                 welcome = m.decode((await bystander.receive()).data)
@@ -260,8 +261,8 @@ async def attack(live: LiveHub, hello: m.Hello, sequence: list) -> int | None:
                 welcome := m.decode(first.data), m.Welcome):
             await ws.close()
             return ws.close_code  # refused at the door: fine, if it said why
-        hub.publish(blob_version(live.key, max(hub.statistics().published) + 1, os.urandom(40 << 10),
-                                 chunk_bytes=16 << 10))
+        hub.feed(VersionPublished(blob_version(live.key, max(hub.statistics().published) + 1, os.urandom(40 << 10),
+                                 chunk_bytes=16 << 10)))
 
         async def read() -> None:  # keeps the hub's writes flowing; notes the leases we get
             while (frame := await ws.receive()).type is aiohttp.WSMsgType.BINARY:
@@ -296,8 +297,8 @@ async def plan_on(live: LiveHub) -> None:
     rates). State poisoned by a report would raise here, outside any connection."""
     hub = live.hub
     version = max(hub.statistics().published) + 1
-    hub.publish(blob_version(live.key, version, os.urandom(40 << 10), chunk_bytes=16 << 10))
-    hub.replan(1.0)
+    hub.feed(VersionPublished(blob_version(live.key, version, os.urandom(40 << 10), chunk_bytes=16 << 10)))
+    hub.feed(Replanned(1.0))
 
 
 async def peer_ids(live: LiveHub) -> list[str]:

@@ -41,7 +41,7 @@ async def test_hoarders_that_came_first_leave_the_honest_peer_its_leases(tmp_pat
             first_group_s = time.monotonic() - start
             hoarders_hold = sum(len(v.open_leases) for v in run.hub.peer_views().values()
                                 if v.name.startswith("hoarder"))
-            await wait_steps(run, run.hub.step + WARM_UP_STEPS, FIRST_GROUP_DEADLINE_S)
+            await wait_steps(run, run.hub.core.step + WARM_UP_STEPS, FIRST_GROUP_DEADLINE_S)
             with_ = await steps_per_min(run, MEASURED_STEPS)
             await attack.aclose()  # the hoarders leave; the same honest peer goes on
             after = await steps_per_min(run, MEASURED_STEPS)

@@ -55,7 +55,7 @@ async def test_transfer_report_bomb_leaves_versions_flowing(tmp_path, row, relay
                                    {"peer_id": bomber.peer_id, **bomb}])
         r.honest_training = await still_training(run, honest, since)
         upload_bps = run.hub.peer_views()[honest_id].upload_bps
-        planned = sorted(v for (v, _), b in run.hub.broadcasts().items()
+        planned = sorted(v for (v, _), b in run.hub.core.tracker.broadcasts.items()
                          if v > version and honest_id in b.members)
         r.reaction = (f"bomber {bomber.reaction()}; honest relay's upload estimate "
                       f"{upload_bps / 1e6:.1f} Mbit/s")

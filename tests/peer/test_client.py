@@ -18,6 +18,7 @@ from echo2p2p.peer.worker import Rollouts
 
 from tests.blob_versions import blob_version
 from tests.conftest import tracker, until_logged
+from echo2p2p.hub.core.events import VersionPublished
 
 
 def relay_peer(url: str) -> PeerClient:
@@ -37,10 +38,10 @@ async def test_waits_follow_the_connection_and_the_versions_held():
                 await asyncio.wait_for(peer.wait_welcomed(), 30)
                 await asyncio.wait_for(peer.wait_connected(), 30)
                 waiting = tg.create_task(peer.wait_version(1))
-                hub.publish(blob_version(key, 0, b"\1" * 40_000))
+                hub.feed(VersionPublished(blob_version(key, 0, b"\1" * 40_000)))
                 await asyncio.wait_for(peer.wait_version(0), 30)
                 assert peer.version == 0 and not waiting.done()
-                hub.publish(blob_version(key, 1, b"\2" * 40_000))
+                hub.feed(VersionPublished(blob_version(key, 1, b"\2" * 40_000)))
                 await asyncio.wait_for(waiting, 30)
                 await asyncio.wait_for(peer.wait_version(0), 1)  # held already: no wait
             finally:
@@ -119,7 +120,7 @@ async def test_the_log_says_the_first_version_then_sums_up(caplog, monkeypatch):
             try:
                 await until_logged(lambda: said("waiting for the first version"), 30)
                 for version in range(3):
-                    hub.publish(blob_version(key, version, bytes([version + 1]) * 40_000))
+                    hub.feed(VersionPublished(blob_version(key, version, bytes([version + 1]) * 40_000)))
                     await asyncio.wait_for(peer.wait_version(version), 30)
                 await until_logged(lambda: said("holding v2 ("), 30)
             finally:

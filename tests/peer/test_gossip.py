@@ -25,6 +25,7 @@ from echo2p2p.overlay.tickets import Credentials
 from tests.blob_versions import blob_version
 from tests.conftest import Pulse, serving, tracker, until, wait_versions
 from tests.peer.test_overlay import CHUNK, Peers, holds, joined, propagation
+from echo2p2p.hub.core.events import SentAway, VersionPublished
 
 
 @pytest.fixture
@@ -48,9 +49,9 @@ async def test_gossip_spreads_a_version_with_one_announcement_per_peer(hub_frame
     uploads about one copy: the peers send each other the rest over their links."""
     data = os.urandom(1 << 20)
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 5) as peers:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 5)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in peers)
         assert all(c.fetcher.links.links for c in peers)
@@ -95,14 +96,14 @@ async def test_a_version_completes_with_the_hubs_control_connection_cut():
 
     async with tracker(control, relay="gossip", upload_limit_mbps=64) as (hub, key, url, records), \
             Peers(url, 4, upload_limit_mbps=8, reconnect_max_s=0.5) as peers:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 4)
         v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
-        hub.publish(v1)
+        hub.feed(VersionPublished(v1))
         await serving_one.until(lambda: len(served) == len(v1.full.chunks))
         cut.set()
         for peer_id in hub.peer_views():
-            await hub.disconnect(peer_id, "control plane down")
+            hub.feed(SentAway(peer_id, "control plane down"))
         assert not all(holds(c, 1) for c in peers), "the version was out before the cut"
         await asyncio.wait_for(hub.until(lambda: len(hub.peer_views()) == 0), 60)
         await wait_versions(peers, 1)
@@ -123,10 +124,10 @@ async def test_nated_peers_seed_nothing_and_pull_over_the_links_they_open(caplog
     data = os.urandom(1 << 20)
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 3) as public, \
             Peers(url, 3, listen="") as nated:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 6)
         v1 = blob_version(key, 1, data, chunk_bytes=CHUNK)
-        hub.publish(v1)
+        hub.feed(VersionPublished(v1))
         await records.wait_for("propagation", version=1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*public, *nated])
         assert all(c.served_url is None for c in nated)
@@ -175,9 +176,9 @@ async def test_hostile_neighbours_are_dropped_and_the_version_completes_from_oth
         for client, kind in zip(peers, ("corrupt", "short", "silent")):
             misbehave(client, kind)
         honest = peers[3:]
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 5)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await wait_versions(honest, 1)
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in honest)
         bad = {c.welcome.peer_id for c in peers[:3]}
@@ -209,9 +210,9 @@ async def two_holding_v1(data: bytes):
     """A gossip hub and two peers that both hold v1 (`data`): yields (hub, key, peer, other,
     the hub's records)."""
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 2)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await wait_versions([peer, other], 1)
         yield hub, key, peer, other, records
 
@@ -275,7 +276,7 @@ async def test_another_manifest_under_the_same_number_is_never_served_as_ours():
 async def test_a_link_needs_a_ticket_naming_the_dialler():
     """No ticket, or another peer's ticket: 403 before any websocket."""
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 2) as (peer, other):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 2)
         target = peer.welcome.peer_id
         async with aiohttp.ClientSession() as http:
@@ -303,7 +304,7 @@ async def test_a_dialled_end_that_cannot_prove_its_id_takes_no_slot():
     app.router.add_get(lk.LINK_PATH, accept)
     async with tracker(relay="gossip") as (hub, key, url, records), Peers(url, 1) as [peer], \
             serving(app) as port:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 1)
         links = peer.fetcher.links
         await until(links, lambda: links.http is not None)  # its first download ran

@@ -89,7 +89,7 @@ async def test_a_peer_process_elsewhere_builds_from_the_hubs_files(hub_cfg, tmp_
         log = log_path.read_text()
         c = run.hub.statistics()
         assert c.admitted_groups >= 2 and c.spot_failed == 0, (c, log[-3000:])
-        digest = run.hub.model_index[0]
+        digest = run.hub.core.model_index[0]
     assert "fetched from the hub" in log, log[-3000:]
     assert [p.name for p in cache.iterdir()] == [digest.hex()]  # no temporary left behind
     held = {p.name: p.read_bytes() for p in (cache / digest.hex()).iterdir()}
@@ -228,8 +228,8 @@ async def test_a_peer_leaves_a_hub_whose_model_files_do_not_verify(hub_cfg, tmp_
     caplog.set_level(logging.ERROR, logger="echo2p2p.peer.client")
     cache = tmp_path / "cache"
     async with start_hub(hub_cfg.replace(max_steps=0), stream=None) as run:
-        digest, _ = run.hub.model_index
-        run.hub.model_index = (digest, signing.sign_model_files(signing.new_private_key(), digest))
+        digest, _ = run.hub.core.model_index
+        run.hub.core.model_index = (digest, signing.sign_model_files(signing.new_private_key(), digest))
         peer = PeerClient(PeerConfig(hub_url=run.url, listen="", model_cache=str(cache),
                                      reconnect_max_s=0.2))
         stop = asyncio.Event()

@@ -15,6 +15,7 @@ from echo2p2p.overlay.store import GONE
 
 from tests.blob_versions import blob_version
 from tests.conftest import tracker, until, wait_until, wait_versions
+from echo2p2p.hub.core.events import VersionPublished
 
 CHUNK = 16 << 10
 
@@ -64,9 +65,9 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
     data = os.urandom(1 << 20)
     async with tracker() as (hub, key, url, records), Peers(url, 4) as relays, \
             Peers(url, 1, listen="") as (leaf,):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 5)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) for c in [*relays, leaf])
         assert all(bytes(c.fetcher.store.stream(1)) == data for c in [*relays, leaf])
@@ -80,9 +81,9 @@ async def test_version_reaches_every_peer_with_the_hub_uploading_it_about_once()
 async def test_star_sends_everything_from_the_hub():
     """relay=star: the hub uploads one copy per peer and peers relay nothing."""
     async with tracker(relay="star") as (hub, key, url, records), Peers(url, 3) as relays:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 3)
-        hub.publish(blob_version(key, 1, os.urandom(256 << 10), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, os.urandom(256 << 10), chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
     record = propagation(records, 1)
     assert record["hub_upload_copies"] == pytest.approx(3.0, abs=0.01)
@@ -98,9 +99,9 @@ async def kill_a_relay_mid_version(n: int, check=None, **hub_overrides
     async with tracker(upload_limit_mbps=16, **hub_overrides) as (hub, key, url, records):
         peers = Peers(url, n, upload_limit_mbps=16)
         async with peers as relays:
-            hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
             await joined(hub, n)
-            hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
             # polled: a byte counter that the peers' chunk servers (HTTP) also add to
             await wait_until(lambda: any(c.meter.served_bytes > 0 for c in relays))
             victim = next(c for c in relays if c.meter.served_bytes > 0)
@@ -119,7 +120,7 @@ async def test_a_relay_killed_mid_transfer_does_not_stop_the_others():
     others still complete the version (its chunks re-dealt by the hub)."""
     hub, records = await kill_a_relay_mid_version(5)
     assert propagation(records, 1)["complete"]
-    assert sum(b.revision for k, b in hub.broadcasts().items() if k[0] == 1) >= 2  # re-dealt
+    assert sum(b.revision for k, b in hub.core.tracker.broadcasts.items() if k[0] == 1) >= 2  # re-dealt
 
 
 async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere():
@@ -137,15 +138,15 @@ async def test_a_corrupting_relay_is_reported_and_its_chunks_fetched_elsewhere()
             return chunk if not chunk else bytes([chunk[0] ^ 1]) + chunk[1:]
 
         bad.fetcher.store.chunk = corrupt
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 4)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in relays[1:])
     reports = hub.statistics().relay_reports_by
     bad_id = next(pid for pid, n in reports if n == "corrupt")
     assert reports[(bad_id, "corrupt")] >= 1 and {pid for pid, _ in reports} == {bad_id}
-    assert bad_id in hub.broadcasts()[(1, None)].excluded
+    assert bad_id in hub.core.tracker.broadcasts[(1, None)].excluded
     checks = [r for r in records if r.get("event") == "relay_check"]
     assert checks and all(r["accused"] == bad_id and r["verdict"] == "corrupt" for r in checks)
     convicted = {r["chunk"] for r in checks}
@@ -161,10 +162,10 @@ async def test_peers_holding_the_base_take_the_delta_and_rebuild_it_exactly():
     for i in range(0, len(v2), 50):  # 2 % of the bytes move
         v2[i] ^= 0x5A
     async with tracker() as (hub, key, url, records), Peers(url, 3) as relays:
-        hub.publish(blob_version(key, 1, bytes(v1), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, bytes(v1), chunk_bytes=CHUNK)))
         await until(hub, lambda: len(hub.peer_views()) == 3 and all(
             p.stream_version == 1 for p in hub.peer_views().values()))
-        hub.publish(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 2, bytes(v2), base=(1, bytes(v1)), chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=2)
         assert all(bytes(c.fetcher.store.stream(2)) == v2 for c in relays)
         async with Peers(url, 1) as (late,):
@@ -195,9 +196,9 @@ async def test_a_failing_hub_request_is_retried_not_fatal():
 
     async with tracker(make_flaky, relay="star") as (hub, key, url, records):
         async with Peers(url, 1) as (peer,):
-            hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
             await joined(hub, 1)
-            hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
             await wait_versions([peer], 1)
             assert bytes(peer.fetcher.store.stream(1)) == data
     assert len(refused) == len(data) // CHUNK

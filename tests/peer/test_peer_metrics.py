@@ -18,6 +18,7 @@ from echo2p2p.peer.metrics import MAX_REASONS, metrics_server, rejected_by_reaso
 from tests.blob_versions import blob_version
 from tests.conftest import running_peers, tracker, until
 from tests.hub.view.test_metrics import families, naming_faults, scrape, value
+from echo2p2p.hub.core.events import VersionPublished
 
 CHUNK = 16 << 10
 
@@ -30,10 +31,10 @@ async def test_relay_peers_say_what_they_fetched_and_passed_on():
     async with tracker() as (hub, key, url, records), \
             running_peers(url, 3, engine="relay", listen="127.0.0.1:0", metrics_port=0) as peers, \
             aiohttp.ClientSession() as http:
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await until(hub, lambda: len(hub.peer_views()) == 3 and all(
             p.stream_version == 0 and p.relay != "unprobed" for p in hub.peer_views().values()))
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
         scraped = [families(await scrape(http, p.metrics_url)) for p in peers]
     for peer, fams in zip(peers, scraped):

@@ -46,7 +46,7 @@ async def test_peer_refuses_a_hub_whose_key_is_not_the_pinned_one(hub_cfg):
         async with aiohttp.ClientSession() as http:
             with pytest.raises(RemoteProtocolError, match="pinned"):
                 await peer.serve_connection(http)
-        pinned = PeerClient(PeerConfig(hub_url=run.url, hub_key=run.hub.hub_key.hex()))
+        pinned = PeerClient(PeerConfig(hub_url=run.url, hub_key=run.hub.core.hub_key.hex()))
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(pinned.run(stop))

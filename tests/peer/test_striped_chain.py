@@ -10,6 +10,7 @@ from tests.blob_versions import blob_version
 from tests.conftest import tracker
 from tests.peer.test_overlay import (CHUNK, Peers, holds, joined, kill_a_relay_mid_version,
                                      propagation)
+from echo2p2p.hub.core.events import VersionPublished
 
 
 async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
@@ -19,12 +20,12 @@ async def test_a_version_goes_round_the_ring_with_the_hub_sending_it_once():
     data = os.urandom(1 << 20)
     async with tracker(relay="striped-chain") as (hub, key, url, records), \
             Peers(url, 4) as ring, Peers(url, 1, listen="") as (leaf,):
-        hub.publish(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\0" * 1024, chunk_bytes=CHUNK)))
         await joined(hub, 5)
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await records.wait_for("propagation", version=1)
         assert all(holds(c, 1) and bytes(c.fetcher.store.stream(1)) == data for c in [*ring, leaf])
-        broadcast = hub.broadcasts()[(1, None)]
+        broadcast = hub.core.tracker.broadcasts[(1, None)]
         assert len(broadcast.ring()) == 4  # the leaf is not in it
         assert all(hub.peer_views()[p].server_url for p in broadcast.ring())
         served = [c.meter.served_bytes for c in ring]
@@ -38,7 +39,7 @@ async def test_a_ring_member_killed_mid_version_is_spliced_out():
     the ring (its child fetches from its parent, its stripes get new first hops) and the
     others complete the version."""
     def spliced(hub: Hub) -> None:
-        broadcast = hub.broadcasts()[(1, None)]
+        broadcast = hub.core.tracker.broadcasts[(1, None)]
         assert len(broadcast.ring()) == 3 and len(broadcast.excluded) == 1
 
     _, records = await kill_a_relay_mid_version(4, spliced, relay="striped-chain")

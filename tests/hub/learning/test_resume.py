@@ -118,7 +118,7 @@ async def test_a_resumed_hub_continues_where_it_stopped(hub_cfg):
         drawn = run.hub.statistics().drawn_problems
         async with start_hub(cfg.replace(max_steps=6, port=run.port), stream=None,
                              resume=True) as run2:
-            assert run2.hub.step == 3 and run2.hub.statistics().newest_version == 3  # one step counter
+            assert run2.hub.core.step == 3 and run2.hub.statistics().newest_version == 3  # one step counter
             assert all(torch.equal(weights[k], v) for k, v in run2.learner.model.state_dict().items())
             assert {g.lease_id for g in run2.hub.statistics().queue} >= queued
             await asyncio.wait_for(run2.finished.wait(), 120)
@@ -155,13 +155,13 @@ async def test_a_stopped_run_checkpoints_its_step_and_a_resumed_one_goes_on_from
             peer = PeerClient(PeerConfig(hub_url=run.url, name="stays", reconnect_max_s=0.5,
                                          torch_threads=1, leases_in_flight=8))
             running = tg.create_task(peer.run(stop))
-            await until(run.hub, lambda: run.hub.step >= 2, 120)
+            await until(run.hub, lambda: run.hub.core.step >= 2, 120)
             assert await run.stop()
-            stopped_at, logged = run.hub.step, run.records[-1]
+            stopped_at, logged = run.hub.core.step, run.records[-1]
             # a batch waits, and no step takes it
             batch = cfg.grpo.prompts_per_step
             await until(run.hub, lambda: run.hub.statistics().queued_groups >= batch)
-            assert run.hub.step == stopped_at and not run.finished.is_set()
+            assert run.hub.core.step == stopped_at and not run.finished.is_set()
             assert run.records[-1]["step"] + 1 == stopped_at
             trained_lags = dict(run.runlog.staleness)
         _, state, _ = Checkpoints(Path(cfg.run.run_dir)).load()

@@ -7,6 +7,7 @@ from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
 from echo2p2p.hub.run.step_record import step_record
 from echo2p2p.tasks import AdditionTask
+from echo2p2p.hub.core.events import StepFinished
 
 
 async def test_a_step_record_reads_the_hubs_statistics_and_the_callers_values():
@@ -15,7 +16,7 @@ async def test_a_step_record_reads_the_hubs_statistics_and_the_callers_values():
     task = AdditionTask()
     hub = Hub(HubConfig.from_flat(prompts_per_step=2), "run", task,
               [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
-    hub.finish_step()
+    hub.feed(StepFinished())
     stats = hub.statistics()
     record = step_record(0, stats, {"train/loss": 0.5}, ["a", "b", "c"], Counter({0: 1, 2: 2}),
                          time_s=2.0004, rollouts_per_s=4.0, busy_frac=0.25, tokens_per_s=100.0,

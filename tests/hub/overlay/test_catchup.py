@@ -14,6 +14,7 @@ from echo2p2p.overlay.store import ChunkStore
 from tests.conftest import running_peers, tracker
 from tests.hub.core.test_overlay_catchup import chain, version
 from tests.hub.overlay.waiting import until
+from echo2p2p.hub.core.events import SentAway, VersionPublished
 
 
 async def cut_off_and_publish(hub, key: bytes, peers, streams: list[bytes], versions: range
@@ -22,9 +23,9 @@ async def cut_off_and_publish(hub, key: bytes, peers, streams: list[bytes], vers
     (they wait out a backoff of at least 0.25 s; the hub announces nothing to a closed one)."""
     conns = [c for c in hub.peer_views().values() if c.name in {p.cfg.name for p in peers}]
     for conn in conns:
-        await hub.disconnect(conn.peer_id, "test: cut off")
+        hub.feed(SentAway(conn.peer_id, "test: cut off"))
     for v in versions:
-        hub.publish(version(streams, v, key))
+        hub.feed(VersionPublished(version(streams, v, key)))
 
 
 def conn_of(hub, peer) -> PeerView | None:
@@ -38,21 +39,21 @@ async def test_peers_back_from_a_disconnect_catch_up_with_one_delta():
     streams = chain(5)
     async with tracker() as (hub, key, url, records), \
             running_peers(url, 2, engine="relay", listen="127.0.0.1:0") as peers:
-        hub.publish(version(streams, 0, key))
+        hub.feed(VersionPublished(version(streams, 0, key)))
         await until(hub, lambda: all(p.fetcher.store.newest_stream() == 0 for p in peers)
                          and all(c.stream_version == 0 for c in hub.peer_views().values()))
         fetched = [(p.fetcher.versions_fetched, p.fetcher.downloaded_bytes) for p in peers]
         await cut_off_and_publish(hub, key, peers, streams, range(1, 5))
         await until(hub, lambda: all(p.fetcher.store.newest_stream() == 4 for p in peers)
                          and all((c := conn_of(hub, p)) and c.stream_version == 4 for p in peers))
-        delta = hub.snapshot(4, 0)
+        delta = hub.core.tracker.snapshot(4, 0)
         assert delta is not None and hub.statistics().catch_up_builds == 1
-        assert delta.wire_bytes < hub.snapshot().wire_bytes / 4
+        assert delta.wire_bytes < hub.core.tracker.snapshot().wire_bytes / 4
         for peer, (n, nbytes) in zip(peers, fetched):
             assert peer.fetcher.versions_fetched == n + 1  # one manifest, not four
             assert peer.fetcher.downloaded_bytes - nbytes == delta.wire_bytes
             assert bytes(peer.fetcher.store.stream(4)) == streams[4]
-            assert set(hub.broadcasts()[(4, 0)].members) >= {conn_of(hub, peer).peer_id}
+            assert set(hub.core.tracker.broadcasts[(4, 0)].members) >= {conn_of(hub, peer).peer_id}
 
 
 @pytest.mark.parametrize("case", ["base not kept", "lying about its base"])
@@ -64,7 +65,7 @@ async def test_a_peer_whose_base_will_not_do_gets_the_newest_in_full_once(case):
     overrides = {"catch_up_versions": 2} if case == "base not kept" else {}
     async with tracker(**overrides) as (hub, key, url, records), \
             running_peers(url, 1, engine="relay", listen="127.0.0.1:0") as (peer,):
-        hub.publish(version(streams, 0, key))
+        hub.feed(VersionPublished(version(streams, 0, key)))
         await until(hub, lambda: peer.fetcher.store.newest_stream() == 0
                          and all(c.stream_version == 0 for c in hub.peer_views().values()))
         if case == "lying about its base":
@@ -74,10 +75,10 @@ async def test_a_peer_whose_base_will_not_do_gets_the_newest_in_full_once(case):
         await until(hub, lambda: peer.fetcher.store.newest_stream() == 4
                          and (c := conn_of(hub, peer)) is not None and c.stream_version == 4)
         assert peer.fetcher.versions_fetched == n + 1
-        assert peer.fetcher.downloaded_bytes - nbytes == hub.snapshot().wire_bytes
+        assert peer.fetcher.downloaded_bytes - nbytes == hub.core.tracker.snapshot().wire_bytes
         assert bytes(peer.fetcher.store.stream(4)) == streams[4]
         assert hub.statistics().catch_up_builds == (1 if case == "lying about its base" else 0)
-        hub.publish(version(streams, 5, key))
+        hub.feed(VersionPublished(version(streams, 5, key)))
         await until(hub, lambda: peer.fetcher.store.newest_stream() == 5)
         assert peer.fetcher.versions_fetched == n + 2
         assert bytes(peer.fetcher.store.stream(5)) == streams[5]

@@ -185,8 +185,8 @@ async def test_hub_serves_the_model_it_trains(hub_cfg):
     async with start_hub(hub_cfg.replace(max_steps=0)) as run, aiohttp.ClientSession() as http:
         key = signing.new_private_key()
         pub = signing.public_key(key)
-        ticket = signing.sign_ticket(run.signing_key, run.hub.run_id, "p99", pub)
-        auth = signing.chunk_auth(key, run.hub.run_id, "hub")
+        ticket = signing.sign_ticket(run.signing_key, run.hub.core.run_id, "p99", pub)
+        auth = signing.chunk_auth(key, run.hub.core.run_id, "hub")
         headers = {"X-Echo2-Ticket": f"p99.{pub.hex()}.{ticket.hex()}.{auth.hex()}"}
         base = f"http://127.0.0.1:{run.port}/model/"
         async with http.get(base, headers=headers) as resp:
@@ -195,9 +195,9 @@ async def test_hub_serves_the_model_it_trains(hub_cfg):
         index = json.loads(body)
         assert index["model"] == "tiny"
         # The welcome's digest is the served bytes', signed by the hub's key.
-        digest, signature = run.hub.model_index
+        digest, signature = run.hub.core.model_index
         assert digest == hashlib.blake2b(body, digest_size=32).digest()
-        assert signing.verify_model_files(run.hub.hub_key, digest, signature)
+        assert signing.verify_model_files(run.hub.core.hub_key, digest, signature)
         assert index["tokens"]["eos_token_id"] == run.tokenizer.eos_token_id
         async with http.get(base + "config.json", headers=headers) as resp:
             assert await resp.read() == (builtin_dir() / "config.json").read_bytes()

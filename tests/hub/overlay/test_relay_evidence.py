@@ -30,6 +30,7 @@ from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker
 from tests.hub.overlay.waiting import Frames, until
 from tests.peer.test_overlay import CHUNK, Peers, joined
+from echo2p2p.hub.core.events import VersionPublished
 
 V0 = b"\0" * 1024
 
@@ -70,15 +71,15 @@ async def raw_peer(url: str, listen_addr: str | None = None, name: str = "raw"):
 
 async def v0_held(hub, key: bytes, n: int):
     """Publish v0 and wait until the `n` relays hold it and the hub probed them; the first."""
-    hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+    hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
     await joined(hub, n)
     return next(iter(hub.peer_views().values()))
 
 
 def publish_owned(hub, key: bytes, peer_id: str) -> int:
     """Publish v1 (16 chunks) and return a chunk `peer_id` relays in its plan."""
-    hub.publish(blob_version(key, 1, os.urandom(16 * CHUNK), chunk_bytes=CHUNK))
-    broadcast = hub.broadcasts()[(1, None)]
+    hub.feed(VersionPublished(blob_version(key, 1, os.urandom(16 * CHUNK), chunk_bytes=CHUNK)))
+    broadcast = hub.core.tracker.broadcasts[(1, None)]
     return next(i for i in range(broadcast.n_chunks) if broadcast.owner(i) == peer_id)
 
 
@@ -90,7 +91,7 @@ async def test_accusations_about_chunks_the_accused_was_not_dealt_are_not_checke
         target = await v0_held(hub, key, 2)
         async with raw_peer(url) as (send, welcome, _):
             index = publish_owned(hub, key, target.peer_id)
-            other = next(i for i in range(16) if hub.broadcasts()[(1, None)].owner(i) != target.peer_id)
+            other = next(i for i in range(16) if hub.core.tracker.broadcasts[(1, None)].owner(i) != target.peer_id)
             for report in (m.RelayReport(1, target.peer_id, "stall", other, None),
                            m.RelayReport(1, target.peer_id, "stall", index, 0),
                            m.RelayReport(7, target.peer_id, "stall", index, None)):
@@ -149,13 +150,13 @@ async def test_a_relay_address_that_never_answers_is_never_dealt_chunks(quick_ch
     port = dead.sockets[0].getsockname()[1]
     async with dead, tracker() as (hub, key, url, records), Peers(url, 2) as relays:
         async with raw_peer(url, f"http://127.0.0.1:{port}", "dead") as (_, welcome, frames):
-            hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
             await until(hub, lambda: hub.peer_views()[welcome.peer_id].relay != "unprobed", 30)
             assert hub.peer_views()[welcome.peer_id].relay == "failed"
             await until(hub, lambda: sum(p.relay == "ok" and p.stream_version == 0
                                          for p in hub.peer_views().values()) == 2)
             for v in (1, 2):
-                hub.publish(blob_version(key, v, os.urandom(256 << 10), chunk_bytes=CHUNK))
+                hub.feed(VersionPublished(blob_version(key, v, os.urandom(256 << 10), chunk_bytes=CHUNK)))
                 await until(hub, lambda v=v: all(c.fetcher.store.newest_stream() == v for c in relays))
             plans = [f.plan if isinstance(f, m.VersionAnnouncement) else f for f in frames
                      if isinstance(f, (m.RelayPlan, m.VersionAnnouncement))]
@@ -168,7 +169,7 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
     """A relay the hub itself finds stalled on a contested chunk is routed around at once and
     owns no chunk of any later version."""
     async with tracker() as (hub, key, url, records), Peers(url, 3) as relays:
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
         await joined(hub, 3)
         stalling, others = relays[0], relays[1:]
 
@@ -185,9 +186,9 @@ async def test_a_relay_that_fails_the_hubs_check_stays_out_of_later_versions(qui
         stats = hub.statistics()
         assert victim.identity in stats.relays_failed and victim.identity not in stats.trust_events
         await until(hub, lambda: all(c.fetcher.store.newest_stream() == 1 for c in others), 60)
-        hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK)))
         await until(hub, lambda: all(c.fetcher.store.newest_stream() == 2 for c in others), 60)
-        plan = hub.broadcasts()[(2, None)].plan()
+        plan = hub.core.tracker.broadcasts[(2, None)].plan()
         owners = {plan.sources[o].peer_id for o in owners_of(plan) if o != m.HUB_OWNER}
         assert owners and victim.peer_id not in owners
 
@@ -198,14 +199,14 @@ async def test_an_impossible_transfer_report_is_not_believed():
     version is planned and delivered."""
     async with tracker() as (hub, key, url, records), Peers(url, 2) as relays:
         async with raw_peer(url) as (send, welcome, frames):
-            hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
             await until(hub, lambda: sum(p.relay == "ok" and p.stream_version == 0
                                          for p in hub.peer_views().values()) == 2)
             honest = [p.peer_id for p in hub.peer_views().values() if p.peer_id != welcome.peer_id]
-            hub.publish(blob_version(key, 1, os.urandom(512 << 10), chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 1, os.urandom(512 << 10), chunk_bytes=CHUNK)))
             await frames.until(lambda: any(isinstance(f, m.VersionAnnouncement)
                                          and f.manifest.version == 1 for f in frames))
-            size = hub.snapshot(1).wire_bytes
+            size = hub.core.tracker.snapshot(1).wire_bytes
             lies = [m.SourceRate(honest[0], size * 1000, 1.0), m.SourceRate(honest[1], size, 1e-12)]
             await send(m.TransferReport(1, None, 0.001, 0, size, lies))
             # It also says it serves v1, as a peer does: v1 has then spread once the relays
@@ -216,7 +217,7 @@ async def test_an_impossible_transfer_report_is_not_believed():
             await until(hub, lambda: 1 not in hub.statistics().propagating)
             assert all(math.isfinite(p.upload_bps) and p.upload_bps < 1e12
                        for p in hub.peer_views().values())
-            hub.publish(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK))
+            hub.feed(VersionPublished(blob_version(key, 2, os.urandom(256 << 10), chunk_bytes=CHUNK)))
             await until(hub, lambda: all(c.fetcher.store.newest_stream() == 2 for c in relays))
 
 

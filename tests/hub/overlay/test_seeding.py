@@ -28,6 +28,7 @@ from tests.blob_versions import blob_version
 from tests.conftest import serving, tracker
 from tests.hub.overlay.waiting import Frames, until
 from tests.peer.test_overlay import Peers, holds
+from echo2p2p.hub.core.events import VersionPublished
 
 CHUNK = 16 << 10  # as tests/peer/test_overlay.py
 V0 = b"\0" * 1024
@@ -120,9 +121,9 @@ async def test_a_gossip_seeder_that_fetches_nothing_has_its_seeds_dealt_again_an
     async with tracker(relay="gossip") as (hub, key, url, records), answers_503() as dead, \
             seeder(url, "fetcher", dead) as good, seeder(url, "silent", dead) as idle, \
             seeder(url, "nat", None) as nat:
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
         await probed(hub, 3)
-        hub.publish(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK)))
         for peer in (good, idle, nat):
             await peer.frames.until(lambda p=peer: p.seeds(1))
         assert nat.seeds(1) == [[]]
@@ -134,7 +135,7 @@ async def test_a_gossip_seeder_that_fetches_nothing_has_its_seeds_dealt_again_an
         (silence,) = silences(records)
         assert silence["peer"] == idle.peer_id and silence["chunks"] == len(theirs)
         assert silence["quiet_s"] >= 1.0 and silence["bench_s"] == 60.0  # the floor, by rule
-        hub.publish(blob_version(key, 2, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 2, os.urandom(8 * CHUNK), chunk_bytes=CHUNK)))
         for peer in (good, idle, nat):
             await peer.frames.until(lambda p=peer: p.seeds(2))
         assert sorted(good.seeds(2)[0]) == list(range(8)) and idle.seeds(2) == [[]]
@@ -148,9 +149,9 @@ async def test_a_tracker_owner_that_fetches_nothing_is_routed_around_within_its_
     stall deadline and an accusation."""
     async with tracker() as (hub, key, url, records), answers_503() as dead, \
             seeder(url, "fetcher", dead) as good, seeder(url, "silent", dead) as idle:
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
         await probed(hub, 2)
-        hub.publish(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, os.urandom(8 * CHUNK), chunk_bytes=CHUNK)))
         await good.frames.until(lambda: good.plans(1))
         (plan,) = good.plans(1)
         owners = [plan.sources[o].peer_id if o != m.HUB_OWNER else None for o in owners_of(plan)]
@@ -171,10 +172,10 @@ async def test_a_tracker_receiver_withdraws_its_wants_of_an_owner_dealt_around()
     data = os.urandom(16 * CHUNK)
     async with tracker() as (hub, key, url, records), answers_503() as dead, \
             Peers(url, 1, relay_stall_s=10.0) as (honest,), seeder(url, "silent", dead) as idle:
-        hub.publish(blob_version(key, 0, V0, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 0, V0, chunk_bytes=CHUNK)))
         await probed(hub, 2)
         await until(hub, lambda: holds(honest, 0))
-        hub.publish(blob_version(key, 1, data, chunk_bytes=CHUNK))
+        hub.feed(VersionPublished(blob_version(key, 1, data, chunk_bytes=CHUNK)))
         await until(hub, lambda: holds(honest, 1))
         assert bytes(honest.fetcher.store.stream(1)) == data
         assert [s["peer"] for s in silences(records)] == [idle.peer_id]

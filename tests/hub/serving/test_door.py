@@ -19,6 +19,7 @@ from echo2p2p.peer.config import PeerConfig
 from echo2p2p.session import Session, Side
 
 from tests.conftest import tracker
+from echo2p2p.hub.core.events import SentAway
 
 CFG = HubConfig.from_flat(join_burst=3, joins_per_min=60, join_burst_per_key=2, joins_per_min_per_key=6)
 
@@ -52,7 +53,7 @@ async def test_a_real_peer_gets_back_in_at_once_after_a_flood_was_refused():
             welcomed = [a for a in answers if isinstance(a, m.Welcome)]
             assert len(welcomed) == 2 and answers[2] == 429  # the honest peer took one token
             assert said == (429, REASONS["address"], "5")
-            await hub.disconnect(next(iter(hub.peer_views())), "dropped")
+            hub.feed(SentAway(next(iter(hub.peer_views())), "dropped"))
             await asyncio.wait_for(hub.until(lambda: peer.statistics().connections >= 2), 30)
             await hub.until(lambda: len(hub.peer_views()) == 1)
             stop.set()

@@ -50,10 +50,10 @@ class StragglerEngine:
         self.inner.load_weights(state)
 
     def generate(self, prompt_ids, n, **kw):
-        started = self.run.hub.step
+        started = self.run.hub.core.step
         out = self.inner.generate(prompt_ids, n, **kw)
         deadline = time.monotonic() + 60
-        while (self.run.hub.step <= started + self.max_lag and not self.run.finished.is_set()
+        while (self.run.hub.core.step <= started + self.max_lag and not self.run.finished.is_set()
                and time.monotonic() < deadline):
             time.sleep(0.02)  # waiting on the learner's progress, in the engine's own thread
         return out
@@ -178,7 +178,7 @@ async def test_hub_trains_a_model_from_a_local_directory_on_a_jsonl_task(hub_cfg
                   max_steps=2)
     async with start_hub(cfg, stream=None) as run, running_peers(run.url, 1) as peers:
         await asyncio.wait_for(run.finished.wait(), 120)
-    assert run.hub.task.kind == "math"
+    assert run.hub.setup.task.kind == "math"
     assert peers[0].welcome.model == str(tmp_path / "model")
     assert [r["step"] for r in run.records if "step" in r] == [0, 1]
 
@@ -223,7 +223,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
         transport = run.hub._conns.by_peer[stuck.peer_id].transport
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         transport.set_write_buffer_limits(high=4096)
-        steps_then = run.hub.step
+        steps_then = run.hub.core.step
         try:
             while stuck.peer_id in run.hub.peer_views():  # heartbeats keep it from looking silent
                 await loop.sock_sendall(sock, masked_frame(m.encode(m.Heartbeat())))
@@ -232,7 +232,7 @@ async def test_peer_that_stops_reading_is_closed_and_training_goes_on(hub_cfg):
             pass  # the hub closed it while we were still writing
         finally:
             sock.close()
-        await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= steps_then + 3), 60)
+        await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= steps_then + 3), 60)
     assert stuck.peer_id not in run.hub.peer_views()
     assert run.hub.statistics().cut_off == 1
 

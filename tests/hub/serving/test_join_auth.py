@@ -24,6 +24,7 @@ from echo2p2p.overlay.tickets import TICKET_HEADER, Credentials
 
 from tests.blob_versions import blob_version
 from tests.conftest import tracker
+from echo2p2p.hub.core.events import VersionPublished
 
 
 def relay_peer(url: str, **overrides) -> PeerClient:
@@ -83,7 +84,7 @@ async def test_revoked_token_sends_a_connected_peer_away(tmp_path):
     async with tracker(tokens=str(book.path), heartbeat_s=0.2) as (hub, key, url, _):
         peer = relay_peer(url, token=token)
         running = asyncio.create_task(peer.run())
-        hub.publish(blob_version(key, 0, b"\1" * 4096))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\1" * 4096)))
         await asyncio.wait_for(hub.until(lambda: peer.fetcher.store.newest_stream() == 0), 60)
         assert len(hub.peer_views()) == 1
         book.revoke(token.split(".")[0])
@@ -123,7 +124,7 @@ async def test_tls_hub_serves_wss_and_https_to_peers_that_trust_it(tmp_path):
     async with tracker(tls_cert=cert, tls_key=key_file) as (hub, key, url, _):
         assert url.startswith("wss://")
         data = bytes(range(256)) * 256
-        hub.publish(blob_version(key, 0, data, chunk_bytes=16 << 10))
+        hub.feed(VersionPublished(blob_version(key, 0, data, chunk_bytes=16 << 10)))
         peer = relay_peer(url, ca_cert=cert)
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))
@@ -160,7 +161,7 @@ async def test_chunks_go_only_to_holders_of_this_runs_ticket():
     signed by another key, for another run, peer id or peer key, or with a request signature
     addressed to another server (a replayed header); 200 with a valid one for that server."""
     async with tracker() as (hub, key, url, _):
-        hub.publish(blob_version(key, 0, b"\7" * 4096))
+        hub.feed(VersionPublished(blob_version(key, 0, b"\7" * 4096)))
         peer = relay_peer(url, listen="127.0.0.1:0")
         stop = asyncio.Event()
         running = asyncio.create_task(peer.run(stop))

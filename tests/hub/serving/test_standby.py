@@ -38,9 +38,9 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
                 # Leases it held when put on standby may still come back; no new ones go out.
                 await asyncio.wait_for(run.hub.until(
                     lambda: len(run.hub.peer_views()[paid_id].open_leases) == 0), 60)
-                submitted, version, step = paid.statistics().submitted, paid.version, run.hub.step
+                submitted, version, step = paid.statistics().submitted, paid.version, run.hub.core.step
                 acked_free = free.statistics().acked
-                await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 4), 60)
+                await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= step + 4), 60)
                 assert paid.statistics().submitted == submitted
                 assert free.statistics().acked > acked_free
                 if standby == "warm":
@@ -50,8 +50,8 @@ async def test_paid_peer_waits_on_standby_until_needed(hub_cfg, standby):
                 usd_standby = run.hub.statistics().cost["cost/usd_total"]
             # The free peer left: the paid one is the only worker and must go back to work.
             await asyncio.wait_for(run.hub.until(lambda: state(run, paid_id) == "active"), 60)
-            step = run.hub.step
-            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 3), 60)
+            step = run.hub.core.step
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= step + 3), 60)
             assert paid.statistics().submitted > submitted
             assert paid.version >= step
             assert run.hub.statistics().cost["cost/usd_total"] > usd_standby

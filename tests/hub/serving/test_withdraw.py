@@ -59,9 +59,9 @@ async def test_quarantine_withdraws_the_liars_queued_groups_for_good(tmp_path):
     journal = list(read_journal(tmp_path / "checkpoints" / "journal-000000.log"))
     assert [r[1] for r in journal if r[0] == "withdraw"] == [
         [r.lease_id for r in fair + forged[:2]]]
-    task = hub.task
+    task = hub.setup.task
     problems = [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]]  # the tracker's
-    fresh = Hub(hub.cfg, "run", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
+    fresh = Hub(hub.core.cfg, "run", task, problems, decode=CompletionDecoder(build_char_tokenizer()))
     fresh.restore(state, journal)
     assert [g.lease_id for g in fresh.statistics().queue] == [kept.lease_id]
     assert fresh.statistics().queue_sources == {

@@ -192,7 +192,7 @@ async def test_a_real_hub_leases_the_chat_rendered_ids_of_a_dataset(hub_cfg, tmp
         await asyncio.wait_for(run.finished.wait(), 120)
     tok = engine.tokenizer
     rendered = {}
-    for p in run.hub.task.problems("train"):
+    for p in run.hub.setup.task.problems("train"):
         ids = tok.apply_chat_template(
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": p.prompt}],
             add_generation_prompt=True, return_dict=False, enable_thinking=False)

@@ -57,12 +57,12 @@ async def test_a_run_fills_the_snapshot_and_streams_each_new_step(hub_cfg):
         async with http.get(base + "/events") as stream:
             assert stream.headers["Content-Type"] == "text/event-stream"
             events = sse(stream)
-            assert await anext(events) == ("hello", {"run_id": run.hub.run_id, "step": 0})
-            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= 2), 60)
+            assert await anext(events) == ("hello", {"run_id": run.hub.core.run_id, "step": 0})
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= 2), 60)
             async with http.get(base + "/api/snapshot") as r:
                 snap = await r.json()
             steps = snap["steps"]
-            assert snap["run_id"] == run.hub.run_id and snap["max_lag"] == 1
+            assert snap["run_id"] == run.hub.core.run_id and snap["max_lag"] == 1
             n = len(steps["step"])
             assert set(steps) == set(STEP_SERIES) and steps["step"] == list(range(n)) and n >= 1
             assert all(len(v) == n for v in steps.values())
@@ -113,7 +113,7 @@ async def test_the_token_is_refused_without_it_and_taken_as_header_or_query(hub_
                     assert "token" in await r.text()
         bearer = {"Authorization": f"Bearer {token}"}
         async with http.get(base + "/api/snapshot", headers=bearer) as r:
-            assert r.status == 200 and (await r.json())["run_id"] == run.hub.run_id
+            assert r.status == 200 and (await r.json())["run_id"] == run.hub.core.run_id
         async with http.get(base + "/metrics", params={"token": token}) as r:
             assert r.status == 200
         async with http.get(base + "/events", params={"token": token}) as stream:
@@ -187,8 +187,8 @@ async def test_a_stuck_client_is_dropped_and_the_steps_go_on(hub_cfg):
                 feed.publish("status", {"n": n, "pad": pad})
                 assert await asyncio.wait_for(pushed.get(), 30) == n  # the reader keeps up
             assert feed.statistics().clients == 1
-            step = run.hub.step
-            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= step + 2), 60)
+            step = run.hub.core.step
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= step + 2), 60)
             while await asyncio.wait_for(steps.get(), 60) < step:
                 pass  # the reader still gets the steps recorded after the drop
             stuck.settimeout(30)

@@ -94,7 +94,7 @@ async def test_page_fills_from_a_real_run_and_follows_it_live(hub_cfg):
     async with start_hub(cfg, stream=None) as run, chromium() as browser:
         url = f"http://127.0.0.1:{run.dashboard_port}/"
         page, problems = await open_page(browser, url)
-        await wait_for(page, f"dashboard.state.runId === {run.hub.run_id!r}")
+        await wait_for(page, f"dashboard.state.runId === {run.hub.core.run_id!r}")
         assert (await page.evaluate("dashboard.lengths()"))["steps"] == 0
         async with running_peers(run.url, 2, price_per_hour=0.5):
             await wait_for(page, "dashboard.lengths().steps === 3 && dashboard.lengths().evals === 2")
@@ -129,7 +129,7 @@ async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cf
     async with chromium() as browser:
         async with start_hub(cfg, stream=None) as first:
             page, problems = await open_page(browser, url + "?token=" + TOKEN)
-            await wait_for(page, f"dashboard.state.runId === {first.hub.run_id!r}")
+            await wait_for(page, f"dashboard.state.runId === {first.hub.core.run_id!r}")
             await wait_for(page, "document.getElementById('connection').textContent === 'live'")
             refused = await browser.new_page()
             response = await refused.goto(url)
@@ -138,14 +138,14 @@ async def test_page_with_its_token_finds_a_restarted_hub_on_the_same_port(hub_cf
         await wait_for(page, "document.getElementById('connection').textContent === 'reconnecting'")
         async with start_hub(cfg.replace(run_dir=str(tmp_path / "second")), stream=None) as second:
             async with running_peers(second.url, 2, name=HOSTILE_NAME):
-                await wait_for(page, f"dashboard.state.runId === {second.hub.run_id!r}"
+                await wait_for(page, f"dashboard.state.runId === {second.hub.core.run_id!r}"
                                      " && dashboard.lengths().steps === 2")
                 assert await page.text_content("#connection") == "live"
                 assert await page.evaluate("window.loadedOnce") is True
                 await wait_for(page, "dashboard.lengths().rows === 2")
                 assert HOSTILE_NAME in await page.text_content("#peers tbody")
                 assert await page.evaluate("document.querySelector('#peers img')") is None
-    assert first.hub.run_id != second.hub.run_id
+    assert first.hub.core.run_id != second.hub.core.run_id
     # Chromium itself logs the cut stream and the refused reconnections while the hub is away
     network = "Failed to load resource: net::ERR_"
     assert all(p.startswith(network) for p in problems), problems
@@ -162,7 +162,7 @@ def welcomed_peers(hub: Hub, n: int) -> None:
         hello = m.Hello(f"peer-{i:04d}", "transformers", "cpu")
         proto.receive_frame(m.encode(hello), now)
         conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
-        conn.post(m.Welcome(peer_id, hub.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
+        conn.post(m.Welcome(peer_id, hub.core.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, 0.0, True, now)
         hub._pool.accounts[peer_id].gen_rollouts_per_s = i / 100

@@ -49,7 +49,7 @@ async def test_the_report_of_a_real_run_draws_every_figure_into_one_page(hub_cfg
         assert 800 <= width <= 2000 and 300 <= height <= 1000 and 10_000 < len(png) < 1_000_000
         assert f"data:image/png;base64,{base64.b64encode(png).decode()}" in page
         assert str(tmp_path / "out" / f"{name}.png") in done.stdout
-    assert f"echo2p2p run {run.hub.run_id}</title>" in page
+    assert f"echo2p2p run {run.hub.core.run_id}</title>" in page
     assert "<th>steps</th><td>12 (last version 12)</td>" in page
     best = max(r["eval/accuracy"] for r in run.records if "eval/accuracy" in r)
     assert f"<th>best held-out accuracy</th><td>{best:.3f}" in page

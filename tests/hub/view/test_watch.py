@@ -48,23 +48,23 @@ async def test_status_of_a_real_hub_names_its_peers_and_step(hub_cfg):
     cfg = hub_cfg.replace(dashboard_port=0, dashboard_token="peek")
     async with start_hub(cfg, stream=None) as run:
         async with running_peers(run.url, 2):
-            await asyncio.wait_for(run.hub.until(lambda: run.hub.step >= 2), 60)
-            before = run.hub.step
+            await asyncio.wait_for(run.hub.until(lambda: run.hub.core.step >= 2), 60)
+            before = run.hub.core.step
             board = f"http://127.0.0.1:{run.dashboard_port}"
             answers = await asyncio.gather(status(run.url, "--token", "peek"),
                                            status(board, "--token", "peek"), status(board),
                                            status(run.url))
-            after = run.hub.step
+            after = run.hub.core.step
     for rc, out, err in answers[:2]:
         assert rc == 0, err
-        assert run.hub.run_id in out
+        assert run.hub.core.run_id in out
         assert before <= int(re.search(r"step (\d+)", out).group(1)) <= after
         rows = [line for line in out.splitlines() if "test-0" in line or "test-1" in line]
         assert len(rows) == 2 and all("active" in row and "transformers" in row for row in rows)
     rc, out, err = answers[2]
     assert rc == 1 and out == "" and err.count("\n") == 1 and "answered 401" in err
     rc, out, err = answers[3]
-    assert rc == 0 and run.hub.run_id in out and "test-" not in out and "--token" in out
+    assert rc == 0 and run.hub.core.run_id in out and "test-" not in out and "--token" in out
 
 
 def hostile_status(n_peers: int) -> dict:
