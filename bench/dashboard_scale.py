@@ -41,7 +41,7 @@ from echo2p2p import messages as m  # noqa: E402
 from echo2p2p.hub.config import HubConfig  # noqa: E402
 from echo2p2p.hub.view.dashboard import serve_dashboard, snapshot  # noqa: E402
 from echo2p2p.hub.view.feed import Feed, finite_json  # noqa: E402
-from echo2p2p.hub.serving.peers import PeerConn  # noqa: E402
+from echo2p2p.hub.core.peer import Peer  # noqa: E402
 from echo2p2p.hub.view.runlog import RunLog  # noqa: E402
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem  # noqa: E402
 from echo2p2p.hub.view.status import status  # noqa: E402
@@ -91,8 +91,10 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
         hello = m.Hello(f"peer-{i:04d}-{rng.choice(['a100', 'h100', '4090', 'l4'])}",
                         ENGINES[i % 2], "cuda", listen_addr=f"http://10.0.{i // 250}.{i % 250}:9000")
         proto.receive_frame(m.encode(hello), now)
-        conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
-        conn.post(m.Welcome(peer_id, hub.core.run_id, "model", "addition", 0, 2, 8, 1.0, 1.0, 256, i))
+        conn = Peer(peer_id, hello, proto, hub.core.outbox)
+        proto.send(m.Welcome(peer_id=peer_id, run_id=hub.core.run_id, model="model",
+                             task="addition", version=0, max_lag=2, group_size=8,
+                             temperature=1.0, top_p=1.0, max_new_tokens=256, seed=i))
         proto.held_version = hub.core.step - i % 3
         conn.upload_bps, conn.relay = rng.uniform(50e6, 1e9), "ok"
         hub._peers[peer_id] = conn

@@ -3,14 +3,12 @@
 What the hub decides of a peer is the core's `hub.core.peer.Peer`; `PeerConn` is its
 connection: the websocket and transport, the outbox of encoded frames a writer task drains
 under a deadline (`write_outbox`), heartbeats (`keep_alive`). `close_connection` says why and
-closes, and cuts a peer that cannot even take that. (Its judgement fields mirror `Peer`'s, for
-the overlay's tests that stage peers with sockets of their own.) No decision is made here.
+closes, and cuts a peer that cannot even take that. No decision is made here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,12 +17,7 @@ from aiohttp import web
 
 from echo2p2p import messages as m
 from echo2p2p.hub_protocol import HubProtocol
-from echo2p2p.overlay.tickets import server_base
-from echo2p2p.relay import Member
-from echo2p2p.seed_watch import is_leaf, relay_url
 from echo2p2p.session import Session, State
-
-from ..core.peer import address_group
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 
@@ -42,67 +35,7 @@ class PeerConn:
     protocol: HubProtocol
     transport: asyncio.BaseTransport | None
     remote: str | None = None  # its IP address
-    upload_bps: float = 0.0  # estimated from what other peers received from it; 0 until known
-    relay: str = "unprobed"  # its chunk server: unprobed, ok (the hub reached it), failed, slow
     outbox: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
-
-    # What the protocol keeps, read where the hub's view of a peer is shown.
-    @property
-    def session(self) -> Session:
-        return self.protocol.session
-
-    @property
-    def credits(self) -> int:
-        return self.protocol.credits
-
-    @property
-    def held_version(self) -> int | None:
-        return self.protocol.held_version
-
-    @property
-    def held_max(self) -> int:
-        return self.protocol.held_max
-
-    @property
-    def stream_version(self) -> int | None:
-        return self.protocol.stream_version
-
-    @property
-    def announced(self) -> int:
-        return self.protocol.announced
-
-    @functools.cached_property
-    def identity(self) -> str:
-        """Whom trust is kept for: the join token's id (a peer cannot shed its record by
-        reconnecting), else this connection. Once per connection, as `address_key`."""
-        token_id = self.hello.token.partition(".")[0]
-        return f"token:{token_id}" if token_id else self.peer_id
-
-    @functools.cached_property
-    def address_key(self) -> str:
-        """Whom the lease quota counts an address's leases for (`echo2p2p.lease_quota`); once
-        per connection (its hello and address are fixed): each lease dispatch reads both for
-        every open lease and every peer, and parsing the address each time took more of the
-        hub's time than reading the rollouts (`bench/ingest.py`, 64 peers)."""
-        return f"addr:{address_group(self.remote)}" if self.remote else self.identity
-
-    @property
-    def server_url(self) -> str | None:
-        """scheme://host:port of the chunk server it advertised, if that URL has such a form."""
-        return server_base(self.hello.listen_addr) if self.hello.listen_addr else None
-
-    @property
-    def leaf(self) -> bool:
-        """Dealt no share of any version on this connection (`echo2p2p.seed_watch.is_leaf`): no
-        chunk server, or one that failed the hub's probe. Its welcome says so."""
-        return is_leaf(self.server_url, self.relay)
-
-    def member(self, relays: bool = True, max_share: int | None = None) -> Member:
-        """This peer in a broadcast: a relay once the hub itself reached its chunk server (and
-        `relays`: a quarantined peer only pulls), never a leaf (`echo2p2p.seed_watch.relay_url`),
-        dealt at most `max_share` chunks of a manifest (`echo2p2p.seed_watch`)."""
-        return Member(self.peer_id, relay_url(self.server_url, self.relay, relays),
-                      self.upload_bps, max_share)
 
     def post(self, msg: m.Message) -> None:
         """Queue `msg` for this peer's writer task; never waits on the socket."""

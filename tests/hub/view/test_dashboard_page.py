@@ -17,7 +17,7 @@ from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
 from echo2p2p.hub.view.dashboard import serve_dashboard
 from echo2p2p.hub.view.feed import Feed
-from echo2p2p.hub.serving.peers import PeerConn
+from echo2p2p.hub.core.peer import Peer
 from echo2p2p.hub.view.runlog import RunLog
 from echo2p2p.hub.serving.server import Hub, TokenizedProblem
 from echo2p2p.hub.run.start import start_hub
@@ -161,8 +161,10 @@ def welcomed_peers(hub: Hub, n: int) -> None:
         proto = HubProtocol(now, 1 << 20)
         hello = m.Hello(f"peer-{i:04d}", "transformers", "cpu")
         proto.receive_frame(m.encode(hello), now)
-        conn = PeerConn(peer_id, hello, None, proto, None)  # type: ignore[arg-type]
-        conn.post(m.Welcome(peer_id, hub.core.run_id, "tiny", "addition", 0, 2, 4, 1.0, 1.0, 8, i))
+        conn = Peer(peer_id, hello, proto, hub.core.outbox)
+        proto.send(m.Welcome(peer_id=peer_id, run_id=hub.core.run_id, model="tiny",
+                             task="addition", version=0, max_lag=2, group_size=4,
+                             temperature=1.0, top_p=1.0, max_new_tokens=8, seed=i))
         hub._peers[peer_id] = conn
         hub._pool.join(peer_id, hello.name, 0.0, True, now)
         hub._pool.accounts[peer_id].gen_rollouts_per_s = i / 100
