@@ -18,6 +18,7 @@ from echo2p2p import bounds as b
 from echo2p2p import messages as m
 from echo2p2p.errors import RemoteProtocolError
 from echo2p2p.session import Session, Side
+from echo2p2p.hub.core.events import Replanned
 
 from tests.conftest import tracker
 from tests.echo2p2p.test_session import WELCOME, sample
@@ -248,7 +249,7 @@ async def test_nan_price_is_refused_at_the_wire_and_never_joins():
         stats = hub.statistics()  # no account left in the pool, active or on standby
         assert stats.cost["pool/active"] + stats.cost["pool/standby"] == 0
         assert stats.closed_for_protocol == 1
-        hub.replan(1.0)
+        hub.feed(Replanned(1.0))
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -9,7 +9,10 @@ from datasets import Dataset
 
 class Flaky(vf.MultiTurnEnv):
     async def env_response(self, messages, state, **kwargs):
-        return [vf.UserMessage(content=random.choice(["hot", "cold"]))]
+        # One of 2**32 answers: two plays of seed 0 agree by chance about never (a choice of
+        # two made the first seed's plays agree once in a few hundred runs, and the check then
+        # named seed 1).
+        return [vf.UserMessage(content=f"{random.getrandbits(32):08x}")]
 
 
 def load_environment(**kwargs) -> vf.Environment:
