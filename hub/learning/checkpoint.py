@@ -5,7 +5,8 @@ writes the files; the learner's weights are the trainer's).
 data cursor, every admitted group not yet trained on (with the identity that sent it), trust, and
 the run's totals (the hub's counters, the queue's stale drops, the cost meter, the reward
 workers' counts). `restore_hub` puts a state and the journal written after it back into a fresh
-hub's lease book, buffer, trust book, counters, pool and scorer; the groups the journal admits
+hub's core (`hub.core.core.HubCore`: its step, peer numbers, lease book, buffer, trust book,
+counters and pool) and scorer; the groups the journal admits
 count as admitted again (the checkpoint's totals did not have them). Groups the learner can no
 longer train on are kept: the staleness rule drops them when a batch is taken. Groups withdrawn
 (their peer was quarantined) stay out.
@@ -16,24 +17,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from echo2p2p.buffer import RolloutBuffer
-from echo2p2p.leases import LeaseBook
-from echo2p2p.pool import Pool
-from echo2p2p.trust import TrustBook
-
 from .durable import group_from_wire, group_to_wire
 
 if TYPE_CHECKING:
     from echo2p2p.scoring.scorer import Scorer
 
-    from ..core.counters import Counters
+    from ..core.core import HubCore
 
 
-def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer: RolloutBuffer,
-              trust: TrustBook, counters: Counters, pool: Pool, scorer: Scorer | None,
-              now: float) -> dict[str, Any]:
+def hub_state(core: HubCore, scorer: Scorer | None, now: float) -> dict[str, Any]:
     """What a checkpoint keeps of the hub, as plain data (`scorer`: the hub's, if any)."""
-    return {"run_id": run_id, "step": step, "next_peer": next_peer,
+    leases, buffer, trust, counters, pool = (core.leases, core.buffer, core.trust, core.counters,
+                                             core.pool)
+    return {"run_id": core.run_id, "step": core.step, "next_peer": core.next_peer,
             "leases": leases.state(),
             "buffer": [group_to_wire(g) for g in buffer.groups()],
             "sources": buffer.sources(),
@@ -42,13 +38,14 @@ def hub_state(run_id: str, step: int, next_peer: int, leases: LeaseBook, buffer:
                        "pool": pool.totals(now), "scorer": scorer.totals() if scorer else {}}}
 
 
-def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
-                buffer: RolloutBuffer, trust: TrustBook, counters: Counters, pool: Pool,
-                scorer: Scorer | None, now: float) -> int:
-    """Come back to `state` plus the `journal` after it: the lease table, the data cursor,
-    every admitted group not yet trained on, trust and the totals. Returns the next peer number
+def restore_hub(state: dict[str, Any], journal: list[list], core: HubCore, scorer: Scorer | None,
+                now: float) -> None:
+    """Come back to `state` plus the `journal` after it: the step, the lease table, the data
+    cursor, every admitted group not yet trained on, trust, the totals, and the next peer number
     (a resumed hub never hands out a peer id again)."""
-    next_peer = state["next_peer"]
+    leases, buffer, trust, counters, pool = (core.leases, core.buffer, core.trust, core.counters,
+                                             core.pool)
+    core.step, next_peer = state["step"], state["next_peer"]
     leases.restore(state["leases"], now)
     sources = state.get("sources", {})  # absent from checkpoints before withdrawals
     for wire in state["buffer"]:
@@ -75,4 +72,4 @@ def restore_hub(state: dict[str, Any], journal: list[list], leases: LeaseBook,
             pool.admitted_left += len(group.samples)
         elif kind == "withdraw":
             counters.withdrawn_groups += len(buffer.remove(set(record[0])))
-    return next_peer
+    core.next_peer = next_peer

@@ -319,13 +319,8 @@ class Hub:
         if self._journal_to is not None:
             self._journal_to.close()
         self._journal_to = journal
-        core = self.core
-        return hub_state(core.run_id, core.step, core.next_peer, core.leases, core.buffer,
-                         core.trust, core.counters, core.pool, self.scorer, loop_now())
+        return hub_state(self.core, self.scorer, loop_now())
 
     def restore(self, state: dict[str, Any], journal: list[list]) -> None:
         """Come back to `state` plus the journal after it; the caller restores the learner."""
-        core = self.core
-        core.step = state["step"]
-        core.next_peer = restore_hub(state, journal, core.leases, core.buffer, core.trust,
-                                     core.counters, core.pool, self.scorer, loop_now())
+        restore_hub(state, journal, self.core, self.scorer, loop_now())
