@@ -123,7 +123,7 @@ class LeaseBook(Generic[P]):
         """Leases completed and still being judged (no verdict yet)."""
         return iter(self._judging.values())
 
-    def grant(self, peer_id: str, now: float, min_version: int, wait_s: float = 0.0,
+    def grant(self, peer_id: str, now: float, min_version: int, *, wait_s: float = 0.0,
               latest_s: float | None = None) -> Lease[P]:
         """A lease of the next problem for `peer_id`, due `wait_s` + the timeout from `now`
         (`wait_s`: how long it may wait behind its peer's other leases,

@@ -55,7 +55,7 @@ def consume_step(step: int, training: bool, outstanding: int, prompts_per_step: 
     return step + int(training) + outstanding // prompts_per_step
 
 
-def lease_min_version(step: int, training: bool, outstanding: int, prompts_per_step: int,
+def lease_min_version(step: int, training: bool, outstanding: int, prompts_per_step: int, *,
                       max_lag: int) -> int:
     """The oldest version a lease granted now may be generated with and still be fresh when
     its group is trained on."""

@@ -371,10 +371,11 @@ class HubCore:
                         not self.quotas.allows(conn, outstanding, holdings):
                     ready.remove(conn)
                     continue
+                wait_s, latest_s = self.quotas.wait_s(conn, holdings)  # its place in its queue
                 lease = self.leases.grant(conn.peer_id, now, lease_min_version(
                     self.step, self.training, self.quotas.ahead(outstanding, holdings),
-                    cfg.grpo.prompts_per_step, cfg.staleness.max_lag),
-                    *self.quotas.wait_s(conn, holdings))  # its place in the peer's queue
+                    cfg.grpo.prompts_per_step, max_lag=cfg.staleness.max_lag),
+                    wait_s=wait_s, latest_s=latest_s)
                 holdings.add(conn, self.quotas.book, self.quotas.ready(lease))
                 outstanding += 1
                 conn.protocol.take_credit(lease.lease_id)

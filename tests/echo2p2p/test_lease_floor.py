@@ -32,6 +32,6 @@ def test_the_floor_is_that_steps_oldest_fresh_version():
 def test_a_rollout_at_the_floor_is_fresh_when_consumed(step, training, outstanding, per_step,
                                                        max_lag):
     at = consume_step(step, training, outstanding, per_step)
-    floor = lease_min_version(step, training, outstanding, per_step, max_lag)
+    floor = lease_min_version(step, training, outstanding, per_step, max_lag=max_lag)
     assert judge(at, max(floor, at - max_lag), max_lag) is Verdict.FRESH
     assert floor == 0 or judge(at, floor - 1, max_lag) is Verdict.STALE

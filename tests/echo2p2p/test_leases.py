@@ -181,9 +181,9 @@ def test_a_delivery_renews_its_peers_queued_leases_up_to_their_latest_and_no_one
     no delivery after, they expire at those deadlines."""
     book = LeaseBook(list(range(10)), 10.0, shuffled_epochs(10, 0))
     first = book.grant("p1", 0.0, 0)
-    queued = book.grant("p1", 0.0, 0, 0.0, 30.0)
-    capped = book.grant("p1", 0.0, 0, 0.0, 15.0)
-    other = book.grant("p2", 0.0, 0, 0.0, 30.0)
+    queued = book.grant("p1", 0.0, 0, wait_s=0.0, latest_s=30.0)
+    capped = book.grant("p1", 0.0, 0, wait_s=0.0, latest_s=15.0)
+    other = book.grant("p2", 0.0, 0, wait_s=0.0, latest_s=30.0)
     book.complete(first.lease_id, "p1")
     book.renew("p1", 8.0)
     due = {lease.lease_id: lease.deadline for lease in book.open_leases()}

@@ -115,7 +115,8 @@ def test_a_slow_peer_holds_what_it_finishes_in_a_timeout_and_its_queued_leases_w
         quotas.book.delivered(slow.identity, slow.address_key)  # its standing allows plenty
     holdings, deadlines = quotas.holdings(), []
     while quotas.allows(slow, leases.open_count, holdings):
-        deadlines.append(leases.grant(slow.peer_id, 0.0, 0, *quotas.wait_s(slow, holdings)).deadline)
+        wait_s, latest_s = quotas.wait_s(slow, holdings)
+        deadlines.append(leases.grant(slow.peer_id, 0.0, 0, wait_s=wait_s, latest_s=latest_s).deadline)
         holdings.add(slow, quotas.book)
     assert deadlines == [10.0, 14.0]
 
@@ -125,7 +126,7 @@ def dated(quotas: Quotas, leases: LeaseBook, step: int, queued: int) -> int:
     training) with `queued` groups in the buffer."""
     outstanding = leases.open_count + queued
     return lease_min_version(step, False, quotas.ahead(outstanding, quotas.holdings()),
-                             CFG.grpo.prompts_per_step, CFG.staleness.max_lag)
+                             CFG.grpo.prompts_per_step, max_lag=CFG.staleness.max_lag)
 
 
 def test_a_resumed_hubs_orphans_do_not_date_a_lease_a_step_later():
