@@ -98,7 +98,7 @@ def join_peers(hub: Hub, n: int, rng: random.Random) -> None:
         proto.held_version = hub.core.step - i % 3
         conn.upload_bps, conn.relay = rng.uniform(50e6, 1e9), "ok"
         hub._peers[peer_id] = conn
-        hub._pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), True, now)
+        hub._pool.join(peer_id, hello.name, round(rng.uniform(0, 2.5), 2), generates=True, now=now)
         account = hub._pool.accounts[peer_id]
         account.gen_rollouts_per_s = rng.uniform(0.5, 3.0)
         if i % 5 == 4:

@@ -74,7 +74,7 @@ class Pool:
         self.plan: Selection | None = None
         self.admitted_window: WindowSum | None = None  # overall; from the first join
 
-    def join(self, peer_id: str, name: str, price_per_hour: float, generates: bool,
+    def join(self, peer_id: str, name: str, price_per_hour: float, *, generates: bool,
              now: float) -> None:
         """A new peer: active at once (on trial, or a relay)."""
         self.accounts[peer_id] = Account(name, price_per_hour, generates, active_since=now,

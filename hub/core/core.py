@@ -172,7 +172,8 @@ class HubCore:
         self.outbox.emit(Joined(event.conn_id, peer_id))
         conn.post(self._welcome(conn))
         self.peers[peer_id] = conn
-        self.pool.join(peer_id, hello.name, hello.price_per_hour, hello.engine != "relay", now)
+        self.pool.join(peer_id, hello.name, hello.price_per_hour,
+                       generates=hello.engine != "relay", now=now)
         newest = self.newest_version
         self.accusations.probe(conn, newest or 0)
         self.tracker.catch_up(conn, now)

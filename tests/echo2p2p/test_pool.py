@@ -10,7 +10,7 @@ from echo2p2p.pool import Pool
 def joined(pool: Pool, now: float = 0.0, **peers: tuple[float, float]) -> None:
     """Join peers given as name=(price $/h, measured rollouts/s; 0 = not measured yet)."""
     for name, (price, rate) in peers.items():
-        pool.join(name, name, price, True, now)
+        pool.join(name, name, price, generates=True, now=now)
         if rate:
             pool.rate(name, rate, 1.0, now)  # `rate` completions in one busy second
 
@@ -39,7 +39,7 @@ def test_cheapest_cover_works_and_the_rest_waits_on_standby():
 def test_unmeasured_and_relay_peers_stay_active():
     pool = Pool()
     joined(pool, known=(0.5, 10.0), new=(0.1, 0.0))
-    pool.join("relay", "relay", 1.0, False, 0.0)
+    pool.join("relay", "relay", 1.0, generates=False, now=0.0)
     pool.replan(1.0, 1.0)
     assert active(pool) == {"known", "new", "relay"}
     pool.rate("new", 50, 1.0, 1.0)  # measured now: cheaper per rollout, and enough alone
@@ -107,9 +107,9 @@ def test_a_poisoned_price_or_rate_is_refused_where_it_enters(bad):
     so the cost meter and later plans never hold it (the wire refuses them before this)."""
     pool = Pool()
     with pytest.raises(ValueError, match="price_per_hour"):
-        pool.join("a", "a", bad, True, 0.0)
+        pool.join("a", "a", bad, generates=True, now=0.0)
     assert "a" not in pool.accounts
-    pool.join("b", "b", 1.0, True, 0.0)
+    pool.join("b", "b", 1.0, generates=True, now=0.0)
     with pytest.raises(ValueError, match="busy_s"):
         pool.rate("b", 5, bad, 0.0)
     assert pool.accounts["b"].gen_rollouts_per_s == 0.0
@@ -123,8 +123,8 @@ def test_admitted_rates_per_peer_and_overall_over_the_window():
     and the pool's, which keeps counting a peer that left; generation while busy is another
     number (completions over busy seconds), never mixed with it."""
     pool = Pool()
-    pool.join("a", "a", 0.0, True, 0.0)
-    pool.join("b", "b", 0.0, True, 10.0)
+    pool.join("a", "a", 0.0, generates=True, now=0.0)
+    pool.join("b", "b", 0.0, generates=True, now=10.0)
     for t in range(10, 30):  # a: 8 every second; b: 8 every other second
         pool.admitted("a", 8, float(t))
         if t % 2 == 0:

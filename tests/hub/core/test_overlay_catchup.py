@@ -190,7 +190,7 @@ def test_a_cold_standby_peer_catches_up_from_what_it_reported_on_this_connection
     for v in range(1, 4):
         rig.tracker.publish(version(streams, v), rig.clock)
         assert announced(rig.drain(), peer) == []
-    rig.pool.join("p", "p", 0.0, True, 0.0)  # put to work
+    rig.pool.join("p", "p", 0.0, generates=True, now=0.0)  # put to work
     rig.tracker.catch_up(peer, rig.clock)
     delta, _ = announced(rig.built(rig.drain()), peer)
     assert (delta.manifest.version, delta.manifest.base_version) == (3, 0)

@@ -44,7 +44,7 @@ class Rig:
         proto.send(m.Welcome(peer_id, "run", "tiny", "addition", 0, 2, 2, 1.0, 1.0, 4, 7))
         peer = Peer(peer_id, hello, proto, self.outbox, relay="ok" if relay else "failed")
         self.peers[peer_id] = peer
-        self.pool.join(peer_id, peer_id, 0.0, active, self.clock)
+        self.pool.join(peer_id, peer_id, 0.0, generates=active, now=self.clock)
         if active:  # a generating peer, put to work at once
             self.pool.replan(None, self.clock)
         return peer

@@ -166,7 +166,7 @@ def welcomed_peers(hub: Hub, n: int) -> None:
                              task="addition", version=0, max_lag=2, group_size=4,
                              temperature=1.0, top_p=1.0, max_new_tokens=8, seed=i))
         hub._peers[peer_id] = conn
-        hub._pool.join(peer_id, hello.name, 0.0, True, now)
+        hub._pool.join(peer_id, hello.name, 0.0, generates=True, now=now)
         hub._pool.accounts[peer_id].gen_rollouts_per_s = i / 100
 
 
