@@ -68,14 +68,14 @@ class Probes:
     def installed(self):
         from echo2p2p.hub.learning.learner import Learner
         from echo2p2p.hub.overlay.publisher import Publisher
-        from echo2p2p.hub.serving.server import Hub
         from echo2p2p.hub.core.tracker import VersionTracker
+        from echo2p2p.hub.serving.overlay_shell import OverlayShell
 
         now = time.perf_counter
         saved = [(Learner, "step"), (Learner, "iter_weights"), (Publisher, "build"),
-                 (VersionTracker, "publish"), (VersionTracker, "chunk_lookup"),
+                 (VersionTracker, "publish"), (OverlayShell, "chunk_lookup"),
                  (VersionTracker, "chunk_served"), (VersionTracker, "transfer_reported"),
-                 (Hub, "_holding")]
+                 (VersionTracker, "holding_reported")]
         originals = {(c, n): getattr(c, n) for c, n in saved}
         orig = lambda c, n: originals[(c, n)]  # noqa: E731
 
@@ -95,25 +95,25 @@ class Probes:
             self.builds[version] = (start, now(), dict(pub.timings))
             return out
 
-        def publish(tracker, version):
+        def publish(tracker, version, at):
             self.announce[version.version] = now()
-            return orig(VersionTracker, "publish")(tracker, version)
+            return orig(VersionTracker, "publish")(tracker, version, at)
 
-        async def lookup(tracker, version, base, index, wait_s):
+        async def lookup(shell, version, base, index, wait_s):
             self.first_lookup.setdefault(version, now())
-            return await orig(VersionTracker, "chunk_lookup")(tracker, version, base, index, wait_s)
+            return await orig(OverlayShell, "chunk_lookup")(shell, version, base, index, wait_s)
 
-        def served(tracker, version, nbytes):
+        def served(tracker, version, nbytes, at):
             self.last_served[version] = now()
-            return orig(VersionTracker, "chunk_served")(tracker, version, nbytes)
+            return orig(VersionTracker, "chunk_served")(tracker, version, nbytes, at)
 
-        def transferred(tracker, conn, msg):
+        def transferred(tracker, conn, msg, at):
             self.transfer.setdefault((conn.peer_id, msg.version), now())
-            return orig(VersionTracker, "transfer_reported")(tracker, conn, msg)
+            return orig(VersionTracker, "transfer_reported")(tracker, conn, msg, at)
 
-        def holding(hub, conn, event):
-            self._held(conn.peer_id, event.version)
-            return orig(Hub, "_holding")(hub, conn, event)
+        def holding(tracker, conn, version, at):  # a hold the hub believed (its transfer seen)
+            self._held(conn.peer_id, version)
+            return orig(VersionTracker, "holding_reported")(tracker, conn, version, at)
 
         new = [step, export, build, publish, lookup, served, transferred, holding]
         for (cls, name), fn in zip(saved, new):

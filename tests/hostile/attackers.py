@@ -297,9 +297,9 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
     it echoes the key in its welcome with a proof it cannot make, announces the real newest
     version, and grants a lease to anyone who asks."""
     impostor = Impostor()
-    real = run.hub
-    newest = real.snapshot()
-    problem = real.task.problems("train")[0]
+    real = run.hub.core  # its key, config and versions
+    newest = real.tracker.snapshot()
+    problem = run.hub.setup.task.problems("train")[0]
 
     def frame(t: str, **fields: Any) -> bytes:
         return msgpack.packb({"p": m.BASE_PROTOCOL, "t": t, **fields}, use_bin_type=True)
@@ -325,7 +325,7 @@ async def impostor_hub(run: Any) -> AsyncIterator[Impostor]:
             impostor.heard.fire()
             cfg = real.cfg
             await ws.send_bytes(frame(
-                "welcome", peer_id="p1", run_id=real.run_id, model=cfg.run.model, task=real.task.kind,
+                "welcome", peer_id="p1", run_id=real.run_id, model=cfg.run.model, task=real.facts.kind,
                 version=newest.manifest.version, max_lag=cfg.staleness.max_lag, group_size=cfg.grpo.group_size,
                 temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p, max_new_tokens=cfg.grpo.max_new_tokens,
                 seed=1, hub_key=real.hub_key, ticket=b"", proof=bytes(64)))
