@@ -35,12 +35,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .events import Published, Snapshot
 from .actions import Outbox
 from .overlay_actions import BuildDelta
 
 # What the publisher made (`hub.overlay.versions`): the core reads their fields, never builds one.
-Published = Any  # hub.overlay.versions.Published
-Snapshot = Any  # hub.overlay.versions.Snapshot
 
 MAX_ENTRIES = 4  # catch-up deltas cached at once (each is its wire bytes, in RAM)
 MAX_PEER_KEYS = 4096  # peer keys whose newest whole version is remembered across reconnects

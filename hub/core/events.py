@@ -16,11 +16,23 @@ from echo2p2p import hub_protocol as hp
 from echo2p2p import messages as m
 
 
+class Snapshot(Protocol):
+    """A signed manifest and its chunks (`hub.overlay.versions.Snapshot`), as the core reads it."""
+
+    manifest: m.Manifest
+    chunks: list[bytes]
+    signature: bytes
+    wire_bytes: int
+
+
 class Published(Protocol):
-    """A version built and signed for the peers (`hub.overlay.versions.Published`): the core
-    hands it to the overlay's tracker and reads nothing else of it."""
+    """A version built and signed for the peers (`hub.overlay.versions.Published`): in full,
+    and as a delta from the one before (None: none). The core's tracker deals both; hub.core
+    never imports hub.overlay (`tests/test_hub_layers.py`), so it names what it reads here."""
 
     version: int
+    full: Snapshot
+    delta: Snapshot | None
 
 
 @dataclass(frozen=True)

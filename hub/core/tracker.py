@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from echo2p2p import messages as m
 from echo2p2p.capacity import broadcast_s
@@ -31,14 +30,13 @@ from echo2p2p.relay import Broadcast, Member, deal_seeds, gossip_plan, neighbour
 from echo2p2p.seed_watch import Key, Silence
 
 from ..config_sections import OverlayConfig
+from .events import Published, Snapshot
 from .actions import Outbox, Record
 from .catchups import CatchUps
 from .peer import Peer
 from .seeding import Seeding
 
 # What the publisher made (`hub.overlay.versions`): the core reads their fields, never builds one.
-Published = Any  # hub.overlay.versions.Published
-Snapshot = Any  # hub.overlay.versions.Snapshot
 
 log = logging.getLogger("echo2p2p.hub.serving.server")  # one logger for the hub's peer-facing side
 
