@@ -92,7 +92,7 @@ class HubCore:
         self.counters = Counters()
         self.leases: LeaseBook[Prompt] = LeaseBook(
             problems, cfg.staleness.lease_timeout_s, shuffled_epochs(len(problems), cfg.run.seed),
-            lambda change: self.outbox.emit(Journal(("lease", *change))), new_lease_id)
+            self._lease_changed, new_lease_id)
         self.buffer = RolloutBuffer(cfg.staleness.max_lag)
         self.pool = Pool(cfg.staleness.activation, cfg.staleness.activation_margin)
         self.trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
@@ -125,6 +125,14 @@ class HubCore:
         self.tracker.route_around(peer_id, self.now)
 
     # --- the one entry point ----------------------------------------------------------
+
+    def _lease_changed(self, change: tuple) -> None:
+        """Journal a change of the lease book; say which leases closed unanswered (tests/chaos
+        counts the open ones from the debug log)."""
+        self.outbox.emit(Journal(("lease", *change)))
+        if change[0] in ("requeue", "drop"):
+            log.debug("lease %s closed: %s", change[1], change[-1] if change[0] == "requeue"
+                      else "expired")
 
     def handle(self, event: ev.Event, now: float) -> list[Any]:
         """Take `event` (at `now`, the hub's clock) and return what to do, in order."""

@@ -58,7 +58,7 @@ class Connections:
     def refused(self, conn_id: str, code: int, reason: str) -> None:
         self._refusals[conn_id] = (code, reason)
 
-    async def pump(self, request: web.Request) -> web.WebSocketResponse:
+    async def pump(self, request: web.Request) -> web.StreamResponse:
         """Serve one peer connection until it ends."""
         cfg = self.cfg
         # aiohttp's own limit is a backstop that closes with 1009 and no reason; frames between
@@ -67,7 +67,8 @@ class Connections:
         try:
             await ws.prepare(request)
         except ConnectionError:  # it left mid-handshake (a peer stopping): nothing to serve or log
-            return ws
+            # Not `ws`: half prepared, aiohttp would close it again and log "Call .prepare() first".
+            return web.Response()
         protocol = hp.HubProtocol(loop_now(), cfg.limits.max_frame_bytes, speaks=self.speaks)
         conn: PeerConn | None = None
         try:

@@ -229,6 +229,7 @@ GRANTED = re.compile(r"granted ([\w-]+) \(problem (\d+)\) to (p\d+)")
 ADMITTED = re.compile(r"admitted ([\w-]+) \(v(\d+)\) from (p\d+)")
 DROPPED = re.compile(r"dropped ([\w-]+): v(\d+) is too stale for step (\d+)")
 WITHDRAWN = re.compile(r"withdrew ([\w-]+) \(v\d+\) of .*: quarantined")
+CLOSED = re.compile(r"lease ([\w-]+) closed: ")
 LEFT = re.compile(r"peer left: (p\d+) \((.*)\); (\d+) leases re-queued")
 JOINED = re.compile(r"peer joined: (p\d+) \((.*?), ")
 PUBLISHED = re.compile(r"published v(\d+):")
@@ -249,6 +250,7 @@ class HubLog:
     admitted: dict[str, tuple[int, str]] = field(default_factory=dict)  # lease -> (version, peer)
     dropped: set[str] = field(default_factory=set)
     withdrawn: set[str] = field(default_factory=set)  # admitted, then its peer was quarantined
+    closed: set[str] = field(default_factory=set)  # granted, then taken back unanswered
     left: dict[str, int] = field(default_factory=dict)  # peer id -> leases re-queued
     left_line: dict[str, int] = field(default_factory=dict)  # peer id -> line number
     names: dict[str, str] = field(default_factory=dict)  # peer id -> name
@@ -284,6 +286,8 @@ class HubLog:
             self.dropped.add(m[1])
         elif m := WITHDRAWN.search(line):
             self.withdrawn.add(m[1])
+        elif m := CLOSED.search(line):
+            self.closed.add(m[1])
         elif m := HOLDS.search(line):
             self.holds[m[1]] = int(m[2])
         elif m := LEFT.search(line):

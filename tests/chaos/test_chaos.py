@@ -62,7 +62,8 @@ def busy_step(hub: HubProc, replay: HubLog, max_steps: int) -> int | None:
     alive(hub)
     for number in range(replay.lines, len(hub.lines)):
         replay.feed(number, hub.lines[number])
-        step, open_leases = len(replay.steps), replay.granted.keys() - replay.admitted.keys()
+        step = len(replay.steps)
+        open_leases = replay.granted.keys() - replay.admitted.keys() - replay.closed
         untrained = (len(replay.admitted) - len(replay.dropped | replay.withdrawn)
                      - PROMPTS_PER_STEP * step)
         if 4 <= step <= max_steps - 10 and step % 3 and open_leases and untrained > 0:
