@@ -70,6 +70,7 @@ class RolloutBuffer:
         self._filtered = 0
         self.filtered_since_batch = 0  # filtered since a batch was last taken
         self._recent: deque[bool] = deque(maxlen=YIELD_WINDOW)  # informative, per admission
+        self._recent_informative = 0  # how many of `_recent` are True (read per lease pass)
         self.dropped_lags: Counter[int] = Counter()  # lag in versions -> groups aged out
 
     def __len__(self) -> int:
@@ -82,7 +83,10 @@ class RolloutBuffer:
         self._admitted += 1
         if self._filter:
             informative = not uniform_rewards(group.rewards)
+            if len(self._recent) == YIELD_WINDOW:
+                self._recent_informative -= self._recent[0]  # about to fall out
             self._recent.append(informative)
+            self._recent_informative += informative
             if not informative:
                 self._filtered += 1
                 self.filtered_since_batch += 1
@@ -96,7 +100,7 @@ class RolloutBuffer:
         1.0 without filtering or before any admission."""
         if not self._recent:
             return 1.0
-        return max(sum(self._recent) / len(self._recent), MIN_INFORMATIVE_FRAC)
+        return max(self._recent_informative / len(self._recent), MIN_INFORMATIVE_FRAC)
 
     def groups(self) -> list[ScoredGroup]:
         """The queued groups, in arrival order (for a checkpoint)."""

@@ -195,7 +195,7 @@ class HubRun:
             stats = await asyncio.to_thread(self.learner.step, batch)
             stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
             hub.feed(StepFinished(stopping))  # and, unless stopping, a lease pass
-            hub.feed(Replanned(self.estimates.required_rollouts_per_s()))
+            hub.feed(Replanned(self._required_rollouts_per_s()))
             # before the publication's checkpoint: a run resumed from it never logs a clock or
             # a total below this record's
             record = self._record(step, batch, lags, stats)
@@ -214,6 +214,12 @@ class HubRun:
             if self._stopping.is_set():
                 return
         self.finished.set()
+
+    def _required_rollouts_per_s(self) -> float | None:
+        """What the active peers must deliver: the capacity model's, for a batch of informative
+        groups where dynamic sampling filters the rest (1 / their share as many rollouts)."""
+        required = self.estimates.required_rollouts_per_s()
+        return None if required is None else required / self.hub.core.buffer.informative_frac()
 
     async def _unless_stopping(self, wait: Any) -> Any:
         """What the coroutine `wait` returns, or None (it cancelled) once `stop()` asks."""
