@@ -5,8 +5,10 @@ transformers peers, the model's own preset), with `--no-dynamic-sampling` (today
 group whose G rewards are all equal trains with zero advantage, its forward and backward skipped)
 and with `--dynamic-sampling` (such groups are filtered before the learner and the batch is
 refilled with informative ones). Each arm's curve (step, minutes of the learner loop, held-out
-greedy accuracy) is read back from its own run log; the evaluations are at the same steps in
-both arms, so their time is in both clocks alike.
+greedy accuracy) is read back from its own run log. The minutes are the run's clock
+(`time_s`), which holds the evaluations before each step: they are at the same steps in both
+arms, so at matched minutes the arm with the faster steps has paid for more of them (a bias
+against it, small when `eval_every` is large against the step time).
 
 Figures per seed: the final accuracy and minutes of each arm; `acc_at_common_min`, each arm's
 last evaluation within the shorter arm's minutes (accuracy against wall time, matched);
@@ -14,9 +16,11 @@ last evaluation within the shorter arm's minutes (accuracy against wall time, ma
 never reaches it, or the target is not above the base); the groups filtered (on) and the
 zero-variance groups trained on (off), and the learner's mean busy fraction.
 
-    python bench/dynamic_sampling.py                        # tiny model, 2 seeds (minutes)
-    python bench/dynamic_sampling.py --model smollm2-135m   # the real model (about 2 x 2 x 10 min)
+    python bench/dynamic_sampling.py                        # tiny model, 2 seeds: ~5 min
+    python bench/dynamic_sampling.py --model smollm2-135m --seeds 0   # the real model: 2 demos
     python bench/dynamic_sampling.py --steps 4 --seeds 0    # a smoke run
+On two loaded cores one SmolLM2 step of 8 groups took 5 min (learner busy 1.00, 5 of 8 groups
+with one reward): give the real model an idle machine and an hour.
 Progress and the demos' terminals go to stderr; the table, then ONE JSON line, to stdout.
 """
 
@@ -36,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # cadence and size, local peers. The real model's: its README run's length, two peers.
 MODES = {
     "tiny": {"steps": 30, "eval_every": 5, "eval_problems": 256, "peers": 1},
-    "smollm2-135m": {"steps": 12, "eval_every": 4, "eval_problems": 200, "peers": 2},
+    "smollm2-135m": {"steps": 12, "eval_every": 4, "eval_problems": 100, "peers": 2},
 }
 ARMS = {"off": "--no-dynamic-sampling", "on": "--dynamic-sampling"}
 QUIET = {"PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error",
