@@ -281,6 +281,12 @@ class GrpoConfig:
     """G, completions sampled per prompt (a GRPO group)."""
     prompts_per_step: int = 8
     """Prompt groups in one learner batch."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a group whose G rewards are all equal (no policy gradient) is
+    admitted and credited to its peer but not trained on; each batch is filled with
+    prompts_per_step informative groups, and more leases go out per step to find them. On: no
+    learner time on groups that teach nothing, more generation per step (and with kl_coef > 0
+    those groups' KL term is lost)."""
     lr: float = 1e-3
     """AdamW learning rate. Unset: the built-in model's preset, or for another model of N
     parameters 1e-6 x sqrt(1e9 / N) within 5e-7 .. 5e-6 (1e-3 below 10 M, as the built-in)."""

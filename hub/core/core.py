@@ -40,9 +40,10 @@ from echo2p2p.trust import TrustBook, TrustPolicy
 
 from ..config import HubConfig
 from . import events as ev
-from .actions import BatchReady, Close, EndTurn, Joined, Journal, Outbox, Record, Refused
+from .actions import Close, EndTurn, Joined, Journal, Outbox, Record, Refused
 from .accusations import Accusations
 from .admission import Admission, AdmissionRules, Prompt, ScoringLedger
+from .batching import Batching
 from .counters import Counters
 from .door import Door
 from .leasing import Quotas, grant_of
@@ -88,12 +89,12 @@ class HubCore:
         self.next_peer = 0
         self.peers: dict[str, Peer] = {}
         self._dispatch_due = False  # an EndTurn was asked for and its TurnEnded not yet fed
-        self._batch_wanted = False
         self.counters = Counters()
         self.leases: LeaseBook[Prompt] = LeaseBook(
             problems, cfg.staleness.lease_timeout_s, shuffled_epochs(len(problems), cfg.run.seed),
             self._lease_changed, new_lease_id)
-        self.buffer = RolloutBuffer(cfg.staleness.max_lag)
+        self.buffer = RolloutBuffer(cfg.staleness.max_lag, cfg.grpo.dynamic_sampling)
+        self.batching = Batching(cfg, self.buffer, self.outbox)
         self.pool = Pool(cfg.staleness.activation, cfg.staleness.activation_margin)
         self.trust = TrustBook(TrustPolicy(probation_checks=cfg.trust.spot_check_probation))
         self.guard = TrustGuard(self.trust, self.leases, self.buffer, self.counters, self.outbox)
@@ -106,7 +107,8 @@ class HubCore:
             self.leases, self.buffer, self.pool, self.counters, self.guard, quota, self.outbox,
             scoring=scoring, seed=cfg.run.seed)
         self.quotas = Quotas(cfg, self.peers, self.leases, self.guard, self.counters, quota,
-                             self.pool.gen_rollouts_per_s, lambda: self.newest_version)
+                             self.pool.gen_rollouts_per_s, lambda: self.newest_version,
+                             self.buffer.informative_frac)
         self.tracker = VersionTracker(cfg.overlay, self.peers, self.pool, self.outbox,
                                       quarantined=self.guard.quarantined)
         self.accusations = Accusations(
@@ -277,22 +279,13 @@ class HubCore:
     # --- the learner --------------------------------------------------------------------
 
     def _batch_wanted_(self, event: ev.BatchWanted, now: float) -> None:
-        for group in self.buffer.drop_stale(self.step):
-            log.debug("dropped %s: v%d is too stale for step %d", group.lease_id, group.version,
-                      self.step)
-        self._batch_wanted = True
+        self.batching.want(self.step)
         self._offer_batch()
 
     def _offer_batch(self) -> None:
-        """The learner's batch, once `prompts_per_step` fresh groups are queued; until then a
-        lease pass after each try (stale drops and judged groups may have freed budget)."""
-        if not self._batch_wanted:
-            return
-        n = self.cfg.grpo.prompts_per_step
-        if len(self.buffer) >= n and (batch := self.buffer.take_batch(self.step, n)) is not None:
-            self._batch_wanted, self.training = False, True
-            self.outbox.emit(BatchReady(self.step, tuple(batch)))
-        else:
+        """The learner's batch if ready (`hub.core.batching`); if wanted and not, a lease pass."""
+        self.training = self.batching.offer(self.step) or self.training
+        if self.batching.wanted:  # still: not ready
             self._want_dispatch()
 
     def _step_finished(self, event: ev.StepFinished, now: float) -> None:
@@ -365,7 +358,7 @@ class HubCore:
         """Grant leases to peers with credits as budget and quotas (`hub.core.leasing`) allow,
         round-robin over the peers, newest version held first."""
         cfg = self.cfg
-        outstanding = self.leases.open_count + len(self.buffer) + len(self.admission.judging)
+        outstanding = self.leases.open_count + self.buffer.in_leases() + len(self.admission.judging)
         if self.quotas.full(outstanding):
             return
         guard, admission, pool = self.guard, self.admission, self.pool

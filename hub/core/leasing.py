@@ -19,6 +19,7 @@ waits for (with S = 2, kappa = 3 a resumed hub deadlocked that way: `ahead`).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -67,20 +68,30 @@ class Quotas:
     def __init__(self, cfg: HubConfig, peers: dict[str, Peer], leases: LeaseBook,
                  guard: TrustGuard, counters: Counters, book: LeaseQuota,
                  rates: Callable[[str], float] = lambda peer_id: 0.0,
-                 published: Callable[[], int | None] = lambda: None):
+                 published: Callable[[], int | None] = lambda: None,
+                 informative: Callable[[], float] = lambda: 1.0):
         """`book`: the standings (admission adds to them);
         `rates`: a peer's generation rate as the hub measured it, completions/s (0: not yet);
-        `published`: the newest version published (None: none yet, every lease counts)."""
+        `published`: the newest version published (None: none yet, every lease counts);
+        `informative`: the share of groups that reach a batch (`RolloutBuffer.informative_frac`:
+        below 1 with dynamic sampling, and the budget widens to match)."""
         self.book, self.rates, self.published = book, rates, published
+        self.informative = informative
         self.timeout_s, self.group_size = cfg.staleness.lease_timeout_s, cfg.grpo.group_size
         # Unproven peers each hold their own probation leases on top of the budget
         # (`may_grant`); with S = 0 none: each batch is trained on the version that made it, so
         # a lease beyond it could only be generated after the step it was taken from, and its
         # group would pass as fresh with a version tag one ahead. There they share the budget,
         # under their caps.
-        self.budget = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag)
+        self.base_budget = lease_budget(cfg.grpo.prompts_per_step, cfg.staleness.max_lag)
         self.probation = PROBATION_LEASES if cfg.staleness.max_lag else 0
         self.peers, self.leases, self.guard, self.counters = peers, leases, guard, counters
+
+    @property
+    def budget(self) -> int:
+        """Open, queued and judged leases allowed at once: `lease_budget`'s groups, in leases
+        (with dynamic sampling 1 / `informative` leases give one queued group; at most 4x)."""
+        return math.ceil(self.base_budget / self.informative())
 
     def holdings(self) -> Holdings:
         """The open leases counted by holder, once: the dispatch pass takes one and
@@ -144,9 +155,11 @@ class Quotas:
         the very batch it was kept from): leases of unproven peers (on their probation: they
         are extra), orphans of a resumed hub (nobody holds them: they may never come) and
         leases dated for a version not yet published (they come after a batch that cannot
-        wait for them)."""
+        wait for them). In groups: with dynamic sampling, the `informative` share of those
+        leases (`outstanding` counts a queued group as the leases it took: `in_leases`)."""
         h = holdings or self.holdings()
-        return outstanding - h.uncounted - min(h.unproven_counted, self.probation)
+        leases = outstanding - h.uncounted - min(h.unproven_counted, self.probation)
+        return int(leases * self.informative())  # exact without filtering: x 1.0
 
     def left(self, conn: Peer) -> None:
         """`conn` left: a standing kept for this connection alone is forgotten (its peer id is

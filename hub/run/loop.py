@@ -74,6 +74,7 @@ class HubRun:
         # busy (the capacity model's sense: not starved of rollouts) the rest of the time.
         self._waited = WindowSum(time.perf_counter())
         self._last_record_t = time.perf_counter()  # for the step's tokens/s
+        self._filtered_seen = 0  # the hub's filtered groups at the last record (train() sets it)
 
     @property
     def url(self) -> str:
@@ -175,6 +176,7 @@ class HubRun:
         self._start = time.perf_counter()
         self._waited = WindowSum(self._start)
         self._last_record_t = self._start
+        self._filtered_seen = hub.statistics().filtered_groups  # a resumed run's count goes on
         got = evaluated_s = None  # when the last batch came; what its step spent evaluating
         while not cfg.run.max_steps or hub.core.step < cfg.run.max_steps:
             waiting = time.perf_counter()
@@ -193,7 +195,7 @@ class HubRun:
             stats = await asyncio.to_thread(self.learner.step, batch)
             stopping = self._stopping.is_set()  # stop() checkpoints: no version, no evaluation
             hub.feed(StepFinished(stopping))  # and, unless stopping, a lease pass
-            hub.feed(Replanned(self.estimates.required_rollouts_per_s()))
+            hub.feed(Replanned(self._required_rollouts_per_s()))
             # before the publication's checkpoint: a run resumed from it never logs a clock or
             # a total below this record's
             record = self._record(step, batch, lags, stats)
@@ -212,6 +214,12 @@ class HubRun:
             if self._stopping.is_set():
                 return
         self.finished.set()
+
+    def _required_rollouts_per_s(self) -> float | None:
+        """What the active peers must deliver: the capacity model's, for a batch of informative
+        groups where dynamic sampling filters the rest (1 / their share as many rollouts)."""
+        required = self.estimates.required_rollouts_per_s()
+        return None if required is None else required / self.hub.core.buffer.informative_frac()
 
     async def _unless_stopping(self, wait: Any) -> Any:
         """What the coroutine `wait` returns, or None (it cancelled) once `stop()` asks."""
@@ -236,8 +244,9 @@ class HubRun:
             time_s=self.elapsed_s(),
             rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
             tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
-            capacity=self.capacity_metrics(hub), off_policy=diagnostics)
-        self._last_record_t = now
+            capacity=self.capacity_metrics(hub), off_policy=diagnostics,
+            filtered=hub.filtered_groups - self._filtered_seen)
+        self._last_record_t, self._filtered_seen = now, hub.filtered_groups
         return record
 
     def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..serving.counters import HubStatistics
 def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], leases: list[str],
                 lags: Counter[int], *, time_s: float, rollouts_per_s: float, busy_frac: float,
                 tokens_per_s: float, capacity: Mapping[str, Any],
-                off_policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                off_policy: Mapping[str, Any] | None = None, filtered: int = 0) -> dict[str, Any]:
     """The record of learner step `step` (which produced version `HubCore.step`): `learner`, the
     step's own metrics; `leases`, its batch's lease ids; `lags`, their lags in versions;
     `time_s`, the run's clock (`HubRun.elapsed_s`: learner loop seconds over every process of
@@ -29,7 +29,9 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
     learner did not wait for a batch, both over the last `RATE_WINDOW_S` s (`echo2p2p.rates`);
     `capacity`, the capacity model's metrics;
     `off_policy`, the step's off-policy diagnostics by lag (`hub.learning.off_policy.summary`:
-    mismatch_kl, mismatch_abs_mean/max, ratio_mean/min/max, clip_frac, by_lag)."""
+    mismatch_kl, mismatch_abs_mean/max, ratio_mean/min/max, clip_frac, by_lag); `filtered`,
+    the groups admitted with all G rewards equal since the last step's record and so never
+    trained (`grpo.dynamic_sampling`; `rollout/filtered_groups_total` is the run's)."""
     scoring = hub.scoring
     return {
         "step": step, "version": hub.step, "time_s": round(time_s, 3),
@@ -47,6 +49,8 @@ def step_record(step: int, hub: HubStatistics, learner: Mapping[str, Any], lease
         "rollout/spot_checked_total": hub.spot_checked,
         "rollout/spot_failed_total": hub.spot_failed,
         "rollout/withdrawn_total": hub.withdrawn_groups,
+        "rollout/filtered_groups": filtered,
+        "rollout/filtered_groups_total": hub.filtered_groups,
         "hub/learner_busy_frac": round(busy_frac, 4),
         "hub/peers": hub.peers,
         "hub/closed_for_protocol_total": hub.closed_for_protocol,

@@ -68,6 +68,7 @@ class HubStatistics:
     queue: tuple[ScoredGroup, ...]  # the admitted groups waiting for the learner, oldest first
     queue_sources: Mapping[str, str]  # lease id -> identity of the peer that made it, of those
     stale_in_queue: int  # admitted groups aged out of the queue untrained
+    filtered_groups: int  # admitted, all G rewards equal, never trained (dynamic sampling)
     dropped_lags: Mapping[int, int]  # lag in versions -> groups dropped as stale (arrival, queue)
     rejected_by: Mapping[str, int]  # reason -> groups turned away for it (rejected and stale)
     frames_dropped: Mapping[str, int]  # message kind -> frames dropped past its rate
@@ -127,6 +128,7 @@ def statistics_of(step: int, training: bool, peers: Mapping[str, Peer], counters
         **counters.totals(), requeued_leases=lease_stats.requeued_total,
         drawn_problems=lease_stats.drawn_total, queue=tuple(buffer.groups()),
         queue_sources=buffer.sources(), stale_in_queue=buffer.statistics().dropped_stale_total,
+        filtered_groups=buffer.statistics().filtered_total,
         dropped_lags=dict(counters.stale_lags + buffer.dropped_lags),
         rejected_by=dict(counters.rejected_by), frames_dropped=dict(counters.frames_dropped),
         relay_reports_by=dict(counters.relay_reports), relays_failed=frozenset(relays_failed),

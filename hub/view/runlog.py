@@ -72,7 +72,8 @@ def live_line(r: dict[str, Any]) -> str:
     return (f"step {r['step']:5d}  v{r['version']:<5d} reward {r['train/reward_mean']:.3f}  "
             f"eval {'  -  ' if acc is None else f'{acc:.3f}'}  lag {lag or '-':<8s} "
             f"admitted/s {r['rollout/per_s']:7.1f}  busy {r['hub/learner_busy_frac']:.2f}  "
-            f"peers {r['hub/peers']}" + (f"  ${usd:.2f}" if (usd := r.get("cost/usd_total")) else ""))
+            f"peers {r['hub/peers']}" + (f"  ${usd:.2f}" if (usd := r.get("cost/usd_total")) else "")
+            + (f"  filtered {n}" if (n := r.get("rollout/filtered_groups")) else ""))
 
 
 def propagation_line(r: dict[str, Any]) -> str:
