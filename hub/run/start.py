@@ -222,12 +222,13 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
 
 
 def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog, peers: LocalPeers,
-                     resumed: bool, sharded: bool) -> HubConfig:
+                     resumed: bool, ranks: Ranks | None) -> HubConfig:
     """`cfg` fitted to the model and the memory budget (`hub.learning.fitting.fit`; ConfigError
     on "max_memory" when a budget the user set cannot hold it); the predicted footprint and
     what was fitted logged, and kept in the run log as a `footprint` record (what /status and
     the run summary can show). A sharded learner is not fitted to memory: every rank must cut
     the same micro-batches, and the other ranks fit to the model only (`follow_rank`)."""
+    sharded = ranks is not None
     given = None if sharded else cfg.memory.max_memory_bytes
     budget = float("inf") if sharded else given or memory_budget_bytes()
     fitted = fit(cfg, shape, budget, peers, budget_given=given is not None, resumed=resumed)
@@ -333,8 +334,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
                                         "only: set --eval-every 0 with --nproc-per-node")
     task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
-    cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog, peers, saved is not None,
-                           ranks is not None)
+    cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog, peers, saved is not None, ranks)
     prompts = _prompt_format(cfg, setup, tokenizer)  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None
