@@ -223,7 +223,8 @@ def _print_config(args: argparse.Namespace, cfg: HubConfig, sources: dict[str, s
 
     peers = LocalPeers(args.peers, args.engine) if args.command == "demo" else LocalPeers()
     try:
-        cfg, sources, lines = fitted_sources(cfg, sources, peers)
+        cfg, sources, lines = fitted_sources(cfg, sources, peers,
+                                             resumed=getattr(args, "resume", None) is not None)
     except (ConfigError, OSError, ValueError) as exc:
         return process.failed("echo2-hub", exc, args.debug)
     print(sources_table(cfg, sources, full=True))

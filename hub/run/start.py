@@ -253,14 +253,16 @@ def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog, peers: L
     return cfg
 
 
-def fitted_sources(cfg: HubConfig, sources: Mapping[str, str], peers: LocalPeers
-                   ) -> tuple[HubConfig, dict[str, str], list[str]]:
+def fitted_sources(cfg: HubConfig, sources: Mapping[str, str], peers: LocalPeers, *,
+                   resumed: bool = False) -> tuple[HubConfig, dict[str, str], list[str]]:
     """What `--print-config` shows: the config as a start would fit it (the model's shape read
     from its config.json on the meta device, no weights; the same budget), each fitted field's
-    source saying why, and the start log's footprint lines. ConfigError as a start's."""
+    source saying why, and the start log's footprint lines (`resumed`: a checkpoint loads
+    while the model is resident). ConfigError as a start's."""
     shape = model_shape(cfg.run.model)
     given = cfg.memory.max_memory_bytes
-    fitted = fit(cfg, shape, given or memory_budget_bytes(), peers, budget_given=given is not None)
+    fitted = fit(cfg, shape, given or memory_budget_bytes(), peers, budget_given=given is not None,
+                 resumed=resumed)
     lines = log_line(fitted, peers, shape).splitlines() + ([fitted.warning] if fitted.warning else [])
     return fitted.cfg, {**sources, **fitted.why}, lines
 
