@@ -39,7 +39,8 @@ class MemoryConfig:
     the memory available when the hub starts). At start the hub predicts its peak (the learner,
     the spot-checker's copy, publication, scoring workers, allocator slack; the demo's peers by
     engine), lowers learner_micro_tokens until it fits, and refuses to start, naming what to
-    change, if it still does not. `--print-config` shows the fitted values."""
+    change, if it still does not ('' only warns: a shared machine's available memory is a
+    snapshot). `--print-config` shows the fitted values."""
     checkpoint_every_s: float = 180.0
     """Also checkpoint at the first publication after this many seconds of training since the
     last checkpoint, however many versions that was (0 = by checkpoint_every only). A kill then
