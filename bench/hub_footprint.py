@@ -6,7 +6,7 @@ the model loaded (fp32), a `Learner` built as `echo2-hub serve` builds it (micro
 `LearnerConfig`), then --steps steps on G groups x N samples x (prompt + completion) random
 tokens, rewards varying within each group so that every sample is trained. Reported: RSS after
 loading, the step peak, the micro-batch token budget used, and the hub's predicted RAM
-(`echo2p2p.hub.run.start.predicted_footprint`) beside it: its runtime, learner state and
+(`echo2p2p.hub.learning.fitting.predicted_footprint`) beside it: its runtime, learner state and
 micro-batch parts (what this process holds; the hub adds the spot-checker's copy and the version
 being published); --checkpoint: the bytes of one learner checkpoint too (12 P predicted).
 
@@ -53,7 +53,8 @@ def worker(args: argparse.Namespace) -> dict:
 
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.hub.config import HubConfig
-    from echo2p2p.hub.run.start import fit_to_model, make_learner, predicted_footprint
+    from echo2p2p.hub.learning.fitting import fit_to_model, predicted_footprint
+    from echo2p2p.hub.run.start import make_learner
     from echo2p2p.learner_size import ModelShape
     from echo2p2p.policy.model import load_policy
     from echo2p2p.rows import SampleRow

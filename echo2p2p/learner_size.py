@@ -5,7 +5,8 @@ Pure arithmetic for `echo2-hub plan` and for the hub's footprint predicted at st
 cadence and catch-up depth within their budgets); the constants are measured by
 `bench/learner_memory.py` (memory, step speed-up) and `bench/realsize.py` (publication stages),
 on CPU, and are stated where they are defined; `bench/hub_footprint.py` checks the prediction
-against a real model's step. Bytes per parameter of the trained state (FSDP2 shards all of it):
+against a real model's step, `bench/demo_footprint.py` against a real hub and demo (its peers:
+`peer_bytes`, by engine). Bytes per parameter of the trained state (FSDP2 shards all of it):
 fp32 master weights 4, gradients 4, AdamW's two moments 8: 16 P / W per rank.
 """
 
@@ -24,6 +25,27 @@ LOGIT_BYTES_PER_TOKEN_VOCAB = 12.0
 RUNTIME_BYTES = 0.6e9
 """A hub process before any model: python, torch, transformers, the server (measured ~0.5 GB)."""
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (gradients are not saved)
+ALLOCATOR_SLACK = 0.5
+"""Share of a micro-batch's bytes the allocator keeps beyond it: activations under glibc's
+(dynamic, up to 32 MB) mmap threshold come from the arena of whichever worker thread ran the
+step, and a freed arena is not given back while the next step, a spot-check or an evaluation
+allocates in another. Taken from the issue-45 runs of SmolLM2-135M (peaks 8.2-9.4 GB where the
+parts below sum to about 7.6 without it)."""
+SPOT_BYTES_PER_TOKEN_VOCAB = 8.0  # a spot-check's no-grad forward: fp32 logits and log-softmax
+RESUME_BYTES_PER_PARAM = 12.0
+"""A checkpoint read back while the model and optimizer are resident (torch.distributed.checkpoint
+reads each tensor's bytes before copying them in: 12 P at most; the hub of a resumed demo of
+issue 45 peaked 3-4 GB above the first run's, allocator slack included)."""
+WORKER_BYTES = 0.17e9  # a reward worker process: Python and the task's verifier (measured 0.17)
+PEER_RUNTIME_BYTES = 0.6e9  # a transformers peer before its model: python, torch, transformers
+PEER_BYTES_PER_PARAM = 16.0
+"""A transformers peer's model (fp32, 4 P), the version it holds and the one it decodes (bf16
+streams, 2 P each), its chunks and generation: SmolLM2-135M peers measured 1.95 GB after v0 and
+2.5-3.1 GB later in the issue-45 runs."""
+VLLM_RUNTIME_BYTES = 3.0e9  # vLLM's CPU engine, its compiled graphs and worker, before weights
+VLLM_KV_CACHE_BYTES = 2 ** 30  # VLLM_CPU_KVCACHE_SPACE=1, as the demo sets it
+VLLM_BYTES_PER_PARAM = 10.0  # its weights, the versions it holds and swaps in (5.5 GB measured
+# on SmolLM2-135M in issue 45; not re-measured here)
 STREAM_BYTES_PER_PARAM = 2  # a published version's raw stream, bf16
 
 FULL_CODING_BPS = 230e6  # raw bytes/s per core: zstd + blake2b of a full version (realsize.py)
@@ -152,22 +174,47 @@ class Footprint:
 
 def hub_footprint(shape: ModelShape, micro_tokens: int, *, checkpointing: bool = False,
                   kl: bool = False, spot_check: bool = True, kept_streams: int = 1,
-                  kept_versions: int = 3, checkpoint_every: int = 1) -> Footprint:
-    """The peak RAM and disk of a hub training `shape` on one learner rank (this process):
-    the learner (`memory_per_rank_bytes`: 16 P of state, one micro-batch of `micro_tokens`),
-    the spot-checker's fp32 copy (4 P), the version being published (its bf16 stream and
-    delta, 2 x 2 P) and the runtime; on disk the kept streams (2 P each), the served versions'
-    chunk files (at most 2 x 2 P each: full and delta) and, with checkpoints (`checkpoint_every`
-    > 0), two checkpoints of 12 P while a new one is written before the old goes."""
+                  kept_versions: int = 3, checkpoint_every: int = 1, score_workers: int = 1,
+                  spot_tokens: int = 0, read_streams: int = 1, resumed: bool = False) -> Footprint:
+    """The peak RAM and disk of a hub training `shape` on one learner rank (this process and
+    its scoring workers). RAM: the learner (`memory_per_rank_bytes`: 16 P of state, one
+    micro-batch of `micro_tokens`) and the allocator's slack over that micro-batch; the
+    spot-checker's fp32 copy (4 P) and one group's forward of `spot_tokens` tokens; the version
+    being published (its bf16 stream and delta, 2 x 2 P) and the `read_streams` kept streams
+    whose mapped pages the hub reads back (2 P each: the spot-checker's S + 1 versions, the
+    next delta's base); `resumed`, the checkpoint loaded while the model is resident; the
+    runtime, and `score_workers` reward workers plus the evaluation's. Disk: the kept streams (2 P each), the served versions' chunk files (at
+    most 2 x 2 P each: full and delta) and, with checkpoints (`checkpoint_every` > 0), two
+    checkpoints of 12 P while a new one is written before the old goes."""
     p = shape.params
     micro = (memory_per_rank_bytes(shape, 1, micro_tokens, checkpointing, kl=kl)
              - STATE_BYTES_PER_PARAM * p - (4 * p if kl else 0) - 4 * shape.largest)
+    spot = 4 * p + spot_tokens * shape.vocab * SPOT_BYTES_PER_TOKEN_VOCAB if spot_check else 0.0
     ram = {"learner state": STATE_BYTES_PER_PARAM * p + (4 * p if kl else 0),
-           "micro-batch": micro, "spot-checker": 4 * p if spot_check else 0.0,
-           "publication": 2 * STREAM_BYTES_PER_PARAM * p, "runtime": RUNTIME_BYTES}
+           "micro-batch": micro, "allocator slack": ALLOCATOR_SLACK * micro,
+           "spot-checker": spot, "publication": 2 * STREAM_BYTES_PER_PARAM * p,
+           "read streams": read_streams * STREAM_BYTES_PER_PARAM * p,
+           "resume load": RESUME_BYTES_PER_PARAM * p if resumed else 0.0,
+           "runtime": RUNTIME_BYTES, "scoring workers": (score_workers + 1) * WORKER_BYTES}
     stream = STREAM_BYTES_PER_PARAM * p
     checkpoint = CHECKPOINT_BYTES_PER_PARAM * p
     disk = {"checkpoints": 2 * checkpoint if checkpoint_every else 0.0,
             "streams": kept_streams * stream, "chunks": kept_versions * 2 * stream}
     per_version = 2 * stream + (checkpoint / checkpoint_every if checkpoint_every else 0.0)
     return Footprint(sum(ram.values()), sum(disk.values()), ram, disk, per_version)
+
+
+def peer_bytes(shape: ModelShape, engine: str) -> float:
+    """RAM of one local peer process on this machine (the demo's), by engine: its runtime, its
+    model and the versions it holds and decodes (`PEER_BYTES_PER_PARAM`), and for vLLM its own
+    runtime and KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB in the demo)."""
+    if engine == "vllm":
+        return VLLM_RUNTIME_BYTES + VLLM_KV_CACHE_BYTES + VLLM_BYTES_PER_PARAM * shape.params
+    return PEER_RUNTIME_BYTES + PEER_BYTES_PER_PARAM * shape.params
+
+
+def demo_line(hub: Footprint, shape: ModelShape, peers: int, engine: str) -> str:
+    """The demo's predicted RAM (hub and its local peers) in one line for the log."""
+    each = peer_bytes(shape, engine)
+    return (f"predicted demo footprint: RAM {(hub.ram_bytes + peers * each) / 1e9:.1f} GB (hub "
+            f"{hub.ram_bytes / 1e9:.2f}, {peers} local {engine} peer(s) {each / 1e9:.2f} each)")

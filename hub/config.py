@@ -24,6 +24,7 @@ from echo2p2p.errors import ConfigError
 from .config_sections import (GrpoConfig, LearnerConfig, LimitsConfig, NetworkConfig,
                               OverlayConfig, RunConfig, ScoringConfig, StalenessConfig,
                               TasksConfig, TrustConfig, ViewConfig)
+from .config_memory import MemoryConfig
 
 
 SECRETS = ("dashboard_token",)  # never written to the run dir nor sent to a tracker
@@ -55,6 +56,8 @@ class HubConfig:
     """What one peer, address or join token may cost the hub."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     """Spot-checks of peers' logprobs."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """The memory budget the hub fits into; the time-based checkpoint cadence."""
     view: ViewConfig = field(default_factory=ViewConfig)
     """The dashboard and experiment trackers."""
 

@@ -20,6 +20,7 @@ HUB = ROOT / "hub"
 LAYERS = ["config", "tasks", "core", "learning", "overlay", "serving", "view", "run",
           "conformance", "api", "cli"]
 TOP_LEVEL = {"config": "config", "config_presets": "config", "config_sections": "config",
+             "config_memory": "config",
              "run": "run", "api": "api"}  # hub/*.py modules: the layer each belongs to
 
 

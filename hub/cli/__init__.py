@@ -59,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "in a [hub] table (or its [hub.SECTION] tables)")
         p.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
         p.add_argument("--print-config", action="store_true",
-                       help="print the resolved config, each field with where its value came "
-                            "from (flag, file, the model's preset, derived from its size, "
-                            "default), and exit without starting")
+                       help="print the config as the hub will use it, each field with where "
+                            "its value came from (flag, file, the model's preset, derived from "
+                            "its size, fitted to the model and --max-memory, default), and the "
+                            "memory it predicts, and exit without starting")
         add_arguments(p, HubConfig, docs=docs)
     demo.epilog = "demo defaults differ from serve: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in DEMO_DEFAULTS.items())
@@ -186,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         return process.failed("echo2-hub", exc, args.debug)
     if args.print_config:
-        print(sources_table(cfg, sources, full=True))
-        return 0
+        return _print_config(args, cfg, sources)
     if args.command == "demo" and args.peers < 1:
         return process.failed("echo2-hub", ConfigError("peers", "must be >= 1"), args.debug)
     from ..learning.ranks import RankFailure
@@ -213,6 +213,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo2-hub: {str(failure).replace('RUN_DIR', cfg.run.run_dir or 'RUN_DIR')}",
               file=sys.stderr)
         return 1
+
+
+def _print_config(args: argparse.Namespace, cfg: HubConfig, sources: dict[str, str]) -> int:
+    """The config as the hub will run it, fitted to the model and the memory budget (each
+    fitted field's source says why), and the footprint it predicts; starts nothing."""
+    from ..learning.fitting import LocalPeers
+    from ..run.start import fitted_sources
+
+    peers = LocalPeers(args.peers, args.engine) if args.command == "demo" else LocalPeers()
+    try:
+        cfg, sources, lines = fitted_sources(cfg, sources, peers,
+                                             resumed=getattr(args, "resume", None) is not None)
+    except (ConfigError, OSError, ValueError) as exc:
+        return process.failed("echo2-hub", exc, args.debug)
+    print(sources_table(cfg, sources, full=True))
+    print("\n".join(lines))
+    return 0
 
 
 def _leaf(group: BaseException, kind: type) -> BaseException | None:

@@ -94,6 +94,19 @@ class Checkpoints:
         pointer = self.root / LATEST
         return int(pointer.read_text()) if pointer.exists() else None
 
+    def latest_step(self) -> int | None:
+        """The step (version) the current checkpoint holds; None if there is none or it cannot
+        be read (what a resume would go back to, said before it loads)."""
+        number = self.latest()
+        if number is None:
+            return None
+        try:
+            state = msgpack.unpackb((self.root / f"ckpt-{number:06d}" / "hub.msgpack").read_bytes(),
+                                    raw=False, strict_map_key=False)
+            return int(state["step"])
+        except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+            return None
+
     def next_number(self) -> int:
         """A number after every checkpoint and journal here."""
         return max(self._numbered(), default=-1) + 1

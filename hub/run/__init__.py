@@ -30,6 +30,8 @@ from echo2p2p.errors import ConfigError
 
 from ..config import HubConfig
 from .loop import HubRun
+from ..learning.fitting import LocalPeers
+from .marker import running
 from .start import log_listening, start_hub
 from ..view.run_data import read_run
 
@@ -128,14 +130,14 @@ async def run(cfg: HubConfig, *, local_peers: int = 0, engine: str = "transforme
     function or rows of its own), which is how it resumes. `Stopped` after a clean stop by a
     signal."""
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
-                         setup=setup, sources=sources) as run:
+                         setup=setup, sources=sources, peers=LocalPeers(local_peers, engine)) as run:
         if local_peers:
             flags = (f" --peers {local_peers}" if local_peers != 2 else "") + \
                 (f" --engine {engine}" if engine != "transformers" else "")
             how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
         else:
             how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
-        async with _stopped_by_signals(how) as stopped:
+        async with _stopped_by_signals(how) as stopped, _marked(run.runlog.run_dir, how):
             log_listening(run, ranks)  # after the handlers: a Ctrl-C from now on stops cleanly
             if local_peers:
                 print(f"hub listening on {run.url}; starting {local_peers} local peers "
@@ -227,6 +229,14 @@ async def _stopped_by_signals(how: str) -> Any:
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, before[sig])
             stopped.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _marked(run_dir: Path, how: str) -> Any:
+    """The run dir's RUNNING marker while the run serves: a kill that leaves it is said at
+    the next start, with `how` to resume (`hub.run.marker`)."""
+    with running(run_dir, how):
+        yield
 
 
 def _die_with_parent() -> None:

@@ -25,6 +25,7 @@ from echo2p2p.staleness import is_publish_version, lag_versions
 
 from ..config import HubConfig
 from ..serving.counters import HubStatistics
+from ..learning.checkpoint import checkpoint_due
 from ..learning.durable import Checkpoints
 from ..learning.estimates import Estimates
 from ..overlay.publisher import Publisher
@@ -75,6 +76,7 @@ class HubRun:
         self._waited = WindowSum(time.perf_counter())
         self._last_record_t = time.perf_counter()  # for the step's tokens/s
         self._filtered_seen = 0  # the hub's filtered groups at the last record (train() sets it)
+        self._checkpointed_s: float | None = None  # the run's clock at the last checkpoint
 
     @property
     def url(self) -> str:
@@ -82,7 +84,9 @@ class HubRun:
 
     async def publish(self) -> None:
         """Checkpoint if due (before peers can hold the version), build, sign and announce."""
-        if self.checkpoints is not None and self.publisher.published % self.cfg.run.checkpoint_every == 0:
+        if self.checkpoints is not None and checkpoint_due(
+                self.publisher.published, self.elapsed_s(), self._checkpointed_s,
+                every=self.cfg.run.checkpoint_every, every_s=self.cfg.memory.checkpoint_every_s):
             await self.checkpoint()
         import torch
 
@@ -101,7 +105,7 @@ class HubRun:
         number = self.checkpoints.next_number()
         state = self.hub.checkpoint(self.checkpoints.journal(number))
         state["loop"] = {"time_s": self.elapsed_s(), "trained_lags": dict(self.runlog.staleness)}
-        start = time.perf_counter()
+        start, self._checkpointed_s = time.perf_counter(), state["loop"]["time_s"]
         await asyncio.to_thread(self.checkpoints.write, number, self.learner.save, state)
         log.debug("checkpoint %d at v%d in %.3f s", number, state["step"],
                   time.perf_counter() - start)
@@ -113,7 +117,7 @@ class HubRun:
         self.hub.restore(state, journal)
         self.resumed = True
         loop = state.get("loop", {})  # absent from checkpoints before the run's clock was kept
-        self._clock_s = loop.get("time_s", 0.0)
+        self._clock_s = self._checkpointed_s = loop.get("time_s", 0.0)
         self.runlog.staleness.update({int(k): n for k, n in loop.get("trained_lags", {}).items()})
         hub = self.hub.statistics()
         record = {"event": "resume", "version": hub.step, "journal_records": len(journal),

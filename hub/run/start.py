@@ -17,14 +17,12 @@ import shutil
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from echo2p2p.config import as_dict
 from echo2p2p.errors import ConfigError
-from echo2p2p.learner_size import (Footprint, ModelShape, catch_up_versions_within,
-                                   checkpoint_every_within, hub_footprint, micro_tokens_within)
+from echo2p2p.learner_size import ModelShape
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.scoring.scorer import Scorer
 from echo2p2p.overlay.tickets import Tickets
@@ -36,6 +34,8 @@ from ..config_presets import all_sources, sources_table, write_sources
 from ..view.dashboard import dashboard, status_route
 from ..learning.durable import Checkpoints
 from ..learning.estimates import Estimates
+from ..learning.fitting import (LocalPeers, fit, fit_to_model, kept_streams, log_line,  # noqa: F401
+                                micro_tokens, predicted_footprint)
 from ..overlay.model_files import ModelFiles, model_routes, token_facts
 from ..overlay.publisher import Publisher, load_or_make_key
 from ..learning.ranks import Leader, Ranks, follow
@@ -44,6 +44,7 @@ from ..serving.server import Hub
 from ..tasks.task_setup import TaskSetup, TokenizedProblem, open_setup
 from ..view.experiment_trackers import Trackers, open_trackers
 from .loop import HubRun
+from .marker import MARKER, unclean_notice
 from ..overlay.versions import VersionFiles
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,15 @@ Setup = TaskSetup | Callable[[], TaskSetup] | None  # the task and reward, or wh
 @contextlib.asynccontextmanager
 async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
                     ranks: Ranks | None = None, setup: Setup = None,
-                    sources: Mapping[str, str] | None = None) -> AsyncIterator[HubRun]:
+                    sources: Mapping[str, str] | None = None,
+                    peers: LocalPeers = LocalPeers()) -> AsyncIterator[HubRun]:
     """Load, bind, publish version 0 (or, `resume`, the checkpointed one of cfg.run.run_dir) and
     train in the background; stop on exit. `ranks`: this is rank 0 of a sharded learner (the
     others run `follow_rank`). `setup`: the task and reward, or what makes it once the ports are
     bound (None: as `cfg` names them).
-    `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`)."""
+    `sources`: where each field of `cfg` came from, logged and saved (`hub.config_presets`).
+    `peers`: the demo's local peers, which share the memory budget (`hub.learning.fitting`).
+    A run dir whose last hub was killed without a word is said so first (`hub.run.marker`)."""
     sock, board_sock = listeners = _listeners(cfg)  # a busy port fails here, at once
     try:
         # The policy's config and tokenizer files for peers (docs/protocol/scoring.md, section
@@ -68,8 +72,9 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         files = await asyncio.to_thread(ModelFiles.for_model, cfg.run.model)
         sources = all_sources(cfg, sources)
         log.info("%s", sources_table(cfg, sources))  # before anything loads
+        _say_if_killed(cfg)
         run, eval_scorer, trackers, made = await _open_new_or_resumed(cfg, stream, resume,
-                                                                      ranks, setup)
+                                                                      ranks, setup, peers)
     except BaseException:
         _close(listeners)
         raise
@@ -108,6 +113,17 @@ async def start_hub(cfg: HubConfig, *, stream: Any = None, resume: bool = False,
         trackers.close()  # wandb finishes its run
 
 
+def _say_if_killed(cfg: HubConfig) -> None:
+    """A warning, before anything loads, when the last hub in cfg.run.run_dir died without a
+    word (`hub.run.marker`): what happened, the checkpoint a resume goes back to, the command."""
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else None
+    if run_dir is None or not (run_dir / MARKER).exists():
+        return
+    step = Checkpoints(run_dir).latest_step() if (run_dir / "checkpoints").is_dir() else None
+    if notice := unclean_notice(run_dir, step):
+        log.warning("%s", notice)
+
+
 def _listeners(cfg: HubConfig) -> tuple[socket.socket, socket.socket | None]:
     """The peers' and the dashboard's (None: no dashboard) listeners, bound before the run
     directory is made or anything loads, and the TLS pair they serve checked: a ConfigError
@@ -129,7 +145,8 @@ def _close(listeners: tuple[socket.socket | None, ...]) -> None:
 
 
 async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None,
-                               setup: Setup) -> tuple[HubRun, Scorer, Trackers, Path | None]:
+                               setup: Setup, peers: LocalPeers
+                               ) -> tuple[HubRun, Scorer, Trackers, Path | None]:
     """`_open_run` (with the task and reward `setup` makes, if it makes them), and the
     directory it made for a new run (`_new_run_dir`), which is removed again if it fails."""
     if callable(setup):  # made now that the ports are bound: a dataset may take a while
@@ -137,7 +154,7 @@ async def _open_new_or_resumed(cfg: HubConfig, stream: Any, resume: bool, ranks:
     run_id = uuid.uuid4().hex[:12]  # a new run's (a resumed run keeps its own)
     made = _new_run_dir(cfg, resume, run_id)
     try:
-        return (*await _open_run(cfg, stream, resume, ranks, setup, run_id), made)
+        return (*await _open_run(cfg, stream, resume, ranks, setup, run_id, peers=peers), made)
     except BaseException:
         _remove(made)
         raise
@@ -184,42 +201,6 @@ def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None
                    precision=cfg.learner.learner_precision, checkpointing=cfg.learner.learner_checkpointing)
 
 
-def micro_tokens(cfg: HubConfig, shape: ModelShape) -> int:
-    """Padded tokens per learner micro-batch: learner_micro_tokens, lowered to fit
-    learner_micro_bytes (no budget: 0)."""
-    learner = cfg.learner
-    if not learner.learner_micro_bytes:
-        return learner.learner_micro_tokens
-    return micro_tokens_within(shape, learner.learner_micro_bytes, learner.learner_micro_tokens,
-                               learner.learner_checkpointing)
-
-
-def fit_to_model(cfg: HubConfig, shape: ModelShape) -> HubConfig:
-    """`cfg` with the checkpoint cadence and the catch-up depth within their disk budgets for
-    a model of this shape (`checkpoint_bytes_per_version`, `catch_up_disk_bytes`)."""
-    run, overlay = cfg.run, cfg.overlay
-    every = checkpoint_every_within(shape.params, run.checkpoint_every, run.checkpoint_bytes_per_version)
-    back = catch_up_versions_within(shape.params, overlay.catch_up_versions, cfg.staleness.max_lag,
-                                    overlay.catch_up_disk_bytes)
-    return replace(cfg, run=replace(run, checkpoint_every=every),
-                   overlay=replace(overlay, catch_up_versions=back))
-
-
-def kept_streams(cfg: HubConfig) -> int:
-    """Published streams kept on disk: S + 1 for the spot-checker (else one: the next delta's
-    base), catch_up_versions + 1 as laggards' bases (hub.overlay.catchup)."""
-    spot = cfg.trust.spot_check_fraction > 0
-    return max(cfg.staleness.max_lag + 1 if spot else 1, cfg.overlay.catch_up_versions + 1)
-
-
-def predicted_footprint(cfg: HubConfig, shape: ModelShape) -> Footprint:
-    """The hub's peak RAM and disk for this model under `cfg` (fitted: `fit_to_model`)."""
-    return hub_footprint(shape, micro_tokens(cfg, shape),
-                         checkpointing=cfg.learner.learner_checkpointing, kl=cfg.grpo.kl_coef > 0,
-                         spot_check=cfg.trust.spot_check_fraction > 0, kept_streams=kept_streams(cfg),
-                         kept_versions=cfg.overlay.keep_versions, checkpoint_every=cfg.run.checkpoint_every)
-
-
 def _load_policy(cfg: HubConfig, weights: bool = True) -> tuple[Any, Any]:
     """The policy (fp32; `weights` False: on the meta device) and tokenizer."""
     import torch
@@ -240,21 +221,70 @@ def follow_rank(cfg: HubConfig, ranks: Ranks) -> None:
     follow(make_learner(cfg, model, tokenizer, ranks), ranks, tokenizer)
 
 
-def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog) -> HubConfig:
-    """`cfg` fitted to the model (`fit_to_model`); the predicted footprint logged, and kept in
-    the run log as a `footprint` record (what /status and the run summary can show)."""
-    cfg = fit_to_model(cfg, shape)
-    footprint, tokens = predicted_footprint(cfg, shape), micro_tokens(cfg, shape)
+def _fit_and_predict(cfg: HubConfig, shape: ModelShape, runlog: RunLog, peers: LocalPeers,
+                     resumed: bool, ranks: Ranks | None) -> HubConfig:
+    """`cfg` fitted to the model and the memory budget (`hub.learning.fitting.fit`; ConfigError
+    on "max_memory" when a budget the user set cannot hold it); the predicted footprint and
+    what was fitted logged, and kept in the run log as a `footprint` record (what /status and
+    the run summary can show). A sharded learner is not fitted to memory: every rank must cut
+    the same micro-batches, and the other ranks fit to the model only (`follow_rank`)."""
+    sharded = ranks is not None
+    given = None if sharded else cfg.memory.max_memory_bytes
+    budget = float("inf") if sharded else given or memory_budget_bytes()
+    fitted = fit(cfg, shape, budget, peers, budget_given=given is not None, resumed=resumed)
+    cfg, footprint = fitted.cfg, fitted.footprint
     runlog.event({"event": "footprint", "version": 0, "checkpoint_every": cfg.run.checkpoint_every,
+                  "checkpoint_every_s": cfg.memory.checkpoint_every_s,
                   "catch_up_versions": cfg.overlay.catch_up_versions,
-                  "learner_micro_tokens": tokens, "params": shape.params,
+                  "learner_micro_tokens": cfg.learner.learner_micro_tokens, "params": shape.params,
                   "predicted_ram_bytes": footprint.ram_bytes,
+                  "predicted_demo_ram_bytes": fitted.total_bytes,
+                  "memory_budget_bytes": fitted.budget_bytes,
                   "predicted_disk_bytes": footprint.disk_bytes,
                   "predicted_disk_per_version_bytes": footprint.disk_per_version_bytes})
-    log.info("%s; checkpoint every %d version(s), catch-up deltas from up to %d versions back, "
-             "learner micro-batches of %d tokens", footprint.line(), cfg.run.checkpoint_every,
-             cfg.overlay.catch_up_versions, tokens)
+    for line in log_line(fitted, peers, shape).splitlines():
+        log.info("%s", line)
+    log.info("checkpoint every %d version(s) or %g s of training, catch-up deltas from up to %d "
+             "versions back, learner micro-batches of %d tokens", cfg.run.checkpoint_every,
+             cfg.memory.checkpoint_every_s, cfg.overlay.catch_up_versions,
+             cfg.learner.learner_micro_tokens)
+    if fitted.warning:
+        log.warning("%s (the memory available now; the kernel may kill the hub)", fitted.warning)
     return cfg
+
+
+def fitted_sources(cfg: HubConfig, sources: Mapping[str, str], peers: LocalPeers, *,
+                   resumed: bool = False) -> tuple[HubConfig, dict[str, str], list[str]]:
+    """What `--print-config` shows: the config as a start would fit it (the model's shape read
+    from its config.json on the meta device, no weights; the same budget), each fitted field's
+    source saying why, and the start log's footprint lines (`resumed`: a checkpoint loads
+    while the model is resident). ConfigError as a start's."""
+    shape = model_shape(cfg.run.model)
+    given = cfg.memory.max_memory_bytes
+    fitted = fit(cfg, shape, given or memory_budget_bytes(), peers, budget_given=given is not None,
+                 resumed=resumed)
+    lines = log_line(fitted, peers, shape).splitlines() + ([fitted.warning] if fitted.warning else [])
+    return fitted.cfg, {**sources, **fitted.why}, lines
+
+
+def model_shape(model: str) -> ModelShape:
+    """The shape of `model` from its config alone (the architecture on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from echo2p2p.policy.model import model_source
+
+    config = AutoConfig.from_pretrained(model_source(model))
+    with torch.device("meta"):
+        return ModelShape.of(AutoModelForCausalLM.from_config(config))
+
+
+def memory_budget_bytes() -> float:
+    """The RAM a hub may use when no --max-memory is given: what the machine has available now
+    plus what this process holds already (its model may be loaded)."""
+    import psutil
+
+    return psutil.virtual_memory().available + psutil.Process().memory_info().rss
 
 
 def _prompt_format(cfg: HubConfig, setup: TaskSetup, tokenizer: Any) -> Any:
@@ -279,8 +309,8 @@ def _leased(task: Any, tokenizer: Any, prompts: Any) -> list[TokenizedProblem]:
 
 
 async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | None = None,
-                    setup: TaskSetup | None = None, run_id: str = ""
-                    ) -> tuple[HubRun, Scorer, Trackers]:
+                    setup: TaskSetup | None = None, run_id: str = "", *,
+                    peers: LocalPeers = LocalPeers()) -> tuple[HubRun, Scorer, Trackers]:
     """Everything `start_hub` serves: the policy, the task, the hub, the learner and the run
     log, resumed from cfg.run.run_dir's checkpoint if `resume` (else new: `run_id`), version 0
     (or the resumed one) published; and the evaluation scorer and trackers (the caller's)."""
@@ -306,7 +336,7 @@ async def _open_run(cfg: HubConfig, stream: Any, resume: bool, ranks: Ranks | No
                                         "only: set --eval-every 0 with --nproc-per-node")
     task = setup.task
     model, tokenizer = await asyncio.to_thread(_load_policy, cfg)
-    cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog)
+    cfg = _fit_and_predict(cfg, ModelShape.of(model), runlog, peers, saved is not None, ranks)
     prompts = _prompt_format(cfg, setup, tokenizer)  # before any prompt is leased
     # the spot-checker's copy first: the learner may shard the model in place
     spot = SpotChecker(model, cfg) if cfg.trust.spot_check_fraction > 0 else None

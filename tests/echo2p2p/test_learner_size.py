@@ -50,7 +50,7 @@ def test_footprint_is_the_sum_of_its_parts():
     assert f.ram_bytes == sum(f.ram_parts.values())
     assert f.ram_parts["learner state"] == 16 * SMOL.params
     assert f.ram_parts["micro-batch"] <= 2 * GIB
-    assert f.ram_bytes < 7e9  # was 15.5 GB measured with 16384-token micro-batches
+    assert f.ram_bytes < 9e9  # was 15.5 GB measured with 16384-token micro-batches
     assert f.disk_parts["checkpoints"] == 2 * 12 * SMOL.params
     assert f.disk_parts["streams"] == 5 * 2 * SMOL.params
     assert f.disk_per_version_bytes == 4 * SMOL.params + 12 * SMOL.params / 7

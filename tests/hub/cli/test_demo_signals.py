@@ -55,6 +55,8 @@ async def test_the_demo_stopped_leaves_no_peer_running(tmp_path, sig):
         output = (await drain).decode(errors="replace")
         gone, alive = psutil.wait_procs(peers, timeout=30)
         assert not alive, f"peers left running: {alive}\n{output[-2000:]}"
+        # a kill without a word leaves the RUNNING marker the next start reads (hub.run.marker)
+        assert (tmp_path / "run" / "RUNNING").exists() == (sig is signal.SIGKILL), output[-2000:]
         if sig is not signal.SIGKILL:
             run_dir = tmp_path / "run"
             stop = re.search(rf"stopped by {sig.name} at v(\d+) \(\d+ steps trained\): "
