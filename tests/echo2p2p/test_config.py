@@ -22,14 +22,14 @@ def test_every_config_field_has_help():
         docs = help_texts(cls)
         missing = [f for f in as_dict(cls()) if not docs.get(f)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
-    assert len(as_dict(HubConfig())) == len(hub_help(HubConfig)) == 87
+    assert len(as_dict(HubConfig())) == len(hub_help(HubConfig)) == 89
 
 
 def test_hub_config_sections_share_no_field_name():
     """Flags and TOML keys are flat, so a field name belongs to one section only; each
     section and HubConfig's own fields (the sections) are documented."""
     owner = owners(HubConfig)
-    assert set(owner) == set(as_dict(HubConfig())) and len(set(owner.values())) == 11
+    assert set(owner) == set(as_dict(HubConfig())) and len(set(owner.values())) == 12
     assert owner["lr"] == "grpo" and owner["max_lag"] == "staleness"
     assert set(field_docs(inspect.getsource(HubConfig))) == set(sections(HubConfig))
     assert all(kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "(")
