@@ -236,7 +236,8 @@ class HubRun:
             time_s=self.elapsed_s(),
             rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
             tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
-            capacity=self.capacity_metrics(hub), off_policy=diagnostics)
+            capacity=self.capacity_metrics(hub),
+            off_policy={**(diagnostics or {}), **self.hub.spot_mismatch()})  # every lag's mismatch
         self._last_record_t = now
         return record
 

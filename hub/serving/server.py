@@ -247,6 +247,11 @@ class Hub:
             core.pool, core.trust, core.tracker, len(core.admission.judging),
             core.accusations.bad, self.scorer, self._spot is not None, loop_now())
 
+    def spot_mismatch(self) -> dict[str, Any]:
+        """The engine-vs-learner mismatch the spot-checks measured since the last call, by lag
+        (`SpotChecker.mismatch`: `spot/mismatch_kl`, ...); {} without a checker or checks."""
+        return self._spot.mismatch() if self._spot is not None else {}
+
     def peer_views(self) -> dict[str, PeerView]:
         """Each connected peer as the hub sees it, by peer id, in the order they joined."""
         core, now = self.core, loop_now()
