@@ -7,21 +7,34 @@ share is its trust record's, `echo2p2p.trust.check_fraction`) the hub loads the 
 as peers load it (the published bf16 state cast into an fp32 model) and recomputes each
 completion token's logprob with `grpo.token_logprobs`, the learner's own function.
 
-The statistic, mean |claimed - recomputed| over a group's checked tokens, is the mean
-|log-ratio| a forgery adds; above `spot_check_tolerance` the group fails. bench/spotcheck.py
-(tiny model, real CPU engines, 8 real learner steps, 900 honest groups) measures per group:
-honest fp32 peers at most 2e-6; honest peers computing in bf16, as GPU engines do (bf16 logits
-round by ~0.06 near 10; vLLM and transformers differ by 1e-3 to 0.3 a token, ~0.05 over a
-sequence, vLLM issue #18352), median 2e-3, p99 0.03, max 0.11; near-0 logprobs median 0.21,
-shuffled 0.31. The default 0.2 is 1e5x the fp32 worst, 7x the bf16 p99 and 2x its worst
-(10x the p99.9 is out of reach: bf16 noise and the forgeries overlap on a model this sure of
-its answers), so honest vLLM peers pass; and it is near log(1 + clip_eps) = 0.18, so a forgery
-slipping under it moves the ratios about as much as the PPO clip bounds anyway. It fails 69 %
-of near-0 and 92 % of shuffled groups, and trust quarantines a peer that fails repeatedly.
+The rule: one statistic over the sequences, one bar for every engine and dtype. A group fails
+when the mean |claimed - recomputed| over its checked tokens, the mean |log-ratio| a forgery
+adds, exceeds `spot_check_tolerance` (0.2 nats; the welcome announces it). Measured by
+bench/logprob_drift.py (real CPU engines, the presets' sampling; a loaded 2-core machine):
+
+  per token, nats                   median   p99    max  | per group: max   forgeries' min
+  SmolLM2-135M fp32 (912 tokens)    1.5e-6   2e-5   5e-5 |            5e-6
+  SmolLM2-135M bf16 (887 tokens)    6.4e-3   0.20   0.60 |            0.033  near 0 0.44,
+                                                         |   shuffled 0.62, scaled x0.5 0.22
+  tiny bf16 (721 tokens)            1.4e-4   0.04   0.10 |            0.010  near 0 0.15
+
+A per-token bound would have to clear bf16's 0.6 outliers, which every forgery hides under;
+over a group the noise averages out (bench/spotcheck.py, tiny model, 900 bf16 groups over 8
+real steps: p99 0.03, max 0.11), the forgeries do not. 0.2 is 6x the SmolLM2 bf16 worst, 2x
+the tiny model's, 4e4x fp32's, and near log(1 + clip_eps) = 0.18, so a forgery slipping under
+it moves the ratios about as much as the PPO clip bounds anyway. On SmolLM2 it fails every
+near-0, shuffled and halved group (bench/spotcheck.py's forgers); on the tiny model, sure of
+its answers, 67 % of near-0 and 83 % of shuffled ones (its halved ones, 8 %, move ratios by
+0.13), and trust quarantines a peer failing twice (tests/hostile/test_bf16_peers.py: within
+its probation). Why not a bar per dtype (fp32 could be held to 1e-3): the dtype is the
+peer's word (`hello.dtype`), free to claim, so a liar would claim bf16 and get the loosest bar
+anyway; one bar is that loosest bar, and it still catches the forgeries. vLLM in bf16 differs
+from transformers by 1e-3 to 0.3 a token, ~0.05 over a sequence (vLLM issue #18352), inside
+it. MoE or FP8 peers differ more: raise the tolerance (~0.5).
 Real logprobs of an older published version under a newer tag fail only once the policy moved
-more than that (tiny model: median 0.008 a step back): as harmless as staleness within S. A
+more than the bar (tiny model: median 0.008 a step back): as harmless as staleness within S. A
 tag never published fails always: the hub rejects one newer than its newest, and here one not
-kept fails with reason "version". MoE or FP8 peers differ more: raise the tolerance (~0.5).
+kept fails with reason "version".
 
 Memory, for P parameters: one fp32 model copy, 4P bytes on the learner's device, plus the last
 S + 1 published versions as the publisher hands them over. A hub started by `start_hub` keeps
