@@ -206,8 +206,7 @@ class HubCore:
             env_version=facts.env_version, env_turn_before=facts.turn[0],
             env_turn_after=facts.turn[1], protocol=agreed.protocol, features=list(agreed.features),
             leaf=conn.leaf and LEAF_NOTICE in agreed.features,  # told only where it reads it
-            spot_check_tolerance=cfg.trust.spot_check_tolerance
-            if self.admission.rules.spot_fraction is not None else 0.0)
+            spot_check_tolerance=self.admission.rules.spot_tolerance)
 
     def _left(self, event: ev.PeerLeft, now: float) -> None:
         conn = self.peers.pop(event.peer_id, None)
