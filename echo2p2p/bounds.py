@@ -29,6 +29,7 @@ from .negotiation import MAX_FEATURES  # Hello.features: names of optional behav
 MAX_REWARD = 1e6  # a claimed reward: any task's or environment's, with room (the hub re-scores)
 MAX_NAME_CHARS = 128  # Hello.name: a hostname-pid or an operator's label
 MAX_DEVICE_CHARS = 64  # "cpu", "cuda:7", "mps"
+MAX_DTYPE_CHARS = 16  # Hello.dtype: "float32", "bfloat16", "float8_e4m3fn"
 MAX_TOKEN_CHARS = 256  # join tokens are ~45 characters (echo2p2p.hub.serving.tokens)
 MAX_URL_CHARS = 256  # Hello.listen_addr, http://HOST:PORT
 MAX_ID_CHARS = 64  # peer and lease ids, which the hub itself hands out ("p12", "L345")
@@ -85,6 +86,7 @@ def _hello(msg: m.Hello, welcome: m.Welcome | None) -> None:
     if msg.engine not in m.ENGINES:
         raise _bad("hello.engine", f"not one of {', '.join(m.ENGINES)}")
     _text(msg.device, "hello.device", MAX_DEVICE_CHARS)
+    _text(msg.dtype, "hello.dtype", MAX_DTYPE_CHARS)
     _number(msg.price_per_hour, "hello.price_per_hour", 0.0, MAX_PRICE_PER_HOUR)
     _text(msg.token, "hello.token", MAX_TOKEN_CHARS)
     if msg.nonce and not NONCE_BYTES[0] <= len(msg.nonce) <= NONCE_BYTES[1]:

@@ -57,6 +57,9 @@ class Hello:
     # uses.
     protocol: int = BASE_PROTOCOL
     features: list[str] = field(default_factory=list)
+    # What the engine computes in ("float32", "bfloat16"; '' = not said): for logs and the
+    # hub's mismatch figures only. A claim: the hub's spot-check bar never depends on it.
+    dtype: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,9 @@ class Welcome:
     protocol: int = BASE_PROTOCOL
     features: list[str] = field(default_factory=list)
     leaf: bool = False
+    # The spot-check bar: a checked group fails when the mean |claimed - recomputed| logprob
+    # over its tokens exceeds this many nats (hub.learning.spotcheck). 0: not said (an older hub).
+    spot_check_tolerance: float = 0.0
 
     @property
     def task_kind(self) -> str:

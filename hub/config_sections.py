@@ -531,10 +531,12 @@ class TrustConfig:
     at the last drawn position, less evidence per check; the memory stays the same."""
     spot_check_tolerance: float = 0.2
     """A checked group fails when the mean |claimed - recomputed| logprob over its checked
-    tokens exceeds this, in nats: about the |log-ratio| an undetected forgery adds. 0.2 ~
-    log(1 + clip_eps); 7x the p99 and 2x the worst of honest bf16 peers (GPU engines like vLLM:
-    ~1e-2 a token), 1e5x fp32 ones (bench/spotcheck.py). Lower: more forgeries caught, honest
-    bf16 peers at risk; raise it for MoE or FP8 peers (~0.5)."""
+    tokens exceeds this, in nats: about the |log-ratio| an undetected forgery adds. One bar for
+    every engine and dtype (a peer's dtype is its claim), told to peers in the welcome. 0.2 ~
+    log(1 + clip_eps); 6x the worst group of honest bf16 peers on SmolLM2-135M (0.033; bf16
+    tokens reach 0.6), 4e4x fp32 ones; SmolLM2's forged groups start at 0.22
+    (bench/logprob_drift.py, hub.learning.spotcheck). Lower: more forgeries caught, honest bf16
+    peers at risk; raise it for MoE or FP8 peers (~0.5)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.spot_check_fraction <= 1:

@@ -23,6 +23,8 @@ from echo2p2p.policy.devices import check_device
 from echo2p2p.runtime.tcp import check_congestion
 from echo2p2p.messages import ENGINES  # the wire's list: the hub refuses any other engine
 
+DTYPES = ("", "float32", "bfloat16")  # PeerConfig.dtype: torch's names of what engines run in
+
 
 # `echo2-peer join --help` in these groups: title -> (what they are, the fields).
 GROUPS = {
@@ -30,8 +32,8 @@ GROUPS = {
             "hub_url hub_key token ca_cert connect_timeout_s reconnect_max_s heartbeat_s "
             "hub_timeout_s max_frame_bytes"),
     "worker": ("This worker: its engine, its price, the leases it holds, how it scores.",
-               "engine device torch_threads price_per_hour name leases_in_flight score_timeout_s "
-               "model_cache"),
+               "engine device dtype torch_threads price_per_hour name leases_in_flight "
+               "score_timeout_s model_cache"),
     "relay": ("Versions: relaying them to other peers, and what this peer keeps.",
               "listen advertise upload_limit_mbps tcp_congestion keep_versions relay_stall_s "
               "gossip_degree gossip_max_links"),
@@ -50,6 +52,12 @@ class PeerConfig:
     well-connected machine without a GPU)."""
     device: str = "cpu"
     """Where the engine runs: cpu, cuda, cuda:1."""
+    dtype: str = ""
+    """What the engine computes in: float32 or bfloat16 ('' = the engine's default: float32 for
+    transformers, for vLLM float32 on a CPU and bfloat16 on a GPU). bfloat16: half the memory
+    and faster on a GPU; its logprobs drift from the learner's fp32 (SmolLM2-135M: 0.03 nats a
+    token on average, 0.033 at most over a group), far under the hub's spot-check bar (0.2 by
+    default; the welcome says it; bench/logprob_drift.py)."""
     price_per_hour: float = 0.0
     """What this worker costs, in $/h, for the hub's cost-aware activation."""
     name: str = ""
@@ -123,6 +131,9 @@ class PeerConfig:
             raise ConfigError("engine", f"vLLM is not installed in {sys.executable}: pip install "
                                         "'echo2p2p[vllm]' on a GPU machine; on a CPU one run "
                                         ".ci/vllm-env and start .venv-vllm/bin/echo2-peer")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"one of {', '.join(DTYPES[1:])} or '' (the engine's "
+                                       f"default), got {self.dtype!r}")
         if self.price_per_hour < 0:
             raise ConfigError("price_per_hour", f"must be >= 0, got {self.price_per_hour}")
         if self.leases_in_flight < 1:
@@ -161,10 +172,20 @@ class PeerConfig:
         # here, naming the flag, rather than reconnect to the same refusal forever.
         try:
             check_from_peer(m.Hello(self.display_name, self.engine, self.device,
-                                    self.price_per_hour, self.advertise or None, self.token), None)
+                                    self.price_per_hour, self.advertise or None, self.token,
+                                    dtype=self.engine_dtype), None)
         except RemoteProtocolError as exc:
             name = exc.reason.removeprefix("bad field hello.").split(":")[0]
             raise ConfigError("advertise" if name == "listen_addr" else name, exc.reason) from None
+
+    @property
+    def engine_dtype(self) -> str:
+        """The dtype the engine computes in, as the hello says it ('' for a relay)."""
+        if self.engine == "relay":
+            return ""
+        if self.dtype:
+            return self.dtype
+        return "float32" if self.engine == "transformers" or self.device == "cpu" else "bfloat16"
 
     @property
     def pinned_hub_key(self) -> bytes | None:

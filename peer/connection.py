@@ -88,7 +88,7 @@ async def _handshake(ws: aiohttp.ClientWebSocketResponse, url: str, cfg: PeerCon
                             pinned_hub_key=cfg.pinned_hub_key)
     await ws.send_bytes(protocol.hello(m.Hello(
         cfg.display_name, cfg.engine, cfg.device, cfg.price_per_hour, served_url,
-        cfg.token, nonce, peer_key)))
+        cfg.token, nonce, peer_key, dtype=cfg.engine_dtype)))
     frame = await ws.receive()
     if frame.type is aiohttp.WSMsgType.CLOSE and frame.data == m.CLOSE_BAD_PROTOCOL_VERSION:
         raise JoinRefused(frame.extra or "the hub does not speak this peer's protocol version")

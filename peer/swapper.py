@@ -116,10 +116,14 @@ def build_engine(cfg: PeerConfig, source: str) -> Engine:
     """Import torch and the engine, then build it from `source` (the verified model directory,
     or the built-in's name): for a worker thread, since the first import alone takes seconds
     (tens of them on a loaded machine) and would stall the event loop."""
-    from echo2p2p.policy.engines import make_engine
+    import torch
+
+    from echo2p2p.policy.engines import TransformersEngine, VLLMEngine, make_engine
 
     if cfg.torch_threads:
-        import torch
-
         torch.set_num_threads(cfg.torch_threads)
+    if cfg.engine == "transformers":  # --dtype: its torch dtype
+        return TransformersEngine(source, device=cfg.device, dtype=getattr(torch, cfg.engine_dtype))
+    if cfg.engine == "vllm" and cfg.dtype:
+        return VLLMEngine(source, device=cfg.device, dtype=cfg.dtype)
     return make_engine(cfg.engine, source, cfg.device)

@@ -82,6 +82,7 @@ class AdmissionRules:
     peers_score: bool  # peers score the reward too: their claims can be checked
     vocab_size: int | None  # ids at or above it are refused (None: left to the decoder)
     spot_fraction: float | None  # a clean record's share of spot-checks (None: no checker)
+    spot_tolerance: float = 0.0  # the bar a checked group stays under (0: no checker), told peers
 
     @classmethod
     def of(cls, cfg: HubConfig, *, runs_programs: bool, episodes: bool, peers_score: bool,
@@ -92,7 +93,8 @@ class AdmissionRules:
                   or cfg.grpo.group_size * cfg.scoring.score_timeout_s) if runs_programs else 0.0
         return cls(cfg.staleness.max_lag, cfg.scoring.score_sample_budget_s, hold_s, episodes,
                    peers_score, vocab_size,
-                   cfg.trust.spot_check_fraction if spot_checks else None)
+                   cfg.trust.spot_check_fraction if spot_checks else None,
+                   cfg.trust.spot_check_tolerance if spot_checks else 0.0)
 
 
 @dataclass

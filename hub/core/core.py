@@ -187,8 +187,8 @@ class HubCore:
         newest = self.newest_version
         self.accusations.probe(conn, newest or 0)
         self.tracker.catch_up(conn, now)
-        log.info("peer joined: %s (%s, %s on %s, $%.2f/h)", peer_id, hello.name, hello.engine,
-                 hello.device, hello.price_per_hour)
+        log.info("peer joined: %s (%s, %s on %s in %s, $%.2f/h)", peer_id, hello.name,
+                 hello.engine, hello.device, hello.dtype or "?", hello.price_per_hour)
         self._replan(self.pool.required, now)
 
     def _welcome(self, conn: Peer) -> m.Welcome:
@@ -207,7 +207,8 @@ class HubCore:
             model_digest=digest, model_signature=signature, env=facts.env,
             env_version=facts.env_version, env_turn_before=facts.turn[0],
             env_turn_after=facts.turn[1], protocol=agreed.protocol, features=list(agreed.features),
-            leaf=conn.leaf and LEAF_NOTICE in agreed.features)  # told only where it reads it
+            leaf=conn.leaf and LEAF_NOTICE in agreed.features,  # told only where it reads it
+            spot_check_tolerance=self.admission.rules.spot_tolerance)
 
     def _left(self, event: ev.PeerLeft, now: float) -> None:
         conn = self.peers.pop(event.peer_id, None)

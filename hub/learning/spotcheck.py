@@ -7,21 +7,34 @@ share is its trust record's, `echo2p2p.trust.check_fraction`) the hub loads the 
 as peers load it (the published bf16 state cast into an fp32 model) and recomputes each
 completion token's logprob with `grpo.token_logprobs`, the learner's own function.
 
-The statistic, mean |claimed - recomputed| over a group's checked tokens, is the mean
-|log-ratio| a forgery adds; above `spot_check_tolerance` the group fails. bench/spotcheck.py
-(tiny model, real CPU engines, 8 real learner steps, 900 honest groups) measures per group:
-honest fp32 peers at most 2e-6; honest peers computing in bf16, as GPU engines do (bf16 logits
-round by ~0.06 near 10; vLLM and transformers differ by 1e-3 to 0.3 a token, ~0.05 over a
-sequence, vLLM issue #18352), median 2e-3, p99 0.03, max 0.11; near-0 logprobs median 0.21,
-shuffled 0.31. The default 0.2 is 1e5x the fp32 worst, 7x the bf16 p99 and 2x its worst
-(10x the p99.9 is out of reach: bf16 noise and the forgeries overlap on a model this sure of
-its answers), so honest vLLM peers pass; and it is near log(1 + clip_eps) = 0.18, so a forgery
-slipping under it moves the ratios about as much as the PPO clip bounds anyway. It fails 69 %
-of near-0 and 92 % of shuffled groups, and trust quarantines a peer that fails repeatedly.
+The rule: one statistic over the sequences, one bar for every engine and dtype. A group fails
+when the mean |claimed - recomputed| over its checked tokens, the mean |log-ratio| a forgery
+adds, exceeds `spot_check_tolerance` (0.2 nats; the welcome announces it). Measured by
+bench/logprob_drift.py (real CPU engines, the presets' sampling; a loaded 2-core machine):
+
+  per token, nats                   median   p99    max  | per group: max   forgeries' min
+  SmolLM2-135M fp32 (912 tokens)    1.5e-6   2e-5   5e-5 |            5e-6
+  SmolLM2-135M bf16 (887 tokens)    6.4e-3   0.20   0.60 |            0.033  near 0 0.44,
+                                                         |   shuffled 0.62, scaled x0.5 0.22
+  tiny bf16 (721 tokens)            1.4e-4   0.04   0.10 |            0.010  near 0 0.15
+
+A per-token bound would have to clear bf16's 0.6 outliers, which every forgery hides under;
+over a group the noise averages out (bench/spotcheck.py, tiny model, 900 bf16 groups over 8
+real steps: p99 0.03, max 0.11), the forgeries do not. 0.2 is 6x the SmolLM2 bf16 worst, 2x
+the tiny model's, 4e4x fp32's, and near log(1 + clip_eps) = 0.18, so a forgery slipping under
+it moves the ratios about as much as the PPO clip bounds anyway. On SmolLM2 it fails every
+near-0, shuffled and halved group (bench/spotcheck.py's forgers); on the tiny model, sure of
+its answers, 67 % of near-0 and 83 % of shuffled ones (its halved ones, 8 %, move ratios by
+0.13), and trust quarantines a peer failing twice (tests/hostile/test_bf16_peers.py: within
+its probation). Why not a bar per dtype (fp32 could be held to 1e-3): the dtype is the
+peer's word (`hello.dtype`), free to claim, so a liar would claim bf16 and get the loosest bar
+anyway; one bar is that loosest bar, and it still catches the forgeries. vLLM in bf16 differs
+from transformers by 1e-3 to 0.3 a token, ~0.05 over a sequence (vLLM issue #18352), inside
+it. MoE or FP8 peers differ more: raise the tolerance (~0.5).
 Real logprobs of an older published version under a newer tag fail only once the policy moved
-more than that (tiny model: median 0.008 a step back): as harmless as staleness within S. A
+more than the bar (tiny model: median 0.008 a step back): as harmless as staleness within S. A
 tag never published fails always: the hub rejects one newer than its newest, and here one not
-kept fails with reason "version". MoE or FP8 peers differ more: raise the tolerance (~0.5).
+kept fails with reason "version".
 
 Memory, for P parameters: one fp32 model copy, 4P bytes on the learner's device, plus the last
 S + 1 published versions as the publisher hands them over. A hub started by `start_hub` keeps
@@ -32,6 +45,11 @@ so they cost no RAM the hub holds; given tensors in RAM (tests), they cost (S + 
 less compute, the same memory. For a large model: a small fraction, k of 16 to 64, a small S.
 Versions older than the first this process kept (a resumed hub) cannot be checked and pass.
 Knows nothing of peers, trust or sockets; the hub decides what a failed check costs.
+
+Every passed check also measures the engine-vs-learner mismatch, at the sample's own version
+whatever its lag (`MismatchByLag`): per-token ratios and the k3 KL the step record carries as
+`spot/mismatch_kl` and `spot/mismatch_by_lag`, where the learner's own `mismatch_kl` sees only
+lag-0 tokens.
 """
 
 from __future__ import annotations
@@ -74,6 +92,51 @@ class SpotResult:
                 "max_abs_diff": round(self.max_abs_diff, 6)}
 
 
+class MismatchByLag:
+    """Sums of the passed checks' d = recomputed - claimed, by lag, until drained.
+
+    The recompute is at the sample's own version, so d is the engine-vs-learner mismatch alone
+    (bf16 kernels, the wire's rounding), whatever the lag; the learner's own `mismatch_kl`
+    (`hub.learning.off_policy`) sees it only on lag-0 tokens. Lag: the newest published version
+    when the check ran minus the sample's. KL: the k3 estimator exp(d) - d - 1 (Schulman 2020),
+    as off_policy computes it; ratio exp(d), the importance ratio at lag 0. Failed checks
+    (forgeries) are left out: they are refused, never trained.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # added to from the checks' thread, drained by the loop
+        self._sums: dict[int, list[float]] = {}  # lag -> [tokens, k3, |d|, ratio, max |d|]
+
+    def add(self, lag: int, d: torch.Tensor) -> None:
+        """Tokens of one passed check at `lag`: d (N,), nats."""
+        d = d.double()
+        k3, ratio = float((d.exp() - d - 1).sum()), float(d.exp().sum())
+        with self._lock:
+            s = self._sums.setdefault(max(lag, 0), [0, 0.0, 0.0, 0.0, 0.0])
+            s[0] += d.numel()
+            s[1] += k3
+            s[2] += float(d.abs().sum())
+            s[3] += ratio
+            s[4] = max(s[4], float(d.abs().max()))
+
+    def drain(self) -> dict[str, Any]:
+        """`spot/mismatch_kl`, `_abs_mean`, `_abs_max`, `_tokens` over every lag and
+        `spot/mismatch_by_lag` {"lag": {kl, abs_mean, abs_max, ratio_mean, tokens}}; then
+        start over. {} when no check passed since the last call."""
+        with self._lock:
+            sums, self._sums = self._sums, {}
+        if not sums:
+            return {}
+        by_lag = {str(lag): {"kl": s[1] / s[0], "abs_mean": s[2] / s[0], "abs_max": s[4],
+                             "ratio_mean": s[3] / s[0], "tokens": int(s[0])}
+                  for lag, s in sorted(sums.items())}
+        n = sum(s[0] for s in sums.values())
+        return {"spot/mismatch_kl": sum(s[1] for s in sums.values()) / n,
+                "spot/mismatch_abs_mean": sum(s[2] for s in sums.values()) / n,
+                "spot/mismatch_abs_max": max(s[4] for s in sums.values()),
+                "spot/mismatch_tokens": int(n), "spot/mismatch_by_lag": by_lag}
+
+
 class SpotChecker:
     """The published weights of the last S + 1 versions and one model to recompute with."""
 
@@ -94,6 +157,18 @@ class SpotChecker:
         # thread still runs.
         self._model_lock = threading.Lock()
         self._turn = asyncio.Lock()  # checks queue here, not as threads in the executor
+        self._mismatch = MismatchByLag()
+
+    @property
+    def newest(self) -> int:
+        """The newest version kept (the learner's latest published step), -1 before any."""
+        with self._book:
+            return max(self._versions, default=-1)
+
+    def mismatch(self) -> dict[str, Any]:
+        """The engine-vs-learner mismatch of the checks passed since the last call, by lag
+        (`MismatchByLag.drain`): for the step record."""
+        return self._mismatch.drain()
 
     def keep(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """`weights` (what peers load for `version`) become checkable; the oldest beyond S + 1
@@ -126,16 +201,30 @@ class SpotChecker:
 
     def _compare(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]) -> SpotResult:
         with self._model_lock, torch.no_grad():
-            return self._compare_locked(group, weights)
+            diffs = self.token_diffs(group, weights)
+        if not diffs:
+            return SpotResult(group.version, None)
+        diff = torch.cat(diffs).abs()  # (N,)
+        mean, worst = float(diff.mean()), float(diff.max())
+        result = SpotResult(group.version, "logprob" if mean > self.tolerance else None,
+                            int(diff.numel()), mean, worst)
+        if result.passed:  # a forgery's gap is not the engines' mismatch
+            self._mismatch.add(self.newest - group.version, torch.cat(diffs))
+        return result
 
-    def _compare_locked(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]) -> SpotResult:
+    def token_diffs(self, group: ScoredGroup, weights: Mapping[str, torch.Tensor]
+                    ) -> list[torch.Tensor]:
+        """Per sample, d = recomputed - claimed logprob at its checked tokens, in nats, clamped
+        to +-`grpo.LOG_RATIO_LIMIT` as the learner clamps a log-ratio (one token cannot make a
+        mean infinite): (n_i,) each, [] for an empty group. exp(d) is the ratio the learner
+        would apply at lag 0. Call under the model lock (bench/logprob_drift.py: alone)."""
         prompt = list(group.prompt_ids)
         # (ids, claimed logprobs, completion positions to check); rows were validated at
         # admission (echo2p2p.rows): non-empty, finite, ids in the vocabulary
         rows = [(list(r.token_ids), r.behaviour(), self._pick(r.trained()))
                 for r in group.samples]
         if not rows or not prompt:
-            return SpotResult(group.version, None)
+            return []
         p = len(prompt)
         width = p + max(pos[-1] for _, _, pos in rows) + 1  # nothing after the last position
         input_ids = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T), right-padded
@@ -153,11 +242,8 @@ class SpotChecker:
             self._loaded = weights
         dev = next(self.model.parameters()).device
         recomputed = self._logprobs(input_ids.to(dev), attention.to(dev), checked.to(dev))
-        # Clamped as the learner clamps a log-ratio: one token cannot make the mean infinite.
-        diff = (recomputed.cpu() - claimed_t).abs()[checked].clamp(max=grpo.LOG_RATIO_LIMIT)  # (N,)
-        mean, worst = float(diff.mean()), float(diff.max())
-        return SpotResult(group.version, "logprob" if mean > self.tolerance else None,
-                          int(diff.numel()), mean, worst)
+        d = (recomputed.cpu() - claimed_t).clamp(-grpo.LOG_RATIO_LIMIT, grpo.LOG_RATIO_LIMIT)
+        return [d[i][checked[i]] for i in range(len(rows))]  # (B, T) -> B x (n_i,)
 
     def _pick(self, trained: list[bool]) -> list[int]:
         """Sorted completion positions to check, among the model's (an episode's observation

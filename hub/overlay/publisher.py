@@ -51,7 +51,7 @@ class Publisher:
                  files: VersionFiles | None = None):
         self.overlay = overlay
         self._signing_key = signing_key
-        self._spot = spot
+        self.spot = spot
         self._files = files
         self._last_stream: tuple[int, bytes | memoryview] | None = None  # the next delta's base
         self._streams: dict[int, bytes | memoryview] = {}  # catch-up bases, the newest last
@@ -94,8 +94,8 @@ class Publisher:
             delta = None
             if self._last_stream is not None and self.published % self.overlay.anchor_every:
                 delta = snapshot(base=self._last_stream)
-        if self._spot is not None:  # exactly what peers load
-            self._spot.keep(version, weights if self._files is None
+        if self.spot is not None:  # exactly what peers load
+            self.spot.keep(version, weights if self._files is None
                             else mapped_state(stream, full.manifest.tensors))
         self._last_stream = (version, stream)
         self._streams[version] = stream

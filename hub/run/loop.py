@@ -248,10 +248,17 @@ class HubRun:
             time_s=self.elapsed_s(),
             rollouts_per_s=hub.admitted_per_s, busy_frac=max(1.0 - self._waited.per_s(now), 0.0),
             tokens_per_s=stats.tokens / max(now - self._last_record_t, 1e-9),
-            capacity=self.capacity_metrics(hub), off_policy=diagnostics,
+            capacity=self.capacity_metrics(hub),
+            off_policy={**(diagnostics or {}), **self.spot_mismatch()},  # every lag's mismatch
             filtered=hub.filtered_groups - self._filtered_seen)
         self._last_record_t, self._filtered_seen = now, hub.filtered_groups
         return record
+
+    def spot_mismatch(self) -> dict[str, Any]:
+        """The engine-vs-learner mismatch the spot-checks measured since the last record, by lag
+        (`SpotChecker.mismatch`: `spot/mismatch_kl`, ...); {} without a checker or checks."""
+        spot = self.publisher.spot
+        return spot.mismatch() if spot is not None else {}
 
     def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]:
         """The capacity estimates, and the busy fraction they predict for the active peers."""
