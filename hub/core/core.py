@@ -129,8 +129,7 @@ class HubCore:
     # --- the one entry point ----------------------------------------------------------
 
     def _lease_changed(self, change: tuple) -> None:
-        """Journal a change of the lease book; say which leases closed unanswered (tests/chaos
-        counts the open ones from the debug log)."""
+        """Journal a lease book change; log leases closed unanswered (tests/chaos reads it)."""
         self.outbox.emit(Journal(("lease", *change)))
         if change[0] in ("requeue", "drop"):
             log.debug("lease %s closed: %s", change[1], change[-1] if change[0] == "requeue"
