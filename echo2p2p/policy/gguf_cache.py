@@ -26,8 +26,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 

@@ -9,8 +9,8 @@ dashboard and in `echo2-hub status`, which read it through /status (`echo2p2p.hu
 
 The pieces run in the worker thread the evaluation runs in; `EvalProgress` is written there and
 read by the event loop's /status, unlocked: each field is one int, written whole, and a reader
-that sees `done` a piece behind shows the previous count, no harm. The event loop is never
-waited on.
+that sees `done` a piece behind shows the previous count, no harm. Neither side waits for the
+other.
 
 A piece is one greedy `generate` call (the learner's evaluation batch, 64, is larger): on a CPU
 decoding costs about in proportion to the batch, so the pieces add each call's overhead and
@@ -40,10 +40,6 @@ class EvalProgress:
     def as_dict(self) -> dict[str, int]:
         """What /status answers under "evaluating"."""
         return {"version": self.version, "done": self.done, "total": self.total}
-
-    def text(self) -> str:
-        """`evaluating v0: 128/200`, as the dashboard and `echo2-hub status` show it."""
-        return f"evaluating v{self.version}: {self.done}/{self.total}"
 
 
 def evaluate_in_pieces(evaluate: Callable[[Sequence[Any]], float], problems: Sequence[Any],

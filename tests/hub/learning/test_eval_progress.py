@@ -53,7 +53,7 @@ def test_pieces_count_the_problems_done_and_give_the_mean_of_them_all():
         drawn = read_all(controller)  # before its other side closes: Linux drops it then
     os.close(controller)
     assert seen == [(0, 32), (32, 32), (64, 6)]
-    assert progress.done == 70 and progress.text() == "evaluating v4: 70/70"
+    assert progress.as_dict() == {"version": 4, "done": 70, "total": 70}
     assert mean == sum(rewards) / 70
     assert "evaluating v4" in drawn and "32/70" in drawn and "64/70" in drawn, drawn
     assert PIECE_PROBLEMS == 32
