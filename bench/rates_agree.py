@@ -35,7 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from echo2p2p.hub.view import watch
+from echo2p2p.rates import rate_text
 
+RATE = "rate"  # the places of a rate: as `rate_text` writes it (two significant figures at least)
 LIVE_TOLERANCE = 0.05  # relative, plus 0.5/s: the live figures of two reads a few ms apart
 SAMPLES = 3  # reads of every surface, one after another: a burst of admissions between two
 # surfaces' reads of one sample moves a peer's rate more than the tolerance on a loaded box
@@ -166,17 +168,19 @@ def disagreements(live: dict[str, dict[str, Any]], terminal: dict[int, dict[str,
     of the step shown (to the places shown), live figures from /status's read."""
     faults: list[str] = []
 
-    def differ(source: str, key: str, got: Any, want: Any, places: int | None) -> None:
+    def differ(source: str, key: str, got: Any, want: Any, places: int | str | None) -> None:
         if got is None and want is None:
             return
         if got is None or want is None:
             faults.append(f"{source} {key}: {got} vs {want}")
-        elif places is not None and round(want, places) != round(got, places):
+        elif places == RATE and float(rate_text(want)) != got:
+            faults.append(f"{source} {key}: {got} vs {want} (as rate_text writes it)")
+        elif places not in (None, RATE) and round(want, places) != round(got, places):
             faults.append(f"{source} {key}: {got} vs {want} (to {places} places)")
         elif places is None and abs(got - want) > LIVE_TOLERANCE * abs(want) + 0.5:
             faults.append(f"{source} {key}: {got} vs {want} (live)")
 
-    places = {"echo2-hub status": {"admitted/s": 1, "busy": 2}, "/status": {}, "/metrics": {},
+    places = {"echo2-hub status": {"admitted/s": RATE, "busy": 2}, "/status": {}, "/metrics": {},
               "dashboard feed": {}}
     by_time = {r["time_s"]: step for step, r in records.items()}  # /metrics has no step gauge
     for source, shown in live.items():
@@ -199,12 +203,12 @@ def disagreements(live: dict[str, dict[str, Any]], terminal: dict[int, dict[str,
     for step, line in terminal.items():
         for key, value in line.items():
             differ(f"terminal step {step}", key, value, from_record(records[step])[key],
-                   1 if key == "admitted/s" else 2)
+                   RATE if key == "admitted/s" else 2)
     last = from_record(records[max(records)])
     for key in KEYS[1:]:
         want = last[key]
-        differ("report", key, report[key], want, 1 if key in ("admitted/s", "gen/s (active)",
-                                                              "required/s") else 2)
+        differ("report", key, report[key], want, RATE if key in ("admitted/s", "gen/s (active)",
+                                                                 "required/s") else 2)
     return faults
 
 

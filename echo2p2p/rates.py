@@ -18,6 +18,9 @@ dominated by such bursts (it read 10-50x the true rate). The learner's busy frac
 window sum: one minus the seconds it waited for a batch in the window over the seconds covered.
 
 No clock: callers pass `now` (any monotonic seconds, the same clock for one WindowSum).
+Every view writes a rate with `rate_text`: at least two significant figures, so a real model's
+peer at 0.4 rollouts/s shows 0.4, not 0 (the tiny model's hundreds a second keep their one
+decimal, or none).
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ from collections import deque
 
 RATE_WINDOW_S = 60.0
 """Seconds every windowed rate of the hub covers (dashboard, status, /metrics, run log)."""
+
+
+def rate_text(per_s: float) -> str:
+    """A rate as the dashboard, `echo2-hub status`, the live line and the report show it: one
+    decimal from 1/s (12.3), none from 100/s (925), two significant figures below 1/s (0.4,
+    0.043). The page's dashboard.js (`rate`) follows the same rule."""
+    size = abs(per_s)
+    if size >= 100:
+        return f"{per_s:.0f}"
+    if size >= 1:
+        return f"{per_s:.1f}"
+    return f"{per_s:.2g}"
 
 
 class WindowSum:

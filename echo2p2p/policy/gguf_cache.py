@@ -18,7 +18,6 @@ and only when a file is converted.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.util
 import json
@@ -28,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -126,7 +126,7 @@ def convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    with quiet_loader():
+    with quiet_loader(gguf.name):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       dtype=torch.float32)
@@ -144,16 +144,23 @@ def convert(gguf: Path, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def quiet_loader():
-    """No progress bars from transformers while it reads a GGUF file (the caller logs one line
-    instead): its own bars follow its switch, but the GGUF reader's tqdm is a plain one, so it
-    is swapped for a disabled one for the duration (a module attribute, restored after)."""
+def quiet_loader(label: str):
+    """One bar of ours while transformers reads a GGUF file, none of its own: its bars follow
+    its switch, off for the duration; the GGUF reader's tqdm over the file's tensors (where the
+    conversion's time goes: each is dequantised) is a plain one, so it is swapped for ours
+    (`echo2p2p.runtime.progress.count_bar`: "converting `label`", tensors done of all, on a
+    terminal only) for the duration (a module attribute, restored after)."""
     from transformers import modeling_gguf_pytorch_utils as reader
     from transformers.utils import logging as hf_logging
 
+    from ..runtime.progress import count_bar
+
+    def bar(iterable: Any, *args: Any, **kwargs: Any) -> Any:  # the reader's call: (tensors, desc=)
+        return count_bar(None, f"converting {label}", "tensor", iterable=iterable)
+
     bars, plain = hf_logging.is_progress_bar_enabled(), reader.tqdm
     hf_logging.disable_progress_bar()
-    reader.tqdm = functools.partial(plain, disable=True)
+    reader.tqdm = bar
     try:
         yield
     finally:

@@ -76,20 +76,31 @@ async def _stop(run: HubRun, signum: int, how: str) -> None:
     """End the learner loop after its step in progress, checkpoint, and say how to resume."""
     saved = await run.stop()
     name = signal.Signals(signum).name
+    settings = run.runlog.run_dir / "config.json"
     print(f"stopped by {name} at v{run.hub.core.step} ({run.hub.core.step} steps trained): "
-          + (f"checkpoint saved; resume with: {how}" if saved else
+          + (f"checkpoint saved, its settings in {settings} (--resume reads them: the "
+             f"model, task and every other field need no flag); resume with: {how}" if saved else
              "no checkpoint (checkpoint_every is 0): this run cannot be resumed"), flush=True)
 
 
 def resume_hint(cfg: HubConfig, run_dir: Path, command: str, scripted: bool = False,
                 flags: str = "") -> str:
     """How to continue the run in `run_dir`: the command (`serve` or `demo`, with `flags`, the
-    ones not saved with the run), or, a script's run, the call. The dashboard token is not
-    saved either (a secret), so it is asked for again."""
+    ones not saved with the run: every config field is, in config.json, and `--resume` reads
+    them), or, a script's run, the call. The dashboard token is not saved either (a secret),
+    so it is asked for again."""
     if scripted:
         return f"Run(...).{command}(resume={str(run_dir)!r}) in your script"
     token = " --dashboard-token TOKEN" if cfg.view.dashboard_token else ""
     return f"echo2-hub {command} --resume {run_dir}{flags}{token}"
+
+
+def demo_flags(local_peers: int, engine: str, python: str) -> str:
+    """The demo's own flags, which no config field saves, as the run was started with them:
+    `--peers` always (the one a resumed demo most needs the same), `--engine` and
+    `--peer-python` where they differ from the defaults."""
+    return (f" --peers {local_peers}" + (f" --engine {engine}" if engine != "transformers" else "")
+            + (f" --peer-python {python}" if python != sys.executable else ""))
 
 
 def peer_python(engine: str, given: str = "") -> str:
@@ -132,9 +143,8 @@ async def run(cfg: HubConfig, *, local_peers: int = 0, engine: str = "transforme
     async with start_hub(cfg, stream=sys.stdout, resume=resume is not None, ranks=ranks,
                          setup=setup, sources=sources, peers=LocalPeers(local_peers, engine)) as run:
         if local_peers:
-            flags = (f" --peers {local_peers}" if local_peers != 2 else "") + \
-                (f" --engine {engine}" if engine != "transformers" else "")
-            how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted, flags)
+            how = resume_hint(cfg, run.runlog.run_dir, "demo", scripted,
+                              demo_flags(local_peers, engine, python))
         else:
             how = resume_hint(cfg, run.runlog.run_dir, "serve", scripted)
         async with _stopped_by_signals(how) as stopped, _marked(run.runlog.run_dir, how):

@@ -28,6 +28,7 @@ from ..serving.counters import HubStatistics
 from ..learning.checkpoint import checkpoint_due
 from ..learning.durable import Checkpoints
 from ..learning.estimates import Estimates
+from ..learning.held_out import EvalProgress, evaluate_in_pieces
 from ..overlay.publisher import Publisher
 from ..view.runlog import RunLog
 from ..serving.server import Hub
@@ -62,6 +63,7 @@ class HubRun:
         self.port = 0
         self.dashboard_port: int | None = None  # None: no dashboard (cfg.view.dashboard_port -1)
         self.records: list[dict[str, Any]] = []
+        self.evaluating: EvalProgress | None = None  # the evaluation under way, if one is
         self.finished = asyncio.Event()  # set when the loop reached max_steps
         self.estimates = estimates or Estimates(cfg)
         self._stopping = asyncio.Event()  # stop() asked: the loop ends after its step
@@ -129,22 +131,34 @@ class HubRun:
                                   f"{len(journal)} journal records replayed")
 
     async def evaluate(self) -> float:
+        """Held-out accuracy of the policy now, in a worker thread, a piece at a time: how far
+        it has got is `evaluating` meanwhile (/status shows it), None when none runs."""
         problems = self.hub.setup.task.problems("eval")[: self.cfg.tasks.eval_problems]
+        progress = EvalProgress(self.hub.core.step, len(problems))
+        log.info("evaluating v%d on %d held-out problems", progress.version, progress.total)
+        self.evaluating = progress
+        try:
+            return await asyncio.to_thread(evaluate_in_pieces, self._evaluate_piece, problems,
+                                           progress)
+        finally:
+            self.evaluating = None
+
+    def _evaluate_piece(self, problems: list[Any]) -> float:
+        """The greedy policy's mean reward on `problems` (blocking: in the worker thread)."""
         if self.hub.setup.env:  # greedy episodes of the held-out seeds
             from ..learning.episode_eval import evaluate_episodes
 
-            return await asyncio.to_thread(
-                evaluate_episodes, self.learner, self.tokenizer, problems,
-                self.hub.setup.task.factory,
+            return evaluate_episodes(
+                self.learner, self.tokenizer, problems, self.hub.setup.task.factory,
                 max_new_tokens=self.cfg.grpo.max_new_tokens, prompts=self.cfg.tasks.prompts,
                 turn=self.hub.setup.reward.turn)
 
         def score(items: list[tuple[Any, str]]) -> list[float]:  # (problem, completion text)
             return self.eval_scorer.score_blocking(items).rewards
 
-        return await asyncio.to_thread(self.learner.evaluate, self.tokenizer, problems, score,
-                                       max_new_tokens=self.cfg.grpo.max_new_tokens,
-                                       prompts=self.cfg.tasks.prompts)
+        return self.learner.evaluate(self.tokenizer, problems, score,
+                                     max_new_tokens=self.cfg.grpo.max_new_tokens,
+                                     prompts=self.cfg.tasks.prompts)
 
     def elapsed_s(self) -> float:
         """The run's clock: seconds of learner loop, over every process of a resumed run."""

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from echo2p2p.rates import rate_text
 from echo2p2p.request_budget import STREAMS, RequestBudget
 from echo2p2p.runtime import http_deadlines
 
@@ -233,26 +234,40 @@ def first_paint(html: bytes, now: dict[str, Any]) -> bytes:
               "tile-version": _shown(now.get("published_version"), ".0f"),
               "tile-reward": _shown(last.get("train/reward_mean"), ".3f"),
               "tile-busy": None if _shown(busy, ".0%") is None else f"{100 * busy:.0f} %",
-              "tile-rate": _shown(last.get("rollout/per_s"), ".1f"),
+              "tile-rate": _shown(last.get("rollout/per_s"), "rate"),
               "tile-usd-total": _shown(cost.get("cost/usd_total"), ".4f", "$"),
               "tile-usd-hour": _shown(cost.get("cost/usd_per_hour"), ".3f", "$"),
               "tile-usd-1k": _shown(cost.get("cost/usd_per_1k_rollouts"), ".4f", "$"),
               "tile-lp-bound": _shown(cost.get("lp_bound_usd_per_hour"), ".3f", "$"),
               "tile-peers": " · ".join(str(states.count(s))
-                                       for s in ("active", "standby", "quarantined"))}
+                                       for s in ("active", "standby", "quarantined")),
+              "tile-evaluating": _evaluating(now.get("evaluating"))}
     for key, value in values.items():
         if value is not None:
             text = html_escape(str(value)).encode()
-            html = html.replace(f'id="{key}">–<'.encode(), f'id="{key}">'.encode() + text + b"<")
+            blank = "" if key == "tile-evaluating" else "–"  # a line that is empty, not a figure
+            html = html.replace(f'id="{key}">{blank}<'.encode(), f'id="{key}">'.encode() + text + b"<")
     return html
+
+
+def _evaluating(progress: Any) -> str | None:
+    """`evaluating v0: 128/200` from the status's "evaluating" (as dashboard.js writes it);
+    None when none runs."""
+    if not isinstance(progress, dict):
+        return None
+    figures = [_shown(progress.get(k), ".0f") for k in ("version", "done", "total")]
+    if None in figures:
+        return None
+    return f"evaluating v{figures[0]}: {figures[1]}/{figures[2]}"
 
 
 # `value`: a JSON value from the status.
 def _shown(value: Any, spec: str, prefix: str = "") -> str | None:
-    """`value` formatted by `spec` when it is a finite number, else None (the "–" stays)."""
+    """`value` formatted by `spec` (or "rate": `rate_text`) when it is a finite number, else
+    None (the "–" stays)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return prefix + format(value, spec)
+    return prefix + (rate_text(value) if spec == "rate" else format(value, spec))
 
 
 def _static() -> Handler:

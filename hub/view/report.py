@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from echo2p2p.rates import rate_text
+
 from .run_data import RunData, finite, read_run, trained_lags, values
 
 EDGE_STEPS = 5  # "reward first/last" are means over this many steps at each end
@@ -44,11 +46,11 @@ def summary(data: RunData) -> list[tuple[str, str]]:
         ("learner busy fraction (last 60 s; capacity model)",
          f"{_fmt(last.get('hub/learner_busy_frac'), 2)}; "
          f"{_fmt(last.get('capacity/predicted_busy_frac'), 2)}"),
-        ("admitted/s (last 60 s)", _fmt(last.get("rollout/per_s"), 1)),
+        ("admitted/s (last 60 s)", _rate(last.get("rollout/per_s"))),
         ("gen/s while busy, active peers (capacity model's input)",
-         _fmt(last.get("capacity/gen_rollouts_per_s"), 1)),
+         _rate(last.get("capacity/gen_rollouts_per_s"))),
         ("required rollouts/s (capacity model)",
-         _fmt(last.get("capacity/required_rollouts_per_s"), 1) if finite(
+         _rate(last.get("capacity/required_rollouts_per_s")) if finite(
              last.get("capacity/required_rollouts_per_s")) else
          f"none: {last.get('capacity/required_why') or 'not recorded'}"),
         ("dropped stale (on arrival / in queue)",
@@ -65,6 +67,10 @@ def summary(data: RunData) -> list[tuple[str, str]]:
 # `value`: a JSON value from the run log.
 def _fmt(value: Any, places: int = 3) -> str:
     return f"{value:.{places}f}" if finite(value) else "-"
+
+
+def _rate(value: Any) -> str:
+    return rate_text(value) if finite(value) else "-"
 
 
 CONFIG_SHOWN = ("model", "task", "dataset", "env", "max_lag", "kappa", "prompts_per_step",

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from echo2p2p.rates import rate_text
+
 log = logging.getLogger(__name__)
 
 LEGEND = ("(lag a/b/c: the step's groups by staleness, made 0/1/2... versions behind the "
@@ -71,7 +73,7 @@ def live_line(r: dict[str, Any]) -> str:
     lag = "/".join(str(hist.get(str(k), 0)) for k in range(max((int(k) for k in hist), default=0) + 1))
     return (f"step {r['step']:5d}  v{r['version']:<5d} reward {r['train/reward_mean']:.3f}  "
             f"eval {'  -  ' if acc is None else f'{acc:.3f}'}  lag {lag or '-':<8s} "
-            f"admitted/s {r['rollout/per_s']:7.1f}  busy {r['hub/learner_busy_frac']:.2f}  "
+            f"admitted/s {rate_text(r['rollout/per_s']):>7s}  busy {r['hub/learner_busy_frac']:.2f}  "
             f"peers {r['hub/peers']}" + (f"  ${usd:.2f}" if (usd := r.get("cost/usd_total")) else "")
             + (f"  filtered {n}" if (n := r.get("rollout/filtered_groups")) else ""))
 

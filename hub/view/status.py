@@ -3,7 +3,8 @@
 The run (step, published version, hub key), each connected peer (engine, held version, relay,
 upload, trust, activation account, state, seconds since it was last heard), the capacity
 estimates, the cost meter with the LP bound, the staleness of what was trained and dropped, the
-queue and the last step record; or, for whoever lacks the dashboard token, only the run's public
+queue, the last step record and the evaluation under way (its version, problems done of all;
+null when none runs); or, for whoever lacks the dashboard token, only the run's public
 part (`public_status`). Reads the hub's `statistics()` and `peer_views()` and the run, never
 changes them; knows nothing of HTTP
 (the routes in `echo2p2p.hub.view.dashboard` serialise what this returns).
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..config import HubConfig
+    from ..learning.held_out import EvalProgress
     from ..serving.counters import HubStatistics
     from ..serving.server import Hub
     from .runlog import RunLog
@@ -30,6 +32,7 @@ class HubRun(Protocol):
     runlog: RunLog
     records: list[dict[str, Any]]
     resumed: bool
+    evaluating: EvalProgress | None
 
     def capacity_metrics(self, hub: HubStatistics | None = None) -> dict[str, Any]: ...
 
@@ -53,6 +56,7 @@ def status(run: HubRun) -> dict[str, Any]:
         "queued_groups": stats.queued_groups, "open_leases": stats.open_leases,
         "frames_dropped": dict(stats.frames_dropped),
         "last": run.records[-1] if run.records else None,
+        "evaluating": None if (evaluating := run.evaluating) is None else evaluating.as_dict(),
     }
 
 

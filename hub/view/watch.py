@@ -29,6 +29,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from echo2p2p.rates import rate_text
+
 MAX_TEXT = 32  # characters shown of a string the hub or a peer sent
 MAX_ROWS = 40  # peers listed; the others are counted in the caption
 MAX_BODY_BYTES = 32 << 20  # a /status of 1,000 peers is ~0.5 MB: more is not a hub's answer
@@ -98,9 +100,12 @@ def plain(value: Any, style: str = "") -> Text:
 
 
 def number(value: Any, fmt: str = ".2f") -> str:
-    """A finite number formatted, else "-" (a bool is not a number here)."""
+    """A finite number formatted (fmt "rate": as every view writes a rate, `rate_text`), else
+    "-" (a bool is not a number here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return "-"
+    if fmt == "rate":
+        return rate_text(value)
     if fmt == "d" and not isinstance(value, int):
         return "-"
     text = format(value, fmt)
@@ -135,6 +140,15 @@ def eval_of(status: dict[str, Any]) -> tuple[Any, Any] | None:
     return None if accuracy is None else (last.get("version"), accuracy)
 
 
+def evaluating(status: dict[str, Any]) -> str:
+    """`; evaluating v4: 128/200` while the hub evaluates (the status's "evaluating"), else ""."""
+    progress = part(status, "evaluating")
+    figures = [number(progress.get(k), "d") for k in ("version", "done", "total")]
+    if not progress or "-" in figures:
+        return ""
+    return f"; evaluating v{figures[0]}: {figures[1]}/{figures[2]}"
+
+
 def header(status: dict[str, Any], seen_eval: tuple[Any, Any] | None) -> Table:
     """The run's figures, three rows of label and value."""
     last, cost, capacity = part(status, "last"), part(status, "cost"), part(status, "capacity")
@@ -148,11 +162,12 @@ def header(status: dict[str, Any], seen_eval: tuple[Any, Any] | None) -> Table:
         ("step", number(status.get("step"), "d")),
         ("version", number(status.get("published_version"), "d")),
         ("reward", number(last.get("train/reward_mean"), ".3f")),
-        ("eval", number(accuracy, ".3f") + (f" (v{number(version, 'd')})" if seen_eval else "")),
+        ("eval", number(accuracy, ".3f") + (f" (v{number(version, 'd')})" if seen_eval else "")
+         + evaluating(status)),
         ("S", f"{number(status['max_lag'], 'd')} ({lag})") if "max_lag" in status else ("", lag),
         ("busy", number(last.get("hub/learner_busy_frac"))
          + f" (model {number(capacity.get('capacity/predicted_busy_frac'))})"),
-        ("admitted/s", number(last.get("rollout/per_s"), ".1f")),
+        ("admitted/s", number(last.get("rollout/per_s"), "rate")),
         ("dropped stale", number(sum(n for n in dropped if number(n, "d") != "-"), "d")
          if "staleness" in status else "-"),
         ("$/h", number(cost.get("cost/usd_per_hour"))
@@ -185,8 +200,8 @@ def peers_table(status: dict[str, Any], limit: int = MAX_ROWS) -> Table:
     for p in rows[:limit]:
         state = state_of(p)
         table.add_row(plain(p.get("name")), plain(p.get("engine")),
-                      number(p.get("held_version"), "d"), number(p.get("admitted_per_s"), ".1f"),
-                      number(p.get("gen_rollouts_per_s"), ".0f"),
+                      number(p.get("held_version"), "d"), number(p.get("admitted_per_s"), "rate"),
+                      number(p.get("gen_rollouts_per_s"), "rate"),
                       number(p.get("upload_mbps")), number(p.get("trust"), ".3f"),
                       plain(state, STATES.get(state, "")), number(p.get("usd"), ".4f"),
                       ago(p.get("last_seen_s")))

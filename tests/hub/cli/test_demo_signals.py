@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -31,7 +32,7 @@ async def step_of(http: aiohttp.ClientSession, base: str) -> int:
 async def test_the_demo_stopped_leaves_no_peer_running(tmp_path, sig):
     demo = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "echo2p2p.hub.cli", "demo", "--peers", "2", "--port", "0",
-        "--dashboard-port", "0", "--max-steps", "0", "--eval-every", "0",
+        "--dashboard-port", "0", "--max-steps", "0", "--eval-every", "0", "--max-lag", "1",
         "--run-dir", str(tmp_path / "run"), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     try:
@@ -60,9 +61,18 @@ async def test_the_demo_stopped_leaves_no_peer_running(tmp_path, sig):
         if sig is not signal.SIGKILL:
             run_dir = tmp_path / "run"
             stop = re.search(rf"stopped by {sig.name} at v(\d+) \(\d+ steps trained\): "
-                             rf"checkpoint saved; resume with: echo2-hub demo --resume {run_dir}\n",
-                             output)
+                             rf"checkpoint saved, its settings in {run_dir}/config.json "
+                             rf"\(--resume reads them: the model, task and every other field "
+                             rf"need no flag\); resume with: "
+                             rf"(echo2-hub demo --resume {run_dir} --peers 2)\n", output)
             assert code == 128 + sig and stop, output[-2000:]
+            # the command printed resumes the same run: its fields from the saved config
+            shown = subprocess.run([sys.executable, "-m", "echo2p2p.hub.cli",
+                                    *stop[2].split()[1:], "--print-config"],
+                                   capture_output=True, text=True, check=True).stdout
+            saved = re.escape(f"file {run_dir / 'config.json'}")
+            assert re.search(rf"\n  max_lag +1 +{saved}\n", shown), shown
+            assert re.search(rf"\n  model +'tiny' +{saved}\n", shown), shown
             assert "Traceback" not in output, output[-2000:]
             logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
             trained = [r["step"] for r in logged if "event" not in r]

@@ -99,7 +99,9 @@ def test_ctrl_c_on_serve_checkpoints_says_how_to_resume_and_the_resumed_run_is_o
         typed = time.monotonic()
         os.write(hub.fd, b"\x03")  # Ctrl-C
         line = hub.wait_for(r"stopped by SIGINT at v(\d+) \(\d+ steps trained\): checkpoint "
-                            r"saved; resume with: (echo2-hub serve --resume \S+)\r?\n", 60)
+                            r"saved, its settings in \S+config.json \(--resume reads them: the "
+                            r"model, task and every other field need no flag\); resume with: "
+                            r"(echo2-hub serve --resume \S+)\r?\n", 60)
         code = hub.wait_exit(60)
         stop_s = time.monotonic() - typed
     finally:

@@ -15,6 +15,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 from echo2p2p import messages as m
 from echo2p2p.hub.config import HubConfig
+from echo2p2p.hub.learning.held_out import EvalProgress
 from echo2p2p.hub.view.dashboard import serve_dashboard
 from echo2p2p.hub.view.feed import Feed
 from echo2p2p.hub.core.peer import Peer
@@ -243,15 +244,52 @@ async def test_the_page_without_scripts_shows_the_runs_figures_and_where_the_dat
     hub = Hub(cfg, "first-paint", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
     run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
     run.records.append({**step_record(7), "rollout/per_s": 12.345, "hub/learner_busy_frac": 0.61})
+    run.evaluating = EvalProgress(8, 200, 96)
     welcomed_peers(hub, 2)
     async with serve_dashboard(run, Feed()) as port, chromium() as browser:
         context = await browser.new_context(java_script_enabled=False)
         page = await context.new_page()
         await page.goto(f"http://127.0.0.1:{port}/")
         shown = {tile: await page.text_content(f"#{tile}") for tile in (
-            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward", "tile-peers")}
+            "run-id", "tile-step", "tile-rate", "tile-busy", "tile-reward", "tile-peers",
+            "tile-evaluating")}
         note = await page.text_content("noscript")
     run.runlog.close()
     assert shown == {"run-id": "first-paint", "tile-step": "7", "tile-rate": "12.3",
-                     "tile-busy": "61 %", "tile-reward": "0.500", "tile-peers": "2 · 0 · 0"}
+                     "tile-busy": "61 %", "tile-reward": "0.500", "tile-peers": "2 · 0 · 0",
+                     "tile-evaluating": "evaluating v8: 96/200"}
     assert "/status" in note and "/metrics" in note
+
+
+async def test_the_base_evaluation_shows_its_progress_and_slow_rates_keep_two_figures(tmp_path):
+    """Before the first step, while the base model is evaluated (minutes on a real model), the
+    held-out tile says `evaluating v0: 96/200` and follows the count live, then clears when the
+    evaluation ends; a real model's slow rates show two significant figures (a peer at 0.4/s
+    is 0.4, not 0; the run's 0.043 admitted/s is 0.043)."""
+    cfg = HubConfig.from_flat(port=0, dashboard_port=0, run_dir=str(tmp_path))
+    task = AdditionTask()
+    hub = Hub(cfg, "slow-model", task, [TokenizedProblem(p, [1]) for p in task.problems("train")[:4]])
+    run = HubRun(cfg, hub, None, None, RunLog(tmp_path, {}, stream=None), b"")
+    welcomed_peers(hub, 2)
+    hub._pool.accounts["p0001"].gen_rollouts_per_s = 0.4
+    progress = EvalProgress(0, 200, 96)
+    run.evaluating = progress
+    feed = Feed()
+    async with serve_dashboard(run, feed) as port, chromium() as browser:
+        page, problems = await open_page(browser, f"http://127.0.0.1:{port}/")
+        tile = "document.getElementById('tile-evaluating').textContent"
+        await wait_for(page, f"{tile} === 'evaluating v0: 96/200'")
+        assert await page.text_content("#tile-accuracy") == "–"
+        progress.done = 128  # the next piece done: the status event every 2 s carries it
+        await wait_for(page, f"{tile} === 'evaluating v0: 128/200'")
+        rates = await page.evaluate("[...document.querySelectorAll('#peers tbody tr')].map("
+                                    "(row) => row.children[4].textContent)")
+        assert sorted(rates) == ["0", "0.4"], rates
+        run.evaluating = None
+        feed.record({"event": "eval", "version": 0, "eval/accuracy": 0.142})
+        feed.record({**step_record(0), "rollout/per_s": 0.043})
+        await wait_for(page, f"{tile} === '' && dashboard.state.last !== null")
+        assert await page.text_content("#tile-accuracy") == "0.142"
+        assert await page.text_content("#tile-rate") == "0.043"
+    run.runlog.close()
+    assert problems == []

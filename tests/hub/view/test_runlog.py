@@ -25,3 +25,12 @@ def test_the_first_line_is_the_legend_of_the_columns_then_one_line_a_step(tmp_pa
     assert lines[0] == LEGEND and len(lines) == 3
     assert all(word in LEGEND for word in ("lag a/b/c", "versions behind", "admitted/s", "60 s"))
     assert "lag 2/0/6" in lines[1] and "admitted/s    42.2" in lines[1]
+
+
+def test_a_slow_real_model_rate_keeps_two_significant_figures(tmp_path):
+    """A real model's 0.43 admitted/s is "0.43" in the live line, not "0.4" nor "0.0"."""
+    stream = io.StringIO()
+    log = RunLog(tmp_path, {}, stream=stream)
+    log.step({**record(0), "rollout/per_s": 0.43})
+    log.close()
+    assert "admitted/s    0.43  busy" in stream.getvalue().splitlines()[1]

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from echo2p2p.hub.run.start import start_hub
 from echo2p2p.hub.view.watch import MAX_ROWS, render, status_url
+from echo2p2p.rates import rate_text
 
 from tests.conftest import running_peers, serving
 from tests.hub.serving.test_join_auth import self_signed
@@ -196,14 +197,41 @@ async def test_watch_redraws_in_place_and_says_reconnecting():
 
 def test_the_peers_table_says_what_its_two_rates_are():
     """adm/s and gen/s are different quantities, and the table's caption says which is which;
-    each peer's row shows its own of both."""
+    each peer's row shows its own of both, with two significant figures at least: a real
+    model's peer at 0.4/s shows 0.4, not 0."""
     status = {"run_id": "r", "step": 3, "max_lag": 2, "peers": {"p1": {
         "name": "alpha", "engine": "transformers", "held_version": 2, "state": "active",
-        "admitted_per_s": 12.34, "gen_rollouts_per_s": 98.7}}}
+        "admitted_per_s": 12.34, "gen_rollouts_per_s": 98.7}, "p2": {
+        "name": "beta", "engine": "vllm", "held_version": 2, "state": "active",
+        "admitted_per_s": 0.043, "gen_rollouts_per_s": 0.4}},
+        "last": {"rollout/per_s": 0.443}}
     console = Console(record=True, width=160, file=io.StringIO())
     console.print(render(status))
     out = console.export_text()
     caption = " ".join(out.split())  # rich wraps it
     assert "adm/s: completions admitted per second over the last 60 s" in caption
     assert "gen/s: made per second while busy" in caption
-    assert re.search(r"alpha\s+transformers\s+2\s+12\.3\s+99\s", out), out
+    assert re.search(r"alpha\s+transformers\s+2\s+12\.3\s+98\.7\s", out), out
+    assert re.search(r"beta\s+vllm\s+2\s+0\.043\s+0\.4\s", out), out
+    assert re.search(r"admitted/s 0\.44\s", out), out
+
+
+@pytest.mark.parametrize(("per_s", "shown"), [
+    (0.0, "0"), (0.4, "0.4"), (0.043, "0.043"), (0.456, "0.46"), (1.0, "1.0"), (12.345, "12.3"),
+    (98.7, "98.7"), (925.4, "925"), (1662.0, "1662")])
+def test_a_rate_keeps_two_significant_figures(per_s, shown):
+    assert rate_text(per_s) == shown
+
+
+def test_an_evaluation_under_way_shows_in_the_header():
+    """/status's "evaluating" is the eval cell's `evaluating v4: 128/200`; none (null, or a
+    hostile value) shows nothing."""
+    def header_of(status: dict) -> str:
+        console = Console(record=True, width=160, file=io.StringIO())
+        console.print(render({"run_id": "r", "step": 4, **status}))
+        return console.export_text()
+
+    shown = header_of({"evaluating": {"version": 4, "done": 128, "total": 200}})
+    assert "evaluating v4: 128/200" in shown, shown
+    for hostile in (None, "soon", {"version": 4, "done": "x", "total": 200}, {"done": 1.5}):
+        assert "evaluating" not in header_of({"evaluating": hostile})
