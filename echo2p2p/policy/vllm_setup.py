@@ -22,8 +22,8 @@ process before the first `import vllm` (the peer imports vLLM only to build its 
   (`VLLM_CPU_OMP_THREADS_BIND` is read only by the multi-process executor), so two peers with
   `--torch-threads 1` share a machine's two cores.
 
-A variable the user set is left as it is. `TiedHeadNotice` drops one warning of vLLM's that a
-volunteer cannot act on (see there).
+A variable the user set is left as it is. `HarmlessNotices` drops the warnings of vLLM's that
+a volunteer cannot act on (see there).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 INDUCTOR_CACHE = "inductor"  # torch inductor's cache, under the peer's vLLM cache
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
 def prepare(*, cache_dir: str | Path | None, threads: int, on_cpu: bool) -> None:
@@ -92,21 +91,42 @@ def compiled_graphs() -> tuple[int, int]:
     return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
 
 
-class TiedHeadNotice(logging.Filter):
-    """Drops vLLM's "ParallelLMHead: Failed to load weights" at a weight update of a model with
-    a tied head. The warning is true but harmless: with tied embeddings the checkpoint names no
-    lm_head weight (the head shares the embedding's), so vLLM's layerwise reload loads nothing
-    into the head layer, warns, and puts back the packed copy made at load time, which
-    `engines._reprocess_tied_head` then redoes from the new embedding (the hub's spot-checks of
-    every rollout prove it). Logged at every swap, it told a volunteer of a fault that is none."""
+class HarmlessNotices(logging.Filter):
+    """Drops the warnings vLLM 0.32 logs at every start or weight update of a healthy engine,
+    which told a volunteer of faults that are none (`install` puts it on their loggers):
+
+    - "ParallelLMHead: Failed to load weights" at each update of a model with a tied head
+      (`tied`): the checkpoint names no lm_head weight (the head shares the embedding's), so the
+      layerwise reload loads nothing into the head, warns, and puts back the packed copy made
+      at load time, which `engines._reprocess_tied_head` then redoes from the new embedding
+      (the hub's spot-checks of every rollout prove it). An untied head that fails still warns.
+    - "RotaryEmbedding: Failed to load weights": its cos/sin table is computed from the config,
+      never in a checkpoint; the reload puts it back as it was.
+    - "CPU backend doesn't allow to use `torch.set_num_threads` ...", four times a start: vLLM's
+      own start-up code asks for it; this peer's threads were set before (`prepare`).
+    """
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.dropped = {("%s: Failed to load weights", ("RotaryEmbedding",)),
+                        (SET_THREADS, ())}
+        if tied:
+            self.dropped.add(("%s: Failed to load weights", ("ParallelLMHead",)))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights"
-                    and record.args == ("ParallelLMHead",))
+        return (record.msg, tuple(record.args or ())) not in self.dropped
 
-    def __enter__(self) -> TiedHeadNotice:
-        logging.getLogger(RELOAD_LOGGER).addFilter(self)
+    def install(self) -> HarmlessNotices:
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).addFilter(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        logging.getLogger(RELOAD_LOGGER).removeFilter(self)
+    def remove(self) -> None:
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
+SET_THREADS = ("CPU backend doesn't allow to use `torch.set_num_threads` after the thread "
+               "binding, skip it.")
+NOISY_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                 "vllm.v1.worker.cpu_worker")

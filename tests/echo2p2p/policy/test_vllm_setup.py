@@ -54,16 +54,28 @@ def test_threads_on_a_cpu(clean_env, tmp_path):
         torch.set_num_threads(before)
 
 
-def test_the_tied_head_warning_alone_is_dropped(caplog):
-    reload_log = logging.getLogger(vllm_setup.RELOAD_LOGGER)
-    with caplog.at_level(logging.WARNING, logger=vllm_setup.RELOAD_LOGGER):
-        with vllm_setup.TiedHeadNotice():
-            reload_log.warning("%s: Failed to load weights", "ParallelLMHead")
-            reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
-        reload_log.warning("%s: Failed to load weights", "ParallelLMHead")  # filter removed
-    said = [r.getMessage() for r in caplog.records]
-    assert said == ["QKVParallelLinear: Failed to load weights",
-                    "ParallelLMHead: Failed to load weights"]
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_harmless_warnings_alone_are_dropped(caplog, tied):
+    """The tied head's reload warning goes only for a tied head; another layer's stays, and
+    everything is said again once the filter is removed."""
+    reload_log = logging.getLogger(vllm_setup.NOISY_LOGGERS[0])
+    worker_log = logging.getLogger(vllm_setup.NOISY_LOGGERS[1])
+
+    def say() -> None:
+        for layer in ("ParallelLMHead", "RotaryEmbedding", "QKVParallelLinear"):
+            reload_log.warning("%s: Failed to load weights", layer)
+        worker_log.warning(vllm_setup.SET_THREADS)
+
+    with caplog.at_level(logging.WARNING):
+        notices = vllm_setup.HarmlessNotices(tied=tied).install()
+        say()
+        notices.remove()
+        kept = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        say()
+    assert kept == ["QKVParallelLinear: Failed to load weights"] if tied else \
+        ["ParallelLMHead: Failed to load weights", "QKVParallelLinear: Failed to load weights"]
+    assert len(caplog.records) == 4
 
 
 def test_torchs_own_default_is_replaced(clean_env, tmp_path):
