@@ -58,8 +58,8 @@ class PeerConfig:
     """Prompt leases to hold at once: one generating, the rest queued so the engine never idles."""
     torch_threads: int = 0
     """Threads for torch (0 = torch's default); 1 when several peers share a CPU. With --engine
-    vllm on a CPU they are set before vLLM starts (OMP_NUM_THREADS and torch's), as vLLM's
-    compiled kernels take their thread count at compile time."""
+    vllm on a CPU they are set before torch loads (OMP_NUM_THREADS, which every thread of
+    vLLM's follows): vLLM's CPU worker refuses a change once it started."""
     connect_timeout_s: float = 30.0
     """Give up on one connection attempt (and its welcome) after this long."""
     reconnect_max_s: float = 30.0

@@ -7,9 +7,9 @@ the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the h
 its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
 resort: a failed request to it (a busy hub queues requests) is retried, less often as it keeps
 failing, and logged at the first failed round and once more when the hub looks gone
-(`log_hub_fault`). Those decisions are the
-core's `echo2p2p.failover.Failover`; this shell runs the requests (`fetch.fetch_chunk`), verifies
-each chunk into the store (`_keep`, which `GossipDownload` shares) and reads the clock.
+(`log_hub_fault`). Those decisions are the core's `echo2p2p.failover.Failover`; this shell runs
+the requests (`fetch.fetch_chunk`), verifies each chunk into the store (`_keep`, which
+`GossipDownload` shares) and reads the clock.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
-from echo2p2p.failover import HUB, HUB_GONE_ROUNDS, HUB_RETRY_MAX_S, HUB_RETRY_S, Failover, HubBackoff
+from echo2p2p.failover import (HUB, HUB_GONE_ROUNDS, HUB_RETRY_MAX_S, HUB_RETRY_S, Failover,
+                               HubBackoff)
 from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
