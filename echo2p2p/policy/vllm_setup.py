@@ -104,6 +104,9 @@ class HarmlessNotices(logging.Filter):
       never in a checkpoint; the reload puts it back as it was.
     - "CPU backend doesn't allow to use `torch.set_num_threads` ...", four times a start: vLLM's
       own start-up code asks for it; this peer's threads were set before (`prepare`).
+    - "The global random seed is set to 0 ... may affect the random state of the Python process
+      that launched vLLM": the engine runs in-process by design (`VLLMEngine`), and every
+      request carries a seed of its own (`sample_seed`).
     """
 
     def __init__(self, tied: bool):
@@ -114,7 +117,8 @@ class HarmlessNotices(logging.Filter):
             self.dropped.add(("%s: Failed to load weights", ("ParallelLMHead",)))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return (record.msg, tuple(record.args or ())) not in self.dropped
+        return (record.msg, tuple(record.args or ())) not in self.dropped \
+            and record.msg != GLOBAL_SEED
 
     def install(self) -> HarmlessNotices:
         for name in NOISY_LOGGERS:
@@ -128,5 +132,8 @@ class HarmlessNotices(logging.Filter):
 
 SET_THREADS = ("CPU backend doesn't allow to use `torch.set_num_threads` after the thread "
                "binding, skip it.")
+GLOBAL_SEED = ("The global random seed is set to %d. Since VLLM_ENABLE_V1_MULTIPROCESSING is "
+               "set to False, this may affect the random state of the Python process that "
+               "launched vLLM.")
 NOISY_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
-                 "vllm.v1.worker.cpu_worker")
+                 "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils")
