@@ -7,7 +7,9 @@ peer source fails (a corrupt chunk, a stall, unreachable) it is reported to the 
 avoided: its chunks wait `replan_wait_s` for the hub's next plan revision (which re-deals
 them), then come from the hub. The hub is the last resort and is never avoided: a failed
 request to it (a busy hub queues requests) holds every hub-routed chunk for `hub_retry_s`,
-then they are asked again.
+then they are asked again. A hub that keeps failing (stopped, or gone) is asked less and less
+often (`HubBackoff`: the pause doubles each failed round, up to HUB_RETRY_MAX_S), and the shell
+says so once rather than at every retry.
 
 Driving it: `requests(now, window)` says which requests to send (each chunk still wanted and
 not asked, of its source, at most `window` at once per source), `finished` is told how each
@@ -30,8 +32,49 @@ from .relay import owners_of
 
 HUB = "hub"  # the source name of the hub
 HUB_RETRY_S = 1.0  # after a failed request to the hub, ask it again this much later
+HUB_RETRY_MAX_S = 30.0  # the longest pause between rounds of requests to a failing hub
+HUB_GONE_ROUNDS = 4  # failed rounds in a row (1 + 2 + 4 s of pauses) before the shell says
+# the hub looks gone
 HUB_WINDOW = 4  # requests for our own chunks out to the hub at once, whatever the plan's
 # window (see `requests`)
+
+
+class HubBackoff:
+    """When to ask a failing hub again. A round is the requests out to the hub at once: the
+    failures that come back while the hub is already paused belong to the round that paused it.
+    The first failed round pauses `retry_s` (a busy hub that queues requests is asked again
+    soon), each further one twice the last, up to HUB_RETRY_MAX_S; a chunk the hub serves ends
+    the streak. Without it a stopped hub was asked (and the failure logged) twice a second."""
+
+    def __init__(self, retry_s: float):
+        self.retry_s = retry_s
+        self.retry_at = float("-inf")
+        self.rounds = 0  # failed rounds since the hub last served a chunk
+        self.failures = 0  # failed requests, all told
+        self.since: float | None = None  # when the streak began
+        self.fresh = False  # whether the latest failure began a round (the shell logs rounds
+        # 1 and HUB_GONE_ROUNDS when they begin, and nothing in between)
+
+    def failed(self, now: float) -> bool:
+        """A request to the hub failed at `now`; True (`fresh`) when it begins a new round."""
+        self.failures += 1
+        self.fresh = now >= self.retry_at
+        if not self.fresh:
+            return False
+        self.rounds += 1
+        if self.rounds == 1:
+            self.since = now
+        self.retry_at = now + self.pause_s
+        return True
+
+    @property
+    def pause_s(self) -> float:
+        """The pause after the latest failed round."""
+        return min(self.retry_s * 2 ** max(self.rounds - 1, 0), max(HUB_RETRY_MAX_S, self.retry_s))
+
+    def served(self) -> None:
+        """The hub served a chunk: its next failure pauses `retry_s` again."""
+        self.rounds, self.since = 0, None
 
 
 @dataclass(frozen=True)
@@ -51,8 +94,7 @@ class Failover:
         self.revision = 0
         self.owners: list[str] = [HUB] * n_chunks  # until a plan arrives
         self._failed: dict[str, float] = {}  # peer source -> when it failed
-        self._hub_retry_at = float("-inf")
-        self._hub_failures = 0
+        self.hub = HubBackoff(hub_retry_s)
         self._wanted = set(range(n_chunks))  # chunks not in yet
         self._asked: dict[int, str] = {}  # chunk -> the source its request is out to
         self._load: Counter[str] = Counter()  # source -> requests out to it
@@ -83,7 +125,7 @@ class Failover:
         failed_at = self._failed.get(owner)
         if failed_at is not None:
             owner = HUB if now - failed_at > self.replan_wait_s else None
-        if owner == HUB and now < self._hub_retry_at:
+        if owner == HUB and now < self.hub.retry_at:
             return None
         return owner
 
@@ -91,8 +133,7 @@ class Failover:
         """A request to `source` failed at `now`. True when the hub must be told (the first
         fault of a peer source); the hub's own failures only delay its next request."""
         if source == HUB:
-            self._hub_failures += 1
-            self._hub_retry_at = now + self.hub_retry_s
+            self.hub.failed(now)
             return False
         if source in self._failed:
             return False
@@ -174,6 +215,8 @@ class Failover:
         self._load[source] -= 1
         if fault in (None, "slow"):
             self._wanted.discard(index)
+            if source == HUB:
+                self.hub.served()
         return fault is not None and self.failed(source, now)
 
     @property
@@ -182,4 +225,4 @@ class Failover:
         return not self._wanted
 
     def statistics(self) -> FailoverStats:
-        return FailoverStats(self.revision, tuple(self._failed), self._hub_failures)
+        return FailoverStats(self.revision, tuple(self._failed), self.hub.failures)

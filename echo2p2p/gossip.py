@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .failover import HUB, HUB_RETRY_S
+from .failover import HUB, HUB_RETRY_S, HubBackoff
 
 HUB_FALLBACK_S = 5.0  # nothing new heard for this long: orphan chunks come from the hub
 MAX_LINKS = 64  # links one swarm keeps (dialled plus accepted); more are refused
@@ -128,7 +128,7 @@ class Swarm:
         self._avoided: dict[str, None] = {}  # ordered set
         self._quiet_since: float | None = None  # when something new was last heard
         self._news = True
-        self._hub_retry_at = float("-inf")
+        self.hub = HubBackoff(hub_retry_s)  # when to ask a failing hub again
         self._asked_hub = self._asked_peers = self._duplicates = 0
 
     def add_seed(self, indices: Iterable[int]) -> None:
@@ -213,6 +213,8 @@ class Swarm:
                 slow_s = SLOW_LINK_FACTOR * times[len(times) // 2]
                 self._slow = {p for p, t in self._took.items() if t > slow_s}
         self._missing.discard(index)  # not news: only what links say they hold delays orphans
+        if source == HUB:
+            self.hub.served()
         losers = [s for s in self._asked.get(index, ()) if s != source]
         for s in [*losers, source]:
             self._release(index, s)
@@ -220,11 +222,12 @@ class Swarm:
 
     def failed(self, index: int, source: str, now: float) -> bool:
         """The want of `index` from `source` failed at `now`. A link is avoided from now on
-        (True the first time: report it); the hub is only asked again `hub_retry_s` later."""
+        (True the first time: report it); the hub is only asked again `hub_retry_s` later (more,
+        as it keeps failing: `HubBackoff`)."""
         self._check_index(index)
         self._release(index, source)
         if source == HUB:
-            self._hub_retry_at = now + self.hub_retry_s
+            self.hub.failed(now)
             return False
         if source in self._avoided:
             return False
@@ -284,10 +287,10 @@ class Swarm:
             def waits(i: int) -> bool:
                 return i in self._missing and i not in self._asked and self._count[i] == 0
             if any(waits(i) for i in self.seed):
-                times.append(self._hub_retry_at)
+                times.append(self.hub.retry_at)
             if self._quiet_since is not None and any(waits(i) for i in self._missing
                                                      if i not in self.seed):
-                times.append(max(self._quiet_since + self._fallback_s, self._hub_retry_at))
+                times.append(max(self._quiet_since + self._fallback_s, self.hub.retry_at))
         return min((t for t in times if t > now), default=None)
 
     def wants(self, index: int) -> frozenset[str]:
@@ -314,7 +317,7 @@ class Swarm:
         return best
 
     def _hub_free(self, now: float) -> bool:
-        return now >= self._hub_retry_at and self._load[HUB] < self.hub_window
+        return now >= self.hub.retry_at and self._load[HUB] < self.hub_window
 
     def _ask(self, index: int, source: str, out: list[tuple[int, str]], now: float) -> None:
         self._asked.setdefault(index, set()).add(source)

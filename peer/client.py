@@ -46,7 +46,7 @@ from .fetcher import Fetcher
 from .metrics import metrics_server
 from .model_files import model_directory
 from .outbox import Outbox
-from .swapper import Swapper, build_engine
+from .swapper import Swapper, build_engine, wait_built
 from .worker import MakesRollouts, RolloutWorker, Rollouts
 
 if TYPE_CHECKING:
@@ -289,8 +289,8 @@ class PeerClient:
     async def _build(self, welcome: m.Welcome) -> Engine:
         """The engine for `welcome`'s model: its files fetched from the hub and verified
         (`model_files`; never `welcome.model` as a path), then built in a worker thread.
-        Shielded: a thread cannot be cancelled, so a connection lost meanwhile leaves the build
-        running, and the next connection waits for it instead of starting another."""
+        Never cancelled (`wait_built`): a thread cannot be, so a connection lost meanwhile leaves
+        the build running, and the next connection waits for it instead of starting another."""
         model = (welcome.model, welcome.model_digest)
         if self._building is None or self._building[0] != model:
             assert self._model_route is not None and self.credentials is not None
@@ -300,7 +300,7 @@ class PeerClient:
                 cache=self.cfg.model_cache_dir, timeout_s=self.cfg.hub_timeout_s)
             self._building = (model, asyncio.get_running_loop().run_in_executor(
                 None, build_engine, self.cfg, source))
-        engine = await asyncio.shield(self._building[1])
+        engine = await wait_built(self._building[1], self.cfg.engine)
         self._building = None
         return engine
 
@@ -379,6 +379,7 @@ class PeerClient:
         (since_s, before), self._summarized = self._summarized, (now, fetched)
         held = (f"holding v{s.version} ({fetched - before} versions fetched in the last "
                 f"{now - since_s:.0f} s)" if s.version is not None
+                else "starting the engine" if self._building is not None
                 else "waiting for the first version")
         return (f"{held}; {s.submitted} rollout groups submitted, {s.acked} acked, "
                 f"rejected: {s.rejected or 'none'}")

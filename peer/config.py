@@ -65,7 +65,9 @@ class PeerConfig:
     leases_in_flight: int = 2
     """Prompt leases to hold at once: one generating, the rest queued so the engine never idles."""
     torch_threads: int = 0
-    """Threads for torch (0 = torch's default); 1 when several peers share a CPU."""
+    """Threads for torch (0 = torch's default); 1 when several peers share a CPU. With --engine
+    vllm on a CPU they are set before torch loads (OMP_NUM_THREADS, which every thread of
+    vLLM's follows): vLLM's CPU worker refuses a change once it started."""
     connect_timeout_s: float = 30.0
     """Give up on one connection attempt (and its welcome) after this long."""
     reconnect_max_s: float = 30.0
@@ -114,7 +116,8 @@ class PeerConfig:
     model_cache: str = ""
     """Where the model's config and tokenizer files fetched from hubs are kept, one directory
     per signed index, so a rejoin fetches nothing again ('' = $XDG_CACHE_HOME/echo2p2p/models,
-    else ~/.cache/echo2p2p/models)."""
+    else ~/.cache/echo2p2p/models). A vLLM peer keeps vLLM's compile cache in its `vllm`
+    folder: a restart loads the compiled model instead of compiling it again."""
     score_timeout_s: float = 5.0
     """Deadline for scoring one completion (the reward this peer claims), in a worker process
     off the event loop; past it the worker is killed and the completion claims 0."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from echo2p2p import messages as m
@@ -86,13 +88,15 @@ class Swapper:
                 continue
             version, state = staged
             first = self.version is None
+            started = time.monotonic()
             if state is None:
                 self.version = version
             else:
                 await asyncio.to_thread(self._load, version, state)
             # INFO for the first version only: one a step is DEBUG, the client sums them up.
-            log.log(logging.INFO if first else logging.DEBUG, "now holding v%d%s", version,
-                    " (the first version)" if first else "")
+            log.log(logging.INFO if first else logging.DEBUG, "now holding v%d (%sswapped in "
+                    "%.2f s)", version, "the first version, " if first else "",
+                    time.monotonic() - started)
             self.changed()
             await self._send(m.VersionHeld(version))
 
@@ -115,15 +119,48 @@ class Swapper:
 def build_engine(cfg: PeerConfig, source: str) -> Engine:
     """Import torch and the engine, then build it from `source` (the verified model directory,
     or the built-in's name): for a worker thread, since the first import alone takes seconds
-    (tens of them on a loaded machine) and would stall the event loop."""
-    import torch
+    (tens of them on a loaded machine) and would stall the event loop. A vLLM engine keeps its
+    compile cache beside the model files (`vllm_cache_dir`) and sets its threads before torch
+    is imported (`echo2p2p.policy.vllm_setup`)."""
+    started = time.monotonic()
+    if cfg.engine == "vllm":  # OMP_NUM_THREADS counts only if set before torch is imported
+        from echo2p2p.policy.vllm_setup import prepare
 
-    from echo2p2p.policy.engines import TransformersEngine, VLLMEngine, make_engine
+        prepare(cache_dir=vllm_cache_dir(cfg), threads=cfg.torch_threads,
+                on_cpu=cfg.device == "cpu")
+    from echo2p2p.policy.engines import make_engine
 
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    if cfg.engine == "transformers":  # --dtype: its torch dtype
-        return TransformersEngine(source, device=cfg.device, dtype=getattr(torch, cfg.engine_dtype))
-    if cfg.engine == "vllm" and cfg.dtype:
-        return VLLMEngine(source, device=cfg.device, dtype=cfg.dtype)
-    return make_engine(cfg.engine, source, cfg.device)
+    if cfg.engine == "vllm":
+        engine = make_engine("vllm", source, cfg.device, dtype=cfg.dtype or "auto",
+                             cache_dir=vllm_cache_dir(cfg), threads=cfg.torch_threads)
+    else:
+        if cfg.torch_threads:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
+        engine = make_engine(cfg.engine, source, cfg.device, dtype=cfg.engine_dtype)  # --dtype
+    log.info("%s engine ready in %.0f s", cfg.engine, time.monotonic() - started)
+    return engine
+
+
+async def wait_built(building: asyncio.Future, kind: str) -> Engine:
+    """The engine once `building` (`build_engine` in a worker thread) has it, saying every
+    BUILD_NOTICE_S how long the start of a `kind` engine has taken so far: a vLLM engine's first
+    start compiles the model, minutes on a CPU, and the peer said nothing meanwhile.
+    `asyncio.wait` never cancels what it waits on: a connection lost meanwhile leaves the build
+    running, for the next connection to wait on."""
+    started = time.monotonic()
+    while not (await asyncio.wait({building}, timeout=BUILD_NOTICE_S))[0]:
+        log.info("still starting the %s engine: %.0f s so far%s", kind,
+                 time.monotonic() - started, VLLM_FIRST_START if kind == "vllm" else "")
+    return building.result()
+
+
+BUILD_NOTICE_S = 30.0  # how often a peer says its engine is still starting
+VLLM_FIRST_START = " (a first start compiles the model; a restart loads it from the cache)"
+
+
+def vllm_cache_dir(cfg: PeerConfig) -> Path:
+    """Where a vLLM peer keeps vLLM's compile cache: beside its model files (`--model-cache`),
+    so a restart loads the compiled model instead of compiling it again (minutes on a CPU)."""
+    return cfg.model_cache_dir / "vllm"

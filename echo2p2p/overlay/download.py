@@ -5,9 +5,11 @@ owns), at most `window` requests in flight per source, every request under a dea
 source that serves a corrupt chunk, stalls, cannot be reached or serves a chunk far slower than
 the plan's rate for it (`echo2p2p.pace`: the chunk is kept) is reported to the hub and avoided;
 its chunks wait briefly for the hub's new plan, then come from the hub. The hub is the last
-resort: a failed request to it (a busy hub queues requests) is retried. Those decisions are the
-core's `echo2p2p.failover.Failover`; this shell runs the requests (`fetch.fetch_chunk`), verifies
-each chunk into the store (`_keep`, which `GossipDownload` shares) and reads the clock.
+resort: a failed request to it (a busy hub queues requests) is retried, less often as it keeps
+failing, and logged at the first failed round and once more when the hub looks gone
+(`log_hub_fault`). Those decisions are the core's `echo2p2p.failover.Failover`; this shell runs
+the requests (`fetch.fetch_chunk`), verifies each chunk into the store (`_keep`, which
+`GossipDownload` shares) and reads the clock.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import aiohttp
 
 from echo2p2p import messages as m
 from echo2p2p.errors import SnapshotError
-from echo2p2p.failover import HUB, HUB_RETRY_S, Failover
+from echo2p2p.failover import (HUB, HUB_GONE_ROUNDS, HUB_RETRY_MAX_S, HUB_RETRY_S, Failover,
+                               HubBackoff)
 from echo2p2p.pace import DEFAULT_WINDOW, per_request_bps, too_slow
 from echo2p2p.relay import MAX_WINDOW
 from echo2p2p.runtime.progress import progress_bar
@@ -34,6 +37,19 @@ from .store import ChunkStore, Held, chunk_path
 from .tickets import Credentials, server_base
 
 log = logging.getLogger(__name__)
+
+
+def log_hub_fault(hub: HubBackoff, index: int, version: int, fault: str) -> None:
+    """Say that the hub failed a chunk request: at the first failed round, and once more when
+    it has failed HUB_GONE_ROUNDS in a row (a hub that stopped); the rest at DEBUG."""
+    if hub.fresh and hub.rounds == 1:
+        log.warning("the hub did not serve chunk %d of v%d (%s); retrying", index, version, fault)
+    elif hub.fresh and hub.rounds == HUB_GONE_ROUNDS:
+        log.warning("the hub has failed %d tries in a row for chunks of v%d (%s): it may have "
+                    "stopped; asking again at longer intervals (up to %.0f s), quietly",
+                    hub.rounds, version, fault, HUB_RETRY_MAX_S)
+    else:
+        log.debug("the hub did not serve chunk %d of v%d (%s)", index, version, fault)
 
 
 @dataclass(frozen=True)
@@ -107,8 +123,7 @@ class Download:
                     if fault in (None, "slow"):  # a slow chunk is in, but its source is avoided
                         bar.update(manifest.chunks[i].wire_bytes)
                     if fault is not None and source == HUB:
-                        log.warning("the hub did not serve chunk %d of v%d (%s); retrying", i,
-                                    manifest.version, fault)
+                        log_hub_fault(self.failover.hub, i, manifest.version, fault)
                     elif report:
                         log.warning("source %s %s on v%d; reporting it", source, fault,
                                     manifest.version)

@@ -24,7 +24,7 @@ from echo2p2p.gossip import Swarm
 from echo2p2p.relay import MAX_NEIGHBOURS
 from echo2p2p.runtime.progress import progress_bar
 
-from .download import Download, TransferStats
+from .download import Download, TransferStats, log_hub_fault
 from .link import HONEST_ENDS, Link
 from .links import Links
 
@@ -166,8 +166,7 @@ class GossipDownload(Download):
         if source != HUB:
             self._linked.pop(source, None)  # avoided: the swarm forgot it
         if source == HUB:
-            log.warning("the hub did not serve chunk %d of v%d (%s); retrying", index,
-                        manifest.version, fault)
+            log_hub_fault(self.swarm.hub, index, manifest.version, fault)
             return
         if fault == "corrupt" and (link := self.links.links.get(source)) is not None:
             await link.close("a corrupt piece")

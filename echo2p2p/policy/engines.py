@@ -16,14 +16,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from echo2p2p.completions import CompletionDecoder
 from echo2p2p.messages import ENGINES
+from . import vllm_setup
 from .model import load_policy
 from .sampling import check_state, copy_checked, forward_cached, nucleus_logprobs, state_shapes
 
@@ -134,12 +137,17 @@ class VLLMEngine:
     """
 
     def __init__(self, model: str, *, device: str = "cuda", dtype: str = "auto", seed: int = 0,
-                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None):
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
+                 cache_dir: str | Path | None = None, threads: int = 0):
+        """`cache_dir`: vLLM's compile cache (VLLM_CACHE_ROOT; None: vLLM's default), reused by
+        the next start; `threads`: torch threads on a CPU (0: vLLM's default). Both are set in
+        the environment before vLLM is imported (`vllm_setup.prepare`)."""
         # The multi-process engine cannot pickle tensors through collective_rpc (FIELD-NOTES).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cpu = device == "cpu"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        vllm_setup.prepare(cache_dir=cache_dir, threads=threads, on_cpu=on_cpu)
         from transformers import AutoConfig, AutoModelForCausalLM
         from vllm import LLM, SamplingParams
 
@@ -149,15 +157,22 @@ class VLLMEngine:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):
             self._shapes = state_shapes(AutoModelForCausalLM.from_config(config))
+        # Before vLLM logs anything: it warns of harmless things a volunteer cannot act on.
+        self._notices = vllm_setup.HarmlessNotices(
+            tied=bool(getattr(config, "tie_word_embeddings", False))).install()
         if max_model_len is None and on_cpu:  # the KV cache must hold one whole sequence
             max_model_len = min(config.max_position_embeddings, CPU_MAX_MODEL_LEN)
         load_format = "dummy" if architecture_only(path) else "auto"
-        log.info("starting vLLM for %s on %s (weights: %s)", path, device, load_format)
+        vllm_setup.announce_start(path, device)
+        started = time.monotonic()
         self._sampling_params = SamplingParams
         self.llm = LLM(model=path, dtype=("float32" if on_cpu else "bfloat16") if dtype == "auto"
                        else dtype, seed=seed, enable_prefix_caching=True,
                        gpu_memory_utilization=gpu_memory_utilization, load_format=load_format,
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+        log.info("vLLM started in %.0f s (weights: %s, %d torch threads; compiled graphs: %d "
+                 "loaded from the cache, %d compiled)", time.monotonic() - started, load_format,
+                 torch.get_num_threads(), *vllm_setup.compiled_graphs())
         self.tokenizer = self.llm.get_tokenizer()
         self.decoder = CompletionDecoder(self.tokenizer)  # the rule the hub scores by
         self._intact = True  # False while (or after a failure of) a copy into the model
@@ -226,10 +241,14 @@ def sample_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "big") >> 1  # a non-negative int64
 
 
-def make_engine(kind: str, model: str, device: str) -> Engine:
-    """The engine `kind` ("transformers" | "vllm") serving `model` on `device`."""
+def make_engine(kind: str, model: str, device: str, *, dtype: str = "",
+                cache_dir: str | Path | None = None, threads: int = 0) -> Engine:
+    """The engine `kind` ("transformers" | "vllm") serving `model` on `device` in `dtype` (a
+    torch name; "": the engine's default); for vllm, `cache_dir` keeps its compile cache and
+    `threads` (>0) sets its CPU threads."""
     if kind == "transformers":
-        return TransformersEngine(model, device=device)
+        return TransformersEngine(model, device=device, dtype=getattr(torch, dtype or "float32"))
     if kind == "vllm":
-        return VLLMEngine(model, device=device)
+        return VLLMEngine(model, device=device, dtype=dtype or "auto", cache_dir=cache_dir,
+                          threads=threads)
     raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(ENGINES)}")

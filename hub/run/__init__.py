@@ -154,6 +154,10 @@ async def run(cfg: HubConfig, *, local_peers: int = 0, engine: str = "transforme
                       f"(S={cfg.staleness.max_lag}, kappa={cfg.staleness.kappa}, "
                       f"G={cfg.grpo.group_size}, {cfg.grpo.prompts_per_step} prompts/step, "
                       f"{cfg.run.max_steps or 'unlimited'} steps)", flush=True)
+                if engine == "vllm":  # its peers log warnings only: say why nothing comes yet
+                    print("the local peers start vLLM: a first start compiles the model "
+                          "(minutes on a CPU), a later one loads it from its cache "
+                          "(echo2-peer --model-cache, in its vllm folder)", flush=True)
             peers: list[asyncio.subprocess.Process] = []
             try:
                 for i in range(local_peers):

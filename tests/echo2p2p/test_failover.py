@@ -186,3 +186,28 @@ def test_a_request_out_to_a_source_the_hub_dealt_around_is_withdrawn_and_asked_a
     f.release(0, "a")
     assert f.moved() == [] and f.requests(1.0, 4) == [(0, "b")]
     assert f.statistics().failed_sources == ()
+
+
+def test_a_hub_that_keeps_failing_is_asked_less_and_less_often():
+    """A stopped hub: each failed round doubles the pause (up to HUB_RETRY_MAX_S); the other
+    failures of a round (requests out at once) do not; a chunk it serves ends the streak."""
+    f = Failover(3, "me", hub_retry_s=1.0)
+    t = 0.0
+    pauses = []
+    for _ in range(8):
+        asked = f.requests(t, window=4)
+        assert asked, t
+        for i, source in asked:
+            f.finished(i, source, "unreachable", t)
+        assert f.hub.rounds == len(pauses) + 1 and f.hub.fresh is False  # 3 failed, 1 round
+        pauses.append(f.hub.pause_s)
+        assert f.route(0, f.hub.retry_at - 0.01) is None
+        t = f.hub.retry_at
+    assert pauses == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert f.statistics().hub_failures == 24
+    (i, source), *rest = f.requests(t, window=4)
+    f.finished(i, source, None, t)  # the hub is back
+    assert f.hub.rounds == 0
+    for j, source in rest:
+        f.finished(j, source, "unreachable", t + 1)
+    assert f.hub.pause_s == 1.0 and f.hub.rounds == 1

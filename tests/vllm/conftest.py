@@ -11,10 +11,12 @@ process the tests start shares torch.compile's cache (`vllm_env`)."""
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,11 +51,19 @@ def vllm_py() -> Path:
 def vllm_env(**extra: str) -> dict[str, str]:
     """The environment of every vLLM process the tests start: offline, a 1 GiB KV cache.
     VLLM_USE_AOT_COMPILE=0 because vLLM 0.32's AOT artifacts never load back on torch 2.13
-    ("'function' object has no attribute 'finalize_loading'": every start compiles afresh,
-    into a cache of its own model's); torch.compile's own cache, which this leaves on, serves
-    every model of one architecture: the built-in and tiny-takeaway compile once (~25 s)."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+    ("'function' object has no attribute 'finalize_loading'": every start compiles afresh);
+    the engine sets it too (`echo2p2p.policy.vllm_setup`). The compile caches are torch's and
+    vLLM's default places, shared by every test and run: a peer would keep them in its (here
+    temporary) --model-cache, but this way the built-in and tiny-takeaway compile once (~25 s);
+    test_real_peer takes them out (`OWN_CACHE`), to test the peer's own."""
+    defaults = {"VLLM_CACHE_ROOT": os.path.expanduser("~/.cache/vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir())
+                                               / f"torchinductor_{getpass.getuser()}")}
+    return {**defaults, **os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
             "PYTHONUNBUFFERED": "1", "VLLM_USE_AOT_COMPILE": "0", **extra}
+
+
+OWN_CACHE = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")  # what a peer sets for itself
 
 
 class Harness:
