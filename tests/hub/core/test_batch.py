@@ -21,18 +21,6 @@ from .rig import Rig, of, sent
 UNIFORM, MIXED = (1.0, 1.0), (0.0, 1.0)  # G = 2: no gradient, and some
 
 
-@pytest.fixture
-def rig():
-    made: list[Rig] = []
-
-    def make(**kw) -> Rig:
-        made.append(Rig(**kw))
-        return made[-1]
-    yield make
-    for r in made:
-        r.close()
-
-
 def judge(r: Rig, peer: str, lease_id: str, rewards: tuple[float, ...]) -> list:
     """Submit `lease_id`'s group and score it with `rewards`: the actions of the scoring."""
     r.submit(peer, lease_id)

@@ -12,19 +12,7 @@ from echo2p2p.hub.core import actions as a
 from echo2p2p.hub.core import events as ev
 from echo2p2p.hub.core.core import RunFacts
 
-from .rig import Rig, of, sent
-
-
-@pytest.fixture
-def rig():
-    made: list[Rig] = []
-
-    def make(**kw) -> Rig:
-        made.append(Rig(**kw))
-        return made[-1]
-    yield make
-    for r in made:
-        r.close()
+from .rig import of, sent
 
 
 def scored(lease_id: str, n: int = 2, reward: float = 1.0, **kw) -> ev.ScoringFinished:
