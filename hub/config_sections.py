@@ -29,6 +29,7 @@ from echo2p2p.staleness import check_schedule, default_publish_every
 
 DEFAULT_PORT = 8765
 TRACKERS = ("wandb", "tensorboard")  # --report-to (echo2p2p.hub.view.experiment_trackers)
+MISMATCH_CORRECTIONS = ("none", "tis", "mask", "tis+mask")  # hub.learning.grpo, item 7
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,18 @@ class GrpoConfig:
     max_new_tokens: int = 8
     """Cap on completion length, in tokens. Unset: the built-in model's preset, or for another
     model 256 (8 below 10 M parameters, as the built-in)."""
+    mismatch_correction: str = "none"
+    """How the loss corrects for samples drawn by another policy than the learner's (staleness,
+    engine numerics): none (PPO's clip around the peers' logprobs), tis (truncated importance
+    sampling: each token's gradient weighted by min(pi_learner / pi_peer, mismatch_tis_cap),
+    no clip), mask (a sample whose geometric-mean ratio is outside 1/mismatch_mask_bound ..
+    mismatch_mask_bound is dropped), or tis+mask. Off by default: bench/mismatch.py measures it."""
+    mismatch_tis_cap: float = 2.0
+    """C of mismatch_correction tis: the cap on a token's importance weight. Higher: less bias,
+    more variance (verl's rollout_is_threshold, 2 by default)."""
+    mismatch_mask_bound: float = 1.5
+    """B of mismatch_correction mask: samples whose geometric-mean ratio leaves 1/B .. B are
+    dropped. Lower: fewer stale or mismatched samples trained on, fewer samples trained on."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "prompts_per_step", "max_new_tokens"):
@@ -308,6 +321,13 @@ class GrpoConfig:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.mismatch_correction not in MISMATCH_CORRECTIONS:
+            raise ConfigError("mismatch_correction", f"must be one of {', '.join(MISMATCH_CORRECTIONS)}"
+                                                     f", got {self.mismatch_correction!r}")
+        for name in ("mismatch_tis_cap", "mismatch_mask_bound"):
+            if not 1 < getattr(self, name) < float("inf"):
+                raise ConfigError(name, f"must be finite and > 1 (1 is an on-policy token's ratio; "
+                                        f"try 2), got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
