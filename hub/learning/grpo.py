@@ -57,7 +57,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..config_sections import MISMATCH_CORRECTIONS
+from ..config_grpo import MISMATCH_CORRECTIONS
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: far past any clip range, still finite in fp32
 

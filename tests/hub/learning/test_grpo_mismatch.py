@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from echo2p2p.errors import ConfigError
-from echo2p2p.hub.config_sections import GrpoConfig
+from echo2p2p.hub.config_grpo import GrpoConfig
 from echo2p2p.hub.learning.grpo import policy_loss, sequence_outliers
 from echo2p2p.hub.learning.learner import Learner
 from tests.hub.learning.test_learner import (COMPLETIONS, PROMPT, make_group, sequence_logprobs,
