@@ -125,19 +125,10 @@ class _TargetLogprob(torch.autograd.Function):
 
 
 def policy_loss(
-    logprobs: Tensor,
-    behaviour_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps: float = 0.2,
-    dual_clip: float | None = 3.0,
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    num_tokens: float | None = None,
-    correction: str = "none",
-    tis_cap: float = 2.0,
-    mask_bound: float = 2.0,
+    logprobs: Tensor, behaviour_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+    clip_eps: float = 0.2, dual_clip: float | None = 3.0, ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0, num_tokens: float | None = None,
+    correction: str = "none", tis_cap: float = 2.0, mask_bound: float = 1.5,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped importance-ratio surrogate, token mean over `num_tokens` (default: mask.sum()),
     with the mismatch `correction` of item 7 (none, tis: weights capped at `tis_cap`, mask:
@@ -162,15 +153,13 @@ def policy_loss(
     log_ratio = (logprobs - behaviour_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
-    keep, dropped = mask, torch.zeros_like(mask[:, 0])  # (B, T), (B,)
+    dropped = torch.zeros_like(mask[:, 0])  # (B,)
     if correction in ("mask", "tis+mask"):
-        dropped = sequence_outliers(log_ratio.detach(), mask, mask_bound)  # (B,)
-        keep = mask & ~dropped[:, None]
-    weight = None
-    if correction in ("tis", "tis+mask"):
-        weight = ratio.detach().clamp(max=tis_cap)  # (B, T)
-        own = torch.where(mask, logprobs - logprobs.detach(), torch.zeros_like(logprobs))
-        objective = weight * advantages * torch.exp(own)  # value w A, gradient w A grad log pi
+        dropped = sequence_outliers(log_ratio.detach(), mask, mask_bound)
+    keep = mask & ~dropped[:, None]  # (B, T)
+    weight = ratio.detach().clamp(max=tis_cap) if correction in ("tis", "tis+mask") else None
+    if weight is not None:
+        objective = _truncated_is(weight, logprobs, advantages, mask)
         clip_active = dual_active = torch.zeros_like(mask)
     else:
         objective, clip_active, dual_active = _clipped(ratio, advantages, clip_eps, dual_clip)
@@ -199,6 +188,12 @@ def sequence_outliers(log_ratio: Tensor, mask: Tensor, bound: float) -> Tensor:
     mean = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)  # (B,)
     mean = mean / tokens.clamp(min=1)
     return (mean.abs() > math.log(bound)) & (tokens > 0)
+
+
+def _truncated_is(weight: Tensor, logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Item 7's tis objective (B, T): value w A, gradient w A grad log pi (w held constant)."""
+    own = torch.where(mask, logprobs - logprobs.detach(), torch.zeros_like(logprobs))  # 0
+    return weight * advantages * torch.exp(own)
 
 
 def _clipped(ratio: Tensor, advantages: Tensor, clip_eps: float, dual_clip: float | None

@@ -20,6 +20,9 @@ groups dealt to it (balanced by tokens), gradients are reduce-scattered, and eve
 its shard of the parameters and AdamW state. `iter_weights` gathers one tensor at a time, so no
 rank ever holds a second full copy; checkpoints are `torch.distributed.checkpoint` directories,
 sharded, and load on any rank count (a single process included).
+
+Over 400 lines: training, publishing, checkpoints and evaluation all act on the one (possibly
+sharded) model and walk its ranks in step; split, each file would re-explain the sharding.
 """
 
 from __future__ import annotations
