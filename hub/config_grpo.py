@@ -42,7 +42,8 @@ class GrpoConfig:
     engine numerics): none (PPO's clip around the peers' logprobs), tis (truncated importance
     sampling: each token's gradient weighted by min(pi_learner / pi_peer, mismatch_tis_cap),
     no clip), mask (a sample whose geometric-mean ratio is outside 1/mismatch_mask_bound ..
-    mismatch_mask_bound is dropped), or tis+mask. Off by default: bench/mismatch.py measures it."""
+    mismatch_mask_bound is dropped), or tis+mask. Off by default: on stale batches both did worse
+    than none, and no better on fresh ones (bench/mismatch.py; hub.learning.grpo, item 7)."""
     mismatch_tis_cap: float = 2.0
     """C of mismatch_correction tis: the cap on a token's importance weight. Higher: less bias,
     more variance (verl's rollout_is_threshold, 2 by default)."""
