@@ -75,10 +75,7 @@ def train_arm(cfg: Any, *, steps: int, lag: int, engine_dtype: str, initial: flo
     prompts = cfg.tasks.prompts.check(tokenizer, repr(cfg.run.model))
     g = cfg.grpo
     learner = Learner(policy, lr=g.lr, clip_eps=g.clip_eps, temperature=g.temperature,
-                      pad_id=tokenizer.pad_token_id or 0,
-                      mismatch_correction=g.mismatch_correction,
-                      mismatch_tis_cap=g.mismatch_tis_cap,
-                      mismatch_mask_bound=g.mismatch_mask_bound)
+                      pad_id=tokenizer.pad_token_id or 0, **correction_of(g))
     engine = TransformersEngine(cfg.run.model, dtype=getattr(torch, engine_dtype))
     train = setup.task.problems("train")
     order = shuffled_epochs(len(train), cfg.run.seed)
@@ -95,10 +92,9 @@ def train_arm(cfg: Any, *, steps: int, lag: int, engine_dtype: str, initial: flo
             out["eval"][version] = learner.evaluate(tokenizer, held_out, score,
                                                     max_new_tokens=g.max_new_tokens, prompts=prompts)
 
+        out["eval"][0] = initial
         if initial is None:
             evaluate(0)
-        else:
-            out["eval"][0] = initial
         for step in range(steps):
             version = max(0, step - lag)
             engine.load_weights(kept[version])
@@ -117,6 +113,12 @@ def train_arm(cfg: Any, *, steps: int, lag: int, engine_dtype: str, initial: flo
                 log_step(record)
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def correction_of(g: Any) -> dict[str, Any]:
+    """The learner's mismatch arguments from a GRPO config section, as the hub passes them."""
+    return {name: getattr(g, name) for name in
+            ("mismatch_correction", "mismatch_tis_cap", "mismatch_mask_bound")}
 
 
 def sample_groups(engine: Any, tokenizer: Any, problems: list, step: int, version: int, cfg: Any,
