@@ -21,10 +21,11 @@ from echo2p2p import config as configs
 from echo2p2p.config import field_docs
 from echo2p2p.errors import ConfigError
 
-from .config_sections import (GrpoConfig, LearnerConfig, LimitsConfig, NetworkConfig,
-                              OverlayConfig, RunConfig, ScoringConfig, StalenessConfig,
-                              TasksConfig, TrustConfig, ViewConfig)
+from .config_grpo import GrpoConfig
 from .config_memory import MemoryConfig
+from .config_sections import (LearnerConfig, LimitsConfig, NetworkConfig, OverlayConfig,
+                              RunConfig, ScoringConfig, StalenessConfig, TasksConfig,
+                              TrustConfig, ViewConfig)
 
 
 SECRETS = ("dashboard_token",)  # never written to the run dir nor sent to a tracker

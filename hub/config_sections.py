@@ -1,10 +1,11 @@
 """The sections of the hub's configuration: one frozen dataclass per concern, with its checks.
 
-`echo2p2p.hub.config.HubConfig` holds one of each; a part of the hub is given the section it
-reads. Each field's docstring is its `echo2-hub serve --help` text, and `--help` shows them in
-these sections. Defaults are the embedded demo: built-in tiny model, built-in addition task,
-CPU, offline. A section checks its own fields (the error names the field and the fix); a rule
-across sections would live on `HubConfig` (none today: every rule reads one section).
+`echo2p2p.hub.config.HubConfig` holds one of each (the GRPO section is in
+`echo2p2p.hub.config_grpo`); a part of the hub is given the section it reads. Each field's
+docstring is its `echo2-hub serve --help` text, and `--help` shows them in these sections.
+Defaults are the embedded demo: built-in tiny model, built-in addition task, CPU, offline. A
+section checks its own fields (the error names the field and the fix); a rule across sections
+would live on `HubConfig` (none today: every rule reads one section).
 
 Over 400 lines: the field docstrings are the flags' reference, and each section's checks sit
 under its fields; split further, a reader would look in two files for one section.
@@ -271,49 +272,6 @@ class ScoringConfig:
                 raise ConfigError(name, f"must be >= 0 and finite, got {getattr(self, name)}")
         if self.reward_weights and not self.reward:
             raise ConfigError("reward_weights", "weights need --reward functions to weigh")
-
-
-@dataclass(frozen=True)
-class GrpoConfig:
-    """GRPO and sampling: groups, batch, optimizer, and how peers sample."""
-
-    group_size: int = 8
-    """G, completions sampled per prompt (a GRPO group)."""
-    prompts_per_step: int = 8
-    """Prompt groups in one learner batch."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: a group whose G rewards are all equal (no policy gradient) is
-    admitted and credited to its peer but not trained on; each batch is filled with
-    prompts_per_step informative groups, and more leases go out per step to find them. On: no
-    learner time on groups that teach nothing, more generation per step (and with kl_coef > 0
-    those groups' KL term is lost)."""
-    lr: float = 1e-3
-    """AdamW learning rate. Unset: the built-in model's preset, or for another model of N
-    parameters 1e-6 x sqrt(1e9 / N) within 5e-7 .. 5e-6 (1e-3 below 10 M, as the built-in)."""
-    clip_eps: float = 0.2
-    """PPO-style clip range of the importance ratio pi_theta / pi_behaviour."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the initial policy (0 = off, no reference model kept)."""
-    temperature: float = 1.0
-    """Sampling temperature on peers; the learner scores logprobs at the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling on peers. Below 1 the behaviour logprobs no longer match the policy."""
-    max_new_tokens: int = 8
-    """Cap on completion length, in tokens. Unset: the built-in model's preset, or for another
-    model 256 (8 below 10 M parameters, as the built-in)."""
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "prompts_per_step", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 2 <= self.group_size <= 1024:  # 1024: what the wire decoder takes from a peer
-            raise ConfigError("group_size", f"GRPO needs 2 to 1024 samples per group, got "
-                                            f"{self.group_size}")
-        for name in ("lr", "temperature"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from tests.test_core_boundary import ROOT, import_arrows, our_modules
 HUB = ROOT / "hub"
 LAYERS = ["config", "tasks", "core", "learning", "overlay", "serving", "view", "run",
           "conformance", "api", "cli"]
-TOP_LEVEL = {"config": "config", "config_presets": "config", "config_sections": "config",
-             "config_memory": "config",
-             "run": "run", "api": "api"}  # hub/*.py modules: the layer each belongs to
+TOP_LEVEL = {"config": "config", "config_grpo": "config", "config_memory": "config",
+             "config_presets": "config", "config_sections": "config", "run": "run",
+             "api": "api"}  # hub/*.py modules: the layer each belongs to
 
 
 def layer_of(module: str) -> str | None:

@@ -27,12 +27,45 @@ Simplifications chosen (in the spirit of nanochat's `scripts/chat_rl.py`):
    "Approximating KL divergence", 2020), added per token inside the same token mean. Off by
    default (kl_coef = 0), as in DAPO and Dr. GRPO.
 6. No entropy bonus, no length penalty, no std-free (Dr. GRPO) variant.
+7. Mismatch correction (`grpo.mismatch_correction`, off by default). The behaviour policy mu
+   (a peer's engine, at the sample's version) is not the learner's pi, both by staleness and by
+   numerics (bf16, kernels); item 2 anchors PPO's clip at mu, which *drops* the gradient of every
+   token whose ratio left [1 - eps, 1 + eps] in the advantage's direction (6-10 % of tokens at
+   one version of lag on SmolLM2-135M). The frameworks that face this offer two fixes, and so do we:
+   - `tis`, truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
+     secretly brings you off-policy RL training"; verl's `rollout_is` in bypass + policy
+     gradient mode, slime's `--use-tis`, prime-rl's loss): the token's gradient is
+     sg(min(pi / mu, C)) * A * grad log pi, with no PPO clip. This is AReaL's decoupled PPO
+     (Fu et al. 2025, arXiv 2505.24298; Hilton et al. 2021, arXiv 2110.00641) with the
+     proximal policy = the learner's current weights: each batch gets one optimiser update, so
+     the proximal ratio is 1 where the gradient is taken and its clip never binds; the bias is
+     bounded by C instead of by the clip, and no token is switched off.
+   - `mask`, sequence-level masked importance sampling (verl's geometric rejection sampling,
+     prime-rl's sequence masking, slime's MIS): a sample whose geometric-mean ratio
+     exp(mean_t log(pi / mu)) lies outside [1/B, B] is dropped whole (no gradient, KL term
+     included) and the rest keep item 2's loss. A dropped sample still counts in the token
+     denominator, as a zero-advantage one does, so micro-batch losses still add up (prime-rl
+     normalises the same way; verl drops it from the denominator).
+   - `tis+mask`: both. The ratio is pi at the learner's current version over mu, so lag > 0
+     mixes staleness with numerics: the weights correct both, as item 2's ratio does.
+   Measured (bench/mismatch.py, tiny model, 60 steps, same seeds, held-out accuracy of 256):
+   at the hub's defaults (S = 2, lr 1e-3, 0.5-1 % of tokens clipped) every arm ends within
+   noise (none 0.79/0.79/0.78 on seeds 0-2, tis 0.80/0.77/0.75, mask = none); where staleness
+   dominates (lag 4, lr 3e-3, a bf16 engine, 9-12 % clipped) none 0.68/0.60, mask 0.55/0.56,
+   tis 0.47/0.34: without a clip around the data, stale samples push the policy on past where
+   they were drawn. The frameworks that run tis are one step off-policy at lr ~1e-6, where the
+   ratio is mostly numerics; here it is mostly staleness, and the clip is the better tool.
+   Hence off by default.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+
+from ..config_grpo import MISMATCH_CORRECTIONS
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: far past any clip range, still finite in fp32
 
@@ -100,25 +133,25 @@ class _TargetLogprob(torch.autograd.Function):
 
 
 def policy_loss(
-    logprobs: Tensor,
-    behaviour_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps: float = 0.2,
-    dual_clip: float | None = 3.0,
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    num_tokens: float | None = None,
+    logprobs: Tensor, behaviour_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+    clip_eps: float = 0.2, dual_clip: float | None = 3.0, ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0, num_tokens: float | None = None,
+    correction: str = "none", tis_cap: float = 2.0, mask_bound: float = 1.5,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped importance-ratio surrogate, token mean over `num_tokens` (default: mask.sum()).
+    """Clipped importance-ratio surrogate, token mean over `num_tokens` (default: mask.sum()),
+    with the mismatch `correction` of item 7 (none, tis: weights capped at `tis_cap`, mask:
+    samples outside [1/`mask_bound`, `mask_bound`] dropped, tis+mask).
 
     logprobs, behaviour_logprobs, mask, ref_logprobs: (B, T); advantages: (B,) or (B, T).
     Returns (scalar loss, stats). Stats are means over the masked tokens of *this* call
     (weight them by stats["tokens"] to combine micro-batches): policy_loss (surrogate part,
     token mean), clip_frac (tokens whose gradient the clip switched off), dual_clip_frac,
-    ratio_mean, ratio_max, kl (k3, 0 without a reference), tokens.
+    ratio_mean, ratio_max, kl (k3, 0 without a reference), tokens; and the correction's
+    (`_correction_stats`): masked_samples, masked_tokens and kept_tokens (counts), and over the
+    kept tokens tis_weight_mean and tis_truncated_frac (weight them by kept_tokens).
     """
+    if correction not in MISMATCH_CORRECTIONS:
+        raise ValueError(f"correction must be one of {MISMATCH_CORRECTIONS}, got {correction!r}")
     mask = mask.bool()  # (B, T)
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)  # (B, T)
@@ -128,14 +161,16 @@ def policy_loss(
     log_ratio = (logprobs - behaviour_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
-    unclipped = ratio * advantages  # (B, T)
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, T)
-    objective = torch.minimum(unclipped, clipped)  # (B, T)
-    dual_active = torch.zeros_like(mask)
-    if dual_clip is not None:
-        floor = dual_clip * advantages  # (B, T): only binds where A < 0
-        dual_active = (advantages < 0) & (objective < floor)
-        objective = torch.where(dual_active, floor, objective)
+    dropped = torch.zeros_like(mask[:, 0])  # (B,)
+    if correction in ("mask", "tis+mask"):
+        dropped = sequence_outliers(log_ratio.detach(), mask, mask_bound)
+    keep = mask & ~dropped[:, None]  # (B, T)
+    weight = ratio.detach().clamp(max=tis_cap) if correction in ("tis", "tis+mask") else None
+    if weight is not None:
+        objective = _truncated_is(weight, logprobs, advantages, mask)
+        clip_active = dual_active = torch.zeros_like(mask)
+    else:
+        objective, clip_active, dual_active = _clipped(ratio, advantages, clip_eps, dual_clip)
     per_token = -objective  # (B, T)
 
     kl = torch.zeros_like(per_token)
@@ -146,12 +181,56 @@ def policy_loss(
     zero = torch.zeros_like(per_token)
     denom = float(num_tokens) if num_tokens is not None else float(mask.sum().item())
     denom = max(denom, 1.0)
-    loss = torch.where(mask, per_token, zero).sum() / denom
+    loss = torch.where(keep, per_token, zero).sum() / denom
     with torch.no_grad():
-        # the clip switched the gradient off where min() picked the (constant) clipped branch
-        stats = _token_means(mask, objective, mask & (clipped < unclipped),
-                             mask & dual_active, ratio=ratio, kl=kl)
+        stats = _token_means(mask, torch.where(keep, objective, zero), keep & clip_active,
+                             keep & dual_active, ratio=ratio, kl=kl)
+        stats.update(_correction_stats(mask, keep, dropped, ratio, weight, tis_cap))
     return loss, stats
+
+
+def sequence_outliers(log_ratio: Tensor, mask: Tensor, bound: float) -> Tensor:
+    """(B,) bool: rows whose geometric-mean ratio exp(mean of `log_ratio` over the row's masked
+    tokens) lies outside [1/bound, bound]. A row without tokens is never an outlier."""
+    tokens = mask.sum(dim=1)  # (B,)
+    mean = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)  # (B,)
+    mean = mean / tokens.clamp(min=1)
+    return (mean.abs() > math.log(bound)) & (tokens > 0)
+
+
+def _truncated_is(weight: Tensor, logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Item 7's tis objective (B, T): value w A, gradient w A grad log pi (w held constant)."""
+    own = torch.where(mask, logprobs - logprobs.detach(), torch.zeros_like(logprobs))  # 0
+    return weight * advantages * torch.exp(own)
+
+
+def _clipped(ratio: Tensor, advantages: Tensor, clip_eps: float, dual_clip: float | None
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """Item 2-3's objective (B, T), and where the clip and the dual clip were active."""
+    unclipped = ratio * advantages  # (B, T)
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, T)
+    objective = torch.minimum(unclipped, clipped)  # (B, T)
+    dual_active = torch.zeros_like(ratio, dtype=torch.bool)
+    if dual_clip is not None:
+        floor = dual_clip * advantages  # (B, T): only binds where A < 0
+        dual_active = (advantages < 0) & (objective < floor)
+        objective = torch.where(dual_active, floor, objective)
+    # the clip switched the gradient off where min() picked the (constant) clipped branch
+    return objective, clipped < unclipped, dual_active
+
+
+def _correction_stats(mask: Tensor, keep: Tensor, dropped: Tensor, ratio: Tensor,
+                      weight: Tensor | None, tis_cap: float) -> dict[str, float]:
+    """What the correction did: samples and tokens masked, and over the kept tokens the mean IS
+    weight on the policy gradient (1 without tis) and the share truncated at the cap."""
+    kept = int(keep.sum().item())
+    out = {"masked_samples": float(dropped.sum().item()),
+           "masked_tokens": float((mask & dropped[:, None]).sum().item()),
+           "kept_tokens": float(kept), "tis_weight_mean": 1.0, "tis_truncated_frac": 0.0}
+    if weight is not None and kept:
+        out["tis_weight_mean"] = float(weight[keep].sum().item() / kept)
+        out["tis_truncated_frac"] = float((keep & (ratio > tis_cap)).sum().item() / kept)
+    return out
 
 
 def _k3(ref_logprobs: Tensor, logprobs: Tensor) -> Tensor:

@@ -20,6 +20,9 @@ groups dealt to it (balanced by tokens), gradients are reduce-scattered, and eve
 its shard of the parameters and AdamW state. `iter_weights` gathers one tensor at a time, so no
 rank ever holds a second full copy; checkpoints are `torch.distributed.checkpoint` directories,
 sharded, and load on any rank count (a single process included).
+
+Over 400 lines: training, publishing, checkpoints and evaluation all act on the one (possibly
+sharded) model and walk its ranks in step; split, each file would re-explain the sharding.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # DCP on one rank says it "assumes a single process" at every save and load: it is one, on purpose.
 warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+# `grpo.policy_loss`'s stats as the step sums them: means over the call's tokens, means over
+# its kept tokens (the mismatch mask's survivors), and counts
+PER_TOKEN = ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl")
+PER_KEPT_TOKEN = ("tis_weight_mean", "tis_truncated_frac")
+COUNTS = ("masked_samples", "masked_tokens", "kept_tokens")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,10 @@ class StepStats:
     ratio_mean: float  # mean pi_theta / pi_behaviour over trained tokens
     ratio_max: float
     kl: float  # k3 estimate against the reference (0 when kl_coef = 0)
+    masked_samples: int  # samples the mismatch mask dropped (grpo item 7; 0 unless mask is on)
+    masked_tokens: int  # their completion tokens (in `tokens`, not trained on)
+    tis_weight_mean: float  # mean truncated IS weight over the kept tokens (1 without tis)
+    tis_truncated_frac: float  # kept tokens whose IS weight the cap truncated (0 without tis)
     grad_norm: float  # before clipping
     tokens: int  # completion tokens in the batch (the loss denominator)
     samples: int  # samples kept
@@ -96,6 +108,9 @@ class Learner:
         clip_eps: float = 0.2,
         kl_coef: float = 0.0,
         temperature: float = 1.0,
+        mismatch_correction: str = "none",
+        mismatch_tis_cap: float = 2.0,
+        mismatch_mask_bound: float = 1.5,
         max_grad_norm: float = 1.0,
         weight_decay: float = 0.0,
         micro_tokens: int = 16384,
@@ -107,7 +122,12 @@ class Learner:
         """`micro_tokens`: padded tokens per micro-batch (a longer sample goes alone).
         `ranks`: shard over these (None: this process alone). `precision`: fp32, or bf16
         compute over fp32 master weights (gradients reduced in fp32). `checkpointing`:
-        recompute each decoder layer's activations in the backward instead of keeping them."""
+        recompute each decoder layer's activations in the backward instead of keeping them.
+        `mismatch_*`: the loss's correction for off-policy samples (`grpo.policy_loss`, item 7)."""
+        if mismatch_correction not in grpo.MISMATCH_CORRECTIONS:
+            raise ValueError(f"mismatch_correction must be one of {grpo.MISMATCH_CORRECTIONS}")
+        self.correction = {"correction": mismatch_correction, "tis_cap": mismatch_tis_cap,
+                           "mask_bound": mismatch_mask_bound}
         self.model = model.float()
         self.model.train()
         self.clip_eps = clip_eps
@@ -171,7 +191,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
 
-        m = max(trained, 1)
+        m, kept = max(trained, 1), sums["kept_tokens"]
         return StepStats(
             loss=sums["loss"],
             # the surrogate part of the batch loss: per-token means were over trained tokens
@@ -183,6 +203,11 @@ class Learner:
             ratio_mean=sums["ratio_mean"] / m if trained else 1.0,
             ratio_max=ratio_max if trained else 1.0,
             kl=sums["kl"] / m,
+            masked_samples=int(sums["masked_samples"]),
+            masked_tokens=int(sums["masked_tokens"]),
+            # means over the kept tokens; a step that kept none reports the neutral values
+            tis_weight_mean=sums["tis_weight_mean"] / kept if kept else 1.0,
+            tis_truncated_frac=sums["tis_truncated_frac"] / kept if kept else 0.0,
             grad_norm=grad_norm,
             tokens=num_tokens,
             samples=len(rows),
@@ -200,7 +225,7 @@ class Learner:
         """Backward over this rank's micro-batches of `trainable`, gradients summed over all
         of them and all ranks: (token-weighted sums of the micro-batch statistics, the largest
         ratio, trained tokens, the `off_policy.tally` by `bucket[row.group]`), over all ranks."""
-        keys = ("loss", "policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "kl")
+        keys = ("loss", *PER_TOKEN, *PER_KEPT_TOKEN, *COUNTS)
         sums, ratio_max, trained = dict.fromkeys(keys, 0.0), -math.inf, 0
         diag = off_policy.empty(max(bucket, default=-1) + 1)  # every version is some group's
         mine, runs = self._plan(trainable)
@@ -217,8 +242,12 @@ class Learner:
             n = stats["tokens"]
             trained += int(n)
             sums["loss"] += float(loss.item())
-            for k in keys[1:]:
+            for k in PER_TOKEN:
                 sums[k] += stats[k] * n
+            for k in PER_KEPT_TOKEN:
+                sums[k] += stats[k] * stats["kept_tokens"]
+            for k in COUNTS:
+                sums[k] += stats[k]
             ratio_max = max(ratio_max, stats["ratio_max"])
         if self.ranks is not None:
             totals, ratio_max = self.ranks.all_sum([*sums.values(), trained], ratio_max)
@@ -253,7 +282,7 @@ class Learner:
         loss, stats = grpo.policy_loss(
             logprobs, behaviour, advantages, completion,
             clip_eps=self.clip_eps, ref_logprobs=ref, kl_coef=self.kl_coef,
-            num_tokens=num_tokens,
+            num_tokens=num_tokens, **self.correction,
         )
         return loss, stats, off_policy.tally(logprobs, behaviour, completion, torch.tensor(  # (B,)
             [bucket[r.group] for r in rows]), buckets=max(bucket) + 1, clip_eps=self.clip_eps)

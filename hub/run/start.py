@@ -197,6 +197,9 @@ def make_learner(cfg: HubConfig, model: Any, tokenizer: Any, ranks: Ranks | None
 
     return Learner(model, lr=cfg.grpo.lr, clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
                    temperature=cfg.grpo.temperature, pad_id=tokenizer.pad_token_id,
+                   mismatch_correction=cfg.grpo.mismatch_correction,
+                   mismatch_tis_cap=cfg.grpo.mismatch_tis_cap,
+                   mismatch_mask_bound=cfg.grpo.mismatch_mask_bound,
                    micro_tokens=micro_tokens(cfg, ModelShape.of(model)), ranks=ranks,
                    precision=cfg.learner.learner_precision, checkpointing=cfg.learner.learner_checkpointing)
 

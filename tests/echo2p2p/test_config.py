@@ -22,7 +22,7 @@ def test_every_config_field_has_help():
         docs = help_texts(cls)
         missing = [f for f in as_dict(cls()) if not docs.get(f)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
-    assert len(as_dict(HubConfig())) == len(hub_help(HubConfig)) == 89
+    assert len(as_dict(HubConfig())) == len(hub_help(HubConfig)) == 92
 
 
 def test_hub_config_sections_share_no_field_name():
