@@ -123,32 +123,17 @@ def correction_of(g: Any) -> dict[str, Any]:
 
 def sample_groups(engine: Any, tokenizer: Any, problems: list, step: int, version: int, cfg: Any,
                   score, prompts: Any) -> list:
-    """One scored group per problem from the engine (at `version`), each sample taken through the
-    wire format and the hub's row parser as a peer's would be. The sampling seed depends on the
-    step and the prompt only, so every arm draws with the same seeds."""
-    from echo2p2p.buffer import ScoredGroup
-    from echo2p2p.messages import Sample, pack_ids, pack_logprobs
-    from echo2p2p.policy.prompts import prompt_of
-    from echo2p2p.rows import parse_samples
+    """One scored group per problem from the engine (at `version`), through the wire format and
+    the hub's row parser (`sync_baseline.scored_groups`). The sampling seed depends on the step
+    and the prompt only, so every arm draws with the same seeds."""
+    from bench.sync_baseline import scored_groups
 
-    from echo2p2p.hub.learning.learner import encode_prompt
-
-    g, groups = cfg.grpo, []
-    for j, problem in enumerate(problems):
-        prompt_ids = encode_prompt(tokenizer, prompt_of(problem), prompts)
-        completions = engine.generate(prompt_ids, g.group_size,
-                                      seed=cfg.run.seed * 1_000_003 + step * len(problems) + j,
-                                      temperature=g.temperature, top_p=g.top_p,
-                                      max_new_tokens=g.max_new_tokens)
-        rewards = score([(problem, c.text) for c in completions])
-        rows = parse_samples([
-            Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
-                   text=c.text, reward=r, finish_reason=c.finish_reason)
-            for c, r in zip(completions, rewards)], None)
-        assert not isinstance(rows, str), f"the engine made a sample the hub refuses: {rows}"
-        groups.append(ScoredGroup(f"bench-{step}-{j}", problem.id, prompt_ids, version, rows,
-                                  rewards))
-    return groups
+    g = cfg.grpo
+    seeds = [cfg.run.seed * 1_000_003 + step * len(problems) + j for j in range(len(problems))]
+    return scored_groups(engine, tokenizer, problems, seeds, g.group_size, score,
+                         {"temperature": g.temperature, "top_p": g.top_p,
+                          "max_new_tokens": g.max_new_tokens}, prompts,
+                         version=version, label=f"bench-{step}")
 
 
 def arm_summary(name: str, arm: dict) -> dict[str, Any]:

@@ -116,8 +116,19 @@ def _open(model: str, lr: float, temperature: float) -> tuple[Any, Any, Any, Any
 def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group_size: int,
               seed: int, score: Callable[[list[tuple[Any, str]]], list[float]],
               sampling: dict[str, Any], prompts: Any) -> list[Any]:
-    """One scored group of `group_size` completions per problem, from version `step`, each
-    sample taken through the wire format and the hub's row parser as a peer's would be."""
+    """One scored group of `group_size` completions per problem, from version `step`."""
+    seeds = [seed * 1_000_003 + step * len(problems) + j + 1 for j in range(len(problems))]
+    return scored_groups(engine, tokenizer, problems, seeds, group_size, score, sampling, prompts,
+                         version=step, label=f"sync-{step}")
+
+
+def scored_groups(engine: Any, tokenizer: Any, problems: list[Any], seeds: list[int],
+                  group_size: int, score: Callable[[list[tuple[Any, str]]], list[float]],
+                  sampling: dict[str, Any], prompts: Any, *, version: int, label: str
+                  ) -> list[Any]:
+    """One scored group of `group_size` completions per problem (the j-th sampled with
+    `seeds[j]`, its lease id `label-j`, tagged `version`), each sample taken through the wire
+    format and the hub's row parser as a peer's would be (bench/mismatch.py too)."""
     from echo2p2p.buffer import ScoredGroup
     from echo2p2p.messages import Sample, pack_ids, pack_logprobs
     from echo2p2p.rows import parse_samples
@@ -126,18 +137,16 @@ def _generate(engine: Any, tokenizer: Any, problems: list[Any], step: int, group
     from echo2p2p.policy.prompts import prompt_of
 
     groups = []
-    for j, problem in enumerate(problems):
-        cursor = step * len(problems) + j + 1  # the sampling seed of the j-th prompt of `step`
+    for j, (problem, sample_seed) in enumerate(zip(problems, seeds)):
         prompt_ids = encode_prompt(tokenizer, prompt_of(problem), prompts)
-        completions = engine.generate(prompt_ids, group_size, seed=seed * 1_000_003 + cursor,
-                                      **sampling)
+        completions = engine.generate(prompt_ids, group_size, seed=sample_seed, **sampling)
         rewards = score([(problem, c.text) for c in completions])
         rows = parse_samples([
             Sample(token_ids=pack_ids(c.token_ids), logprobs=pack_logprobs(c.logprobs),
                    text=c.text, reward=r, finish_reason=c.finish_reason)
             for c, r in zip(completions, rewards)], None)
         assert not isinstance(rows, str), f"the engine made a sample the hub refuses: {rows}"
-        groups.append(ScoredGroup(f"sync-{step}-{j}", problem.id, prompt_ids, step, rows, rewards))
+        groups.append(ScoredGroup(f"{label}-{j}", problem.id, prompt_ids, version, rows, rewards))
     return groups
 
 
